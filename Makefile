@@ -1,0 +1,36 @@
+# The two set-up commands of the README: `make demo` (main job on the embedded default) and `make test`.
+# Each creates .venv and installs what it needs; the CPU wheel of torch goes in first, because a plain
+# torch requirement with no torch installed pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test install lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/python scripts/quickstart.py
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check beam_sft scripts tests
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from beam_sft.cli import main
+
+sys.exit(main())

@@ -1,0 +1,67 @@
+"""The `beam-sft` command: one module per subcommand, one error table.
+
+Each subcommand module defines `register(subparsers)` (adds its parser and sets `func`) and is imported
+lazily, so `beam-sft --help` stays fast. Errors derived from `BeamSFTError` print as one line on stderr;
+set `BEAM_SFT_DEBUG=1` for the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# name -> module under beam_sft.cli; order is the order of --help.
+COMMANDS = {
+    "convert": "convert",
+    "check-template": "check_template",
+    "inspect": "inspect",
+}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="beam-sft",
+        description="Fine-tuning toolkit for Beam Harmony chat data.",
+        epilog="Set BEAM_SFT_DEBUG=1 to see tracebacks.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMANDS.values():
+        module = importlib.import_module(f"beam_sft.cli.{module_name}")
+        module.register(sub)
+    return parser
+
+
+def run_guarded(func, args) -> int:
+    """Run a command, turning known errors into the error table's one-line messages and exit codes."""
+    from beam_sft.errors import BeamSFTError
+
+    try:
+        return int(func(args) or 0)
+    except BeamSFTError as err:
+        if os.environ.get("BEAM_SFT_DEBUG"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # anything unexpected still gets one line unless debugging
+        if os.environ.get("BEAM_SFT_DEBUG"):
+            raise
+        print(f"error: {type(err).__name__}: {err} (set BEAM_SFT_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return run_guarded(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

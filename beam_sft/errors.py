@@ -1,0 +1,108 @@
+"""One error type for bad records, and the CLI's error table.
+
+`RecordError` carries where a record came from (file, line or row index) and a stable reason code, so a
+rejects file can be grepped and counted. Everything else the CLI reports goes through `UsageError`
+(exit 2) or `FatalError` (exit 1); `beam_sft.cli` maps them to one clean line on stderr.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class Reason(StrEnum):
+    """Reason codes for rejected records. Values are stable: they end up in rejects files."""
+
+    MALFORMED_JSON = "malformed_json"
+    INVALID_UTF8 = "invalid_utf8"
+    NOT_AN_OBJECT = "not_an_object"
+    UNKNOWN_FORMAT = "unknown_format"
+    EMPTY_CONVERSATION = "empty_conversation"
+    NO_ASSISTANT_TURN = "no_assistant_turn"
+    UNKNOWN_ROLE = "unknown_role"
+    BAD_CONTENT = "bad_content"
+    UNSUPPORTED_CONTENT_PART = "unsupported_content_part"
+    LATE_SYSTEM = "late_system"
+    TOOL_RESULT_WITHOUT_CALL = "tool_result_without_call"
+    CALL_WITHOUT_RESULT = "call_without_result"
+    DUPLICATE_CALL_ID = "duplicate_call_id"
+    BAD_ARGUMENTS_JSON = "bad_arguments_json"
+    ARGUMENTS_NOT_OBJECT = "arguments_not_object"
+    PARAMETER_CLOSE_TAG_IN_ARGUMENT = "parameter_close_tag_in_argument"
+    HARMONY_MARKER_IN_TEXT = "harmony_marker_in_text"
+    MISSING_REASONING = "missing_reasoning"
+    BAD_TOOL_SCHEMA = "bad_tool_schema"
+    TRUNCATED_MESSAGE = "truncated_message"
+    UNTERMINATED_CALL = "unterminated_call"
+    BAD_HARMONY = "bad_harmony"
+    RECORD_TOO_LARGE = "record_too_large"
+    RENDER_FAILED = "render_failed"
+    BAD_TEMPLATE_KWARGS = "bad_template_kwargs"
+
+
+class BeamSFTError(Exception):
+    """Base class for errors the CLI reports as one clean line."""
+
+    exit_code = 1
+
+
+class UsageError(BeamSFTError):
+    """The command line or a config is wrong (exit status 2)."""
+
+    exit_code = 2
+
+
+class FatalError(BeamSFTError):
+    """The run could not finish (exit status 1)."""
+
+    exit_code = 1
+
+
+class TemplateConformanceError(BeamSFTError):
+    """A tokenizer's chat or response template breaks a Beam format rule."""
+
+
+class RecordError(ValueError):
+    """A record that cannot become a Beam record.
+
+    `code` is a `Reason`; `message_index` names the offending message in the record as the caller gave it;
+    `source` and `line` are filled in by the reader (file path and 1-based line, or 0-based row index).
+    """
+
+    def __init__(
+        self,
+        code: Reason | str,
+        message: str,
+        *,
+        message_index: int | None = None,
+        source: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        self.code = Reason(code)
+        self.message = message
+        self.message_index = message_index
+        self.source = source
+        self.line = line
+        super().__init__(str(self))
+
+    def with_provenance(self, source: str | None, line: int | None) -> RecordError:
+        self.source, self.line = source, line
+        self.args = (str(self),)
+        return self
+
+    def __str__(self) -> str:
+        where = ""
+        if self.source is not None:
+            where = f"{self.source}:{self.line}: " if self.line is not None else f"{self.source}: "
+        at = f"messages[{self.message_index}]: " if self.message_index is not None else ""
+        return f"{where}[{self.code.value}] {at}{self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "line": self.line,
+            "reason": self.code.value,
+            "message_index": self.message_index,
+            "message": self.message,
+        }
