@@ -1,0 +1,78 @@
+"""`beam-sft check-template TOKENIZER`: check a tokenizer's templates against the Beam Harmony page.
+
+Prints one line per rule (PASS/FAIL and why) and a summary; exit status 1 if any rule fails. TOKENIZER is
+a local directory or a hub id (loaded with AutoTokenizer; with HF_HUB_OFFLINE=1 only cached ones load).
+
+    beam-sft check-template data/tokenizer
+    beam-sft check-template ./my-beamified-tokenizer --diff      # show page-vs-template diffs
+    beam-sft check-template data/tokenizer --only 'page:*'       # just the page examples
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import sys
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "check-template",
+        help="Check a tokenizer's chat/response templates against the Beam Harmony format page.",
+        description=(
+            "Run the Beam Harmony conformance suite on a tokenizer: every example of the format page "
+            "(rule names 'page: ...', run verbatim and compared with the page's output) and the format rules "
+            "(single-token markers, only <|return|> special, exact assistant masks, prompt prefixes, "
+            "encode/decode round trip, response parsing). Exit status 1 if any rule fails."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[-1],
+    )
+    parser.add_argument("tokenizer", metavar="TOKENIZER", help="tokenizer directory or hub id")
+    parser.add_argument(
+        "--diff", action="store_true", help="print a unified diff under each failed page example"
+    )
+    parser.add_argument(
+        "--only", metavar="GLOB", action="append", help="run only rules whose name matches (repeatable)"
+    )
+    parser.add_argument(
+        "--spec", metavar="FILE", help="format page to take examples from (default: the bundled copy)"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from transformers import AutoTokenizer
+
+    from beam_sft import conformance
+    from beam_sft.errors import FatalError, UsageError
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    except (OSError, ValueError) as err:
+        raise FatalError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
+    try:
+        page = conformance.load_spec(args.spec)
+    except OSError as err:
+        raise UsageError(f"cannot read spec page: {err}") from err
+    results = conformance.run_suite(tokenizer, args.tokenizer, page=page)
+    if args.only:
+        results = [r for r in results if any(fnmatch.fnmatchcase(r.name, g) for g in args.only)]
+        if not results:
+            raise UsageError(f"no rule matches {' or '.join(args.only)}")
+    for result in results:
+        print(result.line())
+        if args.diff and (diff := result.diff()):
+            print("".join("    " + line for line in diff.splitlines(keepends=True)).rstrip("\n"))
+    failed = sum(not r.ok for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_guarded
+
+    parser = argparse.ArgumentParser(prog="beam-sft")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["check-template", *(argv if argv is not None else sys.argv[1:])])
+    return run_guarded(args.func, args)

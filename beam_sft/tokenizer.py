@@ -1,0 +1,278 @@
+"""The bundled Beam tokenizer, and `beamify`, which makes any Hugging Face tokenizer (and model) speak Beam Harmony.
+
+What the format needs from a tokenizer (see the spec page, "Messages"):
+
+* the seven markers are single tokens; only `<|return|>` is special and it is the EOS token, so
+  `decode(..., skip_special_tokens=True)` keeps the other six and the response parser still sees message
+  boundaries;
+* the chat template (`beam_sft/templates/chat_template.jinja`) and the response template
+  (`beam_sft/templates/response_template.json`) are installed;
+* a pad token exists and is not `<|return|>`: collators that mask padding by id would otherwise also mask
+  the EOS the model must learn to emit. Where the tokenizer has none we add a special `<|pad|>`.
+
+Usage:
+
+    from beam_sft.tokenizer import load_tokenizer, beamify
+    tok = load_tokenizer()                       # data/tokenizer, the small bundled byte-level BPE
+    beamify(hf_tokenizer, model)                 # any tokenizer, in place; resizes + mean-inits embeddings
+
+What `beamify` guarantees, for any fast (tokenizers-backed) tokenizer: the marker/EOS/pad/template
+properties above; the markers match raw text (`normalized=False`), so a normalizer cannot split them; marker
+ids that already existed keep their ids (a gpt-oss vocabulary stays aligned with its embeddings); with a
+model, new embedding rows are the mean of the old ones, so the new tokens start out neutral.
+
+What it fixes: SentencePiece-style tokenizers that prepend "▁" to every text segment (Metaspace
+`prepend_scheme="always"`, or Llama-2's `Prepend("▁")` normalizer) would put a space after every marker
+when decoding (`<|message|>Hi` -> `<|message|> Hi`), which breaks `parse_response` on decoded output. By
+default (`fix_prefix_space=True`) beamify makes them prepend only at the start of the input, as
+transformers' non-legacy Llama conversion does; a rendered chat starts with `<|start|>`, so nothing is
+prepended at all. This changes how the first word after each marker is split, which a model fine-tuned
+on Beam data learns anyway.
+
+What it cannot fix: a vocabulary or normalizer that loses text (no byte fallback, so `\t` becomes
+`<unk>`; NFKC folding full-width characters). Masks stay right (transformers computes them from character
+offsets), but text does not survive encode/decode, and parsing decoded output can differ from what was
+rendered. BOS tokens are not an issue: apply_chat_template tokenizes with add_special_tokens=False and the
+Beam template writes no BOS. Run `beam-sft check-template` on the result: rules `round-trip` and
+`parse-decoded-ids` report such losses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MARKERS: tuple[str, ...] = (
+    "<|start|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+)
+EOS_TOKEN = "<|return|>"
+# Distinct from EOS on purpose (see module docstring); special so decode(skip_special_tokens=True) drops it.
+PAD_TOKEN = "<|pad|>"
+PLAIN_MARKERS: tuple[str, ...] = tuple(m for m in MARKERS if m != EOS_TOKEN)
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+TEMPLATES_DIR = PACKAGE_DIR / "templates"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+RESPONSE_TEMPLATE_FILE = "response_template.json"
+# The repo's data/tokenizer. An installed (non-editable) package has no repo around it; load_tokenizer then
+# says so instead of guessing.
+DEFAULT_TOKENIZER_DIR = PACKAGE_DIR.parent / "data" / "tokenizer"
+
+
+def read_templates(template_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
+    """Return (chat template source, response template dict) read from `template_dir` (default: the package's)."""
+    from beam_sft.errors import FatalError
+
+    directory = Path(template_dir) if template_dir is not None else TEMPLATES_DIR
+    chat_path = directory / CHAT_TEMPLATE_FILE
+    response_path = directory / RESPONSE_TEMPLATE_FILE
+    for path in (chat_path, response_path):
+        if not path.is_file():
+            raise FatalError(f"template file not found: {path}")
+    chat_template = chat_path.read_text(encoding="utf-8")
+    try:
+        response_template = json.loads(response_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise FatalError(f"{response_path}: not valid JSON: {err}") from err
+    if not isinstance(response_template, dict):
+        raise FatalError(f"{response_path}: must hold a JSON object, got {type(response_template).__name__}")
+    return chat_template, response_template
+
+
+def install_templates(tokenizer, template_dir: str | Path | None = None):
+    """Set `tokenizer.chat_template` and `tokenizer.response_template` from the template files; returns it."""
+    from transformers.utils.chat_parsing.response_templates import load_response_template
+
+    chat_template, response_template = read_templates(template_dir)
+    # Fail here, not at the first parse_response call, if the response template is malformed.
+    load_response_template(response_template)
+    tokenizer.chat_template = chat_template
+    tokenizer.response_template = response_template
+    return tokenizer
+
+
+def save_tokenizer(tokenizer, save_dir: str | Path) -> list[Path]:
+    """`save_pretrained`, then put `response_template` back in its declared key order; returns the files.
+
+    save_pretrained writes tokenizer_config.json with sorted keys. The parser builds tool calls from the
+    template's transform dict in key order, so a sorted template prints `{'function': ..., 'type': ...}`
+    where the format page prints `{'type': 'function', 'function': ...}`: equal dicts, different output.
+    """
+    save_dir = Path(save_dir)
+    tokenizer.save_pretrained(str(save_dir))
+    response_template = getattr(tokenizer, "response_template", None)
+    config_path = save_dir / "tokenizer_config.json"
+    if response_template is not None and config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config["response_template"] = response_template
+        tmp = config_path.with_name(config_path.name + ".tmp")
+        tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.replace(config_path)
+    return sorted(p for p in save_dir.iterdir() if p.is_file())
+
+
+def load_tokenizer(path: str | Path | None = None, **kwargs):
+    """Load a tokenizer with AutoTokenizer (default: the bundled `data/tokenizer`)."""
+    from transformers import AutoTokenizer
+
+    from beam_sft.errors import FatalError
+
+    if path is None:
+        path = DEFAULT_TOKENIZER_DIR
+        if not (path / "tokenizer_config.json").is_file():
+            raise FatalError(
+                f"bundled tokenizer not found at {path}; run `python scripts/build_tokenizer.py` in the repo, "
+                "or pass a tokenizer path"
+            )
+    return AutoTokenizer.from_pretrained(str(path), **kwargs)
+
+
+def _backend(tokenizer):
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise TypeError(
+            f"beamify needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}; "
+            "load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
+        )
+    return backend
+
+
+def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
+    """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers.
+
+    Added tokens split the text into segments that are normalised and pre-tokenised one by one, so a
+    `Prepend("▁")` normaliser or a Metaspace `prepend_scheme="always"` turns `<|message|>Hi` into
+    `<|message|>▁Hi`, which decodes as `<|message|> Hi`: the decoded text is no longer the prompt, and the
+    response parser no longer finds `<|channel|>analysis<|message|>`. Prepending only at the start of the
+    input (`"first"`, what transformers' non-legacy Llama conversion does) keeps the text exact; a rendered
+    chat starts with `<|start|>`, so nothing is prepended at all. Returns whether `state` changed.
+    """
+    changed = False
+
+    def walk(node: Any, key: str) -> Any:
+        nonlocal changed
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "Sequence":
+            children = [walk(child, key) for child in node.get(key, [])]
+            node[key] = [c for c in children if c is not None]
+            return node
+        if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "always":
+            node["prepend_scheme"] = "first"
+            changed = True
+        if node.get("type") == "Prepend" and node.get("prepend") == "▁":
+            changed = True
+            return None
+        return node
+
+    had_prepend = "Prepend" in json.dumps(state.get("normalizer"))
+    state["normalizer"] = walk(state.get("normalizer"), "normalizers")
+    state["pre_tokenizer"] = walk(state.get("pre_tokenizer"), "pretokenizers")
+    state["decoder"] = walk(state.get("decoder"), "decoders")
+    if (
+        had_prepend
+        and "Prepend" not in json.dumps(state.get("normalizer"))
+        and state.get("pre_tokenizer") is None
+    ):
+        # The normaliser's prepend moves to a Metaspace pre-tokenizer that prepends at the input start only.
+        state["pre_tokenizer"] = {
+            "type": "Metaspace",
+            "replacement": "▁",
+            "prepend_scheme": "first",
+            "split": False,
+        }
+    return changed
+
+
+def _install_markers(tokenizer, fix_prefix_space: bool) -> None:
+    from tokenizers import AddedToken, Tokenizer
+
+    backend = _backend(tokenizer)
+    # normalized=False: markers must match the raw text, whatever the normalizer does to ordinary text.
+    backend.add_tokens([AddedToken(m, special=False, normalized=False) for m in PLAIN_MARKERS])
+    backend.add_special_tokens([AddedToken(EOS_TOKEN, special=True, normalized=False)])
+    # A marker the tokenizer already had as a special token (gpt-oss tokenizers have all seven) keeps its
+    # id, and add_tokens clears its `special` flag, but not the backend's internal set of special tokens,
+    # so decode(skip_special_tokens=True) would still drop it. Reloading from the serialised form rebuilds
+    # that set from the flags.
+    state = json.loads(backend.to_str())
+    for entry in state.get("added_tokens", []):
+        if entry["content"] in MARKERS:
+            entry["special"], entry["normalized"] = entry["content"] == EOS_TOKEN, False
+    if fix_prefix_space:
+        _segment_prefix_space_off(state)
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(state))
+    # transformers keeps its own list of extra special tokens; a plain marker must not be in it.
+    extra = list(getattr(tokenizer, "extra_special_tokens", None) or [])
+    if any(str(t) in PLAIN_MARKERS for t in extra):
+        tokenizer.extra_special_tokens = [t for t in extra if str(t) not in PLAIN_MARKERS]
+    tokenizer.eos_token = EOS_TOKEN
+
+
+def _install_pad(tokenizer) -> None:
+    from tokenizers import AddedToken
+
+    if tokenizer.pad_token is None or tokenizer.pad_token in MARKERS:
+        tokenizer.add_special_tokens({"pad_token": AddedToken(PAD_TOKEN, special=True, normalized=False)})
+
+
+def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fix_prefix_space: bool = True):
+    """Make `tokenizer` (and `model`, if given) Beam Harmony capable, in place.
+
+    Adds the markers (only `<|return|>` special; it becomes EOS), a special pad token when there is none or
+    it is a marker, and both templates. With `model`, grows the embedding matrices to `len(tokenizer)`,
+    initialises every row of a newly added token to the mean of the pre-existing rows (input embeddings,
+    and the output projection when it is not tied), and sets eos/pad ids on `model.config` and
+    `model.generation_config`. Both are modified in place; returns `tokenizer`. `fix_prefix_space`: see
+    the module docstring. Calling it again is a no-op.
+    """
+    old_len = len(tokenizer)
+    _install_markers(tokenizer, fix_prefix_space)
+    _install_pad(tokenizer)
+    install_templates(tokenizer, template_dir)
+    for marker in MARKERS:
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+        assert len(ids) == 1, f"marker {marker!r} encodes to {len(ids)} tokens after beamify: {ids}"
+    if model is None:
+        return tokenizer
+    _resize_model(model, old_len, len(tokenizer))
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    pad_id = tokenizer.pad_token_id
+    model.config.eos_token_id = eos_id
+    model.config.pad_token_id = pad_id
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.eos_token_id = eos_id
+        generation_config.pad_token_id = pad_id
+    return tokenizer
+
+
+def _resize_model(model, old_len: int, new_len: int) -> None:
+    """Grow embeddings to hold `new_len` tokens; rows for ids >= `old_len` become the mean of rows < `old_len`."""
+    import torch
+
+    input_embeddings = model.get_input_embeddings()
+    if new_len > input_embeddings.weight.shape[0]:
+        # mean_resizing=False: transformers' mean resizing samples from a normal around the mean; we want
+        # the mean itself, set below, so new tokens start out neutral and reproducibly.
+        model.resize_token_embeddings(new_len, mean_resizing=False)
+    if new_len <= old_len:
+        return
+    matrices = [model.get_input_embeddings().weight]
+    output = model.get_output_embeddings()
+    if output is not None and output.weight is not matrices[0]:
+        matrices.append(output.weight)
+    with torch.no_grad():
+        for weight in matrices:
+            mean = weight[:old_len].float().mean(dim=0)
+            weight[old_len:new_len] = mean.to(weight.dtype)
+        if output is not None and getattr(output, "bias", None) is not None:
+            bias = output.bias
+            bias[old_len:new_len] = bias[:old_len].float().mean().to(bias.dtype)

@@ -1,0 +1,146 @@
+"""Tokenizers of other families, built from scratch in-process (no hub), for beamify and check-template tests.
+
+Each mirrors the pipeline of a real family closely enough to hit its pitfalls:
+
+* `gpt2_like`: byte-level BPE with GPT-2's offset trimming, `<|endoftext|>` as EOS, no pad.
+* `sentencepiece_like`: Unigram with a Metaspace pre-tokenizer that prepends "▁" to every segment and a
+  BOS-adding post-processor (T5/older SentencePiece conversions).
+* `llama_like`: Llama-2's BPE with byte fallback, `Prepend("▁")` normaliser and `Strip` decoder, wrapped in
+  LlamaTokenizerFast.
+* `gpt_oss_like`: byte-level BPE that already has the seven markers, all special (as gpt-oss ships them).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+from beam_sft.conformance import ODD_TEXT
+from beam_sft.tokenizer import MARKERS
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 1200
+
+
+@cache
+def _texts() -> tuple[str, ...]:
+    spec = (REPO / "data" / "tokenizer_corpus" / "beam-harmony-format.md").read_text(encoding="utf-8")
+    # The odd characters the conformance fixtures use, so vocabularies without byte fallback cover them.
+    return (spec, ODD_TEXT * 3, "Compare London and Paris. And 3 + 3? 14 C, cloudy. 18 C, sunny. 6")
+
+
+def gpt2_like():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import GPT2TokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
+    backend.train_from_iterator(_texts(), trainer=trainer)
+    return GPT2TokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+
+
+def sentencepiece_like():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.Unigram())
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>", show_progress=False
+    )
+    backend.train_from_iterator(_texts(), trainer=trainer)
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", backend.token_to_id("<s>"))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def llama_like():
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import LlamaTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    backend.train_from_iterator(_texts(), trainer=trainer)
+    # Byte-fallback pieces are ordinary vocabulary entries in Llama (not added tokens), so
+    # skip_special_tokens keeps them.
+    state = json.loads(backend.to_str())
+    vocab = state["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    backend = Tokenizer.from_str(json.dumps(state))
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", backend.token_to_id("<s>"))]
+    )
+    return LlamaTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def gpt_oss_like():
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    backend.train_from_iterator(_texts(), trainer=trainer)
+    backend.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in MARKERS])
+    backend.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|return|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=[m for m in MARKERS if m != "<|return|>"],
+    )
+
+
+FACTORIES = {
+    "gpt2_like": gpt2_like,
+    "sentencepiece_like": sentencepiece_like,
+    "llama_like": llama_like,
+    "gpt_oss_like": gpt_oss_like,
+}
+
+
+def tiny_causal_lm(vocab_size: int, *, tie_word_embeddings: bool = False, seed: int = 0):
+    """A 2-layer Llama with hidden size 32: random weights, fast on CPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    return LlamaForCausalLM(config)
