@@ -1,0 +1,451 @@
+"""gpt-oss Harmony → Beam messages.
+
+Two input shapes:
+
+* **rendered text**: a record ``{"text": "<|start|>…"}`` (or the string itself, or a ``.txt`` file read as one
+  record). A text that starts at ``<|channel|>`` is a model completion: an implicit ``<|start|>assistant``
+  goes before it. A trailing ``<|start|>assistant`` with nothing after it is a generation prompt and is
+  ignored. Whitespace between messages (documentation puts line breaks there) is ignored.
+* **openai-harmony JSON**: ``Conversation.to_json()`` — ``{"messages": [{"role", "name", "content": [parts],
+  "channel", "recipient", "content_type"}]}`` with ``text``, ``system_content`` and ``developer_content`` parts.
+
+Both become the same list of Harmony messages, then Beam messages by these rules:
+
+* ``analysis`` → the assistant turn's ``reasoning_content`` (several are joined with a blank line);
+* ``commentary`` without a recipient (a preamble) → reasoning as well: Beam writes no preambles, and the
+  text is what the model said before acting;
+* a message addressed to ``functions.X`` (the recipient may stand in the header, ``assistant to=functions.X
+  <|channel|>commentary``, or after the channel name, ``<|channel|>commentary to=functions.X``; any channel) →
+  a tool call to ``X`` whose body must be a JSON object (``<|constrain|>json``); calls in a row without a
+  result between them are parallel calls of one assistant message;
+* ``functions.X to=assistant`` → a tool result named ``X``;
+* ``final`` → ``content``;
+* system ``Reasoning: low|medium|high`` (any case) → ``chat_template_kwargs.reasoning_effort``; the gpt-oss
+  default identity ("You are ChatGPT, …"), knowledge cutoff, current date and channel lines are dropped (the
+  Beam template writes its own system message); any other identity → ``chat_template_kwargs.model_identity``;
+* developer ``# Instructions`` (and any other section but ``# Tools``, such as ``# Response Formats``, kept with
+  its heading) → a ``system`` message; the ``namespace functions`` declarations under ``# Tools`` → ``tools``
+  as JSON schema (`beam_sft.formats.typescript`), or the record is rejected (`bad_tool_schema`) with the
+  parser's message.
+
+Built-in gpt-oss tools: the system message's ``## browser`` namespace becomes ordinary tools named
+``browser.search``, ``browser.open``, ``browser.find`` (parsed like ``functions``), and ``## python`` becomes a
+tool ``python`` with one string parameter ``code``. Calls keep the dotted name; a ``python`` call's body is
+code, so its arguments are ``{"code": body}``; every other call's body must be a JSON object. Beam's own
+built-ins (``search``, ``browse``, ``bash``) have different definitions, so nothing is mapped onto them.
+
+Strictness (what the prior-art regex parsers get wrong): a message must end with ``<|end|>``, ``<|call|>`` or
+``<|return|>`` before the next ``<|start|>`` or the end of the text. A call cut off before its terminator is
+rejected (`unterminated_call`), never turned into a call; any other cut-off message is `truncated_message`.
+A call body that is not JSON is `bad_arguments_json` (no raw-string fallback); a call must end with
+``<|call|>`` (or ``<|end|>``), not ``<|return|>``. Markers inside a body, text between messages, and unknown
+channels are `bad_harmony`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from beam_sft.errors import Reason, RecordError
+from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
+from beam_sft.messages import parse_arguments
+from beam_sft.messages import record as beam_record
+
+DEFAULT_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
+_EFFORTS = {"low", "medium", "high"}
+_TERMINATORS = ("<|end|>", "<|call|>", "<|return|>")
+_TERM_RE = re.compile(r"<\|(end|call|return)\|>")
+_BODY_MARKER_RE = re.compile(r"<\|(?:start|channel|constrain|message)\|>")
+_TOOL_AUTHOR_RE = re.compile(r"^[A-Za-z_][\w\-]*(?:\.[\w\-]+)*$")
+_REASONING_RE = re.compile(r"^reasoning:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
+_SYSTEM_BOILERPLATE = re.compile(
+    r"^(knowledge cutoff:|current date:|reasoning:|# valid channels:|calls to these tools must go to)", re.IGNORECASE
+)
+PYTHON_TOOL_PARAMETERS = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
+
+
+class HMsg:
+    """One Harmony message. `terminator` is None when the text ended before one (a cut-off message)."""
+
+    __slots__ = ("author", "body", "channel", "content_type", "index", "parts", "recipient", "terminator")
+
+    def __init__(self, index, author, recipient, channel, content_type, body, terminator, parts=None):
+        self.index, self.author, self.recipient, self.channel = index, author, recipient, channel
+        self.content_type, self.body, self.terminator, self.parts = content_type, body, terminator, parts
+
+
+# --- rendered text → HMsg ------------------------------------------------------------------------------
+
+
+def _parse_header(header: str, k: int) -> tuple[str, str | None, str | None, str | None]:
+    constrain = None
+    if "<|constrain|>" in header:
+        header, constrain = header.split("<|constrain|>", 1)
+        constrain = constrain.strip()
+        if "<|" in constrain:
+            raise RecordError(Reason.BAD_HARMONY, f"malformed header after <|constrain|>: {constrain!r}",
+                              message_index=k)
+    if header.count("<|channel|>") > 1:
+        raise RecordError(Reason.BAD_HARMONY, "header with two <|channel|> markers", message_index=k)
+    role_part, _, chan_part = header.partition("<|channel|>")
+    if "<|" in role_part or "<|" in chan_part:
+        raise RecordError(Reason.BAD_HARMONY, f"unexpected marker in header {header!r}", message_index=k)
+    words = role_part.split()
+    if not words:
+        raise RecordError(Reason.BAD_HARMONY, "message without an author", message_index=k)
+    author, recipient, channel, ctype = words[0], None, None, constrain
+    extra = []
+    for w in words[1:]:
+        if w.startswith("to="):
+            recipient = w[3:]
+        else:
+            extra.append(w)
+    cwords = chan_part.split()
+    if "<|channel|>" in header:
+        if not cwords:
+            raise RecordError(Reason.BAD_HARMONY, "empty channel name", message_index=k)
+        channel = cwords[0]
+        for w in cwords[1:]:
+            if w.startswith("to="):
+                if recipient is not None:
+                    raise RecordError(Reason.BAD_HARMONY, "two recipients in one header", message_index=k)
+                recipient = w[3:]
+            else:
+                extra.append(w)
+    if extra:
+        if ctype is None and len(extra) == 1:
+            ctype = extra[0]  # "to=browser.search code": a content type without <|constrain|>
+        else:
+            raise RecordError(Reason.BAD_HARMONY, f"unexpected words in header: {' '.join(extra)!r}",
+                              message_index=k)
+    if recipient == "":
+        raise RecordError(Reason.BAD_HARMONY, "empty recipient after 'to='", message_index=k)
+    return author, recipient, channel, ctype
+
+
+def parse_text(text: str) -> list[HMsg]:
+    """Rendered Harmony text → messages, strictly. See the module docstring for what is rejected."""
+    if not isinstance(text, str):
+        raise RecordError(Reason.BAD_HARMONY, f"text is a {type(text).__name__}, not a string")
+    head = text.lstrip()
+    if head.startswith("<|channel|>"):
+        text = "<|start|>assistant" + head
+    elif not head.startswith("<|start|>"):
+        if "<|start|>" not in text and "<|channel|>" not in text:
+            raise RecordError(Reason.BAD_HARMONY, "no Harmony messages in the text")
+        raise RecordError(Reason.BAD_HARMONY, f"text before the first <|start|>: {head[:40]!r}")
+    segments = text.split("<|start|>")
+    out: list[HMsg] = []
+    last = len(segments) - 1
+    for k, seg in enumerate(segments[1:], start=1):
+        idx = k - 1
+        header, sep, rest = seg.partition("<|message|>")
+        if not sep:
+            if k == last and header.strip() == "assistant":
+                break  # generation prompt
+            if k == last:
+                raise RecordError(Reason.TRUNCATED_MESSAGE, f"text ends inside the header {header.strip()!r}",
+                                  message_index=idx)
+            raise RecordError(Reason.BAD_HARMONY, f"message header {header.strip()[:40]!r} has no <|message|>",
+                              message_index=idx)
+        author, recipient, channel, ctype = _parse_header(header, idx)
+        m = _TERM_RE.search(rest)
+        if m is None:
+            body, term, tail = rest, None, ""
+            if k != last:
+                raise RecordError(Reason.TRUNCATED_MESSAGE, "message has no terminator before the next <|start|>",
+                                  message_index=idx)
+        else:
+            body, term, tail = rest[: m.start()], m.group(0), rest[m.end():]
+        bad = _BODY_MARKER_RE.search(body)
+        if bad:
+            raise RecordError(Reason.BAD_HARMONY, f"{bad.group(0)} inside a message body", message_index=idx)
+        if tail.strip():
+            raise RecordError(Reason.BAD_HARMONY, f"text after {term} outside any message: {tail.strip()[:40]!r}",
+                              message_index=idx)
+        out.append(HMsg(idx, author, recipient, channel, ctype, body, term))
+    return out
+
+
+# --- openai-harmony JSON → HMsg ------------------------------------------------------------------------
+
+
+def parse_json_messages(msgs: list) -> list[HMsg]:
+    out = []
+    for k, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise RecordError(Reason.BAD_HARMONY, "message is not an object", message_index=k)
+        role = m.get("role")
+        author = m.get("name") if role == "tool" and m.get("name") else role
+        if not isinstance(author, str):
+            raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=k)
+        content = m.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        if not isinstance(content, list):
+            raise RecordError(Reason.BAD_CONTENT, "content is not a list of parts", message_index=k)
+        texts, parts = [], []
+        for j, p in enumerate(content):
+            ptype = p.get("type") if isinstance(p, dict) else None
+            if ptype == "text" and isinstance(p.get("text"), str):
+                texts.append(p["text"])
+            elif ptype in ("system_content", "developer_content"):
+                parts.append(p)
+            else:
+                raise RecordError(Reason.UNSUPPORTED_CONTENT_PART, f"content part {j} has type {ptype!r}",
+                                  message_index=k)
+        ctype = m.get("content_type")
+        out.append(HMsg(k, author, m.get("recipient"), m.get("channel"), ctype, "".join(texts), "<|end|>", parts))
+    return out
+
+
+# --- system / developer content ------------------------------------------------------------------------
+
+
+def _tools_from_namespace_dict(tools: Any, k: int) -> list[dict]:
+    """openai-harmony's ``{"functions": {"name", "tools": [...]}, "browser": {...}}`` → OpenAI tools."""
+    out = []
+    if not tools:
+        return out
+    if not isinstance(tools, dict):
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, "tools is not an object of namespaces", message_index=k)
+    for ns_key, ns in tools.items():
+        if not isinstance(ns, dict):
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"namespace {ns_key!r} is not an object", message_index=k)
+        ns_name = ns.get("name", ns_key)
+        for t in ns.get("tools") or []:
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+                raise RecordError(Reason.BAD_TOOL_SCHEMA, f"a tool of namespace {ns_name!r} has no name",
+                                  message_index=k)
+            fn = {"name": t["name"] if ns_name == "functions" else f"{ns_name}.{t['name']}"}
+            if t.get("description"):
+                fn["description"] = t["description"]
+            fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
+            out.append({"type": "function", "function": fn})
+        if ns_name == "python" and not ns.get("tools"):
+            out.append(_python_tool(ns.get("description")))
+    return out
+
+
+def _python_tool(description: str | None) -> dict:
+    fn: dict[str, Any] = {"name": "python"}
+    if description:
+        fn["description"] = description
+    fn["parameters"] = PYTHON_TOOL_PARAMETERS
+    return {"type": "function", "function": fn}
+
+
+def _sections(body: str) -> list[tuple[str | None, str]]:
+    """Split a message body at top-level ``# Heading`` lines → [(heading or None, text)]."""
+    out: list[tuple[str | None, list[str]]] = [(None, [])]
+    for line in body.split("\n"):
+        if line.startswith("# "):
+            out.append((line[2:].strip(), []))
+        else:
+            out[-1][1].append(line)
+    return [(h, "\n".join(lines).strip("\n")) for h, lines in out if h is not None or "".join(lines).strip()]
+
+
+def _tools_section(text: str, k: int) -> list[dict]:
+    """A ``# Tools`` section: ``## name`` subsections holding a TypeScript namespace, or (python) prose."""
+    tools: list[dict] = []
+    subs = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
+    if subs[0].strip():
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, "text before the first '## namespace' in # Tools", message_index=k)
+    for name, sub in zip(subs[1::2], subs[2::2], strict=True):
+        name = name.strip()
+        if "namespace " in sub:
+            start = sub.index("namespace ")
+            preamble = sub[:start]
+            if preamble.strip() and not all(ln.startswith("//") for ln in preamble.strip().splitlines()):
+                raise RecordError(Reason.BAD_TOOL_SCHEMA, f"unexpected text before namespace {name!r}",
+                                  message_index=k)
+            try:
+                tools.extend(parse_namespaces(sub[start:]))
+            except TypeScriptError as err:
+                raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool namespace {name!r} does not parse: {err}",
+                                  message_index=k) from None
+        elif name == "python":
+            tools.append(_python_tool(sub.strip() or None))
+        else:
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool section {name!r} has no namespace declaration",
+                              message_index=k)
+    return tools
+
+
+def _system(m: HMsg, kwargs: dict, tools: list) -> None:
+    if m.parts:
+        for p in m.parts:
+            if p.get("type") != "system_content":
+                continue
+            effort = p.get("reasoning_effort")
+            if effort is not None:
+                _set_effort(str(effort), kwargs, m.index)
+            identity = p.get("model_identity")
+            if identity and identity != DEFAULT_IDENTITY:
+                kwargs["model_identity"] = identity
+            tools.extend(_tools_from_namespace_dict(p.get("tools"), m.index))
+        return
+    sections = _sections(m.body)
+    for heading, text in sections:
+        if heading is None:
+            lines = [ln for ln in text.split("\n") if ln.strip()]
+            rest = [ln for ln in lines if not _SYSTEM_BOILERPLATE.match(ln)]
+            if rest and rest[0] != DEFAULT_IDENTITY:
+                kwargs["model_identity"] = "\n".join(rest)
+            elif len(rest) > 1:
+                raise RecordError(Reason.BAD_HARMONY, f"unexpected system text: {rest[1][:40]!r}",
+                                  message_index=m.index)
+        elif heading == "Tools":
+            tools.extend(_tools_section(text, m.index))
+    found = _REASONING_RE.findall(m.body)
+    if found:
+        _set_effort(found[-1], kwargs, m.index)
+
+
+def _set_effort(value: str, kwargs: dict, k: int) -> None:
+    effort = value.strip().lower()
+    if effort not in _EFFORTS:
+        raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"unknown reasoning effort {value!r}", message_index=k)
+    kwargs["reasoning_effort"] = effort
+
+
+def _developer(m: HMsg, tools: list) -> str:
+    if m.parts:
+        texts = []
+        for p in m.parts:
+            if p.get("type") != "developer_content":
+                continue
+            if p.get("instructions"):
+                texts.append(p["instructions"])
+            tools.extend(_tools_from_namespace_dict(p.get("tools"), m.index))
+        return "\n\n".join(texts)
+    keep = []
+    for heading, text in _sections(m.body):
+        if heading == "Tools":
+            tools.extend(_tools_section(text, m.index))
+        elif heading == "Instructions" or heading is None:
+            if text:
+                keep.append(text)
+        else:
+            keep.append(f"# {heading}\n\n{text}" if text else f"# {heading}")
+    return "\n\n".join(keep)
+
+
+# --- HMsg → Beam messages ------------------------------------------------------------------------------
+
+
+def _strip_ns(name: str) -> str:
+    return name.removeprefix("functions.")
+
+
+def assemble(hmsgs: list[HMsg]) -> dict:
+    out: list[dict] = []
+    src: list[int] = []
+    kwargs: dict = {}
+    tools: list[dict] = []
+    cur: dict | None = None  # the assistant message being built
+    seen_other = False
+
+    def new_assistant(k: int) -> dict:
+        msg = {"role": "assistant", "reasoning_content": "", "content": ""}
+        out.append(msg)
+        src.append(k)
+        return msg
+
+    for m in hmsgs:
+        k, author = m.index, m.author
+        if author == "system":
+            if seen_other:
+                raise RecordError(Reason.LATE_SYSTEM, "system message after the conversation started",
+                                  message_index=k)
+            _system(m, kwargs, tools)
+            continue
+        if author == "developer":
+            text = _developer(m, tools)
+            if text:
+                out.append({"role": "system", "content": text})
+                src.append(k)
+            continue
+        seen_other = True
+        if author == "user":
+            cur = None
+            if m.terminator is None:
+                raise RecordError(Reason.TRUNCATED_MESSAGE, "user message is cut off", message_index=k)
+            out.append({"role": "user", "content": m.body})
+            src.append(k)
+            continue
+        if author == "assistant":
+            recipient = m.recipient
+            if recipient and recipient != "assistant" and recipient != "user":
+                if m.terminator is None:
+                    raise RecordError(Reason.UNTERMINATED_CALL, f"call to {recipient} is cut off before <|call|>",
+                                      message_index=k)
+                if m.terminator == "<|return|>":
+                    raise RecordError(Reason.BAD_HARMONY, f"call to {recipient} ends with <|return|>",
+                                      message_index=k)
+                name = _strip_ns(recipient)
+                if name == "python" or name.startswith("python."):
+                    args = {"code": m.body}
+                else:
+                    args = parse_arguments(m.body.strip(), message_index=k, name=name)
+                if cur is None or cur["content"]:
+                    cur = new_assistant(k)
+                cur.setdefault("tool_calls", []).append({"type": "function",
+                                                         "function": {"name": name, "arguments": args}})
+                continue
+            channel = m.channel
+            if m.terminator is None:
+                raise RecordError(Reason.TRUNCATED_MESSAGE, f"assistant {channel or ''} message is cut off",
+                                  message_index=k)
+            if channel in ("analysis", "commentary"):
+                if cur is None or cur["content"] or cur.get("tool_calls"):
+                    cur = new_assistant(k)
+                r = cur["reasoning_content"]
+                cur["reasoning_content"] = f"{r}\n\n{m.body}" if r else m.body
+            elif channel == "final" or channel is None:
+                if cur is None or cur["content"] or cur.get("tool_calls"):
+                    cur = new_assistant(k)
+                cur["content"] = m.body
+            else:
+                raise RecordError(Reason.BAD_HARMONY, f"unknown channel {channel!r}", message_index=k)
+            continue
+        if _TOOL_AUTHOR_RE.match(author):
+            cur = None
+            if m.terminator is None:
+                raise RecordError(Reason.TRUNCATED_MESSAGE, f"result of {author} is cut off", message_index=k)
+            out.append({"role": "tool", "name": _strip_ns(author), "content": m.body})
+            src.append(k)
+            continue
+        raise RecordError(Reason.UNKNOWN_ROLE, f"unknown author {author!r}", message_index=k)
+    if not seen_other and hmsgs:
+        raise RecordError(Reason.EMPTY_CONVERSATION, "only system/developer messages: a prompt header, no "
+                          "conversation")
+    rec = beam_record(out, tools or None, kwargs or None)
+    rec["_src"] = src
+    return rec
+
+
+def convert(rec: Any) -> dict:
+    """One Harmony record (rendered text or openai-harmony JSON) → a Beam record (not yet validated)."""
+    if isinstance(rec, str):
+        return assemble(parse_text(rec))
+    if not isinstance(rec, dict):
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
+    text = rec.get("text")
+    if isinstance(text, str):
+        return assemble(parse_text(text))
+    msgs = rec.get("messages")
+    if isinstance(msgs, str):
+        try:
+            msgs = orjson.loads(msgs)
+        except orjson.JSONDecodeError:
+            return assemble(parse_text(msgs))
+        if isinstance(msgs, dict):
+            msgs = msgs.get("messages")
+    if isinstance(msgs, list):
+        return assemble(parse_json_messages(msgs))
+    raise RecordError(Reason.UNKNOWN_FORMAT, "no Harmony 'text' and no openai-harmony 'messages'")

@@ -1,0 +1,107 @@
+"""ShareGPT conversations → Beam messages.
+
+Accepted shapes (one record): ``conversations`` (or ``messages``) holding turns as ``{"from", "value"}`` or
+``{"role", "content"}``; an optional record-level ``system`` string; ``tools`` as a list or a JSON string
+(LLaMA-Factory / glaive), of wrapped or bare function schemas; ``chat_template_kwargs`` / ``reasoning_effort``.
+
+Role vocabulary (case-insensitive), as seen across ShareGPT exports, FastChat, LLaMA-Factory, glaive,
+Hermes and axolotl data:
+
+* user: ``human``, ``user``, ``prompter``, ``usr``
+* assistant: ``gpt``, ``assistant``, ``model``, ``chatgpt``, ``bing``, ``bard``, ``claude``, ``bot``, ``ai``
+* system: ``system``; developer: ``developer``
+* a tool call: ``function_call``, ``tool_call``, ``tool_calls`` — the value is a JSON object
+  ``{"name", "arguments"}`` or a list of them (parallel calls), as a string or already decoded
+* a tool result: ``observation``, ``tool``, ``function_response``, ``tool_response``, ``function``,
+  ``ipython``
+
+A leading ``<think>…</think>`` (or ``<thinking>``, ``<reasoning>``) block in an assistant turn is its reasoning.
+A call turn becomes an assistant message of its own; the assistant turn right before it (typically the
+reasoning, glaive's "I'll look that up") is merged with it by `beam_sft.validate`, which also pairs results
+with calls by position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from beam_sft.errors import Reason, RecordError
+from beam_sft.formats.openai import record_kwargs, reject_unsupported_record
+from beam_sft.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
+from beam_sft.messages import record as beam_record
+
+USER_ROLES = frozenset(("human", "user", "prompter", "usr"))
+ASSISTANT_ROLES = frozenset(("gpt", "assistant", "model", "chatgpt", "bing", "bard", "claude", "bot", "ai"))
+CALL_ROLES = frozenset(("function_call", "tool_call", "tool_calls"))
+RESULT_ROLES = frozenset(("observation", "tool", "function_response", "tool_response", "function", "ipython"))
+
+
+def _turn(m: Any, i: int) -> tuple[str, Any, dict]:
+    if not isinstance(m, dict):
+        raise RecordError(Reason.BAD_CONTENT, f"turn is a {type(m).__name__}, not an object", message_index=i)
+    role = m.get("from", m.get("role"))
+    value = m["value"] if "value" in m else m.get("content")
+    if not isinstance(role, str):
+        raise RecordError(Reason.UNKNOWN_ROLE, f"turn has no role ({role!r})", message_index=i)
+    return role.lower(), value, m
+
+
+def _calls(value: Any, i: int) -> list[dict]:
+    if isinstance(value, (str, bytes)):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as err:
+            raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"function_call value is not JSON ({err})",
+                              message_index=i) from None
+    calls = value if isinstance(value, list) else [value]
+    if not calls:
+        raise RecordError(Reason.BAD_CONTENT, "function_call turn with no call", message_index=i)
+    return [openai_tool_call(c, message_index=i) for c in calls]
+
+
+def convert(rec: Any) -> dict:
+    """One ShareGPT record → a Beam record (not yet validated)."""
+    if not isinstance(rec, dict):
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
+    reject_unsupported_record(rec)
+    conv = rec.get("conversations")
+    if conv is None:
+        conv = rec.get("messages")
+    if conv is None:
+        raise RecordError(Reason.UNKNOWN_FORMAT, "no 'conversations' list")
+    if not isinstance(conv, list):
+        raise RecordError(Reason.BAD_CONTENT, f"conversations is a {type(conv).__name__}, not a list")
+    out: list[dict] = []
+    system = rec.get("system")
+    if system:
+        if not isinstance(system, str):
+            raise RecordError(Reason.BAD_CONTENT, "record-level 'system' is not a string")
+        out.append({"role": "system", "content": system})
+    for i, m in enumerate(conv):
+        role, value, m = _turn(m, i)
+        if role in USER_ROLES:
+            out.append({"role": "user", "content": text_of(value, message_index=i)})
+        elif role in ASSISTANT_ROLES:
+            text = text_of(value, message_index=i)
+            reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
+            if not isinstance(reasoning, str) or not reasoning:
+                reasoning, text = split_think(text, message_index=i)
+            out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": text})
+        elif role in CALL_ROLES:
+            out.append({"role": "assistant", "reasoning_content": "", "content": "",
+                        "tool_calls": _calls(value, i)})
+        elif role in RESULT_ROLES:
+            msg = {"role": "tool", "content": tool_content(value, message_index=i)}
+            if isinstance(m.get("name"), str) and m["name"]:
+                msg["name"] = m["name"]
+            out.append(msg)
+        elif role in ("system", "developer"):
+            out.append({"role": role, "content": text_of(value, message_index=i)})
+        else:
+            raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=i)
+    beam = beam_record(out, normalize_tools(rec.get("tools")), record_kwargs(rec))
+    if system:  # errors name turns of `conversations`, which the record-level system prompt is not part of
+        beam["_src"] = [None, *range(len(conv))]
+    return beam

@@ -1,0 +1,340 @@
+"""Parse the TypeScript-like tool declarations of a gpt-oss Harmony prompt back into JSON schemas.
+
+gpt-oss renders tools as::
+
+    namespace functions {
+
+    // Gets the current weather in the provided location.
+    type get_current_weather = (_: {
+    // The city and state, e.g. San Francisco, CA
+    location: string,
+    format?: "celsius" | "fahrenheit", // default: celsius
+    }) => any;
+
+    } // namespace functions
+
+This module turns that text into OpenAI function schemas (``{"type": "function", "function": {...}}``):
+``//`` lines before a declaration or a property are its description (an ``Examples:`` block becomes
+``examples``); a trailing ``// default: X`` is the default (JSON where it parses, the raw text otherwise);
+``?`` marks an optional property; ``number`` stays ``number`` (the integer/number distinction is lost in
+the rendering); string-literal unions become ``enum``; ``T | null`` becomes ``"type": [T, "null"]``; other
+unions become ``anyOf``; ``T[]`` becomes an array; nested ``{…}`` objects recurse.
+
+It is a small recursive-descent parser over a token stream, not a regex: anything it does not understand
+raises `TypeScriptError` with the line, so a tool declaration is converted exactly or the record is
+rejected with a stated reason — never half-parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+
+class TypeScriptError(ValueError):
+    pass
+
+
+_TOKEN_RE = re.compile(
+    r"""(?P<ws>[ \t\r]+)
+      |(?P<nl>\n)
+      |(?P<comment>//[^\n]*)
+      |(?P<arrow>=>)
+      |(?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
+      |(?P<number>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)
+      |(?P<ident>[A-Za-z_$][\w$]*)
+      |(?P<punct>[{}()\[\]:;,|?=<>&])
+    """,
+    re.VERBOSE,
+)
+
+
+class _Tok:
+    __slots__ = ("kind", "line", "newline_before", "text")
+
+    def __init__(self, kind, text, line, newline_before):
+        self.kind, self.text, self.line, self.newline_before = kind, text, line, newline_before
+
+    def __repr__(self):
+        return f"{self.kind}:{self.text!r}@{self.line}"
+
+
+def _tokenize(src: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    pos, line, nl = 0, 1, True
+    while pos < len(src):
+        m = _TOKEN_RE.match(src, pos)
+        if not m:
+            raise TypeScriptError(f"line {line}: unexpected character {src[pos]!r}")
+        kind = m.lastgroup
+        if kind == "nl":
+            line += 1
+            nl = True
+        elif kind != "ws":
+            toks.append(_Tok(kind, m.group(), line, nl))
+            nl = False
+        pos = m.end()
+    toks.append(_Tok("eof", "", line, True))
+    return toks
+
+
+def _literal(text: str) -> Any:
+    if text.startswith("'"):
+        return text[1:-1].replace("\\'", "'")
+    return json.loads(text)
+
+
+def _default_value(text: str) -> Any:
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _description(lines: list[str]) -> tuple[str | None, list | None, Any]:
+    """Comment lines → (description, examples, default). gpt-oss writes `// default: X` on its own line for a
+    property whose type spans several lines (a one-of), so that form is read here too."""
+    desc, examples, default = [], None, _NO_DEFAULT
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() == "Examples:":
+            examples = []
+            i += 1
+            while i < len(lines) and lines[i].startswith("- "):
+                examples.append(_default_value(lines[i][2:]))
+                i += 1
+            continue
+        if line.startswith("default: ") and i == len(lines) - 1:
+            default = _default_value(line[len("default: "):])
+        else:
+            desc.append(line)
+        i += 1
+    text = "\n".join(desc).strip("\n")
+    return (text or None), examples, default
+
+
+_NO_DEFAULT = object()
+
+
+class _Parser:
+    def __init__(self, src: str):
+        self.toks = _tokenize(src)
+        self.i = 0
+
+    # -- token helpers
+    def peek(self, k: int = 0) -> _Tok:
+        return self.toks[min(self.i + k, len(self.toks) - 1)]
+
+    def next(self) -> _Tok:
+        t = self.toks[self.i]
+        self.i += 1
+        return t
+
+    def expect(self, text: str) -> _Tok:
+        t = self.next()
+        if t.text != text:
+            raise TypeScriptError(f"line {t.line}: expected {text!r}, found {t.text or 'end of text'!r}")
+        return t
+
+    def comments(self) -> list[str]:
+        out = []
+        while self.peek().kind == "comment":
+            out.append(self.next().text[2:].removeprefix(" "))
+        return out
+
+    def trailing_comment(self, line: int) -> str | None:
+        t = self.peek()
+        if t.kind == "comment" and not t.newline_before and t.line == line:
+            self.next()
+            return t.text[2:].strip()
+        return None
+
+    # -- grammar
+    def namespaces(self) -> list[dict]:
+        tools: list[dict] = []
+        while True:
+            self.comments()
+            t = self.peek()
+            if t.kind == "eof":
+                return tools
+            if t.text != "namespace":
+                raise TypeScriptError(f"line {t.line}: expected 'namespace', found {t.text!r}")
+            tools.extend(self.namespace())
+
+    def namespace(self) -> list[dict]:
+        self.expect("namespace")
+        name_tok = self.next()
+        if name_tok.kind != "ident":
+            raise TypeScriptError(f"line {name_tok.line}: namespace without a name")
+        ns = name_tok.text
+        self.expect("{")
+        tools = []
+        while True:
+            desc = self.comments()
+            t = self.peek()
+            if t.text == "}":
+                close = self.next()
+                self.trailing_comment(close.line)
+                return tools
+            if t.text != "type":
+                raise TypeScriptError(f"line {t.line}: expected 'type' or '}}', found {t.text or 'end of text'!r}")
+            tools.append(self.declaration(ns, desc))
+
+    def declaration(self, ns: str, desc_lines: list[str]) -> dict:
+        self.expect("type")
+        name_tok = self.next()
+        if name_tok.kind != "ident":
+            raise TypeScriptError(f"line {name_tok.line}: tool without a name")
+        self.expect("=")
+        self.expect("(")
+        params: dict[str, Any] = {"type": "object", "properties": {}}
+        if self.peek().text != ")":
+            self.expect("_")
+            self.expect(":")
+            self.comments()  # "(_: // params object" – a comment on the parameter object itself
+            params = self.object_type()
+        self.expect(")")
+        self.expect("=>")
+        ret = self.next()
+        if ret.kind != "ident":
+            raise TypeScriptError(f"line {ret.line}: expected a return type after '=>'")
+        self.expect(";")
+        fn: dict[str, Any] = {"name": name_tok.text if ns == "functions" else f"{ns}.{name_tok.text}"}
+        desc, _, _ = _description(desc_lines)
+        if desc:
+            fn["description"] = desc
+        fn["parameters"] = params
+        return {"type": "function", "function": fn}
+
+    def object_type(self) -> dict:
+        self.expect("{")
+        props: dict[str, Any] = {}
+        required: list[str] = []
+        while True:
+            lines = self.comments()
+            t = self.peek()
+            if t.text == "}":
+                self.next()
+                break
+            name_tok = self.next()
+            if name_tok.kind not in ("ident", "string"):
+                raise TypeScriptError(f"line {name_tok.line}: expected a property name, found {name_tok.text!r}")
+            name = _literal(name_tok.text) if name_tok.kind == "string" else name_tok.text
+            optional = False
+            if self.peek().text == "?":
+                self.next()
+                optional = True
+            self.expect(":")
+            schema = self.union()
+            sep = self.peek()
+            if sep.text in (",", ";"):
+                self.next()
+            elif sep.text != "}":
+                raise TypeScriptError(f"line {sep.line}: expected ',' after property {name!r}, found {sep.text!r}")
+            trailing = self.trailing_comment(sep.line if sep.text in (",", ";") else name_tok.line)
+            desc, examples, default = _description(lines)
+            out: dict[str, Any] = {}
+            if desc:
+                out["description"] = desc
+            out.update(schema)
+            if examples is not None:
+                out["examples"] = examples
+            if default is not _NO_DEFAULT:
+                out["default"] = default
+            if trailing is not None:
+                if trailing.startswith("default: "):
+                    out["default"] = _default_value(trailing[len("default: "):])
+                else:
+                    out["description"] = f"{out['description']}\n{trailing}" if "description" in out else trailing
+            props[name] = out
+            if not optional:
+                required.append(name)
+        schema: dict[str, Any] = {"type": "object", "properties": props}
+        if required:
+            schema["required"] = required
+        return schema
+
+    def union(self) -> dict:
+        variants: list[dict] = []
+        self.comments()
+        if self.peek().text == "|":  # a leading '|' starts a multi-line one-of
+            self.next()
+        while True:
+            self.comments()
+            term = self.term()
+            note = self.trailing_comment(self.toks[self.i - 1].line)
+            if note is not None:
+                term = dict(term)
+                if note.startswith("default: "):
+                    term["default"] = _default_value(note[len("default: "):])
+                else:
+                    term["description"] = note
+            variants.append(term)
+            self.comments()
+            if self.peek().text != "|":
+                break
+            self.next()
+        return _merge_union(variants)
+
+    def term(self) -> dict:
+        t = self.next()
+        if t.text == "{":
+            self.i -= 1
+            schema = self.object_type()
+        elif t.text == "(":
+            schema = self.union()
+            self.expect(")")
+        elif t.kind == "string":
+            schema = {"const": _literal(t.text)}
+        elif t.kind == "number":
+            schema = {"const": json.loads(t.text)}
+        elif t.kind == "ident":
+            simple = {"string": "string", "number": "number", "boolean": "boolean", "null": "null",
+                      "object": "object"}
+            if t.text in simple:
+                schema = {"type": simple[t.text]}
+            elif t.text == "any":
+                schema = {}
+            elif t.text in ("true", "false"):
+                schema = {"const": t.text == "true"}
+            elif t.text == "Array" and self.peek().text == "<":
+                self.next()
+                items = self.union()
+                self.expect(">")
+                schema = {"type": "array", "items": items}
+            else:
+                raise TypeScriptError(f"line {t.line}: unknown type {t.text!r}")
+        else:
+            raise TypeScriptError(f"line {t.line}: expected a type, found {t.text or 'end of text'!r}")
+        while self.peek().text == "[" and self.peek(1).text == "]":
+            self.next()
+            self.next()
+            schema = {"type": "array", "items": schema}
+        return schema
+
+
+def _merge_union(variants: list[dict]) -> dict:
+    if len(variants) == 1:
+        return variants[0]
+    has_null = {"type": "null"} in variants
+    rest = [v for v in variants if v != {"type": "null"}]
+    if all(set(v) == {"const"} for v in rest):  # "a" | "b" (| null): an enum
+        values = [v["const"] for v in rest]
+        if all(type(v) is str for v in values):
+            return {"type": ["string", "null"], "enum": [*values, None]} if has_null else {"type": "string",
+                                                                                         "enum": values}
+        return {"enum": [*values, None] if has_null else values}
+    if all(set(v) == {"type"} and isinstance(v["type"], str) for v in variants):  # string | number
+        return {"type": [v["type"] for v in variants]}
+    if has_null and len(rest) == 1 and isinstance(rest[0].get("type"), str):  # T | null, T with details
+        return {**rest[0], "type": [rest[0]["type"], "null"]}
+    return {"anyOf": variants}
+
+
+def parse_namespaces(src: str) -> list[dict]:
+    """All ``namespace X { … }`` blocks in `src` → OpenAI tool schemas. Tools of the ``functions`` namespace
+    keep their bare names; tools of other namespaces (``browser``) are named ``browser.search``."""
+    return _Parser(src).namespaces()

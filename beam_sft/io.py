@@ -1,0 +1,456 @@
+"""Streaming readers with provenance, atomic writers, and Arrow-safe storage of Beam records.
+
+Readers yield ``Item``s — one per input record — in input order, each with where it came from: the file and
+a 1-based line for JSONL, or a 0-based index for JSON arrays, Parquet, `datasets` directories and hub
+datasets. A line that is not JSON, not UTF-8, or over the size limit becomes an `Item` carrying the
+`RecordError`, so the caller counts it as a rejection instead of losing it. JSONL lines stay undecoded bytes
+until a worker parses them (that parse is part of the conversion cost, and it can run in parallel).
+
+Inputs (`expand_inputs`): files (``.jsonl``, ``.ndjson``, ``.jsonl.gz``, ``.json``, ``.traj``, ``.parquet``,
+``.txt`` — a whole text file is one Harmony record), glob patterns, directories (a `save_to_disk` dataset,
+or else every supported file inside, sorted), and hub dataset ids (through `datasets.load_dataset`, so an
+offline cache works). A ``.json`` file holding one conversation object, or a bare list of messages, is one
+record; a ``.json`` file that is really JSON Lines is read as JSON Lines.
+
+Outputs (`open_writer`): ``.jsonl``, ``.parquet``, or any other path as a `save_to_disk` directory. Each is
+written to a temporary path beside the target and renamed into place only when complete. In Arrow outputs
+the free-form parts — tool-call ``arguments``, ``tools`` and ``chat_template_kwargs`` — use the `datasets`
+``Json`` feature, so records with different argument keys don't turn into one struct padded with nulls;
+`datasets` decodes them back to dicts on load. ``chat_template_kwargs`` is always an object (``{}`` when
+the record has none), since TRL unpacks it with ``**``.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from beam_sft.errors import FatalError, Reason, RecordError, UsageError
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
+JSON_SUFFIXES = (".json", ".traj")
+TEXT_SUFFIXES = (".txt",)
+PARQUET_SUFFIXES = (".parquet",)
+SUPPORTED_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + TEXT_SUFFIXES + PARQUET_SUFFIXES
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+@dataclass(slots=True)
+class Item:
+    """One input record. `payload` is raw bytes (`raw=True`, a JSONL line still to parse) or the record."""
+
+    source: str
+    position: int  # 1-based line (by_line) or 0-based index
+    by_line: bool
+    payload: Any
+    raw: bool = False
+    error: RecordError | None = None
+
+
+def _suffix(path: Path) -> str:
+    name = path.name.lower()
+    for s in SUPPORTED_SUFFIXES:
+        if name.endswith(s):
+            return s
+    return path.suffix.lower()
+
+
+@dataclass(slots=True)
+class Source:
+    kind: str  # "jsonl", "json", "text", "parquet", "disk", "hub"
+    name: str
+    split: str | None = None
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "state.json").exists() or (path / "dataset_dict.json").exists()
+
+
+def expand_inputs(specs: list[str], split: str = "train") -> list[Source]:
+    """Turn the command line's INPUT arguments into sources, in the order given (globs and directories sorted)."""
+    out: list[Source] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_dir():
+            if _is_saved_dataset(path):
+                out.append(Source("disk", spec, split))
+                continue
+            files = sorted(p for p in path.rglob("*") if p.is_file() and _suffix(p) in SUPPORTED_SUFFIXES)
+            if not files:
+                raise UsageError(f"{spec}: directory holds no {'/'.join(SUPPORTED_SUFFIXES)} files")
+            out.extend(_file_source(p) for p in files)
+        elif path.is_file():
+            out.append(_file_source(path))
+        elif any(c in spec for c in "*?["):
+            matches = sorted(glob.glob(spec, recursive=True))
+            files = [Path(m) for m in matches if Path(m).is_file()]
+            if not files:
+                raise UsageError(f"{spec}: no files match")
+            out.extend(_file_source(p) for p in files)
+        elif _HUB_ID.match(spec) and not spec.endswith(SUPPORTED_SUFFIXES):
+            out.append(Source("hub", spec, split))
+        else:
+            raise UsageError(f"{spec}: no such file or directory")
+    return out
+
+
+def _file_source(path: Path) -> Source:
+    s = _suffix(path)
+    if s in JSONL_SUFFIXES:
+        return Source("jsonl", str(path))
+    if s in JSON_SUFFIXES:
+        return Source("json", str(path))
+    if s in TEXT_SUFFIXES:
+        return Source("text", str(path))
+    if s in PARQUET_SUFFIXES:
+        return Source("parquet", str(path))
+    # unknown suffix: JSONL unless the file is one JSON document
+    with open(path, "rb") as f:
+        head = f.read(1).lstrip()
+    return Source("json" if head == b"[" else "jsonl", str(path))
+
+
+def parse_line(line: bytes) -> Any:
+    """One JSONL line → its record, or `RecordError` (``invalid_utf8`` / ``malformed_json``)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as err:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as uerr:
+            raise RecordError(Reason.INVALID_UTF8, f"invalid UTF-8 at byte {uerr.start}") from None
+        raise RecordError(Reason.MALFORMED_JSON, f"not JSON: {err}") from None
+
+
+def _read_jsonl(src: Source, max_bytes: int | None) -> Iterator[Item]:
+    opener = gzip.open if src.name.endswith(".gz") else open
+    with opener(src.name, "rb") as f:
+        for n, line in enumerate(f, start=1):
+            if line.isspace():  # no copy, unlike strip(); blank lines are not records
+                continue
+            if max_bytes is not None and len(line) > max_bytes:
+                yield Item(src.name, n, True, None, error=RecordError(
+                    Reason.RECORD_TOO_LARGE, f"{len(line)} bytes, over the limit of {max_bytes}"))
+                continue
+            yield Item(src.name, n, True, line, raw=True)
+
+
+def _too_large(obj: Any, max_bytes: int | None) -> RecordError | None:
+    if max_bytes is None:
+        return None
+    size = len(orjson.dumps(obj, default=str))
+    if size > max_bytes:
+        return RecordError(Reason.RECORD_TOO_LARGE, f"{size} bytes as JSON, over the limit of {max_bytes}")
+    return None
+
+
+def _read_json(src: Source, max_bytes: int | None) -> Iterator[Item]:
+    data = Path(src.name).read_bytes()
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as err:
+        first = data.lstrip().split(b"\n", 1)[0]
+        if first.startswith(b"{") and _parses(first):  # JSON Lines under a .json name (common on the hub)
+            yield from _read_jsonl(Source("jsonl", src.name), max_bytes)
+            return
+        try:
+            data.decode("utf-8")
+            reason, msg = Reason.MALFORMED_JSON, f"not JSON: {err}"
+        except UnicodeDecodeError as uerr:
+            reason, msg = Reason.INVALID_UTF8, f"invalid UTF-8 at byte {uerr.start}"
+        yield Item(src.name, 0, False, None, error=RecordError(reason, f"whole file: {msg}"))
+        return
+    # One conversation: an object, or a bare list of messages (role-keyed dicts without a conversation key).
+    if isinstance(doc, list) and doc and all(
+        isinstance(m, dict) and "role" in m and "messages" not in m and "conversations" not in m for m in doc
+    ):
+        doc = {"messages": doc}
+    records = doc if isinstance(doc, list) else [doc]
+    for i, rec in enumerate(records):
+        yield Item(src.name, i, False, rec, error=_too_large(rec, max_bytes))
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _read_text(src: Source, max_bytes: int | None) -> Iterator[Item]:
+    data = Path(src.name).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        yield Item(src.name, 0, False, None, error=RecordError(Reason.INVALID_UTF8, f"invalid UTF-8 at byte "
+                                                               f"{err.start}"))
+        return
+    err = None
+    if max_bytes is not None and len(data) > max_bytes:
+        err = RecordError(Reason.RECORD_TOO_LARGE, f"{len(data)} bytes, over the limit of {max_bytes}")
+    yield Item(src.name, 0, False, {"text": text}, error=err)
+
+
+def _read_parquet(src: Source, max_bytes: int | None) -> Iterator[Item]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(src.name)
+    i = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for rec in batch.to_pylist():
+            yield Item(src.name, i, False, _decode_json_columns(rec), error=_too_large(rec, max_bytes))
+            i += 1
+
+
+def _decode_json_columns(rec: dict) -> dict:
+    """Parquet written by us (or by `datasets` with ``Json``) reads back through pyarrow as JSON strings."""
+    # Tool-call arguments stay JSON strings: every converter accepts those.
+    kwargs = rec.get("chat_template_kwargs")
+    if isinstance(kwargs, str):
+        try:
+            rec["chat_template_kwargs"] = orjson.loads(kwargs)
+        except orjson.JSONDecodeError:
+            pass
+    tools = rec.get("tools")
+    if isinstance(tools, list) and tools and all(isinstance(t, str) for t in tools):
+        try:
+            rec["tools"] = [orjson.loads(t) for t in tools]
+        except orjson.JSONDecodeError:
+            pass
+    return rec
+
+
+def _read_dataset(src: Source, max_bytes: int | None) -> Iterator[Item]:
+    import datasets
+
+    try:
+        if src.kind == "disk":
+            ds = datasets.load_from_disk(src.name)
+        else:
+            ds = datasets.load_dataset(src.name, split=src.split)
+    except Exception as err:  # datasets raises many types; all of them mean "can't read this input"
+        what = "saved dataset" if src.kind == "disk" else "not a local path, and as a hub dataset"
+        raise FatalError(f"{src.name}: {what}: cannot load: {type(err).__name__}: {err}") from err
+    if isinstance(ds, datasets.DatasetDict):
+        if src.split not in ds:
+            raise UsageError(f"{src.name}: no split {src.split!r} (splits: {', '.join(ds)}); use --split")
+        ds = ds[src.split]
+    for i, rec in enumerate(ds):
+        yield Item(src.name, i, False, rec, error=_too_large(rec, max_bytes))
+
+
+_READERS = {"jsonl": _read_jsonl, "json": _read_json, "text": _read_text, "parquet": _read_parquet,
+            "disk": _read_dataset, "hub": _read_dataset}
+
+
+def iter_items(sources: list[Source], *, max_bytes: int | None = None, limit: int | None = None) -> Iterator[Item]:
+    """Every input record of every source, in order, at most `limit` in all."""
+    n = 0
+    for src in sources:
+        try:
+            for item in _READERS[src.kind](src, max_bytes):
+                if limit is not None and n >= limit:
+                    return
+                yield item
+                n += 1
+        except OSError as err:
+            raise FatalError(f"{src.name}: {err.strerror or err}") from err
+        if limit is not None and n >= limit:
+            return
+
+
+# --- Arrow storage ---------------------------------------------------------------------------------------
+
+
+def beam_features():
+    """`datasets.Features` of a Beam record, with the free-form parts as ``Json``."""
+    from datasets import Features, Json, List, Value
+
+    call = {"id": Value("string"), "type": Value("string"),
+            "function": {"name": Value("string"), "arguments": Json()}}
+    message = {"role": Value("string"), "content": Value("string"), "reasoning_content": Value("string"),
+               "tool_calls": List(call), "name": Value("string"), "tool_call_id": Value("string")}
+    return Features({"messages": List(message), "tools": List(Json()), "chat_template_kwargs": Json()})
+
+
+def _storage_type(t):
+    import pyarrow as pa
+
+    if isinstance(t, pa.BaseExtensionType):
+        return t.storage_type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_storage_type(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _storage_type(f.type)) for f in t])
+    return t
+
+
+def arrow_row(rec: dict) -> dict:
+    """A Beam record with its ``Json`` parts as JSON strings (the Arrow storage of that feature)."""
+    msgs = []
+    for m in rec["messages"]:
+        calls = m.get("tool_calls")
+        if calls:
+            m = {**m, "tool_calls": [
+                {"id": c.get("id"), "type": c.get("type", "function"),
+                 "function": {"name": c["function"]["name"],
+                              "arguments": orjson.dumps(c["function"]["arguments"]).decode()}}
+                for c in calls]}
+        msgs.append(m)
+    tools = rec.get("tools")
+    return {"messages": msgs,
+            "tools": [orjson.dumps(t).decode() for t in tools] if tools else None,
+            "chat_template_kwargs": orjson.dumps(rec.get("chat_template_kwargs") or {}).decode()}
+
+
+# --- writers -----------------------------------------------------------------------------------------------
+
+
+def _tmp_path(target: Path, suffix: str = "") -> Path:
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{suffix}", dir=target.parent)
+    os.close(fd)
+    return Path(name)
+
+
+class JsonlWriter:
+    def __init__(self, path: Path):
+        self.path = path
+        self.tmp = _tmp_path(path)
+        self.f = open(self.tmp, "wb", buffering=1 << 20)  # noqa: SIM115 - closed by commit() or abort()
+
+    def write_raw(self, line: bytes) -> None:
+        """`line` is one record's JSON (orjson output), with or without its newline."""
+        self.f.write(line if line.endswith(b"\n") else line + b"\n")
+
+    def commit(self) -> None:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class ArrowWriter:
+    """Parquet, or a `save_to_disk` directory (written from a temporary Parquet file), batch by batch."""
+
+    BATCH = 1000
+
+    def __init__(self, path: Path, kind: str):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.path, self.kind = path, kind
+        self.schema = beam_features().arrow_schema
+        self.storage_schema = pa.schema([pa.field(f.name, _storage_type(f.type)) for f in self.schema],
+                                        metadata=self.schema.metadata)
+        self.tmp = _tmp_path(path, ".parquet")
+        self.writer = pq.ParquetWriter(self.tmp, self.schema)
+        self.rows: list[dict] = []
+
+    def write_raw(self, line: bytes) -> None:
+        self.rows.append(arrow_row(orjson.loads(line)))
+        if len(self.rows) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self.rows:
+            table = pa.Table.from_pylist(self.rows, schema=self.storage_schema).cast(self.schema)
+            self.writer.write_table(table)
+            self.rows = []
+
+    def commit(self) -> None:
+        self._flush()
+        self.writer.close()
+        if self.kind == "parquet":
+            os.replace(self.tmp, self.path)
+            return
+        import datasets
+
+        work = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
+        try:
+            ds = datasets.Dataset.from_parquet(str(self.tmp), cache_dir=str(work / "cache"),
+                                               features=beam_features())
+            ds.save_to_disk(str(work / "out"))
+            del ds
+            old = None
+            if self.path.exists():
+                old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
+                os.replace(self.path, old)
+            os.replace(work / "out", self.path)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            self.tmp.unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def output_kind(path: str) -> str:
+    p = path.lower()
+    if p.endswith(".jsonl"):
+        return "jsonl"
+    if p.endswith(".parquet"):
+        return "parquet"
+    if p.endswith((".json", ".ndjson", ".gz", ".txt", ".csv")):
+        raise UsageError(f"{path}: output must be .jsonl, .parquet, or a directory for save_to_disk")
+    return "disk"
+
+
+def open_writer(path: str):
+    target = Path(path)
+    if not target.parent.exists():
+        raise UsageError(f"{path}: directory {target.parent} does not exist")
+    kind = output_kind(path)
+    if kind == "disk" and target.exists() and not target.is_dir():
+        raise UsageError(f"{path}: exists and is not a directory")
+    if kind != "disk" and target.is_dir():
+        raise UsageError(f"{path}: is a directory")
+    return JsonlWriter(target) if kind == "jsonl" else ArrowWriter(target, kind)
+
+
+class JsonlSink:
+    """A small atomic JSONL writer for side outputs (rejects)."""
+
+    def __init__(self, path: str):
+        self.w = open_writer(path) if path.lower().endswith(".jsonl") else JsonlWriter(Path(path))
+
+    def write(self, obj: Any) -> None:
+        self.w.write_raw(orjson.dumps(obj))
+
+    def commit(self) -> None:
+        self.w.commit()
+
+    def abort(self) -> None:
+        self.w.abort()
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    target = Path(path)
+    tmp = _tmp_path(target)
+    try:
+        tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

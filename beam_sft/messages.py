@@ -1,0 +1,256 @@
+"""The Beam message shape, and the small helpers every converter shares.
+
+A Beam record is a TRL conversational row::
+
+    {"messages": [...], "tools": [...], "chat_template_kwargs": {...}}
+
+`tools` and `chat_template_kwargs` are optional. Messages, by role:
+
+* ``system`` / ``developer``: ``{"role", "content": str}``
+* ``user``: ``{"role", "content": str}``
+* ``assistant``: ``{"role", "reasoning_content": str, "content": str}`` or, for a tool-call turn,
+  ``{"role", "reasoning_content": str, "tool_calls": [{"id"?, "type": "function",
+  "function": {"name": str, "arguments": dict}}]}``. ``reasoning_content`` is always present (``""`` when
+  the source had none), and a tool-call message carries no ``content`` (see `fold_content_into_reasoning`).
+* ``tool``: ``{"role", "name": str, "tool_call_id"?: str, "content": str}``
+
+Converters build these dicts directly (no copies of the input beyond what they keep), so the helpers here
+are small and allocation-light: conversion speed is measured against an orjson load+dump floor.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from beam_sft.errors import Reason, RecordError
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+INSTRUCTION_ROLES = frozenset(("system", "developer"))
+
+# The seven markers of the format, plus the other special tokens of the gpt-oss family that a text must not
+# carry either: any of them inside a message would be tokenized as structure, not text.
+HARMONY_MARKERS: tuple[str, ...] = (
+    "<|start|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+)
+_MARKER_RE = re.compile(
+    r"<\|(?:start|channel|constrain|message|end|call|return|endoftext|startoftext|refusal|endofprompt"
+    r"|reserved_\d+)\|>"
+)
+PARAMETER_CLOSE_TAG = "</rfl:parameter>"
+
+# Reasoning effort labels the Beam template accepts (an int is accepted too).
+EFFORT_LABELS = frozenset(("minimal", "low", "medium", "high", "xhigh", "max"))
+
+_THINK_OPEN = re.compile(r"^\s*<(think|thinking|reasoning)>", re.IGNORECASE)
+
+
+def find_marker(text: str) -> str | None:
+    """The first Harmony marker inside `text`, or None.
+
+    Callers gate on ``"<" in text`` first: a one-character search is a memchr, many times faster than
+    searching for "<|" in long text without markers.
+    """
+    if "<" not in text or "<|" not in text:
+        return None
+    m = _MARKER_RE.search(text)
+    return m.group(0) if m else None
+
+
+def split_think(text: str, *, message_index: int | None = None) -> tuple[str | None, str]:
+    """Split a leading ``<think>…</think>`` (or ``<thinking>`` / ``<reasoning>``) block off `text`.
+
+    Returns ``(reasoning or None, rest)``. The rest loses the whitespace that separated it from the block
+    (the usual ``"</think>\\n\\n"``); the reasoning loses its surrounding whitespace. An opening tag without
+    its closing tag is an error, never silently kept as answer text.
+    """
+    if "<" not in text:
+        return None, text
+    m = _THINK_OPEN.match(text)
+    if not m:
+        return None, text
+    tag = m.group(1)
+    close = f"</{tag}>"
+    end = text.lower().find(close.lower(), m.end())
+    if end < 0:
+        raise RecordError(Reason.BAD_CONTENT, f"<{tag}> without a closing {close}", message_index=message_index)
+    reasoning = text[m.end():end].strip()
+    rest = text[end + len(close):].lstrip()
+    return reasoning, rest
+
+
+_TEXT_PART_TYPES = frozenset(("text", "input_text", "output_text"))
+
+
+def text_of(content: Any, *, message_index: int | None = None, what: str = "content") -> str:
+    """Content as one string: a string as is, a list of text parts joined with no separator (the template's rule).
+
+    ``None`` is the empty string. Parts of any other type (images, audio, files) are rejected: Beam is text
+    only, and dropping a part silently would change what the message says.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for k, part in enumerate(content):
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            if not isinstance(part, dict):
+                raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} is a {type(part).__name__}, not an object",
+                                  message_index=message_index)
+            ptype = part.get("type", "text")
+            if ptype in _TEXT_PART_TYPES:
+                text = part.get("text", part.get("value"))
+                if not isinstance(text, str):
+                    raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} ({ptype}) has no text string",
+                                      message_index=message_index)
+                out.append(text)
+            else:
+                raise RecordError(Reason.UNSUPPORTED_CONTENT_PART,
+                                  f"{what} part {k} has type {ptype!r}; only text parts are supported",
+                                  message_index=message_index)
+        return "".join(out)
+    raise RecordError(Reason.BAD_CONTENT, f"{what} is a {type(content).__name__}, expected a string or a list "
+                      "of parts", message_index=message_index)
+
+
+def tool_content(content: Any, *, message_index: int | None = None) -> str:
+    """A tool result as text: strings and text parts as is, any other JSON value serialized."""
+    if isinstance(content, (dict, int, float, bool)) and content is not None:
+        return orjson.dumps(content).decode()
+    if isinstance(content, list) and content and not all(isinstance(p, dict) and "type" in p for p in content):
+        return orjson.dumps(content).decode()
+    return text_of(content, message_index=message_index)
+
+
+def parse_arguments(raw: Any, *, message_index: int | None = None, name: str = "?") -> dict:
+    """Tool-call arguments as a dict: a dict as is, a JSON string decoded, an empty string as ``{}``."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None:
+        return {}
+    if isinstance(raw, (str, bytes)):
+        if not raw.strip():
+            return {}
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError as err:
+            snippet = raw[:60] if isinstance(raw, str) else raw[:60].decode("utf-8", "replace")
+            raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"arguments of call {name!r} are not JSON ({err}): "
+                              f"{snippet!r}", message_index=message_index) from None
+        if isinstance(value, dict):
+            return value
+        hint = " (a JSON string inside a JSON string: double-encoded)" if isinstance(value, str) else ""
+        raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} decode to a "
+                          f"{type(value).__name__}, not an object{hint}", message_index=message_index)
+    raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a {type(raw).__name__}, "
+                      "not an object", message_index=message_index)
+
+
+def tool_call(name: Any, arguments: Any, call_id: Any = None, *, message_index: int | None = None) -> dict:
+    """One Beam tool call; `arguments` may be a dict or a JSON string."""
+    if type(name) is not str or not name:
+        raise RecordError(Reason.BAD_CONTENT, f"tool call without a name (got {name!r})",
+                          message_index=message_index)
+    if type(arguments) is not dict:
+        arguments = parse_arguments(arguments, message_index=message_index, name=name)
+    if call_id is None or call_id == "":
+        return {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"id": call_id if type(call_id) is str else str(call_id), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def openai_tool_call(call: Any, *, message_index: int | None = None) -> dict:
+    """A call in the OpenAI shape (``{"id", "type", "function": {"name", "arguments"}}``, or a bare
+    ``{"name", "arguments"}``) as a Beam tool call."""
+    if type(call) is not dict:
+        raise RecordError(Reason.BAD_CONTENT, f"tool call is a {type(call).__name__}, not an object",
+                          message_index=message_index)
+    fn = call.get("function", call)
+    if type(fn) is not dict:
+        raise RecordError(Reason.BAD_CONTENT, "tool call 'function' is not an object", message_index=message_index)
+    args = fn.get("arguments")
+    if args is None:
+        args = fn.get("parameters")
+    return tool_call(fn.get("name"), args, call.get("id"), message_index=message_index)
+
+
+def normalize_tool(tool: Any, *, index: int = 0) -> dict:
+    """A tool schema as ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``.
+
+    Accepts the wrapped OpenAI shape and the bare function shape (legacy ``functions``, glaive). Anything
+    else is a `BAD_TOOL_SCHEMA` rejection naming the tool's index.
+    """
+    if type(tool) is dict and tool.get("type") == "function":  # the OpenAI shape: checked, kept as is
+        fn = tool.get("function")
+        if type(fn) is dict and type(fn.get("name")) is str and fn["name"]:
+            params = fn.get("parameters")
+            if params is None or type(params) is dict:
+                return tool
+    if not isinstance(tool, dict):
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] is a {type(tool).__name__}, not an object")
+    fn = tool.get("function") if tool.get("type", "function") == "function" and "function" in tool else tool
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] has no function name")
+    params = fn.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): parameters is a "
+                          f"{type(params).__name__}, not an object")
+    if fn is tool or tool.get("type") != "function":
+        return {"type": "function", "function": fn}
+    return tool
+
+
+def normalize_tools(tools: Any) -> list[dict] | None:
+    """A record's tool list (a list, or a JSON string of one, as LLaMA-Factory and glaive store it)."""
+    if tools is None:
+        return None
+    if isinstance(tools, (str, bytes)):
+        if not tools.strip():
+            return None
+        try:
+            tools = orjson.loads(tools)
+        except orjson.JSONDecodeError as err:
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a string but not JSON ({err})") from None
+    if isinstance(tools, dict):
+        tools = [tools]
+    if not isinstance(tools, list):
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(tools).__name__}, not a list")
+    if not tools:
+        return None
+    return [normalize_tool(t, index=i) for i, t in enumerate(tools)]
+
+
+def fold_content_into_reasoning(message: dict) -> bool:
+    """Move an assistant tool-call message's content into its reasoning (``reasoning + "\\n\\n" + content``).
+
+    Beam writes no preambles and a final message ends the turn, so text said before calls can only live in
+    the analysis message; the Beam template folds it the same way (templates/DECISIONS.md). Returns True when
+    something was folded, so the statistics can count it.
+    """
+    content = message.pop("content", None)
+    if not content:
+        return False
+    reasoning = message.get("reasoning_content") or ""
+    message["reasoning_content"] = f"{reasoning}\n\n{content}" if reasoning else content
+    return True
+
+
+def record(messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None) -> dict:
+    out: dict[str, Any] = {"messages": messages}
+    if tools:
+        out["tools"] = tools
+    if kwargs:
+        out["chat_template_kwargs"] = kwargs
+    return out

@@ -1,0 +1,398 @@
+"""Check and normalize a converted record so that it renders with the Beam template, or reject it with one reason.
+
+Every format's converter ends here (`beam_sft.formats.convert_record`). In order:
+
+1. **Empty** conversation → ``empty_conversation``; a role outside system/developer/user/assistant/tool →
+   ``unknown_role``.
+2. **Late instructions**: the template renders only the system/developer messages at the start, so one after
+   another role would vanish. Default: reject (``late_system``); ``Options(late_system="move")`` moves it up
+   to the other instructions instead (a later instruction then governs earlier turns, so it is opt-in).
+3. **Consecutive assistant messages** are merged (reasoning joined with a blank line, content likewise, calls
+   kept), and counted. An assistant message after tool calls whose results never came → ``call_without_result``.
+4. **Content and tool calls in one message**: the content moves into the reasoning, after it and a blank line —
+   the rule the Beam template applies itself (templates/DECISIONS.md) — and is counted.
+5. **Tool results** are paired with the calls right before them: by ``tool_call_id`` where ids exist, by
+   position otherwise, then put in call order (Beam matches results by position) and named from their call.
+   A result with no call → ``tool_result_without_call``; a call whose result is missing while the
+   conversation goes on → ``call_without_result``; two calls with one id in a message → ``duplicate_call_id``.
+   Calls that end the conversation need no results (a trajectory cut at the call trains the call itself).
+6. **Text**: any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
+   ``harmony_marker_in_text``; ``</rfl:parameter>`` inside an argument value →
+   ``parameter_close_tag_in_argument``; arguments that are not an object → ``arguments_not_object``; an
+   argument name the XML attribute can't hold (``"``, ``<``, ``>``) → ``bad_arguments_json``.
+7. **Turns**: no assistant message → ``no_assistant_turn``; an assistant message with neither content nor calls
+   → ``bad_content`` (it would train an empty answer). An assistant message without reasoning is kept with
+   an empty analysis by default (Beam always reasons, so the statistics count these) or rejected with
+   ``Options(missing_reasoning="reject")`` → ``missing_reasoning``.
+8. ``chat_template_kwargs.reasoning_effort`` must be a Beam label or an int → ``bad_template_kwargs``.
+9. Finally, when ``Options.render_check`` is set, the record is rendered; any failure → ``render_failed``.
+   Everything above mirrors what the template raises for, so this is a safety net.
+
+Message indexes in errors refer to the record as the caller gave it (converters pass a map from Beam
+messages back to their source messages).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from beam_sft.errors import Reason, RecordError
+from beam_sft.messages import EFFORT_LABELS, PARAMETER_CLOSE_TAG, find_marker
+
+LATE_SYSTEM_CHOICES = ("reject", "move")
+MISSING_REASONING_CHOICES = ("keep", "reject")
+
+
+@dataclass
+class Options:
+    late_system: str = "reject"
+    missing_reasoning: str = "keep"
+    render_check: Callable[[dict], Any] | None = None
+
+    def __post_init__(self):
+        if self.late_system not in LATE_SYSTEM_CHOICES:
+            raise ValueError(f"late_system must be one of {LATE_SYSTEM_CHOICES}, not {self.late_system!r}")
+        if self.missing_reasoning not in MISSING_REASONING_CHOICES:
+            raise ValueError(f"missing_reasoning must be one of {MISSING_REASONING_CHOICES}")
+
+
+DEFAULT_OPTIONS = Options()
+_INSTRUCTION = frozenset(("system", "developer"))
+_BAD_NAME = re.compile(r"\s|<\|")
+
+
+def _bump(counters: dict | None, key: str, n: int = 1) -> None:
+    if counters is not None:
+        counters[key] = counters.get(key, 0) + n
+
+
+def _idx(src: list[int] | None, i: int) -> int:
+    return src[i] if src is not None and 0 <= i < len(src) else i
+
+
+def _text_error(text: Any, where: str, i: int) -> RecordError | None:
+    """The error for a text field, or None. Callers test ``type(text) is str and "<|" not in text`` first."""
+    if not isinstance(text, str):
+        return RecordError(Reason.BAD_CONTENT, f"{where} is a {type(text).__name__}, not a string", message_index=i)
+    marker = find_marker(text)
+    if marker:
+        return RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"{where} contains the Harmony marker {marker}",
+                           message_index=i)
+    return None
+
+
+def _check_value(value: Any, name: str, where: str, i: int) -> None:
+    """A tool-call argument value, recursively: no marker, no closing parameter tag."""
+    if type(value) is str:
+        if "<" in value:
+            if PARAMETER_CLOSE_TAG in value:
+                raise RecordError(Reason.PARAMETER_CLOSE_TAG_IN_ARGUMENT,
+                                  f"argument {name!r} of {where} contains {PARAMETER_CLOSE_TAG}", message_index=i)
+            err = _text_error(value, f"argument {name!r} of {where}", i)
+            if err:
+                raise err
+    elif type(value) is dict:
+        for k, v in value.items():
+            if type(k) is not str or "<" in k:
+                if type(k) is str and PARAMETER_CLOSE_TAG in k:
+                    raise RecordError(Reason.PARAMETER_CLOSE_TAG_IN_ARGUMENT, f"a key in argument {name!r} of "
+                                      f"{where} contains {PARAMETER_CLOSE_TAG}", message_index=i)
+                err = _text_error(k, f"a key in argument {name!r} of {where}", i)
+                if err:
+                    raise err
+            _check_value(v, name, where, i)
+    elif type(value) is list:
+        for v in value:
+            _check_value(v, name, where, i)
+
+
+def _check_calls(calls: Any, i: int) -> None:
+    if type(calls) is not list:
+        raise RecordError(Reason.BAD_CONTENT, "tool_calls is not a list", message_index=i)
+    for call in calls:
+        fn = call.get("function") if type(call) is dict else None
+        if type(fn) is not dict:
+            raise RecordError(Reason.BAD_CONTENT, "tool call without a 'function' object", message_index=i)
+        name = fn.get("name")
+        if type(name) is not str or not name or _BAD_NAME.search(name):
+            raise RecordError(Reason.BAD_CONTENT, f"tool call name {name!r} is not a usable name", message_index=i)
+        args = fn.get("arguments")
+        if type(args) is not dict:
+            raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a "
+                              f"{type(args).__name__}, not an object", message_index=i)
+        for key, value in args.items():
+            if type(key) is not str or '"' in key or "<" in key or ">" in key:
+                raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"argument name {key!r} of call {name!r} can't be "
+                                  "written as a parameter name", message_index=i)
+            if type(value) is not str or "<" in value:
+                _check_value(value, key, f"call {name!r}", i)
+
+
+def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: int) -> list[dict]:
+    """Match the results msgs[j:k] to `calls` (id first, then position); tool messages in call order."""
+    for ri in range(j, k):
+        content = msgs[ri].get("content")
+        if type(content) is not str or "<" in content:
+            err = _text_error(content, "tool result", _idx(src, ri))
+            if err:
+                raise err
+    if len(calls) == 1 and k - j == 1:  # the common case: one call, one result
+        c, r = calls[0], msgs[j]
+        cid, rid = c.get("id"), r.get("tool_call_id")
+        name = c["function"]["name"]
+        if rid is not None and cid is not None and rid != cid:
+            raise RecordError(Reason.TOOL_RESULT_WITHOUT_CALL, f"tool_call_id {rid!r} matches no call of "
+                              f"messages[{_idx(src, ai)}]", message_index=_idx(src, j))
+        if cid is None and rid is None and r.get("name") and r["name"] != name:
+            raise RecordError(Reason.TOOL_RESULT_WITHOUT_CALL, f"result from {r['name']!r} where the call is "
+                              f"{name!r}", message_index=_idx(src, j))
+        msg = {"role": "tool", "name": name}
+        if cid is not None or rid is not None:
+            msg["tool_call_id"] = cid if cid is not None else rid
+        msg["content"] = r["content"]
+        return [msg]
+    id_index: dict[str, int] = {}
+    for ci, c in enumerate(calls):
+        cid = c.get("id")
+        if cid is not None:
+            if cid in id_index:
+                raise RecordError(Reason.DUPLICATE_CALL_ID, f"two calls share the id {cid!r}",
+                                  message_index=_idx(src, ai))
+            id_index[cid] = ci
+    assigned: list[dict | None] = [None] * len(calls)
+    loose: list[int] = []
+    for ri in range(j, k):
+        r = msgs[ri]
+        rid = r.get("tool_call_id")
+        if rid is not None and rid in id_index:
+            ci = id_index[rid]
+            if assigned[ci] is not None:
+                raise RecordError(Reason.DUPLICATE_CALL_ID, f"a second result for call id {rid!r}",
+                                  message_index=_idx(src, ri))
+            assigned[ci] = r
+        elif rid is not None and id_index:
+            raise RecordError(Reason.TOOL_RESULT_WITHOUT_CALL, f"tool_call_id {rid!r} matches no call of "
+                              f"messages[{_idx(src, ai)}]", message_index=_idx(src, ri))
+        else:
+            loose.append(ri)
+    free = [ci for ci, r in enumerate(assigned) if r is None]
+    if len(loose) > len(free):
+        raise RecordError(Reason.TOOL_RESULT_WITHOUT_CALL, f"more tool results than calls in "
+                          f"messages[{_idx(src, ai)}]", message_index=_idx(src, loose[len(free)]))
+    if len(loose) < len(free):
+        missing = calls[free[len(loose)]]["function"]["name"]
+        raise RecordError(Reason.CALL_WITHOUT_RESULT, f"call {missing!r} has no result", message_index=_idx(src, ai))
+    for ci, ri in zip(free, loose, strict=True):
+        r = msgs[ri]
+        want = calls[ci]["function"]["name"]
+        if r.get("name") and r["name"] != want:
+            raise RecordError(Reason.TOOL_RESULT_WITHOUT_CALL, f"result from {r['name']!r} where the call at this "
+                              f"position is {want!r}", message_index=_idx(src, ri))
+        assigned[ci] = r
+    out = []
+    for c, r in zip(calls, assigned, strict=True):
+        msg = {"role": "tool", "name": c["function"]["name"]}
+        cid = c.get("id", r.get("tool_call_id"))
+        if cid is not None:
+            msg["tool_call_id"] = cid
+        msg["content"] = r["content"]
+        out.append(msg)
+    return out
+
+
+def _check_kwargs(kwargs: Any) -> None:
+    if type(kwargs) is not dict:
+        raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not an object")
+    effort = kwargs.get("reasoning_effort")
+    if effort is None or (type(effort) is str and effort in EFFORT_LABELS) or type(effort) is int:
+        return
+    if type(effort) is str:
+        raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"reasoning_effort {effort!r} is not one of "
+                          f"{', '.join(sorted(EFFORT_LABELS))} (Beam always reasons)")
+    raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"reasoning_effort {effort!r} is not a label or an int")
+
+
+def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
+    """Merge the consecutive assistant messages msgs[i:j] into one."""
+    first = msgs[i]
+    if first.get("tool_calls"):
+        raise RecordError(Reason.CALL_WITHOUT_RESULT, "the assistant speaks again before the results of its "
+                          f"calls in messages[{_idx(src, i)}]", message_index=_idx(src, i + 1))
+    reasoning = [first.get("reasoning_content") or first.get("thinking") or first.get("reasoning") or ""]
+    content = [first.get("content") or ""]
+    calls = None
+    for q in range(i + 1, j):
+        m = msgs[q]
+        reasoning.append(m.get("reasoning_content") or m.get("thinking") or m.get("reasoning") or "")
+        content.append(m.get("content") or "")
+        if m.get("tool_calls"):
+            if q != j - 1:
+                raise RecordError(Reason.CALL_WITHOUT_RESULT, "the assistant speaks again before the results of "
+                                  f"its calls in messages[{_idx(src, q)}]", message_index=_idx(src, q + 1))
+            calls = m["tool_calls"]
+    _bump(counters, "merged_assistant", j - i - 1)
+    merged = {"role": "assistant", "reasoning_content": "\n\n".join(r for r in reasoning if r),
+              "content": "\n\n".join(c for c in content if c)}
+    if calls:
+        merged["tool_calls"] = calls
+    return merged
+
+
+def validate(rec: dict, options: Options | None = None, counters: dict | None = None) -> dict:
+    """Check and normalize an (unvalidated) Beam record; return the record to write, or raise `RecordError`.
+
+    The record's message dicts are reused (converters build fresh ones). `counters`, when given, is
+    incremented for what was changed or kept by policy: ``merged_assistant``, ``folded_content``,
+    ``moved_system``, ``missing_reasoning``.
+    """
+    opts = options or DEFAULT_OPTIONS
+    src = rec.pop("_src", None)
+    msgs = rec.get("messages")
+    if type(msgs) is not list or not msgs:
+        raise RecordError(Reason.EMPTY_CONVERSATION, "no messages")
+    out: list[dict] = []
+    late: list[dict] = []
+    n_head = 0  # instructions at the start
+    seen_other = False
+    n_assistant = 0
+    n = len(msgs)
+    i = 0
+    while i < n:
+        m = msgs[i]
+        role = m.get("role") if type(m) is dict else None
+        if role == "assistant":
+            j = i + 1
+            while j < n and type(msgs[j]) is dict and msgs[j].get("role") == "assistant":
+                j += 1
+            if j - i > 1:
+                m = _merge_run(msgs, i, j, src, counters)
+                at = _idx(src, j - 1)
+            else:
+                at = _idx(src, i)
+                if m.get("reasoning_content") is None or m.get("content") is None:
+                    # a Beam record from elsewhere: the template's other reasoning fields, absent content
+                    m = {"role": "assistant", "reasoning_content": m.get("reasoning_content") or m.get("thinking")
+                         or m.get("reasoning") or "", "content": m.get("content") or "",
+                         **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+            seen_other = True
+            n_assistant += 1
+            reasoning, content, calls = m["reasoning_content"], m["content"], m.get("tool_calls")
+            if type(reasoning) is not str or "<" in reasoning:
+                err = _text_error(reasoning, "reasoning", at)
+                if err:
+                    raise err
+            if type(content) is not str or "<" in content:
+                err = _text_error(content, "assistant content", at)
+                if err:
+                    raise err
+            if calls:
+                _check_calls(calls, at)
+                if content:
+                    m["reasoning_content"] = reasoning = f"{reasoning}\n\n{content}" if reasoning else content
+                    _bump(counters, "folded_content")
+                del m["content"]
+            elif not content:
+                raise RecordError(Reason.BAD_CONTENT, "assistant message with neither content nor tool calls",
+                                  message_index=at)
+            if not reasoning:
+                if opts.missing_reasoning == "reject":
+                    raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning",
+                                      message_index=at)
+                _bump(counters, "missing_reasoning")
+            out.append(m)
+            i = j
+            if calls:
+                k = j
+                while k < n and type(msgs[k]) is dict and msgs[k].get("role") == "tool":
+                    k += 1
+                if k > j:
+                    out.extend(_pair_results(calls, msgs, j, k, src, j - 1))
+                elif k < n:
+                    raise RecordError(Reason.CALL_WITHOUT_RESULT, f"call {calls[0]['function']['name']!r} has no "
+                                      "result", message_index=at)
+                i = k
+            continue
+        if role == "user" or role == "system" or role == "developer":
+            content = m.get("content")
+            if type(content) is not str or "<" in content:
+                err = _text_error(content, f"{role} content", _idx(src, i))
+                if err:
+                    raise err
+            if role == "user":
+                seen_other = True
+                out.append(m)
+            elif not seen_other:
+                out.append(m)
+                n_head += 1
+            elif opts.late_system == "reject":
+                raise RecordError(Reason.LATE_SYSTEM, f"{role} message after the conversation started (the "
+                                  "template would not render it; use late_system='move' to move it up)",
+                                  message_index=_idx(src, i))
+            else:
+                late.append(m)
+            i += 1
+            continue
+        if role == "tool":
+            raise RecordError(Reason.TOOL_RESULT_WITHOUT_CALL, "tool result with no call before it",
+                              message_index=_idx(src, i))
+        raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=_idx(src, i))
+    if not n_assistant:
+        raise RecordError(Reason.NO_ASSISTANT_TURN, "no assistant message")
+    if late:
+        out[n_head:n_head] = late
+        _bump(counters, "moved_system", len(late))
+
+    result: dict[str, Any] = {"messages": out}
+    tools = rec.get("tools")
+    if tools:
+        blob = orjson.dumps(tools)
+        if b"<|" in blob:
+            marker = find_marker(blob.decode())
+            if marker:
+                raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"tool schemas contain the Harmony marker {marker}")
+        result["tools"] = tools
+    kwargs = rec.get("chat_template_kwargs")
+    if kwargs:
+        _check_kwargs(kwargs)
+        result["chat_template_kwargs"] = kwargs
+    if opts.render_check is not None:
+        try:
+            opts.render_check(result)
+        except RecordError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the template's own error text is the most precise message
+            raise RecordError(Reason.RENDER_FAILED, f"{type(err).__name__}: {err}") from None
+    return result
+
+
+def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -> Callable[[dict], str]:
+    """A `render_check` for `Options`: renders a record with the Beam chat template and returns the text.
+
+    With a tokenizer, its own template is used (``apply_chat_template(..., tokenize=False)``); otherwise the
+    template shipped in `beam_sft.templates` (or `chat_template`) is rendered directly, which needs no
+    tokenizer files and is several times faster.
+    """
+    if tokenizer is not None:
+        def render_with_tokenizer(rec: dict) -> str:
+            return tokenizer.apply_chat_template(rec["messages"], tools=rec.get("tools"), tokenize=False,
+                                                 **(rec.get("chat_template_kwargs") or {}))
+        return render_with_tokenizer
+
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    if chat_template is None:
+        from beam_sft.templates import chat_template as packaged
+
+        chat_template = packaged()
+
+    def render(rec: dict) -> str:
+        rendered, _ = render_jinja_template([rec["messages"]], tools=rec.get("tools"), chat_template=chat_template,
+                                            **(rec.get("chat_template_kwargs") or {}))
+        return rendered[0]
+
+    return render

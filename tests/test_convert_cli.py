@@ -1,0 +1,196 @@
+"""`convert-dataset` / `beam-sft convert`: end to end on the bundled samples and the real files.
+
+Every run must account for every record (in = out + rejected), write outputs atomically, keep input order
+with any --num-proc, and exit 0 / 1 / 2 with one clean line on errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from beam_sft.cli import main as beam_sft_main
+from beam_sft.cli.convert import main
+from beam_sft.validate import make_render_check
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data" / "samples"
+REALDATA = Path(__file__).parent / "data" / "realdata"
+RENDER = make_render_check()
+
+
+def run(argv, capsys):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def read_jsonl(path: Path) -> list:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_samples_convert_with_rejects_stats_and_every_output_renders(tmp_path, capsys):
+    out, rej, stats = tmp_path / "beam.jsonl", tmp_path / "rej.jsonl", tmp_path / "stats.json"
+    code, _, err = run([*sorted(SAMPLES.iterdir()), "-o", out, "--rejects", rej, "--stats", stats, "-q"], capsys)
+    assert code == 0, err
+    records, rejects, st = read_jsonl(out), read_jsonl(rej), json.loads(stats.read_text())
+    assert st["records_in"] == len(records) + len(rejects) == st["records_out"] + st["rejected_total"]
+    assert st["records_out"] == len(records) == 144
+    # every sample file holds 2-4 deliberately bad records, each rejected for a different reason
+    by_file: dict[str, set] = {}
+    for r in rejects:
+        by_file.setdefault(Path(r["source"]).name, set()).add(r["reason"])
+        assert r["message"] and ("line" in r or "index" in r)
+    assert {k: len(v) for k, v in by_file.items()} == {"openai.jsonl": 4, "sharegpt.json": 3, "harmony.jsonl": 3}
+    # the good records teach the format: reasoning on every assistant turn, tool calls, several efforts
+    assert st["reasoning_coverage"] == 1.0 and st["tool_calls"] > 50 and st["parallel_call_turns"] > 5
+    assert len(st["efforts"]) >= 5
+    for rec in records:
+        RENDER(rec)
+    assert "records in" in err and "harmony.jsonl: harmony 51" in err and st["detected"]["openai"] == 52
+
+
+def test_num_proc_keeps_input_order_and_limit(tmp_path, capsys):
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    args = [*sorted(SAMPLES.iterdir()), "-q", "--render-check", "sample"]
+    assert run([*args, "-o", one], capsys)[0] == 0
+    assert run([*args, "-o", two, "--num-proc", "2"], capsys)[0] == 0
+    assert one.read_bytes() == two.read_bytes()
+    lim = tmp_path / "lim.jsonl"
+    stats = tmp_path / "s.json"
+    assert run([SAMPLES / "openai.jsonl", "-o", lim, "--limit", "10", "--stats", stats, "-q"], capsys)[0] == 0
+    st = json.loads(stats.read_text())
+    assert st["records_in"] == 10 and len(read_jsonl(lim)) == st["records_out"]
+
+
+def test_real_data_every_file_accounted_for(tmp_path, capsys):
+    out, rej, stats = tmp_path / "real.parquet", tmp_path / "rej.jsonl", tmp_path / "s.json"
+    code, _, err = run([REALDATA / "openai", REALDATA / "sharegpt", REALDATA / "harmony", "-o", out,
+                        "--rejects", rej, "--stats", stats, "-q"], capsys)
+    assert code == 0, err
+    st = json.loads(stats.read_text())
+    rejects = read_jsonl(rej)
+    assert st["records_in"] == st["records_out"] + len(rejects) and st["records_out"] > 700
+    assert all(r["reason"] and r["message"] for r in rejects)
+    assert "render_failed" not in st["rejected"]  # validation catches everything before the safety net
+
+
+def test_policies_from_the_command_line(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                          {"role": "system", "content": "late"}, {"role": "user", "content": "q"},
+                          {"role": "assistant", "content": "b", "reasoning_content": "r"}]}]
+    src.write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    out, stats = tmp_path / "o.jsonl", tmp_path / "s.json"
+    run([src, "-o", out, "--stats", stats, "-q"], capsys)
+    assert json.loads(stats.read_text())["rejected"] == {"late_system": 1}
+    run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move"], capsys)
+    st = json.loads(stats.read_text())
+    assert st["records_out"] == 1 and st["policy"] == {"moved_system": 1, "missing_reasoning": 1}
+    run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move", "--missing-reasoning", "reject"], capsys)
+    assert json.loads(stats.read_text())["rejected"] == {"missing_reasoning": 1}
+    run([src, "-o", out, "--stats", stats, "-q", "--max-record-bytes", "50"], capsys)
+    assert json.loads(stats.read_text())["rejected"] == {"record_too_large": 1}
+
+
+def test_arrow_outputs_from_the_cli(tmp_path, capsys):
+    import datasets
+
+    d = tmp_path / "ds"
+    assert run([SAMPLES / "openai.jsonl", "-o", d, "-q", "--render-check", "none"], capsys)[0] == 0
+    ds = datasets.load_from_disk(str(d))
+    ref = read_jsonl_from_cli(tmp_path, capsys)
+    assert len(ds) == len(ref)
+    for row, rec in zip(ds, ref, strict=True):
+        assert RENDER(row) == RENDER(rec)
+
+
+def read_jsonl_from_cli(tmp_path, capsys):
+    out = tmp_path / "ref.jsonl"
+    assert run([SAMPLES / "openai.jsonl", "-o", out, "-q"], capsys)[0] == 0
+    return read_jsonl(out)
+
+
+def test_usage_errors_exit_2_and_leave_nothing(tmp_path, capsys):
+    code, _, err = run([tmp_path / "missing.jsonl", "-o", tmp_path / "o.jsonl"], capsys)
+    assert code == 2 and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1
+    code, _, err = run([SAMPLES / "openai.jsonl", "-o", tmp_path / "o.csv"], capsys)
+    assert code == 2 and "Traceback" not in err
+    code, _, err = run([SAMPLES / "openai.jsonl", "-o", SAMPLES / "openai.jsonl"], capsys)
+    assert code == 2 and "also an input" in err
+    with pytest.raises(SystemExit) as info:
+        main(["--format", "nope", str(SAMPLES / "openai.jsonl"), "-o", str(tmp_path / "o.jsonl")])
+    assert info.value.code == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fatal_error_exit_1_clean_line_and_debug_traceback(tmp_path, capsys, monkeypatch):
+
+    def broken(rec):
+        raise AttributeError("converter bug")
+
+    from beam_sft import formats
+
+    monkeypatch.setitem(formats.FORMATS, "openai", broken)
+    out = tmp_path / "o.jsonl"
+    code, _, err = run([SAMPLES / "openai.jsonl", "-o", out, "--format", "openai"], capsys)
+    assert code == 1 and "openai.jsonl:1: converter failed: AttributeError: converter bug" in err
+    assert "Traceback" not in err and not out.exists()
+    monkeypatch.setenv("BEAM_SFT_DEBUG", "1")
+    with pytest.raises(AttributeError):
+        main([str(SAMPLES / "openai.jsonl"), "-o", str(out), "--format", "openai"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_register_adds_the_same_command_as_a_subcommand(tmp_path, capsys):
+    import argparse
+
+    from beam_sft.cli import run_guarded
+    from beam_sft.cli.convert import register
+
+    parser = argparse.ArgumentParser(prog="beam-sft")
+    register(parser.add_subparsers(dest="command"))
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    args = parser.parse_args(["convert", str(SAMPLES / "sharegpt.json"), "-o", str(a), "-q"])
+    assert run_guarded(args.func, args) == 0
+    assert main([str(SAMPLES / "sharegpt.json"), "-o", str(b), "-q"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_beam_sft_dispatcher(tmp_path):
+    import importlib.util
+
+    from beam_sft.cli import COMMANDS
+
+    missing = [m for m in COMMANDS.values() if importlib.util.find_spec(f"beam_sft.cli.{m}") is None]
+    if missing:
+        pytest.skip(f"sibling subcommands not written yet: {missing}")
+    out = tmp_path / "a.jsonl"
+    assert beam_sft_main(["convert", str(SAMPLES / "sharegpt.json"), "-o", str(out), "-q"]) == 0
+    assert out.exists()
+
+
+def test_console_script_runs(tmp_path):
+    exe = Path(sys.executable).parent / "convert-dataset"
+    if not exe.exists():
+        pytest.skip("package not installed with its console scripts")
+    proc = subprocess.run([str(exe), str(SAMPLES / "harmony.jsonl"), "-o", str(tmp_path / "o.jsonl"), "-q",
+                           "--render-check", "none"], check=False, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "BEAM_SFT_DEBUG": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert "records out" in proc.stderr and proc.stdout == ""
+
+
+def test_samples_are_reproducible_from_the_generator(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_samples.py"), "--out", str(tmp_path)],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("openai.jsonl", "sharegpt.json", "harmony.jsonl"):
+        assert (tmp_path / name).read_bytes() == (SAMPLES / name).read_bytes(), name
+    assert sum((SAMPLES / n).stat().st_size for n in ("openai.jsonl", "sharegpt.json", "harmony.jsonl")) < 300_000
