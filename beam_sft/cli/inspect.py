@@ -1,0 +1,171 @@
+"""`beam-sft inspect DATASET`: see which tokens will be trained, before spending GPU hours on them.
+
+Records go through the converters (any supported format; Beam records pass unchanged) and the same
+render/mask code as training. In a terminal every token is coloured: trained on green, not trained grey,
+Harmony markers bold magenta, one line per rendered message. Piped output has no colours: trained text is
+between `{+` and `+}`.
+
+    beam-sft inspect data/samples/openai.jsonl                   # the first record
+    beam-sft inspect data/samples/sharegpt.json -n 3             # the first three
+    beam-sft inspect data/samples/harmony.jsonl --index 7        # input record 7 (0-based)
+    beam-sft inspect data/samples/openai.jsonl --stats --max-length 256
+    beam-sft inspect my.parquet --html /tmp/masks.html --stats   # a self-contained page
+
+Exit status: 0 on success (rejected records are counted on stderr), 2 for usage errors (a bad --index,
+an unreadable tokenizer), 1 when the dataset cannot be read. BEAM_SFT_DEBUG=1 shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="Show which tokens of a dataset are trained (terminal colours, HTML, statistics).",
+        description=(
+            "Render records of DATASET with the chat template, tokenize them with the training encoder and "
+            "show every token as trained or not; --stats adds dataset-level numbers (trained fraction, "
+            "lengths, empty masks, truncation, untrained stop tokens)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 3)[2] + "\n\n" + __doc__.split("\n\n", 3)[3],
+    )
+    parser.add_argument(
+        "dataset", metavar="DATASET", help="JSONL/JSON/Parquet file, glob, directory or save_to_disk dataset"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        default=None,
+        help="tokenizer directory (default: the bundled data/tokenizer)",
+    )
+    parser.add_argument("-n", type=int, default=1, metavar="N", help="show the first N records (default: 1)")
+    parser.add_argument(
+        "--index",
+        type=int,
+        action="append",
+        metavar="I",
+        help="show input record I (0-based, counting rejected ones; repeatable); overrides -n",
+    )
+    parser.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        metavar="L",
+        default=None,
+        help="truncate like training does and report what the cut removes",
+    )
+    parser.add_argument("--stats", action="store_true", help="print the dataset-level table")
+    parser.add_argument(
+        "--format",
+        default="auto",
+        metavar="FMT",
+        help="input format: auto (default), openai, sharegpt, harmony, or beam (no conversion)",
+    )
+    parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
+    parser.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="ANSI colours: auto (when stdout is a terminal), always, never",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from beam_sft import inspect as ins
+    from beam_sft.errors import RecordError, UsageError
+    from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.render import MaskedEncoder
+    from beam_sft.tokenizer import load_tokenizer
+
+    if args.format not in (*FORMAT_NAMES, "beam"):
+        raise UsageError(
+            f"unknown --format {args.format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}"
+        )
+    if args.n < 0:
+        raise UsageError("-n must be >= 0")
+    if args.max_length is not None and args.max_length < 1:
+        raise UsageError("--max-length must be >= 1")
+    try:
+        tokenizer = load_tokenizer(args.tokenizer)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
+
+    # Without --stats only the records to show need reading.
+    limit = None if args.stats else (max(args.index) + 1 if args.index else args.n)
+    loaded = ins.load_records(args.dataset, format=args.format, limit=limit, split=args.split)
+    if args.index:
+        for position in args.index:
+            if position < 0 or position >= loaded.total:
+                raise UsageError(f"--index {position}: the dataset has {loaded.total} records")
+        wanted = args.index
+    else:
+        wanted = loaded.positions[: args.n]
+
+    encoder = MaskedEncoder(tokenizer)
+    color = args.color == "always" or (
+        args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    )
+    views = []
+    for position in wanted:
+        k = loaded.index_of(position)
+        if k is None:
+            reject = next(r for r in loaded.rejects if r["index"] == position)
+            print(f"record {position}: rejected [{reject['reason']}] {reject['message']}", file=sys.stderr)
+            continue
+        label = f"record {position} ({loaded.sources[k]})"
+        try:
+            view = ins.inspect_record(
+                tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label
+            )
+        except RecordError as err:
+            print(f"record {position}: {err}", file=sys.stderr)
+            continue
+        views.append(view)
+        print(ins.ansi_view(view) if color else ins.plain_view(view))
+        print()
+
+    stats = None
+    if args.stats:
+        labels = [f"record {p}" for p in loaded.positions]
+        stats = ins.dataset_stats(
+            tokenizer,
+            loaded.records,
+            max_length=args.max_length,
+            encoder=encoder,
+            labels=labels,
+            rejected=loaded.rejects,
+        )
+        # Indices in the table are input positions, like --index takes them.
+        for name in ("empty_mask", "truncated", "cut_inside_assistant", "stop_untrained"):
+            setattr(stats, name, [loaded.positions[i] for i in getattr(stats, name)])
+        print(ins.stats_table(stats))
+    if args.html:
+        ins.write_atomic(
+            args.html, ins.html_page(views, title=f"beam-sft inspect {args.dataset}", stats=stats)
+        )
+        print(f"wrote {args.html}", file=sys.stderr)
+    if loaded.rejects and not args.stats:
+        print(
+            f"{len(loaded.rejects)} of the {loaded.total} records read were rejected by the converters",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_guarded
+
+    parser = argparse.ArgumentParser(prog="beam-sft")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["inspect", *(argv if argv is not None else sys.argv[1:])])
+    return run_guarded(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

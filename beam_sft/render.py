@@ -1,0 +1,713 @@
+"""Beam records -> `input_ids` + `assistant_masks`, fast, and identical to `apply_chat_template`.
+
+The reference is `tokenizer.apply_chat_template(messages, tools=..., tokenize=True, return_dict=True,
+return_assistant_tokens_mask=True, **chat_template_kwargs)`: it renders one conversation, records the
+character spans of the template's `{% generation %}` blocks, tokenizes the whole text and marks every
+token that overlaps a span. Doing that once per example is where data preparation spends its time.
+
+This module produces the same ids and masks, faster:
+
+* Rendering uses transformers' own compiled chat template and input preparation, so the text and the
+  generation spans are the reference's; the spans are read off noncharacter sentinels instead of being
+  measured block by block, and the sandbox's attribute checks are memoised (`_SentinelRenderer`).
+* The text is cut at added tokens (the Harmony markers). The backend tokenizer extracts added tokens
+  before anything else, so the text between two markers tokenizes on its own, and a marker is one known
+  id. Each piece is tokenized right after a marker, as it sits in the text (some tokenizers treat the
+  start of a text differently: Metaspace's prepend_scheme="first"). Every piece of many conversations
+  goes through one `encode_batch` call, and repeated pieces (role names, channel names, system prompts,
+  tool declarations) come from a bounded LRU cache.
+* A piece that lies wholly inside or wholly outside the generation spans gets a constant mask; only a
+  piece that touches a span boundary needs token offsets, and then the reference's own overlap rule is
+  applied to them. In Beam's template spans start and end on markers, so that never happens.
+
+Whether cutting at added tokens is exact depends on the tokenizer (added tokens that strip neighbouring
+spaces or are matched after normalization break it). `MaskedEncoder` checks the tokenizer's
+configuration, then compares whole-text and piece-by-piece tokenization (ids and offsets) on probe
+strings; if anything differs it falls back to `apply_chat_template` per example and says why in
+`fallback_reason`: correct beats fast. Records whose spans are not sorted and disjoint (nested
+generation blocks) take the reference path one by one.
+
+`encode_dataset` wraps the encoder in a batched `datasets.map` (multi-process with `num_proc`, cached
+between runs under a fingerprint of the dataset, the tokenizer, the template and `max_length`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from beam_sft.errors import Reason, RecordError
+
+# Part of the datasets cache fingerprint: bump when the output of the encoder could change.
+RENDER_VERSION = "1"
+
+# Probe texts for the split-exactness check: spaces before and after markers, line breaks, tabs,
+# non-ASCII letters, emoji (multi-byte, split into several byte tokens), SentencePiece's "▁", digits.
+_PROBE_TEXTS = (
+    "hello world",
+    " leading space",
+    "  two leading spaces",
+    "trailing space ",
+    "\n\nnew lines\n",
+    "\ttab\tseparated",
+    "café naïve 日本語 🙂 Привет",
+    "▁already ▁marked",
+    "x",
+    " ",
+    "\n",
+    "12345 67,890.5",
+    'def f(x):\n    return {"a": [1, 2]}\n',
+    "<|not a marker|> <| start |>",
+)
+
+
+class _Fallback(Exception):
+    """Raised inside the fast path when the cut at markers cannot be trusted."""
+
+
+def record_inputs(record: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> tuple[list, Any, dict]:
+    """Split a Beam record into (messages, tools, chat_template_kwargs) as `apply_chat_template` takes them.
+
+    `tools` may be a JSON string (as TRL accepts); `chat_template_kwargs` may be missing or None, and its
+    None values are dropped: datasets stores the kwargs as a struct and fills keys a row lacks with None,
+    which must mean "not given", not "given as None". A bare list is taken as the messages.
+    """
+    if isinstance(record, Mapping):
+        messages = record.get("messages")
+        tools = record.get("tools")
+        kwargs = record.get("chat_template_kwargs")
+    else:
+        messages, tools, kwargs = record, None, None
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise RecordError(Reason.EMPTY_CONVERSATION, "the record has no messages to render")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a string that is not JSON: {err}") from None
+    if tools is not None and not isinstance(tools, (list, tuple)):
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools must be a list, got {type(tools).__name__}")
+    if kwargs is None:
+        kwargs = {}
+    elif not isinstance(kwargs, Mapping):
+        raise RecordError(
+            Reason.RENDER_FAILED, f"chat_template_kwargs must be a mapping, got {type(kwargs).__name__}"
+        )
+    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    return list(messages), (list(tools) if tools is not None else None), kwargs
+
+
+def _render_error(err: Exception) -> RecordError:
+    text = str(err)
+    found = re.search(r"messages\[(\d+)\]", text)
+    return RecordError(
+        Reason.RENDER_FAILED,
+        f"the chat template failed: {text}",
+        message_index=int(found.group(1)) if found else None,
+    )
+
+
+def reference_encode(tokenizer, record, max_length: int | None = None) -> dict[str, list[int]]:
+    """The reference: `apply_chat_template` on one record. Also the fallback path."""
+    messages, tools, kwargs = record_inputs(record)
+    try:
+        out = tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            truncation=max_length is not None,
+            max_length=max_length,
+            **kwargs,
+        )
+    except Exception as err:  # jinja2 TemplateError, TypeError from odd content, ...
+        if isinstance(err, RecordError):
+            raise
+        raise _render_error(err) from err
+    return {"input_ids": list(out["input_ids"]), "assistant_masks": list(out["assistant_masks"])}
+
+
+def _template_text(tokenizer, tools) -> str:
+    return tokenizer.get_chat_template(None, tools)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A stable hash of everything that decides the encoder's output for this tokenizer."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "_tokenizer", None)
+    h.update(backend.to_str().encode() if backend is not None else repr(tokenizer.get_vocab()).encode())
+    template = tokenizer.chat_template
+    h.update(json.dumps(template, sort_keys=True).encode())
+    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    h.update(f"{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}".encode())
+    return h.hexdigest()[:16]
+
+
+class MaskedEncoder:
+    """Encodes Beam records to ids + assistant masks, identical to `apply_chat_template`, in batches.
+
+    `fast` says whether the split-at-markers path is used; `fallback_reason` says why not. `cache_size`
+    bounds the number of distinct text pieces whose token ids are kept.
+    """
+
+    def __init__(self, tokenizer, *, cache_size: int = 100_000, force_fallback: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()  # pieces after a marker
+        self._first_cache: dict[str, list[int]] = {}  # pieces at the very start of a text
+        self._backend = None
+        self.fallback_reason = force_fallback or self._setup_fast_path()
+
+    # -- setup ---------------------------------------------------------------------------------------
+
+    @property
+    def fast(self) -> bool:
+        return self.fallback_reason is None
+
+    def _setup_fast_path(self) -> str | None:
+        tokenizer = self.tokenizer
+        original = getattr(tokenizer, "_tokenizer", None)
+        if original is None or not hasattr(original, "encode_batch"):
+            return "not a fast (Rust-backed) tokenizer"
+        if getattr(tokenizer, "split_special_tokens", False):
+            return "split_special_tokens=True: special tokens are tokenized as text"
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template  # noqa: F401
+        except ImportError:  # pragma: no cover - older/newer transformers layout
+            return "transformers.utils.chat_template_utils.render_jinja_template is not available"
+        from tokenizers import Tokenizer
+
+        # A private copy: transformers sets truncation/padding on the shared backend per call, and a
+        # leftover setting there must not cut our pieces.
+        backend = Tokenizer.from_str(original.to_str())
+        backend.no_truncation()
+        backend.no_padding()
+        backend.encode_special_tokens = False
+        added = backend.get_added_tokens_decoder()
+        contents: dict[str, int] = {}
+        for token_id, token in added.items():
+            if token.lstrip or token.rstrip or token.single_word:
+                return f"added token {token.content!r} strips spaces or matches single words"
+            if token.normalized and backend.normalizer is not None:
+                return f"added token {token.content!r} is matched after normalization"
+            if token.content:
+                contents[token.content] = token_id
+        self._backend = backend
+        self._marker_ids = contents
+        self._context_marker = min(contents, key=len) if contents else ""
+        if contents:
+            # Longest first: at one position the alternation then takes the longest marker, which is the
+            # backend's leftmost-longest matching.
+            alternation = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
+            self._split = re.compile(f"({alternation})").split
+        else:
+            self._split = lambda text: [text]
+        problem = self._probe()
+        if problem:
+            self._backend = None
+        return problem
+
+    def _probe(self) -> str | None:
+        """Compare whole-text and piece-wise tokenization (ids and offsets) on probe strings."""
+        markers = list(self._marker_ids) or [""]
+        texts = []
+        for shift in range(len(_PROBE_TEXTS)):
+            parts = []
+            for k in range(len(_PROBE_TEXTS)):
+                parts.append(_PROBE_TEXTS[(k + shift) % len(_PROBE_TEXTS)])
+                parts.append(markers[(k + shift) % len(markers)])
+            texts.append("".join(parts))
+            texts.append(markers[shift % len(markers)] + "".join(parts))
+        texts.extend(_PROBE_TEXTS)
+        whole = self._backend.encode_batch(texts, add_special_tokens=False)
+        for text, encoding in zip(texts, whole, strict=True):
+            try:
+                ids, offsets = self._pieces_with_offsets(text)
+            except _Fallback as err:
+                return str(err)
+            if ids != encoding.ids:
+                return f"tokenizing between markers changes token ids (probe {text[:40]!r}...)"
+            if offsets != [tuple(o) for o in encoding.offsets]:
+                return f"tokenizing between markers changes token offsets (probe {text[:40]!r}...)"
+        return None
+
+    def _pieces_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        pos = 0
+        for j, part in enumerate(self._split(text)):
+            if not part:
+                continue
+            if j % 2:
+                ids.append(self._marker_ids[part])
+                offsets.append((pos, pos + len(part)))
+            else:
+                ids.extend(self._encode_pieces([part], after_marker=j > 0)[0])
+                offsets.extend(self._piece_offsets(part, pos))
+            pos += len(part)
+        return ids, offsets
+
+    def _piece_offsets(self, part: str, pos: int) -> list[tuple[int, int]]:
+        """Token offsets of a text piece at `pos`, as they are inside the whole text.
+
+        Offsets can depend on the token's position in the encoding (ByteLevel's trim_offsets keeps the
+        space of the first token), so a piece after a marker is encoded after a marker, and the marker's
+        token is dropped again.
+        """
+        if pos == 0 or not self._marker_ids:
+            encoding = self._backend.encode(part, add_special_tokens=False)
+            return [(pos + s, pos + e) for s, e in encoding.offsets]
+        marker = self._context_marker
+        encoding = self._backend.encode(marker + part, add_special_tokens=False)
+        shift = pos - len(marker)
+        return [(shift + s, shift + e) for s, e in encoding.offsets[1:]]
+
+    # -- rendering -----------------------------------------------------------------------------------
+
+    def render(self, record) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the character spans of its generation blocks, as the reference sees them."""
+        messages, tools, kwargs = record_inputs(record)
+        try:
+            template = _template_text(self.tokenizer, tools)
+            template_kwargs = {**self.tokenizer.special_tokens_map, **kwargs}
+            if template in _RENDERERS:
+                renderer = _RENDERERS[template]
+            else:
+                renderer = _RENDERERS[template] = _SentinelRenderer.build(template)
+            if renderer is not None and all(isinstance(tool, Mapping) for tool in tools or ()):
+                result = renderer(messages, tools, template_kwargs)
+                if result is not None:
+                    return result
+            return _tracked_render(template, messages, tools, template_kwargs)
+        except RecordError:
+            raise
+        except Exception as err:
+            raise _render_error(err) from err
+
+    # -- encoding ------------------------------------------------------------------------------------
+
+    def encode(self, records: Iterable, max_length: int | None = None) -> list[dict[str, list[int]]]:
+        """Encode many records; each result is {"input_ids", "assistant_masks"}.
+
+        Raises `RecordError` (reason `render_failed`, `message_index` when the template names one) for a
+        record the template rejects; `RecordError.line` is then the record's position in `records`.
+        """
+        records = list(records)
+        if not self.fast:
+            out = []
+            for index, record in enumerate(records):
+                try:
+                    out.append(reference_encode(self.tokenizer, record, max_length))
+                except RecordError as err:
+                    raise err.with_provenance(err.source, index) from err.__cause__
+            return out
+        rendered = []
+        for index, record in enumerate(records):
+            try:
+                rendered.append(self.render(record))
+            except RecordError as err:
+                raise err.with_provenance(err.source, index) from err.__cause__
+        results = self._encode_rendered(rendered)
+        for index in range(len(rendered)):
+            if results[index] is None:  # spans the fast path does not handle: the reference, for this one
+                results[index] = reference_encode(self.tokenizer, records[index])
+        if max_length is not None:
+            results = [self._truncate(r, max_length) for r in results]
+        return results
+
+    def _truncate(self, result: dict[str, list[int]], max_length: int) -> dict[str, list[int]]:
+        if len(result["input_ids"]) <= max_length:
+            return result
+        if self.tokenizer.truncation_side == "left":
+            cut = slice(len(result["input_ids"]) - max_length, None)
+        else:
+            cut = slice(0, max_length)
+        return {key: value[cut] for key, value in result.items()}
+
+    def _encode_pieces(self, pieces: list[str], after_marker: bool) -> list[list[int]]:
+        """Token ids of text pieces, each tokenized as it is in the whole text.
+
+        A piece after a marker is tokenized after a marker (whose id is then dropped): some tokenizers
+        treat the start of the text differently (Metaspace's prepend_scheme="first" adds "▁" there only).
+        """
+        if not after_marker:
+            return [e.ids for e in self._backend.encode_batch(pieces, add_special_tokens=False)]
+        marker = self._context_marker
+        marker_id = self._marker_ids[marker]
+        out = []
+        for encoding in self._backend.encode_batch([marker + p for p in pieces], add_special_tokens=False):
+            ids = encoding.ids
+            if not ids or ids[0] != marker_id:
+                raise _Fallback(f"{marker!r} did not tokenize as one leading token")
+            out.append(ids[1:])
+        return out
+
+    def _encode_rendered(self, rendered: list[tuple[str, list[tuple[int, int]]]]) -> list[dict | None]:
+        split = self._split
+        cache = self._cache
+        first_cache = self._first_cache
+        plans = []
+        missing: dict[str, None] = {}
+        missing_first: dict[str, None] = {}
+        for text, _ in rendered:
+            parts = split(text)
+            plans.append(parts)
+            if parts[0] and parts[0] not in first_cache:
+                missing_first[parts[0]] = None
+            for part in parts[2::2]:
+                if part and part not in cache:
+                    missing[part] = None
+        try:
+            if missing:
+                pieces = list(missing)
+                cache.update(zip(pieces, self._encode_pieces(pieces, after_marker=True), strict=True))
+            if missing_first:
+                pieces = list(missing_first)
+                first_cache.update(zip(pieces, self._encode_pieces(pieces, after_marker=False), strict=True))
+        except _Fallback:
+            return [None] * len(rendered)
+        marker_ids = self._marker_ids
+        results: list[dict | None] = []
+        for (_, spans), parts in zip(rendered, plans, strict=True):
+            if not _sorted_disjoint(spans):
+                results.append(None)
+                continue
+            ids: list[int] = []
+            mask: list[int] = []
+            n_spans = len(spans)
+            k = 0
+            pos = 0
+            for j, part in enumerate(parts):
+                if not part:
+                    continue
+                end = pos + len(part)
+                if j % 2:
+                    piece_ids = [marker_ids[part]]
+                elif j:
+                    piece_ids = cache[part]
+                    cache.move_to_end(part)
+                else:
+                    piece_ids = first_cache[part]
+                while k < n_spans and spans[k][1] <= pos:
+                    k += 1
+                if k == n_spans or spans[k][0] >= end:
+                    mask.extend([0] * len(piece_ids))
+                elif spans[k][0] < pos and end < spans[k][1]:
+                    mask.extend([1] * len(piece_ids))
+                else:
+                    # The piece touches a span boundary: apply the reference's per-token overlap rule.
+                    offsets = [(pos, end)] if j % 2 else self._piece_offsets(part, pos)
+                    mask.extend(_overlap_mask(offsets, spans, k))
+                ids.extend(piece_ids)
+                pos = end
+            results.append({"input_ids": ids, "assistant_masks": mask})
+        while len(cache) > self.cache_size:
+            cache.popitem(last=False)
+        if len(first_cache) > self.cache_size:
+            first_cache.clear()
+        return results
+
+    # -- datasets ------------------------------------------------------------------------------------
+
+    def __getstate__(self):
+        # Workers of datasets.map get a copy without the cache; it refills per process.
+        state = self.__dict__.copy()
+        state["_cache"] = OrderedDict()
+        state["_first_cache"] = {}
+        state.pop("_split", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if self._backend is not None and self._marker_ids:
+            alternation = "|".join(re.escape(c) for c in sorted(self._marker_ids, key=len, reverse=True))
+            self._split = re.compile(f"({alternation})").split
+        elif self._backend is not None:
+            self._split = lambda text: [text]
+
+
+def _tracked_render(template: str, messages, tools, template_kwargs) -> tuple[str, list[tuple[int, int]]]:
+    """transformers' own rendering with generation tracking (what apply_chat_template does)."""
+    from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+
+    rendered, spans = render_jinja_template(
+        conversations=[_normalize_chat_messages(messages)],
+        tools=tools,
+        chat_template=template,
+        return_assistant_tokens_mask=True,
+        add_generation_prompt=False,
+        **template_kwargs,
+    )
+    return rendered[0], spans[0]
+
+
+# Unicode noncharacters, reserved for a program's internal use: they mark where generation blocks open
+# and close in the rendered text.
+_OPEN, _CLOSE = "\ufdd0", "\ufdd1"
+# template source -> its renderer (None: render the tracked way); per process, compiled on first use.
+_RENDERERS: dict[str, _SentinelRenderer | None] = {}
+_SENTINELS = re.compile(f"[{_OPEN}{_CLOSE}]")
+
+
+class _SentinelRenderer:
+    """Renders with transformers' own compiled template, faster, with the same text and spans.
+
+    transformers tracks a generation block by joining everything yielded so far each time a block
+    closes; here the block instead wraps its output in two noncharacters and the spans are read off
+    the finished text. That is the same thing exactly when every generation block sits at the top level
+    of the template (not in a macro, call block, filter block, block `set` or recursive loop, where
+    transformers would measure something else), which `build` checks on the template's syntax tree. A
+    record whose own text contains the noncharacters is rendered the tracked way instead.
+
+    The sandbox's attribute check is memoised per (type, attribute name): that is all it depends on,
+    and it is the bulk of the rendering time.
+    """
+
+    def __init__(self, template, counter: list[int]) -> None:
+        self.template = template
+        self.counter = counter
+        from transformers.utils.chat_template_utils import (
+            _alias_reasoning_fields,
+            _normalize_chat_messages,
+            _plain_template_data,
+        )
+
+        self._alias, self._normalize, self._plain = (
+            _alias_reasoning_fields,
+            _normalize_chat_messages,
+            _plain_template_data,
+        )
+
+    @classmethod
+    def build(cls, source: str) -> _SentinelRenderer | None:
+        try:
+            import jinja2
+            from transformers.utils import chat_template_utils as ctu
+
+            compile_fresh = ctu._cached_compile_jinja_template  # not the lru-cached one: we patch it
+            ctu._alias_reasoning_fields, ctu._normalize_chat_messages, ctu._plain_template_data  # noqa: B018
+        except (ImportError, AttributeError):  # pragma: no cover - another transformers layout
+            return None
+        template = compile_fresh(source)
+        env = template.environment
+        trackers = [ext for ext in env.extensions.values() if hasattr(ext, "_generation_support")]
+        if len(trackers) != 1 or not _generation_blocks_at_top_level(env.parse(source)):
+            return None
+        counter = [0]
+
+        @jinja2.pass_eval_context
+        def generation(eval_ctx, caller):
+            counter[0] += 1
+            return _OPEN + caller() + _CLOSE
+
+        trackers[0]._generation_support = generation
+        check = env.is_safe_attribute
+        verdicts: dict[tuple[type, str], bool] = {}
+
+        def is_safe_attribute(obj, attr, value):
+            key = (type(obj), attr)
+            verdict = verdicts.get(key)
+            if verdict is None:
+                verdict = verdicts[key] = check(obj, attr, value)
+            return verdict
+
+        env.is_safe_attribute = is_safe_attribute
+        return cls(template, counter)
+
+    def __call__(self, messages, tools, template_kwargs) -> tuple[str, list[tuple[int, int]]] | None:
+        plain = self._plain
+        chat = self._alias(plain(self._normalize(messages)))
+        self.counter[0] = 0
+        text = self.template.render(
+            messages=chat,
+            tools=plain(tools),
+            documents=None,
+            add_generation_prompt=False,
+            **plain(template_kwargs),
+        )
+        blocks = self.counter[0]
+        if text.count(_OPEN) != blocks or text.count(_CLOSE) != blocks:
+            return None  # the record itself contains a noncharacter
+        if not blocks:
+            return text, []
+        spans = []
+        start = -1
+        for removed, found in enumerate(_SENTINELS.finditer(text)):
+            position = found.start() - removed
+            if found.group() == _OPEN:
+                if start >= 0:
+                    return None  # nested blocks: let transformers say what it makes of them
+                start = position
+            else:
+                spans.append((start, position))
+                start = -1
+        return text.replace(_OPEN, "").replace(_CLOSE, ""), spans
+
+
+def _generation_blocks_at_top_level(tree) -> bool:
+    from jinja2 import nodes
+
+    def is_generation(node) -> bool:
+        return (
+            isinstance(node, nodes.CallBlock)
+            and isinstance(node.call, nodes.Call)
+            and isinstance(node.call.node, nodes.ExtensionAttribute)
+            and node.call.node.name == "_generation_support"
+        )
+
+    def walk(node, top_level: bool) -> bool:
+        for child in node.iter_child_nodes():
+            if is_generation(child):
+                if not top_level or not walk(child, False):
+                    return False
+                continue
+            nested = isinstance(
+                child, (nodes.Macro, nodes.CallBlock, nodes.FilterBlock, nodes.AssignBlock)
+            ) or (isinstance(child, nodes.For) and child.recursive)
+            if not walk(child, top_level and not nested):
+                return False
+        return True
+
+    return walk(tree, True)
+
+
+def _sorted_disjoint(spans: list[tuple[int, int]]) -> bool:
+    previous_end = 0
+    for start, end in spans:
+        if start < previous_end or end < start:
+            return False
+        previous_end = end
+    return True
+
+
+def _overlap_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]], k: int) -> list[int]:
+    """transformers' rule: a token is trained when it overlaps a span (spans sorted and disjoint)."""
+    mask = []
+    n_spans = len(spans)
+    for start, end in offsets:
+        while k < n_spans and start >= spans[k][1]:
+            k += 1
+        mask.append(1 if k < n_spans and end > spans[k][0] else 0)
+    return mask
+
+
+_ENCODERS: dict[int, tuple[Any, str, MaskedEncoder]] = {}
+
+
+def get_encoder(tokenizer) -> MaskedEncoder:
+    """One encoder per tokenizer (rebuilt when its vocabulary or chat template changes)."""
+    template = json.dumps(tokenizer.chat_template, sort_keys=True)
+    key = f"{len(tokenizer)}|{hash(template)}|{tokenizer.truncation_side}"
+    entry = _ENCODERS.get(id(tokenizer))
+    if entry is not None and entry[0] is tokenizer and entry[1] == key:
+        return entry[2]
+    encoder = MaskedEncoder(tokenizer)
+    _ENCODERS[id(tokenizer)] = (tokenizer, key, encoder)
+    return encoder
+
+
+def encode_record(tokenizer, record, max_length: int | None = None) -> dict[str, list[int]]:
+    """One Beam record -> {"input_ids", "assistant_masks"}, identical to `apply_chat_template`.
+
+    `max_length` truncates like `apply_chat_template(..., truncation=True, max_length=...)` (on the
+    tokenizer's `truncation_side`). Raises `RecordError` when the template rejects the record.
+    """
+    return get_encoder(tokenizer).encode([record], max_length)[0]
+
+
+class _MapFunction:
+    """The picklable function `encode_dataset` hands to `datasets.map`."""
+
+    def __init__(
+        self, encoder: MaskedEncoder, max_length: int | None, columns: list[str], record_column: str | None
+    ) -> None:
+        self.encoder = encoder
+        self.max_length = max_length
+        self.columns = columns
+        self.record_column = record_column
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        if self.record_column is not None:
+            records = [json.loads(raw) if isinstance(raw, str) else raw for raw in batch[self.record_column]]
+        else:
+            records = [{column: batch[column][i] for column in self.columns} for i in range(len(indices))]
+        try:
+            results = self.encoder.encode(records, self.max_length)
+        except RecordError as err:
+            row = indices[err.line] if err.line is not None else None
+            raise err.with_provenance(err.source, row) from None
+        return {
+            "input_ids": [r["input_ids"] for r in results],
+            "assistant_masks": [r["assistant_masks"] for r in results],
+        }
+
+
+def encode_dataset(
+    tokenizer,
+    dataset,
+    *,
+    max_length: int | None = None,
+    num_proc: int | None = None,
+    batch_size: int = 512,
+    record_column: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    remove_columns: bool = True,
+    load_from_cache_file: bool = True,
+    desc: str | None = "Rendering and tokenizing",
+):
+    """Add `input_ids` and `assistant_masks` to a datasets.Dataset of Beam records.
+
+    Records are read from the `messages` / `tools` / `chat_template_kwargs` columns, or, with
+    `record_column`, from one column of JSON strings (which keeps tool arguments exactly as written:
+    Arrow unifies struct fields across rows and fills the keys a row lacks with None).
+
+    Multi-process with `num_proc`. The result is cached by datasets under a fingerprint of the dataset,
+    the tokenizer (vocabulary, template, special tokens), `max_length` and `RENDER_VERSION`, so a second
+    run on the same data loads the cache instead of tokenizing. A file-backed dataset caches next to its
+    files; an in-memory one caches only when `cache_dir` is given. A record the template rejects stops the
+    map with a `RecordError` naming its row (`line`, 0-based).
+    """
+    import datasets
+
+    if record_column is not None:
+        if record_column not in dataset.column_names:
+            raise RecordError(Reason.EMPTY_CONVERSATION, f"the dataset has no {record_column!r} column")
+        columns = [record_column]
+    else:
+        columns = [c for c in ("messages", "tools", "chat_template_kwargs") if c in dataset.column_names]
+        if "messages" not in columns:
+            raise RecordError(Reason.EMPTY_CONVERSATION, "the dataset has no 'messages' column")
+    encoder = MaskedEncoder(tokenizer)
+    function = _MapFunction(encoder, max_length, columns, record_column)
+    kwargs: dict[str, Any] = {
+        "batched": True,
+        "batch_size": batch_size,
+        "with_indices": True,
+        "remove_columns": dataset.column_names if remove_columns else None,
+    }
+    if isinstance(dataset, datasets.IterableDataset):
+        return dataset.map(function, **kwargs)
+    parts = [
+        dataset._fingerprint,
+        tokenizer_fingerprint(tokenizer),
+        str(max_length),
+        str(remove_columns),
+        str(record_column),
+        RENDER_VERSION,
+    ]
+    fingerprint = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    kwargs.update(
+        num_proc=num_proc, new_fingerprint=fingerprint, desc=desc, load_from_cache_file=load_from_cache_file
+    )
+    if cache_dir is not None and not dataset.cache_files:
+        os.makedirs(cache_dir, exist_ok=True)
+        kwargs["cache_file_name"] = os.path.join(
+            os.fspath(cache_dir), f"beam-sft-encoded-{fingerprint}.arrow"
+        )
+    return dataset.map(function, **kwargs)
