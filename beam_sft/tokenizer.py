@@ -43,15 +43,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-MARKERS: tuple[str, ...] = (
-    "<|start|>",
-    "<|channel|>",
-    "<|constrain|>",
-    "<|message|>",
-    "<|end|>",
-    "<|call|>",
-    "<|return|>",
-)
+from beam_sft.messages import HARMONY_MARKERS as MARKERS
+
 EOS_TOKEN = "<|return|>"
 # Distinct from EOS on purpose (see module docstring); special so decode(skip_special_tokens=True) drops it.
 PAD_TOKEN = "<|pad|>"
