@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 demo: install
-	$(BIN)/python scripts/quickstart.py
+	$(BIN)/python scripts/quickstart.py --min-well-formed 0.9
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -3,7 +3,7 @@
 1. converts the bundled samples (data/samples: OpenAI, ShareGPT and Harmony files, each with a few bad
    records) with `convert-dataset`, writing the Beam records, the rejects and the statistics;
 2. trains the embedded tiny random model (configs/models/tiny) with the bundled tokenizer on them, as
-   configured in configs/quickstart.yaml (CPU, assistant-only loss, packing);
+   configured in configs/quickstart.yaml (CPU, assistant-only loss, unpacked);
 3. saves the model and the tokenizer, with the chat template and the response template;
 4. generates greedily from the first turn of some training records with the trained model (stopping at
    `<|return|>` or `<|call|>`), parses each output with `tokenizer.parse_response`, prints the parsed
