@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError, Reason, RecordError, UsageError
+from beam_sft.io import Item
 
 logger = logging.getLogger(__name__)
 
@@ -141,92 +142,56 @@ def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_json_file(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        rows = []
-        for line_no, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise FatalError(f"{path}:{line_no}: not valid JSON: {err}") from err
-        return rows
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise FatalError(f"{path}: not valid JSON: {err}") from err
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list):
-        raise FatalError(f"{path}: expected a JSON array of records, got {type(data).__name__}")
-    return data
+def read_rows(source: str, split: str = "train") -> list[Item]:
+    """Read raw rows with their provenance through the readers `convert-dataset` uses (`beam_sft.io`).
 
+    `source`: a .jsonl / .json / .parquet file, a glob, a directory of them, a `save_to_disk` dataset, or a hub
+    id (only from the local cache when HF_HUB_OFFLINE=1). Each item keeps its file and 1-based line (JSONL) or
+    0-based index; an unreadable row (malformed JSON, invalid UTF-8) is an item carrying its `RecordError`,
+    which `to_beam_records` counts as a reject instead of stopping the run.
+    """
+    from beam_sft.io import expand_inputs, iter_items
 
-def read_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
-    """Read raw rows from a .jsonl / .json / .parquet file, a directory of them, a `save_to_disk` dataset,
-    or a hub dataset id (only from the local cache when HF_HUB_OFFLINE=1)."""
-    path = Path(source)
-    if path.is_file():
-        if path.suffix in (".jsonl", ".json"):
-            return _read_json_file(path)
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path).to_pylist()
-        raise UsageError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
-    if path.is_dir():
-        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
-            from datasets import DatasetDict, load_from_disk
-
-            loaded = load_from_disk(str(path))
-            if isinstance(loaded, DatasetDict):
-                loaded = loaded[split]
-            return loaded.to_list()
-        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
+    sources = expand_inputs([source], split)
+    if Path(source).is_dir():
         # convert-dataset writes a rejects file next to its output; it is not training data.
-        files = [p for p in files if "rejects" not in p.name]
-        if not files:
-            raise UsageError(f"{path}: no .jsonl, .json or .parquet files in this directory")
-        rows: list[dict[str, Any]] = []
-        for file in files:
-            rows.extend(read_rows(str(file), split))
-        return rows
-    if source.count("/") == 1 and not source.startswith((".", "/")):
-        from datasets import load_dataset
-
-        try:
-            return load_dataset(source, split=split).to_list()
-        except Exception as err:  # offline without a cache, unknown id, ...
-            raise UsageError(f"could not load dataset {source!r} (split {split!r}): {err}") from err
-    raise UsageError(f"dataset not found: {source}")
+        sources = [s for s in sources if "rejects" not in Path(s.name).name]
+        if not sources:
+            raise UsageError(f"{source}: no training data in this directory (only rejects files)")
+    return list(iter_items(sources))
 
 
 def to_beam_records(
-    rows: Iterable[dict[str, Any]], input_format: str = "auto", source: str | None = None
+    items: Iterable[Item], input_format: str = "auto"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Turn rows into validated Beam records with the project's converters; returns (records, rejects).
+    """Turn rows read by `read_rows` into validated Beam records with the project's converters.
 
     `input_format="beam"`: rows are Beam records (what `convert-dataset` writes); Arrow artefacts are undone
     and `beam_sft.validate` checks them. Any other value goes through `beam_sft.formats.convert_record`
     ("auto" detects the format per row; a Beam record reads as OpenAI-shaped and passes unchanged).
-    Rejected rows come back as `RecordError.to_dict()`s with their 0-based row index: nothing is lost silently.
+    Returns (records, rejects); each reject is a `RecordError.to_dict()` with the row's source and its line
+    (JSONL) or index: records + rejects = rows, nothing is lost silently.
     """
+    from beam_sft.formats import convert_record
+    from beam_sft.io import parse_line
+    from beam_sft.validate import validate
+
     records: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
-    try:
-        from beam_sft.formats import convert_record
-        from beam_sft.validate import validate
-    except ImportError as err:
-        raise FatalError(f"beam_sft.formats / beam_sft.validate are needed to read training data: {err}") from err
-    for index, row in enumerate(rows):
+    for item in items:
         try:
+            if item.error is not None:
+                raise item.error
+            row = parse_line(item.payload) if item.raw else item.payload
             if input_format == "beam":
                 records.append(validate(normalize_record(row)))
             else:
                 records.append(normalize_record(convert_record(row, format=input_format)))
         except RecordError as err:
-            rejects.append(err.with_provenance(source, index).to_dict())
+            entry = err.with_provenance(item.source, item.position).to_dict()
+            if not item.by_line:
+                entry["index"] = entry.pop("line")
+            rejects.append(entry)
     return records, rejects
 
 

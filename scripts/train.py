@@ -161,7 +161,7 @@ def _load_split(source: str, fmt: str, split: str, max_records: int | None = Non
     rows = read_rows(source, split)
     if max_records is not None:
         rows = rows[:max_records]
-    records, rejects = to_beam_records(rows, fmt, source=source)
+    records, rejects = to_beam_records(rows, fmt)
     logger.info("%s: %d rows -> %d Beam records, %d rejected", source, len(rows), len(records), len(rejects))
     for reject in rejects[:5]:
         logger.warning("rejected: %s", json.dumps(reject, ensure_ascii=False))

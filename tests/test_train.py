@@ -264,7 +264,7 @@ def test_missing_dataset_is_a_usage_error(tmp_path):
         env=env(), check=False, capture_output=True, text=True, timeout=300, cwd=REPO,
     )
     assert proc.returncode == 2
-    assert "dataset not found" in proc.stderr.splitlines()[-1]
+    assert "nope.jsonl: no such file or directory" in proc.stderr.splitlines()[-1]
 
 
 def test_plain_loss_path_equals_trl_fused_lm_head(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import orjson
 import pytest
 import torch
 
@@ -155,10 +156,21 @@ def test_normalize_record_bad_arguments_is_a_record_error():
 def test_samples_convert_with_rejects_accounted_for():
     for name, fmt in (("openai.jsonl", "auto"), ("sharegpt.json", "sharegpt"), ("harmony.jsonl", "auto")):
         rows = read_rows(str(SAMPLES / name))
-        records, rejects = to_beam_records(rows, fmt, source=name)
+        records, rejects = to_beam_records(rows, fmt)
         assert len(records) + len(rejects) == len(rows), name
         assert rejects, f"{name} is meant to carry a few bad records"
-        assert all(r["source"] == name and r["reason"] for r in rejects)
+        assert all(r["source"] == str(SAMPLES / name) and r["reason"] for r in rejects)
+        # Provenance as convert-dataset reports it: 1-based lines for JSONL, 0-based indexes otherwise.
+        assert all(("line" in r) == name.endswith(".jsonl") and ("index" in r) != name.endswith(".jsonl")
+                   for r in rejects)
+
+
+def test_unreadable_lines_are_rejects_with_their_line(tmp_path):
+    path = tmp_path / "raw.jsonl"
+    path.write_bytes(json.dumps(ANSWER).encode() + b"\n{not json\n" + b"\xff\xfe\n")
+    records, rejects = to_beam_records(read_rows(str(path)), "auto")
+    assert len(records) == 1
+    assert [(r["line"], r["reason"]) for r in rejects] == [(2, "malformed_json"), (3, "invalid_utf8")]
 
 
 def test_read_rows_parquet_and_directory(tmp_path):
@@ -170,8 +182,8 @@ def test_read_rows_parquet_and_directory(tmp_path):
     (tmp_path / "rejects.jsonl").write_text('{"reason": "x"}\n')  # convert-dataset's rejects: not data
     pq.write_table(pa.table({"messages": [json.dumps(TOOL_LOOP["messages"])]}), tmp_path / "b.parquet")
     got = read_rows(str(tmp_path))
-    assert len(got) == 2 and got[0] == ANSWER
-    with pytest.raises(UsageError, match="dataset not found"):
+    assert len(got) == 2 and orjson.loads(got[0].payload) == ANSWER
+    with pytest.raises(UsageError, match="no such file"):
         read_rows(str(tmp_path / "missing.jsonl"))
 
 
