@@ -330,3 +330,19 @@ def test_fast_path_defers_on_everything_that_needs_a_decision():
                    "tool_calls": [call("f", '{"a": {"b": ["</rfl:parameter>"]}}')]}],
     ):
         assert fast_convert({"messages": bad}) is None
+
+
+def test_fast_path_leaves_records_of_other_formats_to_detection():
+    """`auto` tries the fast path before `detect`, so it must refuse anything detect would not call openai."""
+    from beam_sft.formats import detect
+    from beam_sft.formats.openai import fast_convert
+
+    harmony_like = {"messages": [{"role": "user", "content": "hi"},
+                                 {"role": "assistant", "channel": "final", "reasoning_content": "r", "content": "x"}]}
+    sharegpt_like = {"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]}
+    for rec in (harmony_like, sharegpt_like):
+        assert detect(rec) != "openai"
+        assert fast_convert(rec) is None
+    plain = {"messages": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "reasoning_content": "r", "content": "x"}]}
+    assert detect(plain) == "openai" and fast_convert(plain) is not None

@@ -115,7 +115,9 @@ def convert_record(rec: Any, format: str = "auto", options: Any = None) -> dict:
     """One raw record → a validated Beam record, or `RecordError`. `options` is a `validate.Options`."""
     from beam_sft.validate import validate
 
-    if format == "openai" or (format == "auto" and detect(rec) == "openai"):
+    if format == "openai" or format == "auto":
+        # The fast path accepts only plain OpenAI rows (no key or field of another format), so under `auto`
+        # it can run before detection, which would cost it a tenth of its time.
         fast = openai.fast_convert(rec, options)
         if fast is not None:
             return fast

@@ -314,7 +314,8 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
     n_assistant = 0
     while i < n:
         m = msgs[i]
-        if type(m) is not dict:
+        # Harmony-JSON fields mean another format (see formats.detect): `auto` tries this path first.
+        if type(m) is not dict or "channel" in m or "recipient" in m or "content_type" in m:
             return None
         role = m.get("role")
         if role in _FAST_USER_ROLES:
