@@ -16,14 +16,8 @@ from hypothesis import strategies as st
 from jinja2.exceptions import TemplateError
 
 from beam_sft.templates import chat_template, response_template
-from beam_sft.tokenizer import load_tokenizer
 
 MARKERS = ["<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>"]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
 
 
 # ---------- strategies ----------

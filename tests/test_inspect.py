@@ -20,7 +20,7 @@ import pytest
 from beam_sft import inspect as ins
 from beam_sft.cli import main as cli_main
 from beam_sft.errors import Reason
-from beam_sft.render import MaskedEncoder, encode_record
+from beam_sft.render import encode_record
 from beam_sft.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,16 +29,6 @@ REALDATA = Path(__file__).resolve().parent / "data" / "realdata"
 NOTEBOOK = REPO / "scripts" / "inspect_masks.ipynb"
 REAL_SAMPLE = REALDATA / "openai" / "llamafactory_v1_reason_tool_use_demo_50.jsonl"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def encoder(tok):
-    return MaskedEncoder(tok)
 
 
 @pytest.fixture(scope="module")

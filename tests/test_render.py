@@ -19,21 +19,11 @@ from hypothesis import strategies as st
 from beam_sft import render
 from beam_sft.errors import Reason, RecordError
 from beam_sft.render import MaskedEncoder, encode_dataset, encode_record, reference_encode
-from beam_sft.tokenizer import MARKERS, load_tokenizer
+from beam_sft.tokenizer import MARKERS
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
 REALDATA = Path(__file__).resolve().parent / "data" / "realdata"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def encoder(tok):
-    return MaskedEncoder(tok)
 
 
 def assert_identical(tokenizer, records, encoder=None, max_length=None):

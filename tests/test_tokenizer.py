@@ -32,11 +32,6 @@ from beam_sft.tokenizer import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
-
-
 def _build_script():
     spec = importlib.util.spec_from_file_location("build_tokenizer", REPO / "scripts" / "build_tokenizer.py")
     module = importlib.util.module_from_spec(spec)

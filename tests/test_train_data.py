@@ -69,11 +69,6 @@ TOOL_LOOP = {
 }
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer()
-
-
 def reference(tok, record):
     out = tok.apply_chat_template(
         record["messages"],
