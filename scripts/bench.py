@@ -44,6 +44,9 @@ from pathlib import Path
 REPO_DIR = Path(__file__).resolve().parent.parent
 # Runnable as `python scripts/bench.py` from a checkout without installing the package.
 sys.path.insert(0, str(REPO_DIR))
+sys.path.insert(0, str(REPO_DIR / "scripts"))
+
+from make_samples import CURRENCY_TOOL, WEATHER_TOOL  # a sibling script: importable once the path is set
 
 SEED = 1234
 
@@ -52,22 +55,9 @@ SEED = 1234
 
 _WORDS = ["the", "a", "of", "to", "and", "in", "is", "that", "for", "it", "as", "with", "on", "be", "by", "this", "are", "from", "or", "at", "which", "we", "an", "not", "can", "will", "use", "data", "model", "token", "train", "loss", "batch", "step", "value", "city", "weather", "price", "stock", "order", "result", "query", "file", "line", "error", "test", "check", "count", "number", "table", "field", "index", "range", "start", "end", "first", "last", "next", "previous", "user", "tool", "call", "answer", "reason", "think", "plan", "search", "read", "write", "open", "close", "update", "create", "delete", "list", "find", "sort", "merge", "split", "join", "parse", "render", "encode", "decode", "mask", "pad", "pack", "shard", "cache", "lock", "queue", "stream", "buffer", "window", "frame", "gradient", "optimizer", "schedule", "warmup", "decay", "epoch", "sample", "label", "metric", "score", "budget", "limit", "timeout", "retry", "harmony", "channel", "message", "analysis", "final", "return", "constrain", "lighthouse", "parquet", "arrow", "json", "schema", "vector", "Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Sydney", "Toronto", "Nairobi", "Madrid", "London", "café", "naïve", "東京", "数据", "Привет"]
 
+# get_weather and convert_currency are the bundled samples' own schemas (scripts/make_samples.py).
 _TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather for a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "description": "City name"},
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
-                },
-                "required": ["city"],
-            },
-        },
-    },
+    WEATHER_TOOL,
     {
         "type": "function",
         "function": {
@@ -84,22 +74,7 @@ _TOOLS = [
             },
         },
     },
-    {
-        "type": "function",
-        "function": {
-            "name": "convert_currency",
-            "description": "Convert an amount between two currencies at today's rate.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "amount": {"type": "number"},
-                    "source": {"type": "string", "description": "ISO code, e.g. USD"},
-                    "target": {"type": "string", "description": "ISO code, e.g. EUR"},
-                },
-                "required": ["amount", "source", "target"],
-            },
-        },
-    },
+    CURRENCY_TOOL,
     {
         "type": "function",
         "function": {
