@@ -16,7 +16,8 @@ Outputs (`open_writer`): ``.jsonl``, ``.parquet``, or any other path as a `save_
 written to a temporary path beside the target and renamed into place only when complete. In Arrow outputs
 the free-form parts — tool-call ``arguments``, ``tools`` and ``chat_template_kwargs`` — use the `datasets`
 ``Json`` feature, so records with different argument keys don't turn into one struct padded with nulls;
-`datasets` decodes them back to dicts on load. ``chat_template_kwargs`` is always an object (``{}`` when
+`datasets` decodes them back to dicts on load. Every output, JSONL included, has all three keys on every row
+(`beam_sft.formats.to_row`): ``tools`` null or a list, ``chat_template_kwargs`` always an object (``{}`` when
 the record has none), since TRL unpacks it with ``**``.
 """
 
