@@ -16,7 +16,9 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
    A result with no call → ``tool_result_without_call``; a call whose result is missing while the
    conversation goes on → ``call_without_result``; two calls with one id in a message → ``duplicate_call_id``.
    Calls that end the conversation need no results (a trajectory cut at the call trains the call itself).
-6. **Text**: any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
+6. **Text**: tool-call or result markup still in a text (``<tool_call>``, ``<tool_response>``, ``<tools>``,
+   ``<functioncall>``, ``FUNCTION RESPONSE:``, a ```` ```tool_call ```` fence) that is not quoted in prose →
+   ``tool_markup_in_text`` (the rule: `beam_sft.formats.toolmarkup`); any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
    ``harmony_marker_in_text``; ``</rfl:parameter>`` inside an argument value →
    ``parameter_close_tag_in_argument``; arguments that are not an object → ``arguments_not_object``; an
    argument name the XML attribute can't hold (``"``, ``<``, ``>``) → ``bad_arguments_json``.
@@ -42,6 +44,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
+from beam_sft.formats.toolmarkup import find_markup, may_have_markup
 from beam_sft.messages import EFFORT_LABELS, PARAMETER_CLOSE_TAG, find_marker
 
 LATE_SYSTEM_CHOICES = ("reject", "move")
@@ -84,6 +87,16 @@ def _text_error(text: Any, where: str, i: int) -> RecordError | None:
         return RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"{where} contains the Harmony marker {marker}",
                            message_index=i)
     return None
+
+
+def _check_markup(text: Any, where: str, i: int) -> None:
+    """Tool-call or result markup left in a text after conversion: trained on, it would teach the model to
+    write fake calls as text. Tags quoted in prose are allowed (`beam_sft.formats.toolmarkup`)."""
+    if type(text) is str and may_have_markup(text):
+        tag = find_markup(text)
+        if tag:
+            raise RecordError(Reason.TOOL_MARKUP_IN_TEXT, f"{where} holds the tool markup {tag!r} as text "
+                              "(a call or result that was not converted)", message_index=i)
 
 
 def _check_value(value: Any, name: str, where: str, i: int) -> None:
@@ -141,6 +154,7 @@ def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: 
             err = _text_error(content, "tool result", _idx(src, ri))
             if err:
                 raise err
+        _check_markup(content, "tool result", _idx(src, ri))
     if len(calls) == 1 and k - j == 1:  # the common case: one call, one result
         c, r = calls[0], msgs[j]
         cid, rid = c.get("id"), r.get("tool_call_id")
@@ -290,6 +304,8 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
                 err = _text_error(content, "assistant content", at)
                 if err:
                     raise err
+            _check_markup(reasoning, "reasoning", at)
+            _check_markup(content, "assistant content", at)
             if calls:
                 _check_calls(calls, at)
                 if content:
@@ -323,6 +339,7 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
                 err = _text_error(content, f"{role} content", _idx(src, i))
                 if err:
                     raise err
+            _check_markup(content, f"{role} content", _idx(src, i))
             if role == "user":
                 seen_other = True
                 out.append(m)

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
+from beam_sft.formats.toolmarkup import lift, needs_lift
 from beam_sft.messages import (
     EFFORT_LABELS,
     normalize_tools,
@@ -249,9 +250,14 @@ def convert(rec: Any) -> dict:
     if tools is None and rec.get("functions"):
         tools = normalize_tools(rec["functions"])
     messages, tools, src = convert_messages(msgs, tools)
+    hermes = needs_lift(messages)
+    if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
+        messages, tools, src = lift(messages, tools, src)
     beam = beam_record(messages, tools, record_kwargs(rec))
     if src is not None:
         beam["_src"] = src
+    if hermes:
+        beam["_format"] = "hermes"
     return beam
 
 
@@ -259,8 +265,8 @@ def convert(rec: Any) -> dict:
 #
 # Most OpenAI rows are already nearly Beam-shaped. `fast_convert` handles exactly those in one pass and
 # gives up (returns None) on anything that needs a decision — a rejection, a merge, a fold, a reorder,
-# missing reasoning, any "<" in text — so the general path (`convert` + `validate`) produces the result
-# or the error. Its output equals the general path's (tests/test_formats_openai.py checks this on every
+# missing reasoning, any "<" in text, tool markup without "<" (```tool fences, glaive's FUNCTION RESPONSE:) —
+# so the general path (`convert` + `validate`) produces the result or the error. Its output equals the general path's (tests/test_formats_openai.py checks this on every
 # sample and real record); it exists because conversion speed is measured against orjson.
 
 _FAST_RECORD_KEYS = frozenset(("messages", "tools", "chat_template_kwargs", "reasoning_effort",
@@ -320,7 +326,7 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         role = m.get("role")
         if role in _FAST_USER_ROLES:
             content = m.get("content")
-            if type(content) is not str or "<" in content:
+            if type(content) is not str or "<" in content or "```tool" in content or "FUNCTION RESPONSE:" in content:
                 return None
             if role == "user":
                 seen_other = True
@@ -336,12 +342,13 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         seen_other = True
         n_assistant += 1
         reasoning = m.get("reasoning_content")
-        if type(reasoning) is not str or not reasoning or "<" in reasoning:
+        if type(reasoning) is not str or not reasoning or "<" in reasoning or "```tool" in reasoning \
+                or "FUNCTION RESPONSE:" in reasoning:
             return None
         content = m.get("content")
         if content is None:
             content = ""
-        elif type(content) is not str or "<" in content:
+        elif type(content) is not str or "<" in content or "```tool" in content or "FUNCTION RESPONSE:" in content:
             return None
         raw_calls = m.get("tool_calls")
         if not raw_calls:
@@ -383,7 +390,7 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
             return None
         for call, t in zip(calls, msgs[i:k], strict=True):
             content = t.get("content")
-            if type(content) is not str or "<" in content:
+            if type(content) is not str or "<" in content or "```tool" in content or "FUNCTION RESPONSE:" in content:
                 return None
             cid, rid = call.get("id"), t.get("tool_call_id")
             name = call["function"]["name"]
