@@ -272,6 +272,8 @@ def convert(rec: Any) -> dict:
 _FAST_RECORD_KEYS = frozenset(("messages", "tools", "chat_template_kwargs", "reasoning_effort",
                                "parallel_tool_calls", "id"))
 _FAST_USER_ROLES = frozenset(("user", "system", "developer"))
+# A schema type outside JSON Schema ("int", "dict"): the general path maps it (beam_sft.schema_types).
+_NONSTANDARD_TYPE = re.compile(rb'"type":"(?!(?:string|integer|number|boolean|array|object|null|function)")')
 
 
 def _fast_args(args: Any) -> dict | None:
@@ -418,9 +420,11 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
                 if type(fn) is not dict or type(fn.get("name")) is not str or not fn["name"]:
                     return None
                 params = fn.get("parameters")
-                if params is not None and type(params) is not dict:
-                    return None
-            if b"<" in orjson.dumps(tools):
+                if params is not None and (type(params) is not dict
+                                           or (params and "type" not in params and "properties" not in params)):
+                    return None  # an xLAM parameter map: the general path converts it
+            blob = orjson.dumps(tools)
+            if b"<" in blob or (b'"type":"' in blob and _NONSTANDARD_TYPE.search(blob)):
                 return None
             result["tools"] = tools
     ck = rec.get("chat_template_kwargs")

@@ -147,9 +147,14 @@ def _blocks(text: str, kind: str, i: int | None) -> tuple[list[str], str] | None
     bodies: list[str] = []
     outside: list[str] = []
     pos = 0
+    spans = None
     for m in opener.finditer(text):
         if m.start() < pos or not _structural(text, m.start(), m.end()):
             continue
+        if spans is None:
+            spans = _code_spans(text)
+        if any(a <= m.start() < b for a, b in spans):
+            continue  # quoted in a code span or another language's fence (an example, not a call)
         if m.group(0).startswith("<"):
             close = text.find(f"</{kind}>", m.end())
             end = close + len(kind) + 3

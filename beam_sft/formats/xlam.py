@@ -8,12 +8,11 @@ earlier call written as a fenced JSON list, ``tool`` = its result) becomes those
 prompt suffix ``Generate API Request:`` at its end is dropped.
 
 xLAM's parameter maps (``{"p": {"type": "str, optional", "description", "default"}}``) become JSON Schema;
-the type mapping is `json_type` (README, Decisions: "xLAM parameter types").
+the type mapping is `beam_sft.schema_types.json_type` (README, Decisions: "xLAM parameter types").
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -22,132 +21,9 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import reject_unsupported_record
 from beam_sft.formats.toolmarkup import loads_lenient
 from beam_sft.messages import openai_tool_call, record, text_of, tool_content
+from beam_sft.schema_types import parameters_schema
 
-_SIMPLE = {
-    "str": "string", "string": "string", "text": "string",
-    "int": "integer", "integer": "integer", "long": "integer",
-    "float": "number", "number": "number", "double": "number", "decimal": "number",
-    "bool": "boolean", "boolean": "boolean",
-    "list": "array", "array": "array", "tuple": "array", "set": "array", "sequence": "array",
-    "dict": "object", "object": "object", "mapping": "object", "map": "object",
-    "none": "null", "null": "null", "nonetype": "null",
-}
-_GENERIC = re.compile(r"^(\w+)\s*\[(.*)\]$", re.DOTALL)
 _SUFFIX = "Generate API Request:"
-
-
-def _split_args(inner: str) -> list[str]:
-    """`Dict[str, List[int]]` → ["str", "List[int]"]: split on top-level commas."""
-    out, depth, start = [], 0, 0
-    for k, c in enumerate(inner):
-        if c == "[":
-            depth += 1
-        elif c == "]":
-            depth -= 1
-        elif c == "," and depth == 0:
-            out.append(inner[start:k].strip())
-            start = k + 1
-    out.append(inner[start:].strip())
-    return [a for a in out if a]
-
-
-def json_type(spec: str, depth: int = 0) -> tuple[dict, bool]:
-    """An xLAM / Python type name → (JSON Schema fragment, optional).
-
-    ``str``/``string`` → string; ``int``/``integer`` → integer; ``float``/``number`` → number; ``bool`` →
-    boolean; ``list``/``List[X]``/``tuple``/``Tuple[...]``/``set`` → array (``items`` from ``X`` when it has
-    one type); ``dict``/``Dict[...]``/``object`` → object; ``Any`` or an unknown name → no ``type`` (any
-    value); ``Union[A, B]``/``A | B`` → ``type: [A, B]`` when every member is a simple type, else any;
-    ``Optional[X]``, ``X, optional`` or ``X | None`` → X, optional (not required).
-    """
-    s = spec.strip()
-    optional = False
-    if depth > 20:
-        return {}, optional
-    low = s.lower()
-    if low.endswith(", optional") or low.endswith(",optional"):
-        s, optional = s[:s.rfind(",")].strip(), True
-    elif low == "optional":
-        return {}, True
-    m = _GENERIC.match(s)
-    if m:
-        head, args = m.group(1).lower(), _split_args(m.group(2))
-        if head == "optional" and args:
-            inner, _ = json_type(args[0], depth + 1)
-            return inner, True
-        if head == "union":
-            return _union(args, depth), optional or any(a.lower() in ("none", "nonetype") for a in args)
-        base = _SIMPLE.get(head)
-        if base == "array":
-            out: dict = {"type": "array"}
-            if head in ("list", "set", "sequence") and len(args) == 1:
-                items, _ = json_type(args[0], depth + 1)
-                if items:
-                    out["items"] = items
-            return out, optional
-        return ({"type": base} if base else {}), optional
-    if "|" in s:
-        args = [a.strip() for a in s.split("|") if a.strip()]
-        return _union(args, depth), optional or any(a.lower() in ("none", "nonetype") for a in args)
-    base = _SIMPLE.get(s.lower())
-    return ({"type": base} if base else {}), optional
-
-
-def _union(args: list[str], depth: int) -> dict:
-    types = []
-    for a in args:
-        if a.lower() in ("none", "nonetype"):
-            continue
-        frag, _ = json_type(a, depth + 1)
-        if set(frag) != {"type"} or type(frag["type"]) is not str:
-            return {}
-        if frag["type"] not in types:
-            types.append(frag["type"])
-    if not types:
-        return {}
-    return {"type": types[0] if len(types) == 1 else types}
-
-
-def _schema(params: Any, name: str, index: int) -> dict:
-    """xLAM's flat parameter map → a JSON Schema object (a schema that is one already is kept)."""
-    if params is None:
-        return {"type": "object", "properties": {}}
-    if type(params) is not dict:
-        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): parameters is a "
-                          f"{type(params).__name__}, not an object")
-    if type(params.get("properties")) is dict:
-        return params
-    props: dict = {}
-    required: list[str] = []
-    for pname, spec in params.items():
-        if type(spec) is not dict:
-            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): parameter {pname!r} is a "
-                              f"{type(spec).__name__}, not an object")
-        ptype = spec.get("type")
-        if ptype is None:
-            frag, optional = {}, False
-        elif type(ptype) is str:
-            frag, optional = json_type(ptype)
-        else:
-            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): type of parameter {pname!r} "
-                              f"is a {type(ptype).__name__}, not a string")
-        prop = dict(frag)
-        desc = spec.get("description")
-        if type(desc) is str and desc:
-            prop["description"] = desc
-        if "default" in spec:
-            prop["default"] = spec["default"]
-        for key in ("enum", "items", "properties"):
-            if key in spec and key not in prop:
-                prop[key] = spec[key]
-        flag = spec.get("required")
-        if flag is True or (flag is None and not optional and "default" not in spec):
-            required.append(pname)
-        props[pname] = prop
-    schema: dict = {"type": "object", "properties": props}
-    if required:
-        schema["required"] = required
-    return schema
 
 
 def _json_field(rec: dict, key: str) -> Any:
@@ -182,7 +58,7 @@ def _tools(raw: Any) -> list[dict] | None:
             if type(desc) is not str:
                 raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{k}] ({name}): description is not a string")
             entry["description"] = desc
-        entry["parameters"] = _schema(fn.get("parameters"), name, k)
+        entry["parameters"] = parameters_schema(fn.get("parameters"), name, k)
         out.append({"type": "function", "function": entry})
     return out or None
 
@@ -251,8 +127,9 @@ def convert(rec: Any) -> dict:
         messages = _history(query)
     else:
         raise RecordError(Reason.BAD_CONTENT, f"query is a {type(query).__name__}, not a string or messages")
+    tools = _tools(_json_field(rec, "tools"))
     calls = _calls(_json_field(rec, "answers"), None, "answers")
     if not calls:
         raise RecordError(Reason.BAD_CONTENT, "answers is empty: no call and no text answer to train")
     messages.append({"role": "assistant", "reasoning_content": "", "content": "", "tool_calls": calls})
-    return record(messages, _tools(_json_field(rec, "tools")))
+    return record(messages, tools)
