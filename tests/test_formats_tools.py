@@ -519,3 +519,43 @@ def test_cli_stats_count_every_new_format(tmp_path, capsys):
     assert st["formats"] == {"hermes": 2, "glaive": 1, "xlam": 1, "openai": 1}
     assert st["rejected"] == {"tool_markup_in_text": 1} and st["records_in"] == 6
     capsys.readouterr()
+
+
+# --- the OpenAI fast path leaves all of this to the general path -----------------------------------------------------
+
+PLAIN = {"messages": [{"role": "user", "content": "Hi"},
+                      {"role": "assistant", "reasoning_content": "Greet.", "content": "Hello."}]}
+
+
+@pytest.mark.parametrize("where,text", [
+    ("user", "```tool_response\n{\"ok\": 1}\n```"), ("user", "FUNCTION RESPONSE: {}"),
+    ("assistant", "```tool_call\n{\"name\": \"f\", \"arguments\": {}}\n```"),
+])
+def test_fast_path_defers_on_tool_markup_without_angle_brackets(where, text):
+    from beam_sft.formats.openai import fast_convert
+
+    rec = json.loads(json.dumps(PLAIN))
+    rec["messages"][0 if where == "user" else 1]["content"] = text
+    assert fast_convert(rec) is None
+    if where == "assistant":  # the general path lifts the fence into a call, or rejects the text
+        assert convert_record(rec, "openai")["messages"][1]["tool_calls"] == [call("f", {})]
+    else:
+        assert rejected(rec, "openai").code in (Reason.TOOL_MARKUP_IN_TEXT, Reason.TOOL_RESULT_WITHOUT_CALL)
+
+
+def test_python_type_names_in_openai_schemas_are_mapped_on_both_paths():
+    from beam_sft.formats.openai import fast_convert
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "dict", "properties": {"n": {"type": "int"}, "xs": {"type": "List[str]"}}, "required": ["n"]}}}
+    xlam_map = {"type": "function", "function": {"name": "g", "parameters": {"q": {"type": "str", "default": ""}}}}
+    for t in (tool, xlam_map):
+        rec = {**json.loads(json.dumps(PLAIN)), "tools": [t]}
+        assert fast_convert(rec) is None
+        params = conv(rec, "openai")["tools"][0]["function"]["parameters"]
+        blob = json.dumps(params)
+        assert params["type"] == "object" and not any(f'"type": "{t}"' in blob for t in ("int", "str", "dict"))
+    assert conv({**PLAIN, "tools": [tool]})["tools"][0]["function"]["parameters"] == {
+        "type": "object", "properties": {"n": {"type": "integer"}, "xs": {"type": "array", "items": {"type": "string"}}},
+        "required": ["n"]}
+    assert standardize(WEATHER["function"]["parameters"]) is WEATHER["function"]["parameters"]  # untouched, no copy

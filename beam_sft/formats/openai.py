@@ -272,8 +272,22 @@ def convert(rec: Any) -> dict:
 _FAST_RECORD_KEYS = frozenset(("messages", "tools", "chat_template_kwargs", "reasoning_effort",
                                "parallel_tool_calls", "id"))
 _FAST_USER_ROLES = frozenset(("user", "system", "developer"))
-# A schema type outside JSON Schema ("int", "dict"): the general path maps it (beam_sft.schema_types).
-_NONSTANDARD_TYPE = re.compile(rb'"type":"(?!(?:string|integer|number|boolean|array|object|null|function)")')
+# A "type" that is not a JSON Schema type ("int", "dict"): the general path maps it (beam_sft.schema_types).
+_NONSTANDARD_TYPE = re.compile(rb'"type":"(?!(?:function|string|integer|number|boolean|array|object|null)")')
+# Most datasets repeat a few tool lists, so the verdict is kept per serialized list (bounded: cleared when full).
+_TYPES_SEEN: dict[bytes, bool] = {}
+_TYPES_SEEN_MAX, _TYPES_SEEN_MAX_BYTES = 1024, 16384
+
+
+def _standard_types(blob: bytes) -> bool:
+    ok = _TYPES_SEEN.get(blob)
+    if ok is None:
+        ok = _NONSTANDARD_TYPE.search(blob) is None
+        if len(blob) <= _TYPES_SEEN_MAX_BYTES:
+            if len(_TYPES_SEEN) >= _TYPES_SEEN_MAX:
+                _TYPES_SEEN.clear()
+            _TYPES_SEEN[blob] = ok
+    return ok
 
 
 def _fast_args(args: Any) -> dict | None:
@@ -316,6 +330,8 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         return None
     out: list[dict] = []
     append = out.append
+    texts: list[str] = []
+    add_text = texts.append
     n = len(msgs)
     i = 0
     seen_other = False
@@ -328,8 +344,9 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         role = m.get("role")
         if role in _FAST_USER_ROLES:
             content = m.get("content")
-            if type(content) is not str or "<" in content or "```tool" in content or "FUNCTION RESPONSE:" in content:
+            if type(content) is not str:
                 return None
+            add_text(content)
             if role == "user":
                 seen_other = True
             elif seen_other:
@@ -344,14 +361,15 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         seen_other = True
         n_assistant += 1
         reasoning = m.get("reasoning_content")
-        if type(reasoning) is not str or not reasoning or "<" in reasoning or "```tool" in reasoning \
-                or "FUNCTION RESPONSE:" in reasoning:
+        if type(reasoning) is not str or not reasoning:
             return None
+        add_text(reasoning)
         content = m.get("content")
         if content is None:
             content = ""
-        elif type(content) is not str or "<" in content or "```tool" in content or "FUNCTION RESPONSE:" in content:
+        elif type(content) is not str:
             return None
+        add_text(content)
         raw_calls = m.get("tool_calls")
         if not raw_calls:
             if not content:
@@ -392,8 +410,9 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
             return None
         for call, t in zip(calls, msgs[i:k], strict=True):
             content = t.get("content")
-            if type(content) is not str or "<" in content or "```tool" in content or "FUNCTION RESPONSE:" in content:
+            if type(content) is not str:
                 return None
+            add_text(content)
             cid, rid = call.get("id"), t.get("tool_call_id")
             name = call["function"]["name"]
             if cid is None:
@@ -406,6 +425,12 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
                 append({"role": "tool", "name": name, "tool_call_id": cid, "content": content})
         i = k
     if not n_assistant:
+        return None
+    # Every text at once: any "<" (tags, markers), and the tool markup that has none (```tool fences, glaive's
+    # FUNCTION RESPONSE:). One search over the joined texts costs less than one per text; a match made across
+    # two texts only costs the general path, which checks each text on its own.
+    joined = "".join(texts)
+    if "<" in joined or ("`" in joined and "```tool" in joined) or "FUNCTION RESPONSE:" in joined:
         return None
     result: dict[str, Any] = {"messages": out}
     tools = rec.get("tools")
@@ -424,8 +449,10 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
                                            or (params and "type" not in params and "properties" not in params)):
                     return None  # an xLAM parameter map: the general path converts it
             blob = orjson.dumps(tools)
-            if b"<" in blob or (b'"type":"' in blob and _NONSTANDARD_TYPE.search(blob)):
+            if b"<" in blob:
                 return None
+            if not _standard_types(blob):
+                return None  # a type name outside JSON Schema ("int", "dict"): the general path maps it
             result["tools"] = tools
     ck = rec.get("chat_template_kwargs")
     if ck is not None and type(ck) is not dict:
