@@ -14,6 +14,8 @@ from typing import Any
 
 from beam_sft.errors import Reason, RecordError
 
+_SCHEMA_KEYWORDS = frozenset(("type", "properties", "additionalProperties", "required", "anyOf", "oneOf", "allOf",
+                              "$schema", "$defs", "definitions", "$ref"))
 JSON_SCHEMA_TYPES = frozenset(("string", "integer", "number", "boolean", "array", "object", "null"))
 
 _SIMPLE = {
@@ -57,7 +59,7 @@ def json_type(spec: str, depth: int = 0) -> tuple[dict, bool]:
     if depth > 20:
         return {}, optional
     low = s.lower()
-    if low.endswith(", optional") or low.endswith(",optional"):
+    if low.endswith((", optional", ",optional")):
         s, optional = s[:s.rfind(",")].strip(), True
     elif low == "optional":
         return {}, True
@@ -144,7 +146,7 @@ def standardize(schema: Any, depth: int = 0) -> Any:
 def is_xlam_map(params: Any) -> bool:
     """A flat xLAM parameter map rather than a JSON Schema object: no ``type``/``properties`` at the top, and
     every entry an object (a parameter spec)."""
-    return type(params) is dict and bool(params) and "type" not in params and "properties" not in params \
+    return type(params) is dict and bool(params) and _SCHEMA_KEYWORDS.isdisjoint(params) \
         and all(type(v) is dict for v in params.values())
 
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import FORMATS, convert_raw, convert_record, detect
 from beam_sft.formats.toolmarkup import find_markup
-from beam_sft.schema_types import json_type, standardize
 from beam_sft.io import expand_inputs, iter_items, parse_line
+from beam_sft.schema_types import json_type, standardize
 from beam_sft.validate import make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata"
@@ -452,7 +452,7 @@ def test_real_hermes_folder(tok):
         "data-genie__sharegpt_example.json:0": "tool_result_without_call",
         "data-genie__sharegpt_example.json:1": "tool_result_without_call",
     }
-    fenced = dict((k, out) for k, _, out in ok)["data-genie__sharegpt_new_format.json:0"]
+    fenced = {k: out for k, _, out in ok}["data-genie__sharegpt_new_format.json:0"]
     assert [t["function"]["name"] for t in fenced["tools"]] == ["deploy_smart_contract", "execute_contract_automation"]
     assert [m["role"] for m in fenced["messages"]] == ["user", "assistant", "tool", "tool", "assistant"]
     assert sum(_round_trip(tok, out) for _, _, out in ok) == 2

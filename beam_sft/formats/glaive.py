@@ -93,8 +93,7 @@ def convert(rec: Any) -> dict:
     if type(system) is not str:
         raise RecordError(Reason.BAD_CONTENT, f"'system' is a {type(system).__name__}, not a string")
     system = system.strip()
-    if system.startswith("SYSTEM:"):
-        system = system[len("SYSTEM:"):]
+    system = system.removeprefix("SYSTEM:")
     funcs, instructions = _functions(system)
     instructions = strip_boilerplate(instructions)
     messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []

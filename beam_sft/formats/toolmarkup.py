@@ -23,6 +23,7 @@ function here raises only `RecordError`.
 from __future__ import annotations
 
 import ast
+import math
 import re
 from typing import Any
 
@@ -109,7 +110,7 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if value is None or t is str or t is bool or t is int:
         return value
     if t is float:
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise ValueError("NaN or infinity")
         return value
     if t is list or t is tuple:
@@ -243,10 +244,10 @@ _BOILERPLATE = [re.compile(p, re.IGNORECASE) for p in (
     r"You are provided with function signatures within <tools>\s*</tools> XML tags[.:]?",
     r"You may call one or more functions to assist with the user query\.?",
     r"Don'?t make assumptions about what values to plug into functions\.?",
-    r"You are a helpful assistant,? (?:with|who has) access to (?:the following )?functions\.?"
-    r"(?:\s*Use them if required\s*-?)?",
-    r"For each function call,? return a json object with function name and arguments within "
-    r"<tool_call>\s*</tool_call> XML tags(?: as follows)?[.:]?",
+    (r"You are a helpful assistant,? (?:with|who has) access to (?:the following )?functions\.?"
+    r"(?:\s*Use them if required\s*-?)?"),
+    (r"For each function call,? return a json object with function name and arguments within "
+    r"<tool_call>\s*</tool_call> XML tags(?: as follows)?[.:]?"),
     # the format example that follows it, with placeholders instead of values
     r"<tool_call>\s*\{[^\n]*<(?:function-name|args-dict|args-json-object)>[^\n]*\}\s*</tool_call>",
 )] + [re.compile(r"^#\s*Tools[ \t]*$", re.MULTILINE)]

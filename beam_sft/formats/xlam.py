@@ -77,7 +77,7 @@ def _fenced_calls(text: str, i: int) -> list[dict]:
     body = text.strip()
     if body.startswith("```"):
         body = body[3:]
-        body = body[4:] if body.startswith("json") else body
+        body = body.removeprefix("json")
         if body.rstrip().endswith("```"):
             body = body.rstrip()[:-3]
     try:
