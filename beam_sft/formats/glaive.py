@@ -22,8 +22,8 @@ from typing import Any
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import reject_unsupported_record
-from beam_sft.formats.toolmarkup import loads_lenient, strip_boilerplate
-from beam_sft.messages import normalize_tools, record, tool_call
+from beam_sft.formats.toolmarkup import call_from_value, loads_lenient, strip_boilerplate
+from beam_sft.messages import normalize_tools, record
 
 _ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
 _EOT = "<|endoftext|>"
@@ -67,16 +67,7 @@ def _call(body: str, i: int) -> dict:
             raise RecordError(Reason.BAD_TOOL_CALL, f"<functioncall> body is {err}: {body[:80]!r}",
                               message_index=i) from None
         value = {"name": m.group(1), "arguments": m.group(2)}
-    if type(value) is not dict:
-        raise RecordError(Reason.BAD_TOOL_CALL, f"<functioncall> holds a {type(value).__name__}, not an object",
-                          message_index=i)
-    args = value.get("arguments")
-    if args is not None and type(args) not in (dict, str):
-        raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {value.get('name')!r} are a "
-                          f"{type(args).__name__}, not an object", message_index=i)
-    if type(value.get("name")) is not str or not value["name"]:
-        raise RecordError(Reason.BAD_TOOL_CALL, f"<functioncall> without a name: {body[:80]!r}", message_index=i)
-    return tool_call(value["name"], args, message_index=i)
+    return call_from_value(value, body, i, "<functioncall>")
 
 
 def convert(rec: Any) -> dict:

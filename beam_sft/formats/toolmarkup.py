@@ -187,22 +187,25 @@ def _calls_from_body(body: str, i: int | None) -> list[dict]:
     items = value if type(value) is list else [value]
     if not items:
         raise RecordError(Reason.BAD_TOOL_CALL, "<tool_call> block with an empty list", message_index=i)
-    calls = []
-    for item in items:
-        if type(item) is not dict:
-            raise RecordError(Reason.BAD_TOOL_CALL, f"<tool_call> holds a {type(item).__name__}, not a "
-                              "{name, arguments} object", message_index=i)
-        fn = item.get("function") if type(item.get("function")) is dict else item
-        name = fn.get("name")
-        if type(name) is not str or not name:
-            raise RecordError(Reason.BAD_TOOL_CALL, f"<tool_call> without a name: {body[:80]!r}", message_index=i)
-        args = fn.get("arguments", fn.get("parameters"))
-        if args is not None and type(args) not in (dict, str):
-            raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a "
-                              f"{type(args).__name__}, not an object", message_index=i)
-        call_id = item.get("id")
-        calls.append(tool_call(name, args, call_id if type(call_id) is str else None, message_index=i))
-    return calls
+    return [call_from_value(item, body, i) for item in items]
+
+
+def call_from_value(item: Any, body: str, i: int | None, what: str = "<tool_call>") -> dict:
+    """A parsed call body (``{"name", "arguments"}`` in any order, or OpenAI's ``{"function": {...}}``) → a Beam
+    call; `arguments` may be an object or a JSON string. Anything else is `bad_tool_call`."""
+    if type(item) is not dict:
+        raise RecordError(Reason.BAD_TOOL_CALL, f"{what} holds a {type(item).__name__}, not a "
+                          "{name, arguments} object", message_index=i)
+    fn = item.get("function") if type(item.get("function")) is dict else item
+    name = fn.get("name")
+    if type(name) is not str or not name:
+        raise RecordError(Reason.BAD_TOOL_CALL, f"{what} without a name: {body[:80]!r}", message_index=i)
+    args = fn.get("arguments", fn.get("parameters"))
+    if args is not None and type(args) not in (dict, str):
+        raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a "
+                          f"{type(args).__name__}, not an object", message_index=i)
+    call_id = item.get("id")
+    return tool_call(name, args, call_id if type(call_id) is str else None, message_index=i)
 
 
 def _result(body: str) -> tuple[str, str | None]:
