@@ -107,8 +107,8 @@ def _union(args: list[str], depth: int) -> dict:
 def standardize(schema: Any, depth: int = 0) -> Any:
     """A JSON Schema whose ``type`` names outside JSON Schema (``int``, ``dict``, ``List[str]``) are mapped by
     `json_type`, in the schema positions (properties, items, anyOf/oneOf/allOf, additionalProperties). Returns
-    the same object when nothing needed mapping, else a mapped copy; anything that is not a schema is
-    returned as is."""
+    the same object when nothing needed mapping (no copy: the common case costs a walk), else a mapped copy;
+    anything that is not a schema is returned as is."""
     if type(schema) is not dict or depth > 64:
         return schema
     out = None
@@ -122,24 +122,30 @@ def standardize(schema: Any, depth: int = 0) -> Any:
             out["items"] = frag["items"]
     props = schema.get("properties")
     if type(props) is dict:
-        new = {k: standardize(v, depth + 1) for k, v in props.items()}
-        if any(new[k] is not props[k] for k in props):
+        new_props = None
+        for k, v in props.items():
+            mapped = standardize(v, depth + 1)
+            if mapped is not v:
+                if new_props is None:
+                    new_props = dict(props)
+                new_props[k] = mapped
+        if new_props is not None:
             out = out if out is not None else dict(schema)
-            out["properties"] = new
+            out["properties"] = new_props
     for key in ("items", "additionalProperties"):
         sub = schema.get(key)
         if type(sub) is dict:
-            new_sub = standardize(sub, depth + 1)
-            if new_sub is not sub:
+            mapped = standardize(sub, depth + 1)
+            if mapped is not sub:
                 out = out if out is not None else dict(schema)
-                out[key] = new_sub
+                out[key] = mapped
     for key in ("anyOf", "oneOf", "allOf"):
         subs = schema.get(key)
         if type(subs) is list:
-            new_subs = [standardize(s, depth + 1) for s in subs]
-            if any(a is not b for a, b in zip(new_subs, subs)):
+            mapped_list = [standardize(x, depth + 1) for x in subs]
+            if any(a is not b for a, b in zip(mapped_list, subs)):
                 out = out if out is not None else dict(schema)
-                out[key] = new_subs
+                out[key] = mapped_list
     return schema if out is None else out
 
 

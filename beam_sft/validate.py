@@ -31,7 +31,8 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
    Everything above mirrors what the template raises for, so this is a safety net.
 
 Message indexes in errors refer to the record as the caller gave it (converters pass a map from Beam
-messages back to their source messages).
+messages back to their source messages, ``_src``; ``_no_markup`` says they already searched every text for
+tool markup and found none).
 """
 
 from __future__ import annotations
@@ -89,14 +90,31 @@ def _text_error(text: Any, where: str, i: int) -> RecordError | None:
     return None
 
 
-def _check_markup(text: Any, where: str, i: int) -> None:
+def _check_markup(out: list[dict], msgs: list, src) -> None:
     """Tool-call or result markup left in a text after conversion: trained on, it would teach the model to
-    write fake calls as text. Tags quoted in prose are allowed (`beam_sft.formats.toolmarkup`)."""
-    if type(text) is str and may_have_markup(text):
-        tag = find_markup(text)
-        if tag:
-            raise RecordError(Reason.TOOL_MARKUP_IN_TEXT, f"{where} holds the tool markup {tag!r} as text "
-                              "(a call or result that was not converted)", message_index=i)
+    write fake calls as text. Tags quoted in prose are allowed (`beam_sft.formats.toolmarkup`).
+
+    One cheap search over all texts of the record; only when it finds a candidate are the input messages
+    searched one by one, to name the message (a candidate made across two texts is no match)."""
+    parts = []
+    for m in out:
+        text = m.get("content")
+        if text:
+            parts.append(text)
+        if m["role"] == "assistant" and m["reasoning_content"]:
+            parts.append(m["reasoning_content"])
+    if not may_have_markup("".join(parts)):
+        return
+    for i, m in enumerate(msgs):
+        if type(m) is not dict:
+            continue
+        for key in ("content", "reasoning_content", "reasoning", "thinking"):
+            text = m.get(key)
+            tag = find_markup(text) if type(text) is str else None
+            if tag:
+                where = "reasoning" if key != "content" else f"{m.get('role')} content"
+                raise RecordError(Reason.TOOL_MARKUP_IN_TEXT, f"{where} holds the tool markup {tag!r} as text "
+                                  "(a call or result that was not converted)", message_index=_idx(src, i))
 
 
 def _check_value(value: Any, name: str, where: str, i: int) -> None:
@@ -154,7 +172,6 @@ def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: 
             err = _text_error(content, "tool result", _idx(src, ri))
             if err:
                 raise err
-        _check_markup(content, "tool result", _idx(src, ri))
     if len(calls) == 1 and k - j == 1:  # the common case: one call, one result
         c, r = calls[0], msgs[j]
         cid, rid = c.get("id"), r.get("tool_call_id")
@@ -266,6 +283,7 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     """
     opts = options or DEFAULT_OPTIONS
     src = rec.pop("_src", None)
+    no_markup = rec.pop("_no_markup", False)  # the converter already searched every text for tool markup
     msgs = rec.get("messages")
     if type(msgs) is not list or not msgs:
         raise RecordError(Reason.EMPTY_CONVERSATION, "no messages")
@@ -304,8 +322,6 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
                 err = _text_error(content, "assistant content", at)
                 if err:
                     raise err
-            _check_markup(reasoning, "reasoning", at)
-            _check_markup(content, "assistant content", at)
             if calls:
                 _check_calls(calls, at)
                 if content:
@@ -339,7 +355,6 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
                 err = _text_error(content, f"{role} content", _idx(src, i))
                 if err:
                     raise err
-            _check_markup(content, f"{role} content", _idx(src, i))
             if role == "user":
                 seen_other = True
                 out.append(m)
@@ -363,6 +378,8 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     if late:
         out[n_head:n_head] = late
         _bump(counters, "moved_system", len(late))
+    if not no_markup:
+        _check_markup(out, msgs, src)
 
     result: dict[str, Any] = {"messages": out}
     tools = rec.get("tools")

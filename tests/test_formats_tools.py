@@ -559,3 +559,19 @@ def test_python_type_names_in_openai_schemas_are_mapped_on_both_paths():
         "type": "object", "properties": {"n": {"type": "integer"}, "xs": {"type": "array", "items": {"type": "string"}}},
         "required": ["n"]}
     assert standardize(WEATHER["function"]["parameters"]) is WEATHER["function"]["parameters"]  # untouched, no copy
+
+
+def test_validate_alone_names_the_message_with_markup_and_ignores_matches_across_texts():
+    from beam_sft.validate import validate
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "reasoning_content": "x", "content": "ok"}, {"role": "user", "content": "more"},
+            {"role": "assistant", "reasoning_content": "<tool_call>\n{\"name\": \"f\"}\n</tool_call>", "content": "ok"}]
+    with pytest.raises(RecordError) as info:
+        validate({"messages": json.loads(json.dumps(msgs))})
+    assert info.value.code is Reason.TOOL_MARKUP_IN_TEXT and info.value.message_index == 4
+    assert "reasoning" in info.value.message
+    # "``" ending one text and "`tool_call" starting the next make "```tool_call" only once joined
+    split = [{"role": "user", "content": "Quote ``"}, {"role": "assistant", "reasoning_content": "r",
+                                                      "content": "`tool_call` is a word"}]
+    assert validate({"messages": split})["messages"][1]["content"] == "`tool_call` is a word"

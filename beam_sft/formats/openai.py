@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.toolmarkup import lift, needs_lift
+from beam_sft.formats.toolmarkup import lift, scan
 from beam_sft.messages import (
     EFFORT_LABELS,
     normalize_tools,
@@ -250,7 +250,7 @@ def convert(rec: Any) -> dict:
     if tools is None and rec.get("functions"):
         tools = normalize_tools(rec["functions"])
     messages, tools, src = convert_messages(msgs, tools)
-    hermes = needs_lift(messages)
+    markup, hermes = scan(messages)
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
         messages, tools, src = lift(messages, tools, src)
     beam = beam_record(messages, tools, record_kwargs(rec))
@@ -258,6 +258,8 @@ def convert(rec: Any) -> dict:
         beam["_src"] = src
     if hermes:
         beam["_format"] = "hermes"
+    elif not markup:
+        beam["_no_markup"] = True  # validate need not search again
     return beam
 
 
@@ -427,10 +429,11 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
     if not n_assistant:
         return None
     # Every text at once: any "<" (tags, markers), and the tool markup that has none (```tool fences, glaive's
-    # FUNCTION RESPONSE:). One search over the joined texts costs less than one per text; a match made across
-    # two texts only costs the general path, which checks each text on its own.
+    # FUNCTION RESPONSE:), gated by one-character searches (toolmarkup.may_have_markup says why). One search
+    # over the joined texts costs less than one per text; a match made across two texts only costs the general
+    # path, which checks each text on its own.
     joined = "".join(texts)
-    if "<" in joined or ("`" in joined and "```tool" in joined) or "FUNCTION RESPONSE:" in joined:
+    if "<" in joined or ("`" in joined and "```tool" in joined) or ("U" in joined and "FUNCTION RESPONSE:" in joined):
         return None
     result: dict[str, Any] = {"messages": out}
     tools = rec.get("tools")

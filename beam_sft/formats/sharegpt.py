@@ -29,7 +29,7 @@ import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import record_kwargs, reject_unsupported_record
-from beam_sft.formats.toolmarkup import lift, needs_lift
+from beam_sft.formats.toolmarkup import lift, scan
 from beam_sft.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
 from beam_sft.messages import record as beam_record
 
@@ -106,7 +106,7 @@ def convert(rec: Any) -> dict:
             raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=i)
     src = [None, *range(len(conv))] if system else None
     tools = normalize_tools(rec.get("tools"))
-    hermes = needs_lift(out)
+    markup, hermes = scan(out)
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
         out, tools, src = lift(out, tools, src)
     beam = beam_record(out, tools, record_kwargs(rec))
@@ -114,4 +114,6 @@ def convert(rec: Any) -> dict:
         beam["_src"] = src
     if hermes:
         beam["_format"] = "hermes"
+    elif not markup:
+        beam["_no_markup"] = True  # validate need not search again
     return beam
