@@ -239,6 +239,11 @@ def _standard_types(tool: dict) -> dict:
     fn = tool["function"]
     params = fn.get("parameters")
     new = parameters_schema(params, fn["name"]) if is_xlam_map(params) else standardize(params)
+    required = fn.get("required")
+    if type(required) is list and type(new) is dict and "required" not in new:
+        # xLAM-derived exports put `required` next to `parameters`, where the template never looks
+        new = {**new, "required": required}
+        fn = {k: v for k, v in fn.items() if k != "required"}
     return tool if new is params else {**tool, "function": {**fn, "parameters": new}}
 
 

@@ -115,11 +115,14 @@ def standardize(schema: Any, depth: int = 0) -> Any:
     t = schema.get("type")
     if type(t) is str and t not in JSON_SCHEMA_TYPES:
         frag, _ = json_type(t)
-        out = {k: v for k, v in schema.items() if k != "type"}
-        if "type" in frag:
-            out["type"] = frag["type"]
-        if "items" in frag and "items" not in out:
-            out["items"] = frag["items"]
+        out = {}
+        for k, v in schema.items():  # key order kept
+            if k != "type":
+                out[k] = v
+            elif "type" in frag:
+                out["type"] = frag["type"]
+                if "items" in frag and "items" not in schema:
+                    out["items"] = frag["items"]
     props = schema.get("properties")
     if type(props) is dict:
         new_props = None

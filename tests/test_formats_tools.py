@@ -575,3 +575,15 @@ def test_validate_alone_names_the_message_with_markup_and_ignores_matches_across
     split = [{"role": "user", "content": "Quote ``"}, {"role": "assistant", "reasoning_content": "r",
                                                       "content": "`tool_call` is a word"}]
     assert validate({"messages": split})["messages"][1]["content"] == "`tool_call` is a word"
+
+
+def test_required_next_to_parameters_moves_inside_on_both_paths():
+    from beam_sft.formats.openai import fast_convert
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}}, "required": ["q"]}}
+    rec = {**json.loads(json.dumps(PLAIN)), "tools": [tool]}
+    assert fast_convert(rec) is None
+    fn = conv(rec, "openai")["tools"][0]["function"]
+    assert fn == {"name": "f", "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
+                                              "required": ["q"]}}

@@ -445,7 +445,7 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
                 if type(t) is not dict or t.get("type") != "function":
                     return None
                 fn = t.get("function")
-                if type(fn) is not dict or type(fn.get("name")) is not str or not fn["name"]:
+                if type(fn) is not dict or type(fn.get("name")) is not str or not fn["name"] or "required" in fn:
                     return None
                 params = fn.get("parameters")
                 if params is not None and (type(params) is not dict
