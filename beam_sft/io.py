@@ -171,11 +171,16 @@ def _read_json(src: Source, max_bytes: int | None) -> Iterator[Item]:
             reason, msg = Reason.INVALID_UTF8, f"invalid UTF-8 at byte {uerr.start}"
         yield Item(src.name, 0, False, None, error=RecordError(reason, f"whole file: {msg}"))
         return
-    # One conversation: an object, or a bare list of messages (role-keyed dicts without a conversation key).
+    # One conversation: an object, or a bare list of messages (role-keyed or from/value dicts without a
+    # conversation key).
     if isinstance(doc, list) and doc and all(
         isinstance(m, dict) and "role" in m and "messages" not in m and "conversations" not in m for m in doc
     ):
         doc = {"messages": doc}
+    elif isinstance(doc, list) and doc and all(
+        isinstance(m, dict) and "from" in m and "value" in m and "conversations" not in m for m in doc
+    ):
+        doc = {"conversations": doc}  # the same for ShareGPT turns
     records = doc if isinstance(doc, list) else [doc]
     for i, rec in enumerate(records):
         yield Item(src.name, i, False, rec, error=_too_large(rec, max_bytes))

@@ -1,4 +1,5 @@
-"""`beam-sft convert` / `convert-dataset`: turn OpenAI, ShareGPT or gpt-oss Harmony datasets into Beam records.
+"""`beam-sft convert` / `convert-dataset`: turn OpenAI, ShareGPT, gpt-oss Harmony, Hermes/Qwen-tag, glaive-v2 or
+xLAM datasets into Beam records.
 
     convert-dataset data/samples/openai.jsonl -o /tmp/beam.jsonl
     convert-dataset data/samples/*.json* --format auto -o /tmp/beam.parquet --rejects /tmp/rejects.jsonl \\
