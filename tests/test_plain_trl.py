@@ -35,7 +35,8 @@ def converted(tmp_path_factory):
     from beam_sft.cli.convert import main as convert_main
 
     root = tmp_path_factory.mktemp("plain_trl")
-    inputs = [str(SAMPLES), str(REAL / "openai"), str(REAL / "sharegpt"), str(REAL / "harmony")]
+    inputs = [str(SAMPLES), *(str(REAL / name) for name in ("openai", "sharegpt", "harmony", "hermes", "xlam_like",
+                                                          "reasoning"))]
     for name in OUTPUTS.values():
         assert convert_main([*inputs, "-o", str(root / name), "-q"]) == 0
     records = [orjson.loads(line) for line in (root / OUTPUTS["jsonl"]).read_bytes().splitlines()]
