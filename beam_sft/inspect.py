@@ -98,7 +98,7 @@ def load_records(
             reject["index"] = position
             rejects.append(reject)
             continue
-        except Exception as exc:  # noqa: BLE001 - a converter bug costs this record, not the whole view
+        except Exception as exc:  # a converter bug costs this record, not the whole view
             if os.environ.get("BEAM_SFT_DEBUG"):
                 raise
             reject = internal_error(exc).with_provenance(item.source, item.position).to_dict()
@@ -566,7 +566,7 @@ def dataset_stats(
         batch = list(records[start : start + batch_size])
         try:
             encoded = encoder.encode(batch)
-        except Exception as batch_err:  # noqa: BLE001 - unexpected errors are isolated record by record too
+        except Exception as batch_err:  # unexpected errors are isolated record by record too
             if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
                 raise
             encoded = []
@@ -575,7 +575,7 @@ def dataset_stats(
                     encoded.append(encoder.encode([record])[0])
                 except RecordError as err:
                     encoded.append(err)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - an encoder bug costs this record only
                     encoded.append(internal_error(exc))
         for offset, full in enumerate(encoded):
             index = start + offset

@@ -197,7 +197,7 @@ from beam_sft.cli import main
 sys.exit(main(["convert", {str(SAMPLES / "openai.jsonl")!r}, "-o", {str(out)!r}, "--rejects", {str(rej)!r},
                "--format", "openai", "-q", "--render-check", "none"]))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "BEAM_SFT_DEBUG": "", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 3, proc.stderr
     assert "warning:" in proc.stderr and "KeyError: 'injected'" in proc.stderr

@@ -330,7 +330,7 @@ def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypa
     short = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
     three = '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, ' \
             '{"role": "assistant", "content": "yo"}]}'
-    beam.write_text("\n".join([short, three, short]) + "\n", encoding="utf-8")
+    beam.write_text(f"{short}\n{three}\n{short}\n", encoding="utf-8")
     stats = ins.dataset_stats(load_tokenizer(), ins.load_records(str(beam), format="beam").records)
     assert stats.records == 2 and stats.rejected_reasons == {"internal_error": 1} and stats.internal_errors == [1]
     assert cli_main(["inspect", str(beam), "--format", "beam", "--stats", "-n", "3"]) == 3

@@ -131,7 +131,7 @@ def run(args) -> int:
         except RecordError as err:
             print(f"record {position}: {err}", file=sys.stderr)
             continue
-        except Exception as exc:  # noqa: BLE001 - one record's bug must not hide the others
+        except Exception as exc:  # one record's bug must not hide the others
             if os.environ.get("BEAM_SFT_DEBUG"):
                 raise
             print(f"record {position}: {internal_error(exc)}", file=sys.stderr)
