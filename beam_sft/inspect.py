@@ -27,7 +27,6 @@ import html
 import math
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -675,14 +674,7 @@ def stats_html(stats: DatasetStats) -> str:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same directory and a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write `text` to `path` atomically (`beam_sft.io.atomic_output`: umask permissions, no partial file)."""
+    from beam_sft.io import write_bytes_atomic
+
+    write_bytes_atomic(path, text.encode("utf-8"))

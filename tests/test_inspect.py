@@ -288,7 +288,7 @@ def test_cli_stats_and_html(tmp_path, capsys):
     assert "trained tokens" in out and "truncated by max_length" in out and "length histogram" in out
     page = out_html.read_text(encoding="utf-8")
     assert "<h2>Dataset</h2>" in page and 'class="tok t0' in page
-    assert not list(tmp_path.glob(".tmp-*"))  # written atomically, nothing left behind
+    assert not list(tmp_path.glob(".*beam-tmp*"))  # written atomically, nothing left behind
 
 
 def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypatch):
