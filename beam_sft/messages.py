@@ -52,6 +52,48 @@ EFFORT_LABELS = frozenset(("minimal", "low", "medium", "high", "xhigh", "max"))
 
 _THINK_OPEN = re.compile(r"^\s*<(think|thinking|reasoning)>", re.IGNORECASE)
 
+# How deep a free-form JSON value (tool-call arguments, a tool schema, a template kwarg) may nest. The template
+# renders schemas recursively (Jinja fails somewhere past 100 levels) and orjson writes at most 255; real
+# schemas and arguments stay far below this.
+MAX_JSON_DEPTH = 64
+
+
+def nests_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `value` has containers nested more than `limit` deep. Iterative: hostile input can't exhaust
+    the stack."""
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, depth = pop()
+        t = type(v)
+        if t is dict or t is list:
+            if depth > limit:
+                return True
+            for item in (v.values() if t is dict else v):
+                if type(item) is dict or type(item) is list:
+                    push((item, depth + 1))
+    return False
+
+
+_TOOLS_DEPTH_OK: dict[bytes, bool] = {}  # datasets repeat one tool list in every record: check each list once
+
+
+def tools_json(tools: list) -> bytes:
+    """The tool list as JSON bytes, or `RecordError` (``bad_tool_schema``) when it can't be written as JSON or
+    nests deeper than `MAX_JSON_DEPTH`."""
+    try:
+        blob = orjson.dumps(tools)
+    except orjson.JSONEncodeError as err:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool schemas can't be written as JSON ({err})") from None
+    ok = _TOOLS_DEPTH_OK.get(blob)
+    if ok is None:
+        if len(_TOOLS_DEPTH_OK) > 256:
+            _TOOLS_DEPTH_OK.clear()
+        ok = _TOOLS_DEPTH_OK[blob] = not nests_deeper(tools, MAX_JSON_DEPTH + 1)
+    if not ok:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool schemas nest deeper than {MAX_JSON_DEPTH} levels")
+    return blob
+
 
 def find_marker(text: str) -> str | None:
     """The first Harmony marker inside `text`, or None.
@@ -110,6 +152,9 @@ def text_of(content: Any, *, message_index: int | None = None, what: str = "cont
                 raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} is a {type(part).__name__}, not an object",
                                   message_index=message_index)
             ptype = part.get("type", "text")
+            if type(ptype) is not str:
+                raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} has a type that is a {type(ptype).__name__}, "
+                                  "not a string", message_index=message_index)
             if ptype in _TEXT_PART_TYPES:
                 text = part.get("text", part.get("value"))
                 if not isinstance(text, str):
@@ -127,10 +172,13 @@ def text_of(content: Any, *, message_index: int | None = None, what: str = "cont
 
 def tool_content(content: Any, *, message_index: int | None = None) -> str:
     """A tool result as text: strings and text parts as is, any other JSON value serialized."""
-    if isinstance(content, (dict, int, float, bool)) and content is not None:
-        return orjson.dumps(content).decode()
-    if isinstance(content, list) and content and not all(isinstance(p, dict) and "type" in p for p in content):
-        return orjson.dumps(content).decode()
+    if isinstance(content, (dict, int, float, bool)) or (
+            isinstance(content, list) and content and not all(isinstance(p, dict) and "type" in p for p in content)):
+        try:
+            return orjson.dumps(content).decode()
+        except orjson.JSONEncodeError as err:
+            raise RecordError(Reason.BAD_CONTENT, f"tool result can't be written as JSON text ({err})",
+                              message_index=message_index) from None
     return text_of(content, message_index=message_index)
 
 
@@ -167,6 +215,9 @@ def tool_call(name: Any, arguments: Any, call_id: Any = None, *, message_index: 
         arguments = parse_arguments(arguments, message_index=message_index, name=name)
     if call_id is None or call_id == "":
         return {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if type(call_id) is not str and type(call_id) is not int:
+        raise RecordError(Reason.BAD_CONTENT, f"tool call id is a {type(call_id).__name__}, not a string",
+                          message_index=message_index)
     return {"id": call_id if type(call_id) is str else str(call_id), "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
@@ -196,7 +247,8 @@ def normalize_tool(tool: Any, *, index: int = 0) -> dict:
         fn = tool.get("function")
         if type(fn) is dict and type(fn.get("name")) is str and fn["name"]:
             params = fn.get("parameters")
-            if params is None or type(params) is dict:
+            desc = fn.get("description")
+            if (params is None or type(params) is dict) and (desc is None or type(desc) is str):
                 return tool
     if not isinstance(tool, dict):
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] is a {type(tool).__name__}, not an object")
@@ -207,6 +259,10 @@ def normalize_tool(tool: Any, *, index: int = 0) -> dict:
     if params is not None and not isinstance(params, dict):
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): parameters is a "
                           f"{type(params).__name__}, not an object")
+    desc = fn.get("description")
+    if desc is not None and type(desc) is not str:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): description is a "
+                          f"{type(desc).__name__}, not a string")
     if fn is tool or tool.get("type") != "function":
         return {"type": "function", "function": fn}
     return tool
