@@ -152,7 +152,10 @@ def _read_jsonl(src: Source, max_bytes: int | None) -> Iterator[Item]:
 def _too_large(obj: Any, max_bytes: int | None) -> RecordError | None:
     if max_bytes is None:
         return None
-    size = len(orjson.dumps(obj, default=str))
+    try:
+        size = len(orjson.dumps(obj, default=str))
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes: the converters reject it with a reason
+        return None
     if size > max_bytes:
         return RecordError(Reason.RECORD_TOO_LARGE, f"{size} bytes as JSON, over the limit of {max_bytes}")
     return None

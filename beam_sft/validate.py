@@ -19,15 +19,20 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
 6. **Text**: any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
    ``harmony_marker_in_text``; ``</rfl:parameter>`` inside an argument value →
    ``parameter_close_tag_in_argument``; arguments that are not an object → ``arguments_not_object``; an
-   argument name the XML attribute can't hold (``"``, ``<``, ``>``) → ``bad_arguments_json``.
+   argument name the XML attribute can't hold (``"``, ``<``, ``>``), or an argument nested deeper than
+   ``MAX_JSON_DEPTH`` → ``bad_arguments_json``; a call or result id that isn't a string → ``bad_content``.
 7. **Turns**: no assistant message → ``no_assistant_turn``; an assistant message with neither content nor calls
    → ``bad_content`` (it would train an empty answer). An assistant message without reasoning is kept with
    an empty analysis by default (Beam always reasons, so the statistics count these) or rejected with
    ``Options(missing_reasoning="reject")`` → ``missing_reasoning``.
-8. ``chat_template_kwargs.reasoning_effort`` must be a Beam label or an int → ``bad_template_kwargs``.
+8. ``chat_template_kwargs.reasoning_effort`` must be a Beam label or an int, ``model_identity`` a string, and
+   nothing may nest deeper than ``MAX_JSON_DEPTH`` → ``bad_template_kwargs``; ``tools`` must be a list of
+   function schemas (name a string, parameters an object, description a string) that JSON can write, nested
+   at most ``MAX_JSON_DEPTH`` → ``bad_tool_schema``.
 9. Finally, when ``Options.render_check`` is set, the record is rendered; any failure → ``render_failed``.
    Everything above mirrors what the template raises for, so this is a safety net.
 
+Any JSON value is accepted as input: whatever its types, the outcome is a record or a `RecordError`.
 Message indexes in errors refer to the record as the caller gave it (converters pass a map from Beam
 messages back to their source messages).
 """
