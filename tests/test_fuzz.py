@@ -396,12 +396,12 @@ def test_huge_and_empty_containers():
 
 
 @fuzz_settings(ci=6, long=200)
-@given(st.lists(any_record, min_size=5, max_size=40), st.sampled_from([1, 2]))
-def test_cli_on_a_file_of_hostile_records(tmp_path_factory, records, num_proc):
+@given(st.lists(any_record, min_size=5, max_size=40), st.sampled_from([1, 2]), st.sampled_from(["jsonl", "parquet"]))
+def test_cli_on_a_file_of_hostile_records(tmp_path_factory, records, num_proc, kind):
     from beam_sft.cli.convert import main
 
     tmp = tmp_path_factory.mktemp("fuzz")
-    src, out, rej, stats = tmp / "in.jsonl", tmp / "out.jsonl", tmp / "rej.jsonl", tmp / "stats.json"
+    src, out, rej, stats = tmp / "in.jsonl", tmp / f"out.{kind}", tmp / "rej.jsonl", tmp / "stats.json"
     with open(src, "wb") as f:
         f.writelines(orjson.dumps(r) + b"\n" for r in records)
         f.write(b"{not json\n")
@@ -410,11 +410,16 @@ def test_cli_on_a_file_of_hostile_records(tmp_path_factory, records, num_proc):
     st_ = json.loads(stats.read_text())
     rejects = [orjson.loads(line) for line in rej.read_bytes().splitlines()]
     assert code == 0, [r for r in rejects if r["reason"] == "internal_error"]
-    n_out = len(out.read_bytes().splitlines())
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        n_out = pq.read_metadata(out).num_rows
+    else:
+        n_out = len(out.read_bytes().splitlines())
+        for line in out.read_bytes().splitlines():
+            RENDER(orjson.loads(line))
     assert st_["records_in"] == len(records) + 1 == n_out + len(rejects)
     assert st_["records_out"] == n_out and st_["rejected_total"] == len(rejects)
-    for line in out.read_bytes().splitlines():
-        RENDER(orjson.loads(line))
 
 
 def test_cli_deep_record_in_a_json_file_with_a_size_limit(tmp_path, capsys):
