@@ -124,7 +124,7 @@ _NO_DEFAULT = object()
 
 
 # Types nest by recursion (objects, parentheses, unions, Array<>): deeper than this is an error, not a crash.
-MAX_NESTING = 48
+MAX_NESTING = 100
 
 
 class _Parser:
