@@ -75,7 +75,9 @@ def nests_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-_TOOLS_DEPTH_OK: dict[bytes, bool] = {}  # datasets repeat one tool list in every record: check each list once
+# Datasets repeat one tool list in every record: each distinct list (by its JSON) is checked once. The value
+# says whether the list is fine as it is (True) or nests too deep (False).
+_TOOLS_CHECKED: dict[bytes, bool] = {}
 
 
 def tools_json(tools: list) -> bytes:
@@ -85,14 +87,34 @@ def tools_json(tools: list) -> bytes:
         blob = orjson.dumps(tools)
     except orjson.JSONEncodeError as err:
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool schemas can't be written as JSON ({err})") from None
-    ok = _TOOLS_DEPTH_OK.get(blob)
+    ok = _TOOLS_CHECKED.get(blob)
     if ok is None:
-        if len(_TOOLS_DEPTH_OK) > 256:
-            _TOOLS_DEPTH_OK.clear()
-        ok = _TOOLS_DEPTH_OK[blob] = not nests_deeper(tools, MAX_JSON_DEPTH + 1)
+        ok = not nests_deeper(tools, MAX_JSON_DEPTH + 1)
+        if ok and all(normalize_tool(t, index=k) is t for k, t in enumerate(tools)):
+            _remember(blob, True)
+        elif not ok:
+            _remember(blob, False)
     if not ok:
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool schemas nest deeper than {MAX_JSON_DEPTH} levels")
     return blob
+
+
+def _remember(blob: bytes, ok: bool) -> None:
+    if len(_TOOLS_CHECKED) > 256:
+        _TOOLS_CHECKED.clear()
+    _TOOLS_CHECKED[blob] = ok
+
+
+def checked_tools(tools: Any) -> tuple[list, bytes]:
+    """A record's tool list, normalized (`normalize_tool`) and checked (`tools_json`), with its JSON; a list seen
+    before costs one serialization and one lookup."""
+    if type(tools) is not list:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(tools).__name__}, not a list")
+    blob = tools_json(tools)
+    if _TOOLS_CHECKED.get(blob) is not True:  # not known to be in shape: normalize (raises for a bad schema)
+        tools = [normalize_tool(t, index=k) for k, t in enumerate(tools)]
+        blob = tools_json(tools)
+    return tools, blob
 
 
 def find_marker(text: str) -> str | None:

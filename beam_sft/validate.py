@@ -49,10 +49,9 @@ from beam_sft.messages import (
     EFFORT_LABELS,
     MAX_JSON_DEPTH,
     PARAMETER_CLOSE_TAG,
+    checked_tools,
     find_marker,
     nests_deeper,
-    normalize_tool,
-    tools_json,
 )
 
 LATE_SYSTEM_CHOICES = ("reject", "move")
@@ -386,10 +385,7 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     result: dict[str, Any] = {"messages": out}
     tools = rec.get("tools")
     if tools:
-        if type(tools) is not list:
-            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(tools).__name__}, not a list")
-        tools = [normalize_tool(t, index=k) for k, t in enumerate(tools)]
-        blob = tools_json(tools)
+        tools, blob = checked_tools(tools)
         if b"<|" in blob:
             marker = find_marker(blob.decode())
             if marker:
