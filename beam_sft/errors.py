@@ -39,6 +39,8 @@ class Reason(StrEnum):
     RECORD_TOO_LARGE = "record_too_large"
     RENDER_FAILED = "render_failed"
     BAD_TEMPLATE_KWARGS = "bad_template_kwargs"
+    TOOL_MARKUP_IN_TEXT = "tool_markup_in_text"
+    BAD_TOOL_CALL = "bad_tool_call"
     INTERNAL_ERROR = "internal_error"
 
 

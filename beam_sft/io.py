@@ -18,7 +18,8 @@ does the same for any other writer), with the permissions the umask gives any ne
 killed run are removed by the next run on the same output (`remove_stale_temporaries`). In Arrow outputs
 the free-form parts — tool-call ``arguments``, ``tools`` and ``chat_template_kwargs`` — use the `datasets`
 ``Json`` feature, so records with different argument keys don't turn into one struct padded with nulls;
-`datasets` decodes them back to dicts on load. ``chat_template_kwargs`` is always an object (``{}`` when
+`datasets` decodes them back to dicts on load. Every output, JSONL included, has all three keys on every row
+(`beam_sft.formats.to_row`): ``tools`` null or a list, ``chat_template_kwargs`` always an object (``{}`` when
 the record has none), since TRL unpacks it with ``**``.
 """
 
@@ -177,11 +178,16 @@ def _read_json(src: Source, max_bytes: int | None) -> Iterator[Item]:
             reason, msg = Reason.INVALID_UTF8, f"invalid UTF-8 at byte {uerr.start}"
         yield Item(src.name, 0, False, None, error=RecordError(reason, f"whole file: {msg}"))
         return
-    # One conversation: an object, or a bare list of messages (role-keyed dicts without a conversation key).
+    # One conversation: an object, or a bare list of messages (role-keyed or from/value dicts without a
+    # conversation key).
     if isinstance(doc, list) and doc and all(
         isinstance(m, dict) and "role" in m and "messages" not in m and "conversations" not in m for m in doc
     ):
         doc = {"messages": doc}
+    elif isinstance(doc, list) and doc and all(
+        isinstance(m, dict) and "from" in m and "value" in m and "conversations" not in m for m in doc
+    ):
+        doc = {"conversations": doc}  # the same for ShareGPT turns
     records = doc if isinstance(doc, list) else [doc]
     for i, rec in enumerate(records):
         yield Item(src.name, i, False, rec, error=_too_large(rec, max_bytes))

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
+from beam_sft.schema_types import is_xlam_map, parameters_schema, standardize
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 INSTRUCTION_ROLES = frozenset(("system", "developer"))
@@ -307,7 +308,21 @@ def normalize_tools(tools: Any) -> list[dict] | None:
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(tools).__name__}, not a list")
     if not tools:
         return None
-    return [normalize_tool(t, index=i) for i, t in enumerate(tools)]
+    return [_standard_types(normalize_tool(t, index=i)) for i, t in enumerate(tools)]
+
+
+def _standard_types(tool: dict) -> dict:
+    """Python / xLAM type names (``int``, ``dict``) in the parameters, or a whole xLAM parameter map → JSON
+    Schema (`schema_types`)."""
+    fn = tool["function"]
+    params = fn.get("parameters")
+    new = parameters_schema(params, fn["name"]) if is_xlam_map(params) else standardize(params)
+    required = fn.get("required")
+    if type(required) is list and type(new) is dict and "required" not in new:
+        # xLAM-derived exports put `required` next to `parameters`, where the template never looks
+        new = {**new, "required": required}
+        fn = {k: v for k, v in fn.items() if k != "required"}
+    return tool if new is params else {**tool, "function": {**fn, "parameters": new}}
 
 
 def fold_content_into_reasoning(message: dict) -> bool:

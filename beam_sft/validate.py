@@ -16,7 +16,9 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
    A result with no call → ``tool_result_without_call``; a call whose result is missing while the
    conversation goes on → ``call_without_result``; two calls with one id in a message → ``duplicate_call_id``.
    Calls that end the conversation need no results (a trajectory cut at the call trains the call itself).
-6. **Text**: any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
+6. **Text**: tool-call or result markup still in a text (``<tool_call>``, ``<tool_response>``, ``<tools>``,
+   ``<functioncall>``, ``FUNCTION RESPONSE:``, a ```` ```tool_call ```` fence) that is not quoted in prose →
+   ``tool_markup_in_text`` (the rule: `beam_sft.formats.toolmarkup`); any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
    ``harmony_marker_in_text``; ``</rfl:parameter>`` inside an argument value →
    ``parameter_close_tag_in_argument``; arguments that are not an object → ``arguments_not_object``; an
    argument name the XML attribute can't hold (``"``, ``<``, ``>``), or an argument nested deeper than
@@ -34,7 +36,8 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
 
 Any JSON value is accepted as input: whatever its types, the outcome is a record or a `RecordError`.
 Message indexes in errors refer to the record as the caller gave it (converters pass a map from Beam
-messages back to their source messages).
+messages back to their source messages, ``_src``; ``_no_markup`` says they already searched every text for
+tool markup and found none).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError
+from beam_sft.formats.toolmarkup import find_markup, may_have_markup
 from beam_sft.messages import (
     EFFORT_LABELS,
     MAX_JSON_DEPTH,
@@ -94,6 +98,33 @@ def _text_error(text: Any, where: str, i: int) -> RecordError | None:
         return RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"{where} contains the Harmony marker {marker}",
                            message_index=i)
     return None
+
+
+def _check_markup(out: list[dict], msgs: list, src) -> None:
+    """Tool-call or result markup left in a text after conversion: trained on, it would teach the model to
+    write fake calls as text. Tags quoted in prose are allowed (`beam_sft.formats.toolmarkup`).
+
+    One cheap search over all texts of the record; only when it finds a candidate are the input messages
+    searched one by one, to name the message (a candidate made across two texts is no match)."""
+    parts = []
+    for m in out:
+        text = m.get("content")
+        if text:
+            parts.append(text)
+        if m["role"] == "assistant" and m["reasoning_content"]:
+            parts.append(m["reasoning_content"])
+    if not may_have_markup("".join(parts)):
+        return
+    for i, m in enumerate(msgs):
+        if type(m) is not dict:
+            continue
+        for key in ("content", "reasoning_content", "reasoning", "thinking"):
+            text = m.get(key)
+            tag = find_markup(text) if type(text) is str else None
+            if tag:
+                where = "reasoning" if key != "content" else f"{m.get('role')} content"
+                raise RecordError(Reason.TOOL_MARKUP_IN_TEXT, f"{where} holds the tool markup {tag!r} as text "
+                                  "(a call or result that was not converted)", message_index=_idx(src, i))
 
 
 def _check_value(value: Any, name: str, where: str, i: int, depth: int = 2) -> None:
@@ -287,6 +318,7 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     if type(rec) is not dict:
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
     src = rec.pop("_src", None)
+    no_markup = rec.pop("_no_markup", False)  # the converter already searched every text for tool markup
     msgs = rec.get("messages")
     if type(msgs) is not list or not msgs:
         raise RecordError(Reason.EMPTY_CONVERSATION, "no messages")
@@ -381,6 +413,8 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     if late:
         out[n_head:n_head] = late
         _bump(counters, "moved_system", len(late))
+    if not no_markup:
+        _check_markup(out, msgs, src)
 
     result: dict[str, Any] = {"messages": out}
     tools = rec.get("tools")

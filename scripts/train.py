@@ -5,7 +5,7 @@
 
 Data: Beam records written by `convert-dataset` (.jsonl / .parquet / a directory / a `save_to_disk`
 dataset / a hub id), or raw OpenAI, ShareGPT or Harmony files, converted on the fly by the same converters
-(`--dataset_format auto|beam|openai|sharegpt|harmony`). Masks come from the chat template's generation
+(`--dataset_format auto|beam|openai|sharegpt|harmony|hermes|glaive|xlam`). Masks come from the chat template's generation
 block; records longer than `--max_length` follow `--truncation_policy` (turn | drop | keep_start, see
 beam_sft/train_data.py), and every cut is counted in the log.
 
@@ -75,8 +75,8 @@ class ScriptArguments:
     dataset_format: str = field(
         default="auto",
         metadata={"help": "Format of the rows: 'beam' (convert-dataset output), 'openai', 'sharegpt', 'harmony', "
-                  "or 'auto' (detect per row).",
-                  "choices": ["auto", "beam", "openai", "sharegpt", "harmony"]},
+                  "'hermes', 'glaive', 'xlam', or 'auto' (detect per row).",
+                  "choices": ["auto", "beam", "openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"]},
     )
     dataset_train_split: str = field(default="train", metadata={"help": "Split to read from a hub/disk dataset."})
     eval_dataset_name: str | None = field(

@@ -241,7 +241,7 @@ def test_registry_works_inside_datasets_map(tmp_path):
     from beam_sft.formats import FORMATS, to_row, try_convert
     from beam_sft.io import beam_features
 
-    assert set(FORMATS) == {"openai", "sharegpt", "harmony"}
+    assert set(FORMATS) == {"openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"}
     rows = [{"messages": [{"role": "user", "content": "q"},
                           {"role": "assistant", "reasoning": "r", "tool_calls": [call("f", json.dumps(args))]}],
              "tools": tools}

@@ -1,4 +1,5 @@
-"""`beam-sft convert` / `convert-dataset`: turn OpenAI, ShareGPT or gpt-oss Harmony datasets into Beam records.
+"""`beam-sft convert` / `convert-dataset`: turn OpenAI, ShareGPT, gpt-oss Harmony, Hermes/Qwen-tag, glaive-v2 or
+xLAM datasets into Beam records.
 
     convert-dataset data/samples/openai.jsonl -o /tmp/beam.jsonl
     convert-dataset data/samples/*.json* --format auto -o /tmp/beam.parquet --rejects /tmp/rejects.jsonl \\
@@ -165,7 +166,7 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
     import orjson
 
     from beam_sft.errors import RecordError, internal_error
-    from beam_sft.formats import convert_raw, detect
+    from beam_sft.formats import convert_raw, detect, to_row
     from beam_sft.formats.openai import fast_convert
     from beam_sft.io import parse_line
     from beam_sft.validate import validate
@@ -193,7 +194,9 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
             else:
                 beam, used = convert_raw(rec, name or "auto")
                 result = validate(beam, opts, counters)
-            out.append((True, orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE)))
+            # The on-disk row shape (README, "Beam records on disk"): all three keys on every row, so that
+            # `load_dataset("json")` infers one schema and TRL can spread `chat_template_kwargs` with **.
+            out.append((True, orjson.dumps(to_row(result), option=orjson.OPT_APPEND_NEWLINE)))
             stats.add_ok(result, used, counters)
         except RecordError as err:
             stats.add_reject(err.code.value)

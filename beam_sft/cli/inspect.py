@@ -66,7 +66,7 @@ def register(subparsers) -> None:
         "--format",
         default="auto",
         metavar="FMT",
-        help="input format: auto (default), openai, sharegpt, harmony, or beam (no conversion)",
+        help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam (no conversion)",
     )
     parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
     parser.add_argument(

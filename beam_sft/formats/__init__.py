@@ -1,4 +1,5 @@
-"""Dataset converters: raw records in OpenAI, ShareGPT or gpt-oss Harmony shape → Beam records.
+"""Dataset converters: raw records in OpenAI, ShareGPT, gpt-oss Harmony, Hermes/Qwen-tag, glaive-v2 or xLAM
+shape → Beam records.
 
 Each converter is a pure function ``record -> beam record`` that raises `RecordError` (with a reason code
 and the offending message index) for a record it cannot convert. They sit in `FORMATS`, keyed by name;
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import harmony, openai, sharegpt
+from beam_sft.formats import glaive, harmony, hermes, openai, sharegpt, xlam
 
 Converter = Callable[[Any], dict]
 
@@ -32,6 +33,9 @@ FORMATS: dict[str, Converter] = {
     "openai": openai.convert,
     "sharegpt": sharegpt.convert,
     "harmony": harmony.convert,
+    "hermes": hermes.convert,
+    "glaive": glaive.convert,
+    "xlam": xlam.convert,
 }
 FORMAT_NAMES = ("auto", *FORMATS)
 
@@ -60,12 +64,20 @@ def detect(rec: Any) -> str | None:
     * a string, or ``text`` holding Harmony markers → ``harmony``;
     * ``messages`` with Harmony fields (``channel``, ``recipient``, ``system_content`` parts) → ``harmony``;
     * ``conversations``, or ``messages`` whose turns use ``from``/``value`` → ``sharegpt``;
-    * ``messages`` / ``history`` with ``role`` turns, or a bare list of such turns → ``openai``.
+    * ``messages`` / ``history`` with ``role`` turns, or a bare list of such turns → ``openai``;
+    * a bare list of ``from``/``value`` turns → ``sharegpt``;
+    * ``chat`` (a string) → ``glaive``; ``query`` and ``answers`` → ``xlam``.
+
+    Hermes / Qwen tags are found by the OpenAI and ShareGPT converters while they convert (a record that has
+    them is reported as ``hermes`` by `convert_raw`): telling them apart here would mean searching every
+    text of every record before the OpenAI fast path.
     """
     if isinstance(rec, str):
         return "harmony" if "<|" in rec else None
     if isinstance(rec, list):
-        return "openai" if rec and all(isinstance(m, dict) and "role" in m for m in rec) else None
+        if rec and all(isinstance(m, dict) and "role" in m for m in rec):
+            return "openai"
+        return "sharegpt" if rec and all(isinstance(m, dict) and "from" in m for m in rec) else None
     if not isinstance(rec, dict):
         return None
     text = rec.get("text")
@@ -90,6 +102,10 @@ def detect(rec: Any) -> str | None:
             return "openai"
     if "chosen_messages" in rec or "rejected_messages" in rec:
         return "openai"  # so the converter rejects it with its preference-pair reason
+    if type(rec.get("chat")) is str:
+        return "glaive"
+    if "query" in rec and "answers" in rec:
+        return "xlam"
     return None
 
 
@@ -109,7 +125,10 @@ def convert_raw(rec: Any, format: str = "auto") -> tuple[dict, str]:
         conv = FORMATS[name]
     except KeyError:
         raise ValueError(f"unknown format {format!r}; choose from {', '.join(FORMAT_NAMES)}") from None
-    return conv(rec), name
+    beam = conv(rec)
+    if type(beam) is dict and "_format" in beam:  # the OpenAI and ShareGPT converters found Hermes tags
+        name = beam.pop("_format")
+    return beam, name
 
 
 def convert_record(rec: Any, format: str = "auto", options: Any = None) -> dict:

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
+from beam_sft.formats.toolmarkup import lift, scan
 from beam_sft.messages import (
     EFFORT_LABELS,
     MAX_JSON_DEPTH,
@@ -264,9 +265,16 @@ def convert(rec: Any) -> dict:
     if tools is None and rec.get("functions"):
         tools = normalize_tools(rec["functions"])
     messages, tools, src = convert_messages(msgs, tools)
+    markup, hermes = scan(messages)
+    if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
+        messages, tools, src = lift(messages, tools, src)
     beam = beam_record(messages, tools, record_kwargs(rec))
     if src is not None:
         beam["_src"] = src
+    if hermes:
+        beam["_format"] = "hermes"
+    elif not markup:
+        beam["_no_markup"] = True  # validate need not search again
     return beam
 
 
@@ -274,13 +282,29 @@ def convert(rec: Any) -> dict:
 #
 # Most OpenAI rows are already nearly Beam-shaped. `fast_convert` handles exactly those in one pass and
 # gives up (returns None) on anything that needs a decision — a rejection, a merge, a fold, a reorder,
-# missing reasoning, any "<" in text — so the general path (`convert` + `validate`) produces the result
-# or the error. Its output equals the general path's (tests/test_formats_openai.py checks this on every
+# missing reasoning, any "<" in text, tool markup without "<" (```tool fences, glaive's FUNCTION RESPONSE:) —
+# so the general path (`convert` + `validate`) produces the result or the error. Its output equals the general path's (tests/test_formats_openai.py checks this on every
 # sample and real record); it exists because conversion speed is measured against orjson.
 
 _FAST_RECORD_KEYS = frozenset(("messages", "tools", "chat_template_kwargs", "reasoning_effort",
                                "parallel_tool_calls", "id"))
 _FAST_USER_ROLES = frozenset(("user", "system", "developer"))
+# A "type" that is not a JSON Schema type ("int", "dict"): the general path maps it (beam_sft.schema_types).
+_NONSTANDARD_TYPE = re.compile(rb'"type":"(?!(?:function|string|integer|number|boolean|array|object|null)")')
+# Most datasets repeat a few tool lists, so the verdict is kept per serialized list (bounded: cleared when full).
+_TYPES_SEEN: dict[bytes, bool] = {}
+_TYPES_SEEN_MAX, _TYPES_SEEN_MAX_BYTES = 1024, 16384
+
+
+def _standard_types(blob: bytes) -> bool:
+    ok = _TYPES_SEEN.get(blob)
+    if ok is None:
+        ok = _NONSTANDARD_TYPE.search(blob) is None
+        if len(blob) <= _TYPES_SEEN_MAX_BYTES:
+            if len(_TYPES_SEEN) >= _TYPES_SEEN_MAX:
+                _TYPES_SEEN.clear()
+            _TYPES_SEEN[blob] = ok
+    return ok
 
 
 def _fast_args(args: Any) -> dict | None:
@@ -326,6 +350,8 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         return None
     out: list[dict] = []
     append = out.append
+    texts: list[str] = []
+    add_text = texts.append
     n = len(msgs)
     i = 0
     seen_other = False
@@ -338,8 +364,9 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         role = m.get("role")
         if type(role) is str and role in _FAST_USER_ROLES:
             content = m.get("content")
-            if type(content) is not str or "<" in content:
+            if type(content) is not str:
                 return None
+            add_text(content)
             if role == "user":
                 seen_other = True
             elif seen_other:
@@ -354,13 +381,15 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         seen_other = True
         n_assistant += 1
         reasoning = m.get("reasoning_content")
-        if type(reasoning) is not str or not reasoning or "<" in reasoning:
+        if type(reasoning) is not str or not reasoning:
             return None
+        add_text(reasoning)
         content = m.get("content")
         if content is None:
             content = ""
-        elif type(content) is not str or "<" in content:
+        elif type(content) is not str:
             return None
+        add_text(content)
         raw_calls = m.get("tool_calls")
         if not raw_calls:
             if not content:
@@ -401,8 +430,9 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
             return None
         for call, t in zip(calls, msgs[i:k], strict=True):
             content = t.get("content")
-            if type(content) is not str or "<" in content:
+            if type(content) is not str:
                 return None
+            add_text(content)
             cid, rid = call.get("id"), t.get("tool_call_id")
             name = call["function"]["name"]
             if cid is None:
@@ -416,6 +446,13 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         i = k
     if not n_assistant:
         return None
+    # Every text at once: any "<" (tags, markers), and the tool markup that has none (```tool fences, glaive's
+    # FUNCTION RESPONSE:), gated by one-character searches (toolmarkup.may_have_markup says why). One search
+    # over the joined texts costs less than one per text; a match made across two texts only costs the general
+    # path, which checks each text on its own.
+    joined = "".join(texts)
+    if "<" in joined or ("`" in joined and "```tool" in joined) or ("U" in joined and "FUNCTION RESPONSE:" in joined):
+        return None
     result: dict[str, Any] = {"messages": out}
     tools = rec.get("tools")
     if tools is not None:
@@ -426,19 +463,23 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
                 if type(t) is not dict or t.get("type") != "function":
                     return None
                 fn = t.get("function")
-                if type(fn) is not dict or type(fn.get("name")) is not str or not fn["name"]:
+                if type(fn) is not dict or type(fn.get("name")) is not str or not fn["name"] or "required" in fn:
                     return None
                 params = fn.get("parameters")
-                if params is not None and type(params) is not dict:
-                    return None
+                if params is not None and (type(params) is not dict
+                                           or (params and "type" not in params and "properties" not in params)):
+                    return None  # an xLAM parameter map: the general path converts it
                 desc = fn.get("description")
                 if desc is not None and type(desc) is not str:
                     return None
             try:
-                if b"<" in tools_json(tools):
-                    return None
+                blob = tools_json(tools)
             except RecordError:
                 return None
+            if b"<" in blob:
+                return None
+            if not _standard_types(blob):
+                return None  # a type name outside JSON Schema ("int", "dict"): the general path maps it
             result["tools"] = tools
     ck = rec.get("chat_template_kwargs")
     if ck is not None and type(ck) is not dict:

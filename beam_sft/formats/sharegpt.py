@@ -29,6 +29,7 @@ import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import _reasoning_field, record_kwargs, reject_unsupported_record
+from beam_sft.formats.toolmarkup import lift, scan
 from beam_sft.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
 from beam_sft.messages import record as beam_record
 
@@ -63,6 +64,8 @@ def _calls(value: Any, i: int) -> list[dict]:
 
 def convert(rec: Any) -> dict:
     """One ShareGPT record → a Beam record (not yet validated)."""
+    if isinstance(rec, list):  # a bare list of turns is one conversation
+        rec = {"conversations": rec}
     if not isinstance(rec, dict):
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
     reject_unsupported_record(rec)
@@ -103,7 +106,16 @@ def convert(rec: Any) -> dict:
             out.append({"role": role, "content": text_of(value, message_index=i)})
         else:
             raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=i)
-    beam = beam_record(out, normalize_tools(rec.get("tools")), record_kwargs(rec))
-    if system:  # errors name turns of `conversations`, which the record-level system prompt is not part of
-        beam["_src"] = [None, *range(len(conv))]
+    src = [None, *range(len(conv))] if system else None
+    tools = normalize_tools(rec.get("tools"))
+    markup, hermes = scan(out)
+    if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
+        out, tools, src = lift(out, tools, src)
+    beam = beam_record(out, tools, record_kwargs(rec))
+    if src is not None:  # errors name turns of `conversations`, which a record-level system prompt is not part of
+        beam["_src"] = src
+    if hermes:
+        beam["_format"] = "hermes"
+    elif not markup:
+        beam["_no_markup"] = True  # validate need not search again
     return beam

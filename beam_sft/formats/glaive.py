@@ -1,0 +1,113 @@
+"""glaive-function-calling-v2 rows → Beam records.
+
+One row is two strings::
+
+    {"system": "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -\\n{\\n  \\"name\\": ...}\\n\\n{...}\\n",
+     "chat": "USER: ...\\n\\n\\nASSISTANT: <functioncall> {\\"name\\": \\"f\\", \\"arguments\\": '{\\"a\\": 1}'} <|endoftext|>\\n\\n\\nFUNCTION RESPONSE: {...}\\n\\n\\nASSISTANT: ... <|endoftext|>"}
+
+* the functions are the pretty-printed JSON objects after the system text (zero or more); the boilerplate
+  sentence that introduces them is dropped, any other system text is kept;
+* ``chat`` is split on the role markers ``USER:``, ``ASSISTANT:``, ``FUNCTION RESPONSE:`` (at the start of
+  the text or of a line); ``<|endoftext|>`` is dropped;
+* ``<functioncall> {...}`` → a call; its ``arguments`` is a single-quoted JSON string (a Python literal, not
+  JSON), decoded; text before the marker → the turn's reasoning. A call that does not parse is
+  ``bad_tool_call`` (or ``bad_arguments_json`` for its arguments), never text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from beam_sft.errors import Reason, RecordError
+from beam_sft.formats.openai import reject_unsupported_record
+from beam_sft.formats.toolmarkup import call_from_value, loads_lenient, strip_boilerplate
+from beam_sft.messages import normalize_tools, record
+
+_ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
+_EOT = "<|endoftext|>"
+# glaive writes arguments as '<json>' with the JSON's own quotes unescaped, so an apostrophe inside breaks the
+# Python literal; this reads the string between the first and the last single quote instead.
+_CALL_FALLBACK = re.compile(r"""^\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*'(.*)'\s*\}$""", re.DOTALL)
+
+
+def _functions(system: str) -> tuple[list, str]:
+    """The JSON objects in the system text, and the text around them."""
+    start = system.find("{")
+    if start < 0:
+        return [], system
+    text, tail = system[:start], system[start:]
+    decoder = json.JSONDecoder()
+    funcs, pos = [], 0
+    while True:
+        while pos < len(tail) and tail[pos].isspace():
+            pos += 1
+        if pos >= len(tail):
+            break
+        if tail[pos] != "{":
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"text after the functions in the system prompt: "
+                              f"{tail[pos:pos + 60]!r}")
+        try:
+            value, pos = decoder.raw_decode(tail, pos)
+        except (ValueError, RecursionError) as err:
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"a function in the system prompt is not JSON "
+                              f"({type(err).__name__}: {str(err)[:80]})") from None
+        funcs.append(value)
+    return funcs, text
+
+
+def _call(body: str, i: int) -> dict:
+    body = body.strip()
+    try:
+        value = loads_lenient(body)
+    except ValueError as err:
+        m = _CALL_FALLBACK.match(body)
+        if not m:
+            raise RecordError(Reason.BAD_TOOL_CALL, f"<functioncall> body is {err}: {body[:80]!r}",
+                              message_index=i) from None
+        value = {"name": m.group(1), "arguments": m.group(2)}
+    return call_from_value(value, body, i, "<functioncall>")
+
+
+def convert(rec: Any) -> dict:
+    """One glaive-function-calling-v2 row → a Beam record (not yet validated)."""
+    if not isinstance(rec, dict):
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
+    reject_unsupported_record(rec)
+    chat, system = rec.get("chat"), rec.get("system")
+    if type(chat) is not str:
+        raise RecordError(Reason.BAD_CONTENT if "chat" in rec else Reason.UNKNOWN_FORMAT,
+                          f"'chat' is a {type(chat).__name__}, not a string")
+    if system is None:
+        system = ""
+    if type(system) is not str:
+        raise RecordError(Reason.BAD_CONTENT, f"'system' is a {type(system).__name__}, not a string")
+    system = system.strip()
+    system = system.removeprefix("SYSTEM:")
+    funcs, instructions = _functions(system)
+    instructions = strip_boilerplate(instructions)
+    messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
+    parts = _ROLE.split(chat.replace(_EOT, ""))
+    if parts[0].strip():
+        raise RecordError(Reason.BAD_CONTENT, f"text before the first role marker: {parts[0][:60]!r}")
+    for k in range(1, len(parts), 2):
+        role, text = parts[k], parts[k + 1].strip()
+        i = k // 2
+        if role == "USER":
+            messages.append({"role": "user", "content": text})
+        elif role == "SYSTEM":
+            messages.append({"role": "system", "content": text})
+        elif role == "FUNCTION RESPONSE":
+            messages.append({"role": "tool", "content": text})
+        else:
+            at = text.find("<functioncall>")
+            if at < 0:
+                messages.append({"role": "assistant", "reasoning_content": "", "content": text})
+            else:
+                messages.append({"role": "assistant", "reasoning_content": text[:at].strip(), "content": "",
+                                 "tool_calls": [_call(text[at + len("<functioncall>"):], i)]})
+    beam = record(messages, normalize_tools(funcs) if funcs else None)
+    if instructions:  # message indexes in errors count the turns of `chat`
+        beam["_src"] = [None, *range(len(messages) - 1)]
+    return beam

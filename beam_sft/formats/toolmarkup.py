@@ -1,0 +1,405 @@
+"""Tool-call markup inside text: Hermes / Qwen ``<tool_call>`` tags and their fenced variants.
+
+Two jobs, shared by the OpenAI and ShareGPT converters (and so by `--format hermes`):
+
+* `lift` turns markup into structure: a ``<tools>`` block (or a ```` ```tools ```` fence) in a system
+  message → the record's ``tools``, with the prompt boilerplate around it dropped; ``<tool_call>`` blocks in
+  an assistant message → its ``tool_calls`` (text beside them → reasoning); ``<tool_response>`` blocks in a
+  tool or user message → tool messages, ``{"name", "content"}`` wrappers unwrapped.
+* `find_markup` finds call or result markup that is still in a text after conversion, for the
+  ``tool_markup_in_text`` rule of `beam_sft.validate`.
+
+**Markup vs a tag quoted in prose.** A tag is markup when a model or tool would have written it as
+structure: it starts a line (only whitespace before it), or JSON follows it (``{`` or ``[``, after
+whitespace), or a closing tag follows JSON (``}`` or ``]`` before it). A tag in the middle of a sentence
+("wrap each call in <tool_call> tags"), inside an inline code span (`` `<tool_call>` ``) or inside a fenced
+code block of another language (```` ```xml ````) is quoted, and stays text.
+
+Bodies are JSON, or Python literals as hermes-function-calling-v1 and data-genie write them (single quotes,
+``True``/``None``); `loads_lenient` accepts both and turns the result into plain JSON values. Every
+function here raises only `RecordError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from typing import Any
+
+import orjson
+
+from beam_sft.errors import Reason, RecordError
+from beam_sft.messages import normalize_tools, tool_call
+
+# What counts as call/result markup (the tool_markup_in_text rule), and a cheap gate before the regex.
+_MARKUP_RE = re.compile(
+    r"</?tool_call>|</?tool_response>|</?tools>|<functioncall>|FUNCTION RESPONSE:"
+    r"|```(?:tool_call|tool_response|tools)\b"
+)
+_FENCE_LINE = re.compile(r"^[ \t]*(```+|~~~+)[ \t]*([^\s`]*)", re.MULTILINE)
+_LIFTABLE_FENCES = frozenset(("tool_call", "tool_response", "tools"))
+
+
+def may_have_markup(text: str) -> bool:
+    """Cheap gate: False means `find_markup` would find nothing.
+
+    Each multi-character search is gated by a one-character one: a single character is a memchr, while
+    CPython searches for "<tool" or "```tool" in ordinary text at a few hundred MB/s (their letters defeat
+    its skip table). "U" is the rarest letter of FUNCTION RESPONSE in prose."""
+    return ("<" in text and ("<tool" in text or "</tool" in text or "<functioncall>" in text)) \
+        or ("`" in text and "```tool" in text) or ("U" in text and "FUNCTION RESPONSE:" in text)
+
+
+def _code_spans(text: str) -> list[tuple[int, int]]:
+    """Regions of `text` that quote code: fenced blocks of any language but the tool fences, and inline
+    code spans. Only called when a markup candidate was found, so its cost does not matter."""
+    spans: list[tuple[int, int]] = []
+    fence_start = None
+    fence_mark = ""
+    for m in _FENCE_LINE.finditer(text):
+        mark, info = m.group(1), m.group(2)
+        if fence_start is None:
+            if info in _LIFTABLE_FENCES:
+                continue  # a tool fence is markup itself, not quoting
+            fence_start, fence_mark = m.start(), mark[0] * 3
+        elif mark.startswith(fence_mark) and not info:
+            spans.append((fence_start, m.end()))
+            fence_start = None
+    if fence_start is not None:
+        spans.append((fence_start, len(text)))
+    for m in re.finditer(r"(?<!`)`([^`\n]+)`(?!`)", text):
+        spans.append((m.start(), m.end()))
+    return spans
+
+
+def _structural(text: str, start: int, end: int) -> bool:
+    line_start = text.rfind("\n", 0, start) + 1
+    if not text[line_start:start].strip():
+        return True
+    after = text[end:end + 64].lstrip()
+    if after[:1] in ("{", "["):
+        return True
+    before = text[max(0, start - 64):start].rstrip()
+    return text[start:start + 2] == "</" and before[-1:] in ("}", "]")
+
+
+def markup_positions(text: str) -> list[re.Match]:
+    """The markup (not quoted) occurrences in `text`, in order."""
+    found = [m for m in _MARKUP_RE.finditer(text) if _structural(text, m.start(), m.end())]
+    if not found:
+        return found
+    spans = _code_spans(text)
+    if not spans:
+        return found
+    return [m for m in found if not any(a <= m.start() < b for a, b in spans)]
+
+
+def find_markup(text: str) -> str | None:
+    """The first call/result markup in `text` that is not quoted in prose, or None."""
+    if not may_have_markup(text):
+        return None
+    found = markup_positions(text)
+    return found[0].group(0) if found else None
+
+
+# --- lenient bodies ----------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A Python literal as a JSON value (tuples → lists); anything JSON can't hold raises ValueError."""
+    if depth > 200:
+        raise ValueError("nested too deeply")
+    t = type(value)
+    if value is None or t is str or t is bool or t is int:
+        return value
+    if t is float:
+        if not math.isfinite(value):
+            raise ValueError("NaN or infinity")
+        return value
+    if t is list or t is tuple:
+        return [_plain(v, depth + 1) for v in value]
+    if t is dict:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise ValueError(f"a key is a {type(k).__name__}, not a string")
+            out[k] = _plain(v, depth + 1)
+        return out
+    raise ValueError(f"a {t.__name__} is not a JSON value")
+
+
+def loads_lenient(text: str) -> Any:
+    """JSON, else a Python literal (single quotes, True/None) turned into JSON values. ValueError if neither."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as err:
+        raise ValueError(f"neither JSON nor a Python literal ({type(err).__name__})") from None
+    return _plain(value)
+
+
+# --- blocks --------------------------------------------------------------------------------------------------------
+
+
+def _blocks(text: str, kind: str, i: int | None) -> tuple[list[str], str] | None:
+    """The bodies of the `kind` blocks (``<kind>…</kind>`` or ```` ```kind … ``` ````) that are markup, and the
+    text outside them; None when there are none. An opening tag without its end is `bad_tool_call`."""
+    opener = re.compile(rf"<{kind}>|```{kind}\b")
+    bodies: list[str] = []
+    outside: list[str] = []
+    pos = 0
+    spans = None
+    for m in opener.finditer(text):
+        if m.start() < pos or not _structural(text, m.start(), m.end()):
+            continue
+        if spans is None:
+            spans = _code_spans(text)
+        if any(a <= m.start() < b for a, b in spans):
+            continue  # quoted in a code span or another language's fence (an example, not a call)
+        if m.group(0).startswith("<"):
+            close = text.find(f"</{kind}>", m.end())
+            end = close + len(kind) + 3
+        else:
+            close = text.find("```", m.end())
+            end = close + 3
+        if close < 0:
+            raise RecordError(Reason.BAD_TOOL_CALL, f"{m.group(0)} without its closing tag or fence",
+                              message_index=i)
+        outside.append(text[pos:m.start()])
+        bodies.append(text[m.end():close])
+        pos = end
+    if not bodies:
+        return None
+    outside.append(text[pos:])
+    rest = "\n\n".join(s.strip() for s in outside if s.strip())
+    return bodies, rest
+
+
+def _calls_from_body(body: str, i: int | None) -> list[dict]:
+    body = body.strip()
+    if not body:
+        raise RecordError(Reason.BAD_TOOL_CALL, "empty <tool_call> block", message_index=i)
+    try:
+        value = loads_lenient(body)
+    except ValueError as err:
+        raise RecordError(Reason.BAD_TOOL_CALL, f"<tool_call> body is {err}: {body[:80]!r}",
+                          message_index=i) from None
+    items = value if type(value) is list else [value]
+    if not items:
+        raise RecordError(Reason.BAD_TOOL_CALL, "<tool_call> block with an empty list", message_index=i)
+    return [call_from_value(item, body, i) for item in items]
+
+
+def call_from_value(item: Any, body: str, i: int | None, what: str = "<tool_call>") -> dict:
+    """A parsed call body (``{"name", "arguments"}`` in any order, or OpenAI's ``{"function": {...}}``) → a Beam
+    call; `arguments` may be an object or a JSON string. Anything else is `bad_tool_call`."""
+    if type(item) is not dict:
+        raise RecordError(Reason.BAD_TOOL_CALL, f"{what} holds a {type(item).__name__}, not a "
+                          "{name, arguments} object", message_index=i)
+    fn = item.get("function") if type(item.get("function")) is dict else item
+    name = fn.get("name")
+    if type(name) is not str or not name:
+        raise RecordError(Reason.BAD_TOOL_CALL, f"{what} without a name: {body[:80]!r}", message_index=i)
+    args = fn.get("arguments", fn.get("parameters"))
+    if args is not None and type(args) not in (dict, str):
+        raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a "
+                          f"{type(args).__name__}, not an object", message_index=i)
+    call_id = item.get("id")
+    return tool_call(name, args, call_id if type(call_id) is str else None, message_index=i)
+
+
+def _result(body: str) -> tuple[str, str | None]:
+    """One result body → (text, name): a ``{"name", "content"}`` wrapper is unwrapped, anything else is
+    the result text as written."""
+    body = body.strip()
+    if body[:1] in ("{", "[") and ("name" in body or "content" in body):
+        try:
+            value = loads_lenient(body)
+        except ValueError:
+            return body, None
+        if type(value) is dict and "content" in value and set(value) <= {"name", "content", "tool_call_id"}:
+            content = value["content"]
+            name = value.get("name")
+            text = content if type(content) is str else orjson.dumps(content).decode()
+            return text, name if type(name) is str and name else None
+    return body, None
+
+
+def _results(bodies: list[str]) -> list[tuple[str, str | None]]:
+    out = []
+    for body in bodies:
+        stripped = body.strip()
+        lines = [ln for ln in stripped.split("\n") if ln.strip()]
+        if len(lines) > 1 and all(ln.lstrip().startswith("{") for ln in lines):
+            # data-genie writes one wrapper per line for parallel calls in one block
+            parts = [_result(ln) for ln in lines]
+            if all(name is not None for _, name in parts):
+                out.extend(parts)
+                continue
+        out.append(_result(stripped))
+    return out
+
+
+# --- system prompt -------------------------------------------------------------------------------------------------
+
+_BOILERPLATE = [re.compile(p, re.IGNORECASE) for p in (
+    r"You are a function calling AI model\.?",
+    r"You are provided with function signatures within <tools>\s*</tools> XML tags[.:]?",
+    r"You may call one or more functions to assist with the user query\.?",
+    r"Don'?t make assumptions about what values to plug into functions\.?",
+    (r"You are a helpful assistant,? (?:with|who has) access to (?:the following )?functions\.?"
+    r"(?:\s*Use them if required\s*-?)?"),
+    (r"For each function call,? return a json object with function name and arguments within "
+    r"<tool_call>\s*</tool_call> XML tags(?: as follows)?[.:]?"),
+    # the format example that follows it, with placeholders instead of values
+    r"<tool_call>\s*\{[^\n]*<(?:function-name|args-dict|args-json-object)>[^\n]*\}\s*</tool_call>",
+)] + [re.compile(r"^#\s*Tools[ \t]*$", re.MULTILINE)]
+_PYDANTIC = re.compile(r"Use the following pydantic model json schema for each tool call you will make:\s*",
+                       re.IGNORECASE)
+
+
+def _skip_braces(text: str, pos: int) -> int:
+    """The end of the balanced {...} starting at `pos` (or `pos` when there is none)."""
+    if text[pos:pos + 1] != "{":
+        return pos
+    depth = 0
+    for k in range(pos, len(text)):
+        c = text[k]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+    return pos
+
+
+def _tools_from_body(body: str) -> list:
+    body = body.strip()
+    if not body:
+        return []
+    try:
+        value = loads_lenient(body)
+    except ValueError:
+        value = None
+        lines = [ln for ln in body.split("\n") if ln.strip()]
+        if len(lines) > 1:  # Qwen: one JSON object per line
+            try:
+                value = [loads_lenient(ln) for ln in lines]
+            except ValueError:
+                value = None
+        if value is None:
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"<tools> block is neither JSON nor a Python literal: "
+                              f"{body[:80]!r}") from None
+    return value if type(value) is list else [value]
+
+
+def _system_tools(text: str, i: int) -> tuple[list, str] | None:
+    """Tools declared in a system prompt, and the prompt without them and their boilerplate."""
+    found = _blocks(text, "tools", i)
+    if found is None:
+        return None
+    bodies, rest = found
+    tools: list = []
+    for body in bodies:
+        tools.extend(_tools_from_body(body))
+    return tools, strip_boilerplate(rest)
+
+
+def strip_boilerplate(text: str) -> str:
+    """A system prompt without the tool-calling boilerplate Hermes, Qwen and glaive put around the tools."""
+    for pattern in _BOILERPLATE:
+        text = pattern.sub("", text)
+    m = _PYDANTIC.search(text)
+    if m:
+        text = text[:m.start()] + text[_skip_braces(text, m.end()):]
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+# --- lift ----------------------------------------------------------------------------------------------------------
+
+
+def scan(messages: list[dict]) -> tuple[bool, bool]:
+    """(may hold any tool markup, may hold tags to lift) for converted messages: one search over all texts.
+
+    A converter that finds neither tells `beam_sft.validate` so (``_no_markup``), which then skips its own
+    search: the common record pays for one pass, not two."""
+    parts = []
+    for m in messages:
+        text = m.get("content")
+        if type(text) is str:
+            parts.append(text)
+        text = m.get("reasoning_content")
+        if type(text) is str:
+            parts.append(text)
+    joined = "".join(parts)
+    if not may_have_markup(joined):
+        return False, False
+    return True, ("<" in joined and "<tool" in joined) or ("`" in joined and "```tool" in joined)
+
+
+def lift(messages: list[dict], tools: list | None, src: list | None = None
+         ) -> tuple[list[dict], list | None, list | None]:
+    """Turn tag markup in converted (not yet validated) Beam messages into calls, results and tools.
+
+    `src` maps message index → the caller's message index (for errors); returns the new messages, tools and
+    map. Messages without markup are passed through untouched.
+    """
+    out: list[dict] = []
+    out_src: list = []
+    found_tools: list = []
+    for k, m in enumerate(messages):
+        i = src[k] if src is not None and k < len(src) else k
+        role = m.get("role")
+        text = m.get("content")
+        if type(text) is not str or not (("<" in text and "<tool" in text) or ("`" in text and "```tool" in text)):
+            out.append(m)
+            out_src.append(i)
+            continue
+        if role in ("system", "developer"):
+            got = _system_tools(text, i)
+            if got is not None:
+                declared, rest = got
+                found_tools.extend(declared)
+                if rest:
+                    out.append({**m, "content": rest})
+                    out_src.append(i)
+                continue
+        elif role == "assistant":
+            got = _blocks(text, "tool_call", i)
+            if got is not None:
+                bodies, rest = got
+                calls = [c for body in bodies for c in _calls_from_body(body, i)]
+                reasoning = m.get("reasoning_content") or ""
+                if rest:
+                    reasoning = f"{reasoning}\n\n{rest}" if reasoning else rest
+                out.append({"role": "assistant", "reasoning_content": reasoning, "content": "",
+                            "tool_calls": [*(m.get("tool_calls") or ()), *calls]})
+                out_src.append(i)
+                continue
+        elif role in ("tool", "user"):
+            got = _blocks(text, "tool_response", i)
+            if got is not None:
+                bodies, rest = got
+                for result, name in _results(bodies):
+                    msg = {"role": "tool", "content": result}
+                    name = name or (m.get("name") if role == "tool" else None)
+                    if name:
+                        msg["name"] = name
+                    if role == "tool" and m.get("tool_call_id") is not None and len(bodies) == 1:
+                        msg["tool_call_id"] = m["tool_call_id"]
+                    out.append(msg)
+                    out_src.append(i)
+                if rest:  # a user who also says something after the results
+                    out.append({"role": role, "content": rest})
+                    out_src.append(i)
+                continue
+        out.append(m)
+        out_src.append(i)
+    if found_tools:
+        tools = (tools or []) + (normalize_tools(found_tools) or [])
+    return out, tools, out_src

@@ -1,0 +1,135 @@
+"""Salesforce xLAM / APIGen rows (``{"query", "tools", "answers"}``) → Beam records.
+
+``tools`` and ``answers`` are JSON strings (xlam-function-calling-60k) or native values (Hammer's test sets).
+The record becomes a user turn with the query and an assistant turn with the calls in ``answers`` — a
+trajectory that ends at the call, which is what the row trains. A ``query`` that is a list of messages
+(API-Bank as Hammer converts it: roles ``user``, ``agent`` = the assistant speaking, ``assistant`` = an
+earlier call written as a fenced JSON list, ``tool`` = its result) becomes those turns, and APIBank's
+prompt suffix ``Generate API Request:`` at its end is dropped.
+
+xLAM's parameter maps (``{"p": {"type": "str, optional", "description", "default"}}``) become JSON Schema;
+the type mapping is `beam_sft.schema_types.json_type` (README, Decisions: "xLAM parameter types").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from beam_sft.errors import Reason, RecordError
+from beam_sft.formats.openai import reject_unsupported_record
+from beam_sft.formats.toolmarkup import loads_lenient
+from beam_sft.messages import openai_tool_call, record, text_of, tool_content
+from beam_sft.schema_types import parameters_schema
+
+_SUFFIX = "Generate API Request:"
+
+
+def _json_field(rec: dict, key: str) -> Any:
+    value = rec.get(key)
+    if type(value) is str:
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as err:
+            code = Reason.BAD_TOOL_SCHEMA if key == "tools" else Reason.BAD_TOOL_CALL
+            raise RecordError(code, f"{key} is a string but not JSON ({err})") from None
+    return value
+
+
+def _tools(raw: Any) -> list[dict] | None:
+    if raw is None:
+        return None
+    if type(raw) is dict:
+        raw = [raw]
+    if type(raw) is not list:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(raw).__name__}, not a list")
+    out = []
+    for k, tool in enumerate(raw):
+        if type(tool) is not dict:
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{k}] is a {type(tool).__name__}, not an object")
+        fn = tool["function"] if tool.get("type") == "function" and type(tool.get("function")) is dict else tool
+        name = fn.get("name")
+        if type(name) is not str or not name:
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{k}] has no function name")
+        entry: dict = {"name": name}
+        desc = fn.get("description")
+        if desc is not None:
+            if type(desc) is not str:
+                raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{k}] ({name}): description is not a string")
+            entry["description"] = desc
+        entry["parameters"] = parameters_schema(fn.get("parameters"), name, k)
+        out.append({"type": "function", "function": entry})
+    return out or None
+
+
+def _calls(value: Any, i: int | None, what: str) -> list[dict]:
+    if type(value) is dict:
+        value = [value]
+    if type(value) is not list:
+        raise RecordError(Reason.BAD_TOOL_CALL, f"{what} is a {type(value).__name__}, not a list of calls",
+                          message_index=i)
+    return [openai_tool_call(c, message_index=i) for c in value]
+
+
+def _fenced_calls(text: str, i: int) -> list[dict]:
+    """An API-Bank call message: ```[{"name": ..., "arguments": {...}}]``` (the fence is optional)."""
+    body = text.strip()
+    if body.startswith("```"):
+        body = body[3:]
+        body = body.removeprefix("json")
+        if body.rstrip().endswith("```"):
+            body = body.rstrip()[:-3]
+    try:
+        value = loads_lenient(body.strip())
+    except ValueError as err:
+        raise RecordError(Reason.BAD_TOOL_CALL, f"call message is {err}: {text[:80]!r}", message_index=i) from None
+    return _calls(value, i, "the call message")
+
+
+def _history(query: list) -> list[dict]:
+    out: list[dict] = []
+    last = len(query) - 1
+    for i, m in enumerate(query):
+        if type(m) is not dict:
+            raise RecordError(Reason.BAD_CONTENT, f"query message is a {type(m).__name__}, not an object",
+                              message_index=i)
+        role, content = m.get("role"), m.get("content")
+        if role == "tool":
+            out.append({"role": "tool", "content": tool_content(content, message_index=i)})
+            continue
+        text = text_of(content, message_index=i)
+        if i == last and text.rstrip().endswith(_SUFFIX):
+            text = text.rstrip()[:-len(_SUFFIX)].rstrip()
+        if role == "user" or role == "system":
+            out.append({"role": role, "content": text})
+        elif role == "agent":
+            out.append({"role": "assistant", "reasoning_content": "", "content": text})
+        elif role == "assistant":
+            out.append({"role": "assistant", "reasoning_content": "", "content": "",
+                        "tool_calls": _fenced_calls(text, i)})
+        else:
+            raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r} in query", message_index=i)
+    return out
+
+
+def convert(rec: Any) -> dict:
+    """One xLAM / APIGen row → a Beam record (not yet validated)."""
+    if not isinstance(rec, dict):
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
+    reject_unsupported_record(rec)
+    if "query" not in rec or "answers" not in rec:
+        raise RecordError(Reason.UNKNOWN_FORMAT, "an xLAM row needs 'query' and 'answers'")
+    query = rec["query"]
+    if type(query) is str:
+        messages = [{"role": "user", "content": query}]
+    elif type(query) is list:
+        messages = _history(query)
+    else:
+        raise RecordError(Reason.BAD_CONTENT, f"query is a {type(query).__name__}, not a string or messages")
+    tools = _tools(_json_field(rec, "tools"))
+    calls = _calls(_json_field(rec, "answers"), None, "answers")
+    if not calls:
+        raise RecordError(Reason.BAD_CONTENT, "answers is empty: no call and no text answer to train")
+    messages.append({"role": "assistant", "reasoning_content": "", "content": "", "tool_calls": calls})
+    return record(messages, tools)
