@@ -41,6 +41,7 @@ class Reason(StrEnum):
     BAD_TEMPLATE_KWARGS = "bad_template_kwargs"
     TOOL_MARKUP_IN_TEXT = "tool_markup_in_text"
     BAD_TOOL_CALL = "bad_tool_call"
+    INTERNAL_ERROR = "internal_error"
 
 
 class BeamSFTError(Exception):
@@ -108,3 +109,8 @@ class RecordError(ValueError):
             "message_index": self.message_index,
             "message": self.message,
         }
+
+
+def internal_error(exc: BaseException) -> RecordError:
+    """An unexpected exception while converting one record, as a reject: the run goes on, nothing is lost."""
+    return RecordError(Reason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")

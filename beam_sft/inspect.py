@@ -27,13 +27,12 @@ import html
 import math
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from beam_sft.errors import RecordError
+from beam_sft.errors import Reason, RecordError, internal_error
 from beam_sft.render import MaskedEncoder
 
 STOP_MARKERS = ("<|return|>", "<|call|>")
@@ -95,6 +94,13 @@ def load_records(
             record = _to_beam(payload, format)
         except RecordError as err:
             reject = err.with_provenance(item.source, item.position).to_dict()
+            reject["index"] = position
+            rejects.append(reject)
+            continue
+        except Exception as exc:  # a converter bug costs this record, not the whole view
+            if os.environ.get("BEAM_SFT_DEBUG"):
+                raise
+            reject = internal_error(exc).with_provenance(item.source, item.position).to_dict()
             reject["index"] = position
             rejects.append(reject)
             continue
@@ -500,6 +506,7 @@ class DatasetStats:
     truncated: list[int] = field(default_factory=list)
     cut_inside_assistant: list[int] = field(default_factory=list)
     stop_untrained: list[int] = field(default_factory=list)
+    internal_errors: list[int] = field(default_factory=list)  # records whose encoding raised unexpectedly
     labels: list[str] = field(default_factory=list)
 
     @property
@@ -558,18 +565,24 @@ def dataset_stats(
         batch = list(records[start : start + batch_size])
         try:
             encoded = encoder.encode(batch)
-        except RecordError:
+        except Exception as batch_err:  # unexpected errors are isolated record by record too
+            if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
+                raise
             encoded = []
             for record in batch:  # find the culprits one by one; the rest still count
                 try:
                     encoded.append(encoder.encode([record])[0])
                 except RecordError as err:
                     encoded.append(err)
+                except Exception as exc:  # noqa: BLE001 - an encoder bug costs this record only
+                    encoded.append(internal_error(exc))
         for offset, full in enumerate(encoded):
             index = start + offset
             if isinstance(full, RecordError):
                 stats.rejected += 1
                 stats.rejected_reasons[full.code.value] += 1
+                if full.code is Reason.INTERNAL_ERROR:
+                    stats.internal_errors.append(index)
                 continue
             stats.records += 1
             stats.labels.append(labels[index])
@@ -661,14 +674,7 @@ def stats_html(stats: DatasetStats) -> str:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same directory and a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write `text` to `path` atomically (`beam_sft.io.atomic_output`: umask permissions, no partial file)."""
+    from beam_sft.io import write_bytes_atomic
+
+    write_bytes_atomic(path, text.encode("utf-8"))

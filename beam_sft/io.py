@@ -13,7 +13,9 @@ offline cache works). A ``.json`` file holding one conversation object, or a bar
 record; a ``.json`` file that is really JSON Lines is read as JSON Lines.
 
 Outputs (`open_writer`): ``.jsonl``, ``.parquet``, or any other path as a `save_to_disk` directory. Each is
-written to a temporary path beside the target and renamed into place only when complete. In Arrow outputs
+written to a temporary path beside the target and renamed into place only when complete (`atomic_output`
+does the same for any other writer), with the permissions the umask gives any new file; temporaries of a
+killed run are removed by the next run on the same output (`remove_stale_temporaries`). In Arrow outputs
 the free-form parts — tool-call ``arguments``, ``tools`` and ``chat_template_kwargs`` — use the `datasets`
 ``Json`` feature, so records with different argument keys don't turn into one struct padded with nulls;
 `datasets` decodes them back to dicts on load. Every output, JSONL included, has all three keys on every row
@@ -23,12 +25,14 @@ the record has none), since TRL unpacks it with ``**``.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import os
 import re
+import secrets
 import shutil
-import tempfile
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,7 +153,10 @@ def _read_jsonl(src: Source, max_bytes: int | None) -> Iterator[Item]:
 def _too_large(obj: Any, max_bytes: int | None) -> RecordError | None:
     if max_bytes is None:
         return None
-    size = len(orjson.dumps(obj, default=str))
+    try:
+        size = len(orjson.dumps(obj, default=str))
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes: the converters reject it with a reason
+        return None
     if size > max_bytes:
         return RecordError(Reason.RECORD_TOO_LARGE, f"{size} bytes as JSON, over the limit of {max_bytes}")
     return None
@@ -323,10 +330,119 @@ def arrow_row(rec: dict) -> dict:
 # --- writers -----------------------------------------------------------------------------------------------
 
 
+# Temporary outputs are named `.NAME.beam-tmp-HOST-PID-RANDOM[.suffix]` beside the target NAME: a run killed
+# with kill -9 leaves them behind, and the next run on the same output removes those whose process is gone.
+# Only those from this host (a PID means nothing on another node sharing the filesystem) whose PID no longer
+# exists are removed, so two runs writing beside each other never delete each other's files. PID reuse can
+# only make a stale file live a little longer, never delete a live one.
+_TMP_TAG = ".beam-tmp-"
+_HOST = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname()) or "host"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries a killed run left beside `target` (see above); return what was removed."""
+    target = Path(target)
+    pattern = re.compile(rf"^\.{re.escape(target.name)}{re.escape(_TMP_TAG)}(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-")
+    removed = []
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m or m["host"] != _HOST or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"])):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def temporary_path(target: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Path:
+    """A new, empty file (or directory) beside `target`, named as above, with the permissions any new file gets
+    under the umask (not `mkstemp`'s 0600, which would survive the rename)."""
+    target = Path(target)
+    for _ in range(100):
+        path = target.with_name(f".{target.name}{_TMP_TAG}{_HOST}-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
+        try:
+            if directory:
+                os.mkdir(path, 0o777)
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_dir(src: Path, target: Path) -> None:
+    """Move the finished directory `src` to `target`, replacing a previous one (never merging into it)."""
+    old = None
+    if target.exists():
+        old = temporary_path(target, ".old", directory=True)
+        os.replace(target, old)  # an empty directory may be replaced by a rename
+    os.replace(src, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Iterator[Path]:
+    """Write an output atomically: yields a temporary path beside `path` (a file, or with ``directory=True`` a
+    directory, e.g. for ``save_to_disk``) and renames it to `path` when the block ends without an exception;
+    on an exception the temporary is removed. Stale temporaries of killed runs on the same output are removed
+    first. The result has the umask's permissions, like any new file::
+
+        with atomic_output("out/train") as tmp:      # directory=True for a directory
+            ds.save_to_disk(tmp)
+    """
+    target = Path(path)
+    remove_stale_temporaries(target)
+    tmp = temporary_path(target, suffix, directory=directory)
+    try:
+        yield tmp
+        if directory:
+            _replace_dir(tmp, target)
+        else:
+            _fsync(tmp)
+            os.replace(tmp, target)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+
+
 def _tmp_path(target: Path, suffix: str = "") -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{suffix}", dir=target.parent)
-    os.close(fd)
-    return Path(name)
+    remove_stale_temporaries(target)
+    return temporary_path(target, suffix)
 
 
 class JsonlWriter:
@@ -384,23 +500,19 @@ class ArrowWriter:
         self._flush()
         self.writer.close()
         if self.kind == "parquet":
+            _fsync(self.tmp)
             os.replace(self.tmp, self.path)
             return
         import datasets
 
-        work = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
+        # The save_to_disk directory is built in a temporary directory beside the target and renamed into place.
+        work = temporary_path(self.path, directory=True)
         try:
             ds = datasets.Dataset.from_parquet(str(self.tmp), cache_dir=str(work / "cache"),
                                                features=beam_features())
             ds.save_to_disk(str(work / "out"))
             del ds
-            old = None
-            if self.path.exists():
-                old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
-                os.replace(self.path, old)
-            os.replace(work / "out", self.path)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            _replace_dir(work / "out", self.path)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             self.tmp.unlink(missing_ok=True)
@@ -452,11 +564,4 @@ class JsonlSink:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    target = Path(path)
-    tmp = _tmp_path(target)
-    try:
-        tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")

@@ -53,6 +53,70 @@ EFFORT_LABELS = frozenset(("minimal", "low", "medium", "high", "xhigh", "max"))
 
 _THINK_OPEN = re.compile(r"^\s*<(think|thinking|reasoning)>", re.IGNORECASE)
 
+# How deep a free-form JSON value (tool-call arguments, a tool schema, a template kwarg) may nest. The template
+# renders schemas recursively (Jinja fails somewhere past 100 levels) and orjson writes at most 255; real
+# schemas and arguments stay far below this.
+MAX_JSON_DEPTH = 64
+
+
+def nests_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `value` has containers nested more than `limit` deep. Iterative: hostile input can't exhaust
+    the stack."""
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, depth = pop()
+        t = type(v)
+        if t is dict or t is list:
+            if depth > limit:
+                return True
+            for item in (v.values() if t is dict else v):
+                if type(item) is dict or type(item) is list:
+                    push((item, depth + 1))
+    return False
+
+
+# Datasets repeat one tool list in every record: each distinct list (by its JSON) is checked once. The value
+# says whether the list is fine as it is (True) or nests too deep (False).
+_TOOLS_CHECKED: dict[bytes, bool] = {}
+
+
+def tools_json(tools: list) -> bytes:
+    """The tool list as JSON bytes, or `RecordError` (``bad_tool_schema``) when it can't be written as JSON or
+    nests deeper than `MAX_JSON_DEPTH`."""
+    try:
+        blob = orjson.dumps(tools)
+    except orjson.JSONEncodeError as err:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool schemas can't be written as JSON ({err})") from None
+    ok = _TOOLS_CHECKED.get(blob)
+    if ok is None:
+        ok = not nests_deeper(tools, MAX_JSON_DEPTH + 1)
+        if ok and all(normalize_tool(t, index=k) is t for k, t in enumerate(tools)):
+            _remember(blob, True)
+        elif not ok:
+            _remember(blob, False)
+    if not ok:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool schemas nest deeper than {MAX_JSON_DEPTH} levels")
+    return blob
+
+
+def _remember(blob: bytes, ok: bool) -> None:
+    if len(_TOOLS_CHECKED) > 256:
+        _TOOLS_CHECKED.clear()
+    _TOOLS_CHECKED[blob] = ok
+
+
+def checked_tools(tools: Any) -> tuple[list, bytes]:
+    """A record's tool list, normalized (`normalize_tool`) and checked (`tools_json`), with its JSON; a list seen
+    before costs one serialization and one lookup."""
+    if type(tools) is not list:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(tools).__name__}, not a list")
+    blob = tools_json(tools)
+    if _TOOLS_CHECKED.get(blob) is not True:  # not known to be in shape: normalize (raises for a bad schema)
+        tools = [normalize_tool(t, index=k) for k, t in enumerate(tools)]
+        blob = tools_json(tools)
+    return tools, blob
+
 
 def find_marker(text: str) -> str | None:
     """The first Harmony marker inside `text`, or None.
@@ -111,6 +175,9 @@ def text_of(content: Any, *, message_index: int | None = None, what: str = "cont
                 raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} is a {type(part).__name__}, not an object",
                                   message_index=message_index)
             ptype = part.get("type", "text")
+            if type(ptype) is not str:
+                raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} has a type that is a {type(ptype).__name__}, "
+                                  "not a string", message_index=message_index)
             if ptype in _TEXT_PART_TYPES:
                 text = part.get("text", part.get("value"))
                 if not isinstance(text, str):
@@ -128,10 +195,13 @@ def text_of(content: Any, *, message_index: int | None = None, what: str = "cont
 
 def tool_content(content: Any, *, message_index: int | None = None) -> str:
     """A tool result as text: strings and text parts as is, any other JSON value serialized."""
-    if isinstance(content, (dict, int, float, bool)) and content is not None:
-        return orjson.dumps(content).decode()
-    if isinstance(content, list) and content and not all(isinstance(p, dict) and "type" in p for p in content):
-        return orjson.dumps(content).decode()
+    if isinstance(content, (dict, int, float, bool)) or (
+            isinstance(content, list) and content and not all(isinstance(p, dict) and "type" in p for p in content)):
+        try:
+            return orjson.dumps(content).decode()
+        except orjson.JSONEncodeError as err:
+            raise RecordError(Reason.BAD_CONTENT, f"tool result can't be written as JSON text ({err})",
+                              message_index=message_index) from None
     return text_of(content, message_index=message_index)
 
 
@@ -168,6 +238,9 @@ def tool_call(name: Any, arguments: Any, call_id: Any = None, *, message_index: 
         arguments = parse_arguments(arguments, message_index=message_index, name=name)
     if call_id is None or call_id == "":
         return {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if type(call_id) is not str and type(call_id) is not int:
+        raise RecordError(Reason.BAD_CONTENT, f"tool call id is a {type(call_id).__name__}, not a string",
+                          message_index=message_index)
     return {"id": call_id if type(call_id) is str else str(call_id), "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
@@ -197,7 +270,8 @@ def normalize_tool(tool: Any, *, index: int = 0) -> dict:
         fn = tool.get("function")
         if type(fn) is dict and type(fn.get("name")) is str and fn["name"]:
             params = fn.get("parameters")
-            if params is None or type(params) is dict:
+            desc = fn.get("description")
+            if (params is None or type(params) is dict) and (desc is None or type(desc) is str):
                 return tool
     if not isinstance(tool, dict):
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] is a {type(tool).__name__}, not an object")
@@ -208,6 +282,10 @@ def normalize_tool(tool: Any, *, index: int = 0) -> dict:
     if params is not None and not isinstance(params, dict):
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): parameters is a "
                           f"{type(params).__name__}, not an object")
+    desc = fn.get("description")
+    if desc is not None and type(desc) is not str:
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): description is a "
+                          f"{type(desc).__name__}, not a string")
     if fn is tool or tool.get("type") != "function":
         return {"type": "function", "function": fn}
     return tool

@@ -21,15 +21,20 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
    ``tool_markup_in_text`` (the rule: `beam_sft.formats.toolmarkup`); any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
    ``harmony_marker_in_text``; ``</rfl:parameter>`` inside an argument value →
    ``parameter_close_tag_in_argument``; arguments that are not an object → ``arguments_not_object``; an
-   argument name the XML attribute can't hold (``"``, ``<``, ``>``) → ``bad_arguments_json``.
+   argument name the XML attribute can't hold (``"``, ``<``, ``>``), or an argument nested deeper than
+   ``MAX_JSON_DEPTH`` → ``bad_arguments_json``; a call or result id that isn't a string → ``bad_content``.
 7. **Turns**: no assistant message → ``no_assistant_turn``; an assistant message with neither content nor calls
    → ``bad_content`` (it would train an empty answer). An assistant message without reasoning is kept with
    an empty analysis by default (Beam always reasons, so the statistics count these) or rejected with
    ``Options(missing_reasoning="reject")`` → ``missing_reasoning``.
-8. ``chat_template_kwargs.reasoning_effort`` must be a Beam label or an int → ``bad_template_kwargs``.
+8. ``chat_template_kwargs.reasoning_effort`` must be a Beam label or an int, ``model_identity`` a string, and
+   nothing may nest deeper than ``MAX_JSON_DEPTH`` → ``bad_template_kwargs``; ``tools`` must be a list of
+   function schemas (name a string, parameters an object, description a string) that JSON can write, nested
+   at most ``MAX_JSON_DEPTH`` → ``bad_tool_schema``.
 9. Finally, when ``Options.render_check`` is set, the record is rendered; any failure → ``render_failed``.
    Everything above mirrors what the template raises for, so this is a safety net.
 
+Any JSON value is accepted as input: whatever its types, the outcome is a record or a `RecordError`.
 Message indexes in errors refer to the record as the caller gave it (converters pass a map from Beam
 messages back to their source messages, ``_src``; ``_no_markup`` says they already searched every text for
 tool markup and found none).
@@ -42,11 +47,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.toolmarkup import find_markup, may_have_markup
-from beam_sft.messages import EFFORT_LABELS, PARAMETER_CLOSE_TAG, find_marker
+from beam_sft.messages import (
+    EFFORT_LABELS,
+    MAX_JSON_DEPTH,
+    PARAMETER_CLOSE_TAG,
+    checked_tools,
+    find_marker,
+    nests_deeper,
+)
 
 LATE_SYSTEM_CHOICES = ("reject", "move")
 MISSING_REASONING_CHOICES = ("keep", "reject")
@@ -117,8 +127,9 @@ def _check_markup(out: list[dict], msgs: list, src) -> None:
                                   "(a call or result that was not converted)", message_index=_idx(src, i))
 
 
-def _check_value(value: Any, name: str, where: str, i: int) -> None:
-    """A tool-call argument value, recursively: no marker, no closing parameter tag."""
+def _check_value(value: Any, name: str, where: str, i: int, depth: int = 2) -> None:
+    """A tool-call argument value, recursively: no marker, no closing parameter tag, not nested too deep
+    (the arguments object is depth 1)."""
     if type(value) is str:
         if "<" in value:
             if PARAMETER_CLOSE_TAG in value:
@@ -127,6 +138,9 @@ def _check_value(value: Any, name: str, where: str, i: int) -> None:
             err = _text_error(value, f"argument {name!r} of {where}", i)
             if err:
                 raise err
+    elif depth > MAX_JSON_DEPTH and (type(value) is dict or type(value) is list):
+        raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"argument {name!r} of {where} nests deeper than "
+                          f"{MAX_JSON_DEPTH} levels", message_index=i)
     elif type(value) is dict:
         for k, v in value.items():
             if type(k) is not str or "<" in k:
@@ -136,10 +150,10 @@ def _check_value(value: Any, name: str, where: str, i: int) -> None:
                 err = _text_error(k, f"a key in argument {name!r} of {where}", i)
                 if err:
                     raise err
-            _check_value(v, name, where, i)
+            _check_value(v, name, where, i, depth + 1)
     elif type(value) is list:
         for v in value:
-            _check_value(v, name, where, i)
+            _check_value(v, name, where, i, depth + 1)
 
 
 def _check_calls(calls: Any, i: int) -> None:
@@ -152,6 +166,10 @@ def _check_calls(calls: Any, i: int) -> None:
         name = fn.get("name")
         if type(name) is not str or not name or _BAD_NAME.search(name):
             raise RecordError(Reason.BAD_CONTENT, f"tool call name {name!r} is not a usable name", message_index=i)
+        cid = call.get("id")
+        if cid is not None and type(cid) is not str:
+            raise RecordError(Reason.BAD_CONTENT, f"id of call {name!r} is a {type(cid).__name__}, not a string",
+                              message_index=i)
         args = fn.get("arguments")
         if type(args) is not dict:
             raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a "
@@ -172,6 +190,10 @@ def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: 
             err = _text_error(content, "tool result", _idx(src, ri))
             if err:
                 raise err
+        rid = msgs[ri].get("tool_call_id")
+        if rid is not None and type(rid) is not str:
+            raise RecordError(Reason.BAD_CONTENT, f"tool_call_id is a {type(rid).__name__}, not a string",
+                              message_index=_idx(src, ri))
     if len(calls) == 1 and k - j == 1:  # the common case: one call, one result
         c, r = calls[0], msgs[j]
         cid, rid = c.get("id"), r.get("tool_call_id")
@@ -239,6 +261,11 @@ def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: 
 def _check_kwargs(kwargs: Any) -> None:
     if type(kwargs) is not dict:
         raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not an object")
+    identity = kwargs.get("model_identity")
+    if identity is not None and type(identity) is not str:
+        raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"model_identity is a {type(identity).__name__}, not a string")
+    if nests_deeper(kwargs):
+        raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"chat_template_kwargs nest deeper than {MAX_JSON_DEPTH} levels")
     effort = kwargs.get("reasoning_effort")
     if effort is None or (type(effort) is str and effort in EFFORT_LABELS) or type(effort) is int:
         return
@@ -261,6 +288,12 @@ def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
         m = msgs[q]
         reasoning.append(m.get("reasoning_content") or m.get("thinking") or m.get("reasoning") or "")
         content.append(m.get("content") or "")
+    for q, (r, c) in enumerate(zip(reasoning, content, strict=True), start=i):
+        err = _text_error(r, "reasoning", _idx(src, q)) or _text_error(c, "assistant content", _idx(src, q))
+        if err:
+            raise err
+    for q in range(i + 1, j):
+        m = msgs[q]
         if m.get("tool_calls"):
             if q != j - 1:
                 raise RecordError(Reason.CALL_WITHOUT_RESULT, "the assistant speaks again before the results of "
@@ -282,6 +315,8 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     ``moved_system``, ``missing_reasoning``.
     """
     opts = options or DEFAULT_OPTIONS
+    if type(rec) is not dict:
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
     src = rec.pop("_src", None)
     no_markup = rec.pop("_no_markup", False)  # the converter already searched every text for tool markup
     msgs = rec.get("messages")
@@ -384,7 +419,7 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     result: dict[str, Any] = {"messages": out}
     tools = rec.get("tools")
     if tools:
-        blob = orjson.dumps(tools)
+        tools, blob = checked_tools(tools)
         if b"<|" in blob:
             marker = find_marker(blob.decode())
             if marker:

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from beam_sft.cli import main as beam_sft_main
-from beam_sft.cli.convert import main
+from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS, main
 from beam_sft.validate import make_render_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,22 +130,81 @@ def test_usage_errors_exit_2_and_leave_nothing(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_fatal_error_exit_1_clean_line_and_debug_traceback(tmp_path, capsys, monkeypatch):
-
-    def broken(rec):
-        raise AttributeError("converter bug")
-
+def _fault_every_third(monkeypatch):
+    """Make every third record raise an unexpected exception inside the converters (a simulated bug)."""
     from beam_sft import formats
+    from beam_sft.formats import openai
 
-    monkeypatch.setitem(formats.FORMATS, "openai", broken)
-    out = tmp_path / "o.jsonl"
-    code, _, err = run([SAMPLES / "openai.jsonl", "-o", out, "--format", "openai"], capsys)
-    assert code == 1 and "openai.jsonl:1: converter failed: AttributeError: converter bug" in err
-    assert "Traceback" not in err and not out.exists()
+    calls = {"n": 0}
+    real = formats.FORMATS["openai"]
+
+    def flaky(rec):
+        calls["n"] += 1
+        if calls["n"] % 3 == 1:
+            raise AttributeError("converter bug")
+        return real(rec)
+
+    monkeypatch.setitem(formats.FORMATS, "openai", flaky)
+    monkeypatch.setattr(openai, "fast_convert", lambda rec, options=None: None)
+
+
+def test_an_unexpected_exception_rejects_one_record_as_internal_error_and_the_run_goes_on(tmp_path, capsys,
+                                                                                          monkeypatch):
+    clean, rej0 = tmp_path / "clean.jsonl", tmp_path / "rej0.jsonl"
+    assert run([SAMPLES / "openai.jsonl", "-o", clean, "--rejects", rej0, "--format", "openai", "-q"], capsys)[0] == 0
+    _fault_every_third(monkeypatch)
+    out, rej, stats = tmp_path / "o.jsonl", tmp_path / "rej.jsonl", tmp_path / "stats.json"
+    code, _, err = run([SAMPLES / "openai.jsonl", "-o", out, "--rejects", rej, "--stats", stats, "--format",
+                        "openai", "-q"], capsys)
+    assert code == EXIT_INTERNAL_ERRORS == 3
+    n_in = len([line for line in (SAMPLES / "openai.jsonl").read_bytes().splitlines() if line.strip()])
+    internal = [r for r in read_jsonl(rej) if r["reason"] == "internal_error"]
+    assert len(internal) == (n_in + 2) // 3
+    assert internal[0] == {"source": str(SAMPLES / "openai.jsonl"), "line": 1, "reason": "internal_error",
+                           "message_index": None, "message": "AttributeError: converter bug"}
+    st = json.loads(stats.read_text())
+    assert st["rejected"]["internal_error"] == len(internal)
+    assert st["records_in"] == n_in == st["records_out"] + st["rejected_total"]
+    # the records that did not hit the fault come out exactly as in a clean run
+    survivors = {r["line"] for r in internal} | {r["line"] for r in read_jsonl(rej0)}
+    assert len(read_jsonl(out)) == n_in - len(survivors)
+    warning = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and f"{len(internal)} record(s)" in warning[0] and "openai.jsonl:1:" in warning[0]
+    assert "internal_error" in err and "Traceback" not in err
+    # with BEAM_SFT_DEBUG the first one stops the run with its traceback, and nothing is written
     monkeypatch.setenv("BEAM_SFT_DEBUG", "1")
+    debug_out = tmp_path / "debug.jsonl"
     with pytest.raises(AttributeError):
-        main([str(SAMPLES / "openai.jsonl"), "-o", str(out), "--format", "openai"])
-    assert list(tmp_path.iterdir()) == []
+        main([str(SAMPLES / "openai.jsonl"), "-o", str(debug_out), "--format", "openai", "-q"])
+    assert not debug_out.exists() and not [p for p in tmp_path.iterdir() if "beam-tmp" in p.name]
+
+
+def test_internal_error_exit_status_from_the_command_line(tmp_path):
+    """The same barrier through a real process: exit status 3, the warning on stderr, outputs complete."""
+    out, rej = tmp_path / "o.jsonl", tmp_path / "rej.jsonl"
+    code = f"""
+import sys
+from beam_sft import formats
+from beam_sft.formats import openai
+real = formats.FORMATS["openai"]
+def flaky(rec):
+    if isinstance(rec, dict) and len(rec.get("messages") or ()) % 2:
+        raise KeyError("injected")
+    return real(rec)
+formats.FORMATS["openai"] = flaky
+openai.fast_convert = lambda rec, options=None: None
+from beam_sft.cli import main
+sys.exit(main(["convert", {str(SAMPLES / "openai.jsonl")!r}, "-o", {str(out)!r}, "--rejects", {str(rej)!r},
+               "--format", "openai", "-q", "--render-check", "none"]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "BEAM_SFT_DEBUG": "", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 3, proc.stderr
+    assert "warning:" in proc.stderr and "KeyError: 'injected'" in proc.stderr
+    rejects = read_jsonl(rej)
+    n_in = len([line for line in (SAMPLES / "openai.jsonl").read_bytes().splitlines() if line.strip()])
+    assert any(r["reason"] == "internal_error" for r in rejects)
+    assert len(read_jsonl(out)) + len(rejects) == n_in
 
 
 def test_register_adds_the_same_command_as_a_subcommand(tmp_path, capsys):

@@ -288,7 +288,55 @@ def test_cli_stats_and_html(tmp_path, capsys):
     assert "trained tokens" in out and "truncated by max_length" in out and "length histogram" in out
     page = out_html.read_text(encoding="utf-8")
     assert "<h2>Dataset</h2>" in page and 'class="tok t0' in page
-    assert not list(tmp_path.glob(".tmp-*"))  # written atomically, nothing left behind
+    assert not list(tmp_path.glob(".*beam-tmp*"))  # written atomically, nothing left behind
+
+
+def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypatch):
+    """A converter or encoder bug on one record: that record is an internal_error reject, the others are
+    shown and counted, a warning names it, and the exit status is 3."""
+    from beam_sft import formats
+    from beam_sft.render import MaskedEncoder
+
+    real_convert = formats.convert_record
+    total = ins.load_records(str(SAMPLES / "sharegpt.json")).total
+
+    def flaky(rec, format="auto", options=None):
+        if isinstance(rec, dict) and "chat_template_kwargs" in rec:
+            raise TypeError("unhashable type: 'list'")
+        return real_convert(rec, format, options)
+
+    monkeypatch.setattr(formats, "convert_record", flaky)
+    loaded = ins.load_records(str(SAMPLES / "sharegpt.json"))
+    internal = [r for r in loaded.rejects if r["reason"] == "internal_error"]
+    assert internal and internal[0]["message"] == "TypeError: unhashable type: 'list'"
+    assert internal[0]["source"] == str(SAMPLES / "sharegpt.json") and internal[0]["line"] == internal[0]["index"]
+    assert len(loaded.records) + len(loaded.rejects) == loaded.total == total
+    capsys.readouterr()
+    assert cli_main(["inspect", str(SAMPLES / "sharegpt.json"), "--stats"]) == 3
+    err = capsys.readouterr().err
+    assert f"warning: {len(internal)} record(s) hit an unexpected error" in err and "Traceback" not in err
+    monkeypatch.setattr(formats, "convert_record", real_convert)
+
+    # the same for an encoder failure while computing --stats (and while showing the record)
+    real_encode = MaskedEncoder.encode
+
+    def bad_encode(self, records):
+        if any(len(r["messages"]) == 3 for r in records):
+            raise IndexError("encoder bug")
+        return real_encode(self, records)
+
+    monkeypatch.setattr(MaskedEncoder, "encode", bad_encode)
+    beam = tmp_path / "beam.jsonl"
+    short = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    three = '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, ' \
+            '{"role": "assistant", "content": "yo"}]}'
+    beam.write_text(f"{short}\n{three}\n{short}\n", encoding="utf-8")
+    stats = ins.dataset_stats(load_tokenizer(), ins.load_records(str(beam), format="beam").records)
+    assert stats.records == 2 and stats.rejected_reasons == {"internal_error": 1} and stats.internal_errors == [1]
+    assert cli_main(["inspect", str(beam), "--format", "beam", "--stats", "-n", "3"]) == 3
+    captured = capsys.readouterr()
+    assert "record 1: [internal_error] IndexError: encoder bug" in captured.err
+    assert "warning: 1 record(s)" in captured.err and captured.out.count("legend:") == 2
 
 
 # ---------- the notebook ----------

@@ -11,8 +11,14 @@ Every input record is either written or rejected with a reason code (records in 
 at the end of every run); `--rejects` lists the rejections, one JSON line each, with source file, line (JSONL,
 1-based) or index (0-based), reason and message. A summary goes to stderr, `--stats` writes it as JSON.
 Output order follows input order, with or without `--num-proc`. The output appears only when the run
-finishes (temporary file, then rename). Exit status: 0 when the run finished (rejections included), 2 for
-usage errors, 1 for fatal errors; set BEAM_SFT_DEBUG=1 for tracebacks.
+finishes (temporary file, then rename).
+
+A record that makes a converter raise anything but its own rejection (a bug in beam-sft) is rejected as
+`internal_error` with the exception's type and message; the run goes on, and the summary warns.
+
+Exit status: 0 when the run finished (rejections included); 3 when it finished, outputs complete, but some
+records were rejected as internal_error (report them); 2 for usage errors; 1 for fatal errors (nothing is
+written). Set BEAM_SFT_DEBUG=1 for tracebacks (an internal error then stops the run with its traceback).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from typing import Any
 CHUNK = 256
 RENDER_CHECK_CHOICES = ("all", "sample", "none")
 SAMPLE_HEAD, SAMPLE_EVERY = 1000, 100
+# The run finished and its outputs are complete, but some records hit an unexpected exception (a converter
+# bug) and were rejected as `internal_error`. Not 0, so a pipeline notices; not 1, which means "no output".
+EXIT_INTERNAL_ERRORS = 3
 
 
 class Stats:
@@ -156,7 +165,7 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
     so the sample is the same with any --num-proc)."""
     import orjson
 
-    from beam_sft.errors import RecordError
+    from beam_sft.errors import RecordError, internal_error
     from beam_sft.formats import convert_raw, detect, to_row
     from beam_sft.formats.openai import fast_convert
     from beam_sft.io import parse_line
@@ -192,11 +201,12 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
         except RecordError as err:
             stats.add_reject(err.code.value)
             out.append((False, (err.code.value, err.message_index, err.message)))
-        except Exception as err:  # a converter bug: stop the run and name the record (main side)
+        except Exception as err:  # a converter bug must cost one record, not the run
             if os.environ.get("BEAM_SFT_DEBUG"):
                 raise
-            out.append((None, f"{type(err).__name__}: {err}"))
-            stats.records_in += 1
+            rej = internal_error(err)
+            stats.add_reject(rej.code.value)
+            out.append((False, (rej.code.value, None, rej.message)))
     return out, stats
 
 
@@ -245,9 +255,10 @@ def _results(chunks, args, init_args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from beam_sft.errors import FatalError, UsageError
+    from beam_sft.errors import FatalError, Reason, UsageError
     from beam_sft.io import JsonlSink, expand_inputs, iter_items, open_writer, write_json_atomic
 
+    INTERNAL = Reason.INTERNAL_ERROR.value
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")
     if args.limit is not None and args.limit < 0:
@@ -270,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
     writer = open_writer(args.output)
     rejects = JsonlSink(args.rejects) if args.rejects else None
     total = Stats()
+    first_internal: list[str] = []  # where the first internal errors happened, for the warning
     per_source: dict[str, Counter] = {}
     init_args = (args.format, args.late_system, args.missing_reasoning, args.render_check, chat_template)
     from tqdm import tqdm
@@ -283,10 +295,11 @@ def run(args: argparse.Namespace) -> int:
             for (source, pos, by_line), (ok, payload) in zip(prov, results, strict=True):
                 if ok:
                     writer.write_raw(payload)
-                elif ok is None:
+                    continue
+                if payload[0] == INTERNAL and len(first_internal) < 3:
                     where = f"{source}:{pos}" if by_line else f"{source}[{pos}]"
-                    raise FatalError(f"{where}: converter failed: {payload} (set BEAM_SFT_DEBUG=1 for the traceback)")
-                elif rejects is not None:
+                    first_internal.append(f"{where}: {payload[2]}")
+                if rejects is not None:
                     code, index, message = payload
                     entry: dict[str, Any] = {"source": source, ("line" if by_line else "index"): pos,
                                              "reason": code, "message_index": index, "message": message}
@@ -313,6 +326,12 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         write_json_atomic(args.stats, {"inputs": [s.name for s in sources], "output": args.output,
                                        "format": args.format, **total.to_dict()})
+    n_internal = total.rejected[INTERNAL]
+    if n_internal:
+        print(f"warning: {n_internal} record(s) hit an unexpected error in the converter and were rejected as "
+              f"{INTERNAL} (a bug in beam-sft; please report it). First: {'; '.join(first_internal)}. "
+              f"Exit status {EXIT_INTERNAL_ERRORS}.", file=sys.stderr)
+        return EXIT_INTERNAL_ERRORS
     return 0
 
 

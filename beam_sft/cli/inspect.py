@@ -11,8 +11,10 @@ between `{+` and `+}`.
     beam-sft inspect data/samples/openai.jsonl --stats --max-length 256
     beam-sft inspect my.parquet --html /tmp/masks.html --stats   # a self-contained page
 
-Exit status: 0 on success (rejected records are counted on stderr), 2 for usage errors (a bad --index,
-an unreadable tokenizer), 1 when the dataset cannot be read. BEAM_SFT_DEBUG=1 shows tracebacks.
+Exit status: 0 on success (rejected records are counted on stderr), 3 when some records hit an unexpected
+error (rejected as internal_error, a bug in beam-sft: a warning names them; the rest is shown), 2 for usage
+errors (a bad --index, an unreadable tokenizer), 1 when the dataset cannot be read. BEAM_SFT_DEBUG=1 shows
+tracebacks.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from beam_sft import inspect as ins
-    from beam_sft.errors import RecordError, UsageError
+    from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
+    from beam_sft.errors import Reason, RecordError, UsageError, internal_error
     from beam_sft.formats import FORMAT_NAMES
     from beam_sft.render import MaskedEncoder
     from beam_sft.tokenizer import load_tokenizer
@@ -112,6 +115,8 @@ def run(args) -> int:
         args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     )
     views = []
+    # input positions of records that hit an unexpected exception (a bug): they decide the exit status
+    internal = {r["index"] for r in loaded.rejects if r["reason"] == Reason.INTERNAL_ERROR.value}
     for position in wanted:
         k = loaded.index_of(position)
         if k is None:
@@ -125,6 +130,12 @@ def run(args) -> int:
             )
         except RecordError as err:
             print(f"record {position}: {err}", file=sys.stderr)
+            continue
+        except Exception as exc:  # one record's bug must not hide the others
+            if os.environ.get("BEAM_SFT_DEBUG"):
+                raise
+            print(f"record {position}: {internal_error(exc)}", file=sys.stderr)
+            internal.add(position)
             continue
         views.append(view)
         print(ins.ansi_view(view) if color else ins.plain_view(view))
@@ -142,8 +153,9 @@ def run(args) -> int:
             rejected=loaded.rejects,
         )
         # Indices in the table are input positions, like --index takes them.
-        for name in ("empty_mask", "truncated", "cut_inside_assistant", "stop_untrained"):
+        for name in ("empty_mask", "truncated", "cut_inside_assistant", "stop_untrained", "internal_errors"):
             setattr(stats, name, [loaded.positions[i] for i in getattr(stats, name)])
+        internal.update(stats.internal_errors)
         print(ins.stats_table(stats))
     if args.html:
         ins.write_atomic(
@@ -155,6 +167,14 @@ def run(args) -> int:
             f"{len(loaded.rejects)} of the {loaded.total} records read were rejected by the converters",
             file=sys.stderr,
         )
+    if internal:
+        shown = ", ".join(str(p) for p in sorted(internal)[:12])
+        print(
+            f"warning: {len(internal)} record(s) hit an unexpected error (internal_error, a bug in beam-sft; "
+            f"please report it): records {shown}. Exit status {EXIT_INTERNAL_ERRORS}.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL_ERRORS
     return 0
 
 

@@ -51,9 +51,10 @@ def _looks_harmony_json(msgs: list) -> bool:
         if "channel" in m or "recipient" in m or "content_type" in m:
             return True
         content = m.get("content")
-        if type(content) is list and content and type(content[0]) is dict \
-                and content[0].get("type") in _HARMONY_JSON_PART_TYPES:
-            return True
+        if type(content) is list and content and type(content[0]) is dict:
+            ptype = content[0].get("type")
+            if type(ptype) is str and ptype in _HARMONY_JSON_PART_TYPES:
+                return True
     return False
 
 

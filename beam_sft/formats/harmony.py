@@ -64,6 +64,7 @@ _REASONING_RE = re.compile(r"^reasoning:\s*(\S+)\s*$", re.IGNORECASE | re.MULTIL
 _SYSTEM_BOILERPLATE = re.compile(
     r"^(knowledge cutoff:|current date:|reasoning:|# valid channels:|calls to these tools must go to)", re.IGNORECASE
 )
+_JSON_STRING_FIELDS = ("channel", "recipient", "content_type")  # openai-harmony message fields besides role/name
 PYTHON_TOOL_PARAMETERS = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
 
 
@@ -181,7 +182,13 @@ def parse_json_messages(msgs: list) -> list[HMsg]:
         role = m.get("role")
         author = m.get("name") if role == "tool" and m.get("name") else role
         if not isinstance(author, str):
-            raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=k)
+            what = f"tool name {author!r}" if role == "tool" else f"role {role!r}"
+            raise RecordError(Reason.UNKNOWN_ROLE, f"unknown {what}", message_index=k)
+        for key in _JSON_STRING_FIELDS:
+            value = m.get(key)
+            if value is not None and type(value) is not str:
+                raise RecordError(Reason.BAD_HARMONY, f"{key} is a {type(value).__name__}, not a string",
+                                  message_index=k)
         content = m.get("content")
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
@@ -190,6 +197,8 @@ def parse_json_messages(msgs: list) -> list[HMsg]:
         texts, parts = [], []
         for j, p in enumerate(content):
             ptype = p.get("type") if isinstance(p, dict) else None
+            if type(ptype) is not str:
+                raise RecordError(Reason.BAD_CONTENT, f"content part {j} has no type string", message_index=k)
             if ptype == "text" and isinstance(p.get("text"), str):
                 texts.append(p["text"])
             elif ptype in ("system_content", "developer_content"):
@@ -216,7 +225,11 @@ def _tools_from_namespace_dict(tools: Any, k: int) -> list[dict]:
         if not isinstance(ns, dict):
             raise RecordError(Reason.BAD_TOOL_SCHEMA, f"namespace {ns_key!r} is not an object", message_index=k)
         ns_name = ns.get("name", ns_key)
-        for t in ns.get("tools") or []:
+        ns_tools = ns.get("tools") or []
+        if type(ns_name) is not str or type(ns_tools) is not list:
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"namespace {ns_key!r} needs a string name and a list of "
+                              "tools", message_index=k)
+        for t in ns_tools:
             if not isinstance(t, dict) or not isinstance(t.get("name"), str):
                 raise RecordError(Reason.BAD_TOOL_SCHEMA, f"a tool of namespace {ns_name!r} has no name",
                                   message_index=k)
@@ -225,8 +238,12 @@ def _tools_from_namespace_dict(tools: Any, k: int) -> list[dict]:
                 fn["description"] = t["description"]
             fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
             out.append({"type": "function", "function": fn})
-        if ns_name == "python" and not ns.get("tools"):
-            out.append(_python_tool(ns.get("description")))
+        if ns_name == "python" and not ns_tools:
+            description = ns.get("description")
+            if description is not None and type(description) is not str:
+                raise RecordError(Reason.BAD_TOOL_SCHEMA, "python tool description is not a string",
+                                  message_index=k)
+            out.append(_python_tool(description))
     return out
 
 
@@ -285,6 +302,9 @@ def _system(m: HMsg, kwargs: dict, tools: list) -> None:
             if effort is not None:
                 _set_effort(str(effort), kwargs, m.index)
             identity = p.get("model_identity")
+            if identity is not None and type(identity) is not str:
+                raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"model_identity is a {type(identity).__name__}, "
+                                  "not a string", message_index=m.index)
             if identity and identity != DEFAULT_IDENTITY:
                 kwargs["model_identity"] = identity
             tools.extend(_tools_from_namespace_dict(p.get("tools"), m.index))
@@ -319,8 +339,12 @@ def _developer(m: HMsg, tools: list) -> str:
         for p in m.parts:
             if p.get("type") != "developer_content":
                 continue
-            if p.get("instructions"):
-                texts.append(p["instructions"])
+            instructions = p.get("instructions")
+            if instructions is not None and type(instructions) is not str:
+                raise RecordError(Reason.BAD_CONTENT, f"developer instructions are a {type(instructions).__name__}, "
+                                  "not a string", message_index=m.index)
+            if instructions:
+                texts.append(instructions)
             tools.extend(_tools_from_namespace_dict(p.get("tools"), m.index))
         return "\n\n".join(texts)
     keep = []

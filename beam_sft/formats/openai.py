@@ -33,12 +33,15 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.toolmarkup import lift, scan
 from beam_sft.messages import (
     EFFORT_LABELS,
+    MAX_JSON_DEPTH,
+    nests_deeper,
     normalize_tools,
     openai_tool_call,
     split_think,
     text_of,
     tool_call,
     tool_content,
+    tools_json,
 )
 from beam_sft.messages import (
     record as beam_record,
@@ -140,7 +143,13 @@ def _split_result_list(text: str, pending: int) -> list[str] | None:
     for item in items:
         if isinstance(item, dict) and "content" in item and ("tool_call_id" in item or "name" in item):
             item = item["content"]
-        out.append(item if isinstance(item, str) else orjson.dumps(item).decode())
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        try:
+            out.append(orjson.dumps(item).decode())
+        except orjson.JSONEncodeError:
+            return None  # too deep to write back as JSON text: keep the message as one result
     return out
 
 
@@ -201,10 +210,16 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
             call_id = m.get("tool_call_id")
             if call_id is None and type(m.get("tool_call_ids")) is list and len(m["tool_call_ids"]) == 1:
                 call_id = m["tool_call_ids"][0]
+            if call_id is not None and type(call_id) is not str and type(call_id) is not int:
+                raise RecordError(Reason.BAD_CONTENT, f"tool_call_id is a {type(call_id).__name__}, not a string",
+                                  message_index=i)
             split = _split_result_list(text, pending) if call_id is None and pending > 1 else None
             if split:
                 splits[i] = len(split) - 1
             name = m.get("name")
+            if name is not None and type(name) is not str:
+                raise RecordError(Reason.BAD_CONTENT, f"tool result name is a {type(name).__name__}, not a string",
+                                  message_index=i)
             for part in split or (text,):
                 msg = {"role": "tool", "content": part}
                 if name:
@@ -307,19 +322,22 @@ def _fast_args(args: Any) -> dict | None:
         if t is str:
             if "<" in value:
                 return None
-        elif (t is dict or t is list) and not _fast_clean(value):
+        elif (t is dict or t is list) and not _fast_clean(value, 2):
             return None
     return args
 
 
-def _fast_clean(value: Any) -> bool:
-    """No "<" in any string or key of a nested argument value (else the general path checks it)."""
+def _fast_clean(value: Any, depth: int) -> bool:
+    """No "<" in any string or key of a nested argument value, and not nested too deep (else the general path
+    checks it)."""
     if type(value) is str:
         return "<" not in value
+    if depth > MAX_JSON_DEPTH:
+        return type(value) is not list and type(value) is not dict
     if type(value) is list:
-        return all(_fast_clean(v) for v in value)
+        return all(_fast_clean(v, depth + 1) for v in value)
     if type(value) is dict:
-        return all(type(k) is str and "<" not in k and _fast_clean(v) for k, v in value.items())
+        return all(type(k) is str and "<" not in k and _fast_clean(v, depth + 1) for k, v in value.items())
     return True
 
 
@@ -344,7 +362,7 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         if type(m) is not dict or "channel" in m or "recipient" in m or "content_type" in m:
             return None
         role = m.get("role")
-        if role in _FAST_USER_ROLES:
+        if type(role) is str and role in _FAST_USER_ROLES:
             content = m.get("content")
             if type(content) is not str:
                 return None
@@ -451,7 +469,13 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
                 if params is not None and (type(params) is not dict
                                            or (params and "type" not in params and "properties" not in params)):
                     return None  # an xLAM parameter map: the general path converts it
-            blob = orjson.dumps(tools)
+                desc = fn.get("description")
+                if desc is not None and type(desc) is not str:
+                    return None
+            try:
+                blob = tools_json(tools)
+            except RecordError:
+                return None
             if b"<" in blob:
                 return None
             if not _standard_types(blob):
@@ -466,6 +490,8 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
             return None
         effort = kwargs.get("reasoning_effort")
         if not (effort is None or type(effort) is int or (type(effort) is str and effort in EFFORT_LABELS)):
+            return None
+        if nests_deeper(kwargs):
             return None
         result["chat_template_kwargs"] = kwargs
     if options is not None and options.render_check is not None:

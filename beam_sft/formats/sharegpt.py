@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.openai import record_kwargs, reject_unsupported_record
+from beam_sft.formats.openai import _reasoning_field, record_kwargs, reject_unsupported_record
 from beam_sft.formats.toolmarkup import lift, scan
 from beam_sft.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
 from beam_sft.messages import record as beam_record
@@ -89,7 +89,9 @@ def convert(rec: Any) -> dict:
         elif role in ASSISTANT_ROLES:
             text = text_of(value, message_index=i)
             reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
-            if not isinstance(reasoning, str) or not reasoning:
+            if reasoning is not None and type(reasoning) is not str:
+                reasoning = _reasoning_field(m, i)  # text parts are fine, other types are bad_content
+            if not reasoning:
                 reasoning, text = split_think(text, message_index=i)
             out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": text})
         elif role in CALL_ROLES:

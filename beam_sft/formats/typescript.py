@@ -80,16 +80,20 @@ def _tokenize(src: str) -> list[_Tok]:
 
 
 def _literal(text: str) -> Any:
+    """A string or number literal token as its value; one JSON can't read is a `TypeScriptError`."""
     if text.startswith("'"):
         return text[1:-1].replace("\\'", "'")
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise TypeScriptError(f"bad literal {text[:40]!r}: {err}") from None
 
 
 def _default_value(text: str) -> Any:
     text = text.strip()
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # json.loads recurses per nesting level
         return text
 
 
@@ -119,10 +123,20 @@ def _description(lines: list[str]) -> tuple[str | None, list | None, Any]:
 _NO_DEFAULT = object()
 
 
+# Types nest by recursion (objects, parentheses, unions, Array<>): deeper than this is an error, not a crash.
+MAX_NESTING = 100
+
+
 class _Parser:
     def __init__(self, src: str):
         self.toks = _tokenize(src)
         self.i = 0
+        self.depth = 0
+
+    def _enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise TypeScriptError(f"line {self.peek().line}: types nested deeper than {MAX_NESTING} levels")
 
     # -- token helpers
     def peek(self, k: int = 0) -> _Tok:
@@ -258,6 +272,13 @@ class _Parser:
         return schema
 
     def union(self) -> dict:
+        self._enter()
+        try:
+            return self._union()
+        finally:
+            self.depth -= 1
+
+    def _union(self) -> dict:
         variants: list[dict] = []
         self.comments()
         if self.peek().text == "|":  # a leading '|' starts a multi-line one-of
@@ -287,10 +308,8 @@ class _Parser:
         elif t.text == "(":
             schema = self.union()
             self.expect(")")
-        elif t.kind == "string":
+        elif t.kind == "string" or t.kind == "number":
             schema = {"const": _literal(t.text)}
-        elif t.kind == "number":
-            schema = {"const": json.loads(t.text)}
         elif t.kind == "ident":
             simple = {"string": "string", "number": "number", "boolean": "boolean", "null": "null",
                       "object": "object"}
