@@ -254,8 +254,14 @@ class VLLMBackend:
             raise UsageError("--backend vllm needs a CUDA GPU; use --backend transformers on CPU")
         self.tokenizer = tokenizer
         self.stops = stop_ids(tokenizer)
+        lora_rank = {}
+        if adapter is not None:
+            config = Path(adapter) / "adapter_config.json"
+            # vLLM refuses adapters above max_lora_rank (16 by default); configs/beam_lora.yaml uses r=32.
+            rank = json.loads(config.read_text()).get("r", 16) if config.is_file() else 16
+            lora_rank = {"max_lora_rank": max(16, int(rank))}
         self.llm = LLM(model=model, tokenizer=tokenizer_path or model, enable_lora=adapter is not None,
-                       seed=0)
+                       seed=0, **lora_rank)
         self.params = SamplingParams(
             temperature=0.0,  # greedy
             max_tokens=max_new_tokens,
@@ -279,9 +285,14 @@ class VLLMBackend:
         for output in outputs:
             completion = output.outputs[0]
             ids = list(completion.token_ids)
-            # vLLM reports which stop id ended the sequence; make sure it is in the ids we decode.
-            if isinstance(completion.stop_reason, int) and (not ids or ids[-1] != completion.stop_reason):
-                ids.append(completion.stop_reason)
+            # vLLM reports which stop id ended the sequence (None for the model's EOS, <|return|>); make sure
+            # it is in the ids we decode, whether or not vLLM kept it in token_ids.
+            if completion.finish_reason == "stop" and (not ids or ids[-1] not in self.stops):
+                stop_id = completion.stop_reason if isinstance(completion.stop_reason, int) else None
+                if stop_id is None and completion.stop_reason is None:
+                    stop_id = self.tokenizer.eos_token_id
+                if stop_id is not None:
+                    ids.append(stop_id)
             result.append(_finish(self.tokenizer, ids, self.stops))
         return result
 
@@ -686,25 +697,31 @@ def evaluate(
 # Models
 
 
-def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None = None, device: str | None = None):
-    """(model, tokenizer) for evaluation: a saved directory or a hub id (the local cache when offline),
-    optionally with a LoRA adapter (peft) merged in. The tokenizer comes from `tokenizer`, else the adapter
-    directory when it holds one (scripts/train.py saves it there), else the model."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: str | None = None):
+    """(tokenizer, where it came from): `tokenizer`, else the adapter directory when it holds one
+    (scripts/train.py saves it there), else the model's. It must carry both Beam templates."""
+    from transformers import AutoTokenizer
 
-    tokenizer_source = tokenizer or (
-        adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else model
-    )
+    source = tokenizer or (adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else model)
     try:
-        tok = AutoTokenizer.from_pretrained(tokenizer_source)
+        tok = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load the tokenizer {tokenizer_source!r}: {err}") from err
+        raise UsageError(f"cannot load the tokenizer {source!r}: {err}") from err
     if not tok.chat_template or getattr(tok, "response_template", None) is None:
         raise UsageError(
-            f"{tokenizer_source}: the tokenizer lacks the Beam chat template or response_template "
+            f"{source}: the tokenizer lacks the Beam chat template or response_template "
             "(save it with beam_sft.tokenizer.save_tokenizer, or beamify it)"
         )
+    return tok, source
+
+
+def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None = None, device: str | None = None):
+    """(model, tokenizer) for evaluation: a saved directory or a hub id (the local cache when offline),
+    optionally with a LoRA adapter (peft) merged in; the tokenizer as `load_eval_tokenizer` finds it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok, _ = load_eval_tokenizer(model, tokenizer=tokenizer, adapter=adapter)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     try:

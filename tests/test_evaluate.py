@@ -141,16 +141,19 @@ def test_report_page(trained_eval):
 
 def test_batched_generation_matches_one_at_a_time(trained, data_dir):
     model, tok = ev.load_model(str(trained[0]), device="cpu")
-    records = [(r, f) for r, _, f in ev._load_records(str(data_dir))][:5]
+    # Rows 0 (a short answer) and 3 (a tool call) of each format: prompts of different lengths, so padded.
+    records = [(r, f) for k, (r, _, f) in enumerate(ev._load_records(str(data_dir))) if k % 4 in (0, 3)]
     prompts = [t.prompt for r, f in records for t in ev.record_turns(tok, r, 0, f, "first")]
-    one = ev.TransformersBackend(model, tok, max_new_tokens=96, batch_size=1).generate(prompts)
-    batched = ev.TransformersBackend(model, tok, max_new_tokens=96, batch_size=5).generate(prompts)
+    assert len({len(p) for p in prompts}) > 1
+    one = ev.TransformersBackend(model, tok, max_new_tokens=64, batch_size=1).generate(prompts)
+    batched = ev.TransformersBackend(model, tok, max_new_tokens=64, batch_size=len(prompts)).generate(prompts)
+    assert any(g.stop == "<|call|>" for g in one) and any(g.stop == "<|return|>" for g in one)
     assert [g.text for g in batched] == [g.text for g in one]
     assert tok.padding_side == "right"  # restored
 
 
 def test_untrained_model_fails(untrained, data_dir, tmp_path, capsys):
-    status = cli(["eval", str(untrained), "--data", str(data_dir), "--max-new-tokens", "48",
+    status = cli(["eval", str(untrained), "--data", str(data_dir), "--max-new-tokens", "32",
                   "--min-well-formed", "0.5", "--json", str(tmp_path / "m.json"), "--quiet"])
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert status == 1 and "below --min-well-formed" in capsys.readouterr().err

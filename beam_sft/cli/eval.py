@@ -83,11 +83,9 @@ def run(args) -> int:
         raise UsageError("--min-well-formed is a fraction between 0 and 1")
 
     if args.backend == "vllm":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        tokenizer, source = ev.load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
         backend = ev.VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
-                                 tokenizer_path=args.tokenizer)
+                                 tokenizer_path=source)
     else:
         model, tokenizer = ev.load_model(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
         backend = ev.TransformersBackend(model, tokenizer, max_new_tokens=args.max_new_tokens,
