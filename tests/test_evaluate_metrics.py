@@ -3,27 +3,23 @@ tokenizer's response template exactly as `beam-sft eval` parses model output. No
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from beam_sft import evaluate as ev
+from beam_sft.conformance import GET_WEATHER
+
+
+def _weather_tool() -> dict:
+    """conformance's get_weather (city: string, required; days: integer) plus a `unit` enum."""
+    tool = copy.deepcopy(GET_WEATHER)
+    tool["function"]["parameters"]["properties"]["unit"] = {"type": "string", "enum": ["celsius", "fahrenheit"]}
+    return tool
+
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather for a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                    "days": {"type": "integer"},
-                },
-                "required": ["city"],
-            },
-        },
-    },
+    _weather_tool(),
     {
         "type": "function",
         "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}},
