@@ -757,7 +757,8 @@ def evaluate_trainer(trainer, tokenizer, records: Sequence[dict], *, max_new_tok
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
         backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
-        result = evaluate(backend, tokenizer, ((r, "beam") for r in records), turns=turns,
+        # The records are already converted: their source format is not known here, so one group.
+        result = evaluate(backend, tokenizer, ((r, "eval_split") for r in records), turns=turns,
                           progress=not trainer.args.disable_tqdm, total=len(records))
         summary = result.summary()
         logger.info("Beam eval on %d eval records:\n%s", len(records), summary_table(result))
@@ -843,7 +844,7 @@ def report_html(result: EvalResult, *, title: str = "beam-sft eval") -> str:
     shown = len(result.failures)
     parts.append(f"<h2>Failures: {result.failed_turns} turns"
                  + (f" (the first {shown} shown)" if shown < result.failed_turns else "") + "</h2>")
-    for k, r in enumerate(result.failures):
+    for k, r in enumerate(sorted(result.failures, key=lambda r: (r.turn.record, r.turn.message_index))):
         t = r.turn
         tail = t.prompt[-PROMPT_TAIL_CHARS:]
         cut = "\u2026" if len(t.prompt) > PROMPT_TAIL_CHARS else ""
