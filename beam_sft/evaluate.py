@@ -697,6 +697,19 @@ def evaluate(
 # Models
 
 
+def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
+    """(base model, adapter): a MODEL directory that holds only a LoRA adapter (what scripts/train.py
+    --use_peft saves) is evaluated on the base model its adapter_config.json names."""
+    config = Path(model) / "adapter_config.json"
+    if adapter is not None or not config.is_file() or (Path(model) / "config.json").is_file():
+        return model, adapter
+    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UsageError(f"{model} holds a LoRA adapter whose adapter_config.json names no base model; pass the "
+                         "base model as MODEL and this directory as --adapter")
+    return base, model
+
+
 def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: str | None = None):
     """(tokenizer, where it came from): `tokenizer`, else the adapter directory when it holds one
     (scripts/train.py saves it there), else the model's. It must carry both Beam templates."""

@@ -48,6 +48,17 @@ def load_train_module():
     return module
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A tiny model gains nothing from a second thread, and on a shared machine its spin-waits cost CPU."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """The 12 raw training rows, in their own formats and file types."""
@@ -65,9 +76,6 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(data_dir, tmp_path_factory):
     """scripts/train.py on the 12 rows, with --eval_beam true on the same rows. (output_dir, trainer)"""
-    import torch
-
-    torch.manual_seed(0)
     out = tmp_path_factory.mktemp("evaltrain") / "model"
     train = load_train_module()
     args = train.make_parser().parse_args_and_config(args=[
@@ -190,6 +198,9 @@ def test_lora_adapter(trained, data_dir, tmp_path):
     assert texts(str(tmp_path / "random")) != plain  # the adapter is applied
     assert cli(["eval", base, "--adapter", str(tmp_path / "zero"), "--data", str(data_dir), "--max-records", "1",
                 "--max-new-tokens", "8", "--quiet"]) == 0
+    # An adapter-only directory as MODEL: applied to the base model its adapter_config.json names.
+    assert ev.resolve_adapter(str(tmp_path / "random"), None) == (base, str(tmp_path / "random"))
+    assert ev.resolve_adapter(base, None) == (base, None)
 
 
 def test_raw_format_data_and_rejects(untrained, tmp_path):

@@ -36,8 +36,9 @@ def register(subparsers) -> None:
         epilog="\n\n".join(__doc__.split("\n\n")[2:]),
     )
     parser.add_argument("model", metavar="MODEL",
-                        help="a saved model directory (scripts/train.py output), a base model for --adapter, "
-                             "or a hub id (read from the local cache when HF_HUB_OFFLINE=1)")
+                        help="a saved model directory (scripts/train.py output; a LoRA-only output is applied to "
+                             "the base model its adapter_config.json names), a base model for --adapter, or a hub "
+                             "id (read from the local cache when HF_HUB_OFFLINE=1)")
     parser.add_argument("--data", required=True, metavar="PATH",
                         help="Beam records or raw OpenAI/ShareGPT/Harmony data: a .jsonl/.json/.parquet file, a "
                              "glob, a directory, a save_to_disk dataset or a hub dataset id")
@@ -82,6 +83,7 @@ def run(args) -> int:
     if args.min_well_formed is not None and not 0 <= args.min_well_formed <= 1:
         raise UsageError("--min-well-formed is a fraction between 0 and 1")
 
+    args.model, args.adapter = ev.resolve_adapter(args.model, args.adapter)
     if args.backend == "vllm":
         tokenizer, source = ev.load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
         backend = ev.VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
