@@ -153,8 +153,8 @@ def test_batched_generation_matches_one_at_a_time(trained, data_dir):
     records = [(r, f) for k, (r, _, f) in enumerate(ev._load_records(str(data_dir))) if k % 4 in (0, 3)]
     prompts = [t.prompt for r, f in records for t in ev.record_turns(tok, r, 0, f, "first")]
     assert len({len(p) for p in prompts}) > 1
-    one = ev.TransformersBackend(model, tok, max_new_tokens=64, batch_size=1).generate(prompts)
-    batched = ev.TransformersBackend(model, tok, max_new_tokens=64, batch_size=len(prompts)).generate(prompts)
+    one = ev.TransformersBackend(model, tok, max_new_tokens=160, batch_size=1).generate(prompts)
+    batched = ev.TransformersBackend(model, tok, max_new_tokens=160, batch_size=len(prompts)).generate(prompts)
     assert any(g.stop == "<|call|>" for g in one) and any(g.stop == "<|return|>" for g in one)
     assert [g.text for g in batched] == [g.text for g in one]
     assert tok.padding_side == "right"  # restored
