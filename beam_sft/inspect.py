@@ -481,11 +481,21 @@ def html_page(
     views: Sequence[RecordView], *, title: str = "beam-sft inspect", stats: DatasetStats | None = None
 ) -> str:
     """A self-contained page: inline CSS, no scripts, no external resources."""
+    return _page(title, html_fragment(views, stats=stats))
+
+
+def _page(title: str, fragment: str) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_PAGE_CSS}</style></head><body>\n"
-        f"<h1>{html.escape(title)}</h1>\n{html_fragment(views, stats=stats)}\n</body></html>\n"
+        f"<h1>{html.escape(title)}</h1>\n{fragment}\n</body></html>\n"
     )
+
+
+def html_document(title: str, body: str) -> str:
+    """A self-contained page in this module's style around `body` (HTML that may use the .msg, .who, .tok,
+    .mk, .warn classes and tables), e.g. the `beam-sft eval --report` page."""
+    return _page(title, f'<style>{_CSS}</style>\n<div class="bi">\n{body}\n</div>')
 
 
 # -------------------------------------------------------------------------------------------------

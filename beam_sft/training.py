@@ -1,28 +1,25 @@
-"""Model side of `scripts/train.py`: the embedded tiny model, the trainer, and the generate-and-parse check.
+"""Model side of `scripts/train.py`: the embedded tiny model and the trainer.
 
 * `build_tiny_model` makes the quickstart's randomly initialised causal LM from `configs/models/tiny`,
   reproducibly (fixed seed), sized to the bundled tokenizer.
 * `BeamSFTTrainer` is TRL's `SFTTrainer` that also logs how many supervised (loss-bearing) tokens it has
   trained on, next to TRL's `num_tokens` (every token seen).
-* `generate_and_parse` prompts a model with the first turn of Beam records, generates greedily until
-  `<|return|>` or `<|call|>`, and parses the output with the tokenizer's response template;
-  `is_well_formed` decides whether the result is a proper Beam turn.
+* `is_well_formed` (whether a generation parsed into a proper Beam turn) lives in `beam_sft.evaluate`, with
+  the generate-and-parse loop; it is re-exported here for older imports.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from beam_sft.errors import FatalError
+from beam_sft.evaluate import is_well_formed  # noqa: F401  (re-export; the rule lives in beam_sft.evaluate)
 
 logger = logging.getLogger(__name__)
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = REPO_DIR / "configs" / "models" / "tiny"
-HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>")
 
 
 def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int = 0):
@@ -116,124 +113,3 @@ def make_trainer_class():
             super().log(logs, start_time)
 
     return BeamSFTTrainer
-
-
-# --------------------------------------------------------------------------------------------------------
-# Generate and parse
-
-
-@dataclass
-class ParsedSample:
-    prompt_index: int
-    generated: str
-    parsed: dict[str, Any] | None
-    stopped: bool
-    well_formed: bool
-    reason: str = ""
-    expected_kind: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def first_turn_prompt(record: dict[str, Any]) -> tuple[list[dict[str, Any]], str] | None:
-    """The messages before the first assistant message, and what that message is ("content" or "tool_calls")."""
-    for i, message in enumerate(record["messages"]):
-        if message.get("role") == "assistant":
-            if i == 0:
-                return None
-            kind = "tool_calls" if message.get("tool_calls") else "content"
-            return record["messages"][:i], kind
-    return None
-
-
-def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set[str] | None = None) -> tuple[bool, str]:
-    """Whether a parsed generation is a proper Beam assistant turn.
-
-    Proper: generation stopped on `<|return|>` / `<|call|>` (not at max_new_tokens), non-empty thinking, and
-    either non-empty content or at least one tool call with a known name and dict arguments; no Harmony
-    marker leaked into any text field.
-    """
-    if not stopped:
-        return False, "no stop token before max_new_tokens"
-    if not parsed:
-        return False, "nothing parsed"
-    thinking = parsed.get("thinking")
-    if not isinstance(thinking, str) or not thinking.strip():
-        return False, "no thinking"
-    content = parsed.get("content")
-    calls = parsed.get("tool_calls") or []
-    if calls:
-        for call in calls:
-            function = call.get("function") or {}
-            if not function.get("name") or not isinstance(function.get("arguments"), dict):
-                return False, "malformed tool call"
-            if tool_names is not None and function["name"] not in tool_names:
-                return False, f"unknown tool {function['name']!r}"
-    elif not isinstance(content, str) or not content.strip():
-        return False, "neither content nor tool_calls"
-    for text in (thinking, content if isinstance(content, str) else ""):
-        if any(marker in text for marker in HARMONY_MARKERS):
-            return False, "Harmony marker inside a text field"
-    return True, ""
-
-
-def generate_and_parse(
-    model, tokenizer, records: list[dict[str, Any]], *, max_new_tokens: int = 256, progress: bool = True
-) -> list[ParsedSample]:
-    """Greedy-generate the first assistant turn of each record and parse it with `tokenizer.parse_response`."""
-    import torch
-    from tqdm.auto import tqdm
-
-    from beam_sft.train_data import stop_token_ids
-
-    if getattr(tokenizer, "response_template", None) is None:
-        raise FatalError("the tokenizer has no response_template; install it with beam_sft.tokenizer.beamify")
-    stop_ids = list(stop_token_ids(tokenizer))
-    model.eval()
-    device = next(model.parameters()).device
-    samples = []
-    for index, record in enumerate(tqdm(records, desc="Generating", disable=not progress)):
-        first = first_turn_prompt(record)
-        if first is None:
-            continue
-        messages, kind = first
-        tools = record.get("tools")
-        prompt = tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            tokenize=False,
-            add_generation_prompt=True,
-            **(record.get("chat_template_kwargs") or {}),
-        )
-        input_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
-        with torch.no_grad():
-            output = model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=stop_ids,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        new_ids = output[0, input_ids.shape[1] :].tolist()
-        stopped = bool(new_ids) and new_ids[-1] in stop_ids
-        generated = tokenizer.decode(new_ids, skip_special_tokens=False)
-        try:
-            parsed = tokenizer.parse_response(generated, prefix=prompt, tools=tools)
-        except Exception as err:  # noqa: BLE001  (any parser error is a malformed output, not a crash)
-            parsed, error = None, f"parse error: {err}"
-        else:
-            error = ""
-        names = {t["function"]["name"] for t in tools} if tools else set()
-        ok, reason = is_well_formed(parsed, stopped, names if parsed and parsed.get("tool_calls") else None)
-        samples.append(
-            ParsedSample(
-                prompt_index=index,
-                generated=generated,
-                parsed=parsed,
-                stopped=stopped,
-                well_formed=ok,
-                reason=error or reason,
-                expected_kind=kind,
-            )
-        )
-    return samples

@@ -5,9 +5,10 @@
 2. trains the embedded tiny random model (configs/models/tiny) with the bundled tokenizer on them, as
    configured in configs/quickstart.yaml (CPU, assistant-only loss, unpacked);
 3. saves the model and the tokenizer, with the chat template and the response template;
-4. generates greedily from the first turn of some training records with the trained model (stopping at
-   `<|return|>` or `<|call|>`), parses each output with `tokenizer.parse_response`, prints the parsed
-   turns, and prints the share that parsed into well-formed Beam turns (thinking plus content or tool calls).
+4. evaluates the trained model on the first turn of some training records with `beam_sft.evaluate` (what
+   `beam-sft eval` runs): greedy generation stopping at `<|return|>` or `<|call|>`, `tokenizer.parse_response`,
+   the parsed turns, the metrics table, and the share of well-formed Beam turns (thinking plus content or
+   tool calls).
 
 ```bash
 python scripts/quickstart.py                      # everything, into outputs/quickstart/
@@ -104,33 +105,34 @@ def describe(parsed: dict | None) -> str:
     return " ".join(parts)
 
 
-def generate(model_dir: Path, dataset: Path, out_dir: Path, num_prompts: int, max_new_tokens: int) -> float:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from beam_sft.train_data import normalize_record
-    from beam_sft.training import generate_and_parse
+def generate(model_dir: Path, out_dir: Path, num_prompts: int, max_new_tokens: int) -> float:
+    from beam_sft import evaluate as ev
 
     print(f"== 3. load {model_dir} (model + tokenizer with both templates)", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    assert tokenizer.chat_template and tokenizer.response_template, "saved tokenizer lost a template"
-    records = [normalize_record(json.loads(line)) for line in dataset.read_text().splitlines() if line]
-    chosen = pick(records, num_prompts)
-    print(f"== 4. generate from {len(chosen)} training prompts (greedy, stop at <|return|>/<|call|>, "
-          f"max_new_tokens={max_new_tokens}) and parse_response", flush=True)
-    samples = generate_and_parse(model, tokenizer, chosen, max_new_tokens=max_new_tokens)
+    model, tokenizer = ev.load_model(str(model_dir), device="cpu")
+    # The training records, read from the samples step 1 converted (same converters, same order, same
+    # rejects), so each keeps its source format for the per-format figures.
+    loaded = ev._load_records([str(REPO / "data" / "samples" / name) for name in SAMPLES])
+    chosen = pick([(record, fmt) for record, _, fmt in loaded if record is not None], num_prompts)
+    print(f"== 4. beam_sft.evaluate on the first turn of {len(chosen)} training records (greedy, stop at "
+          f"<|return|>/<|call|>, max_new_tokens={max_new_tokens}, parse_response)", flush=True)
+    results: list = []
+    backend = ev.TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens)
+    result = ev.evaluate(backend, tokenizer, chosen, on_result=results.append, total=len(chosen))
+    results.sort(key=lambda r: r.turn.record)
     with open(out_dir / "generations.jsonl", "w", encoding="utf-8") as f:
-        for sample in samples:
-            f.write(json.dumps({"generated": sample.generated, "parsed": sample.parsed,
-                                "well_formed": sample.well_formed, "reason": sample.reason}, ensure_ascii=False))
+        for r in results:
+            f.write(json.dumps({"generated": r.generation.text, "parsed": r.parsed, "format": r.turn.format,
+                                "metrics": r.metrics, "reason": r.reason}, ensure_ascii=False))
             f.write("\n")
-    for i, sample in enumerate(samples):
-        mark = "ok " if sample.well_formed else "BAD"
-        reason = "" if sample.well_formed else f"  <- {sample.reason}"
-        print(f"   [{mark}] #{i:02d} {describe(sample.parsed)}{reason}")
-    good = sum(s.well_formed for s in samples)
-    fraction = good / len(samples) if samples else 0.0
-    print(f"well-formed Beam turns: {good}/{len(samples)} = {100 * fraction:.1f}% "
+    for r in results:
+        ok = r.metrics["well_formed"]
+        reason = "" if ok else f"  <- {r.reason}"
+        print(f"   [{'ok ' if ok else 'BAD'}] #{r.turn.record:02d} {r.turn.format:8s} {describe(r.parsed)}{reason}")
+    print(ev.summary_table(result))
+    good, total = result.overall.hits["well_formed"], result.overall.turns
+    fraction = good / total if total else 0.0
+    print(f"well-formed Beam turns: {good}/{total} = {100 * fraction:.1f}% "
           f"(generations in {out_dir / 'generations.jsonl'})")
     return fraction
 
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         train(args.config, dataset, model_dir, args.train_args)
     elif not (model_dir / "config.json").is_file():
         raise SystemExit(f"--skip-train: no trained model in {model_dir}")
-    fraction = generate(model_dir, dataset, out_dir, args.num_prompts, args.max_new_tokens)
+    fraction = generate(model_dir, out_dir, args.num_prompts, args.max_new_tokens)
     print(f"quickstart done in {time.monotonic() - start:.0f} s")
     if args.min_well_formed is not None and fraction < args.min_well_formed:
         print(f"below --min-well-formed {args.min_well_formed}", file=sys.stderr)

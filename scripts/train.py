@@ -107,6 +107,12 @@ class ScriptArguments:
         metadata={"help": "Run the check-template conformance suite on the tokenizer first; failures are "
                   "logged loudly but do not stop the run."},
     )
+    eval_beam: bool = field(
+        default=False,
+        metadata={"help": "After training, generate the first assistant turn of each eval record and score it "
+                  "like `beam-sft eval` (well_formed, stopped, tool calls, ...); the metrics are logged next to "
+                  "the loss as eval_beam/<metric>. Needs an eval split."},
+    )
 
 
 @dataclass
@@ -344,6 +350,10 @@ def main(script_args, training_args, model_args, callbacks=None):
         f"trained {trainer.state.global_step} steps; tokens seen {trainer._total_train_tokens}, supervised "
         f"{trainer._supervised_tokens} (this process's session); saved to {training_args.output_dir}"
     )
+    if script_args.eval_beam:
+        from beam_sft.evaluate import evaluate_trainer
+
+        evaluate_trainer(trainer, tokenizer, eval_records)
     # A rank that reaches end() (which tears the process group down) while another is still saving would
     # leave that one blocked in a collective forever.
     trainer.accelerator.wait_for_everyone()

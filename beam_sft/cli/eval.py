@@ -1,0 +1,134 @@
+"""`beam-sft eval MODEL --data PATH`: did the fine-tune learn Beam? Format, stop tokens and tool calls.
+
+For each chosen assistant turn the model generates greedily from the conversation before it (with the
+record's tools and reasoning effort) until <|return|>/<|call|> or --max-new-tokens; the output is parsed with
+the tokenizer's response template and scored against the reference turn.
+
+    beam-sft eval outputs/quickstart/model --data data/samples/openai.jsonl
+    beam-sft eval outputs/quickstart/model --data 'data/samples/*' --max-records 50 --turns all \\
+        --json eval.json --report eval.html
+    beam-sft eval ./base-model --adapter ./lora-out --data held_out.jsonl --min-well-formed 0.9
+    beam-sft eval my-org/beam-ft --data my-org/chats --split test --backend vllm --batch-size 64
+
+Metrics (each a share of the turns it applies to): well_formed, stopped (on the right stop token),
+has_reasoning, action_match (call vs answer), tool_name_accuracy, tool_args_exact, tool_args_valid (JSON
+schema), marker_leak (lower is better), answer_exact; overall, per source format and per reasoning effort.
+
+Exit status: 0 when the run finished (rejected records included), 1 when well_formed is below
+--min-well-formed (or on a fatal error), 2 for usage errors. BEAM_SFT_DEBUG=1 shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    from beam_sft.evaluate import BACKENDS, TURN_CHOICES
+
+    parser = subparsers.add_parser(
+        "eval",
+        help="Generate held-out assistant turns and score format, stop tokens and tool calls.",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[2:]),
+    )
+    parser.add_argument("model", metavar="MODEL",
+                        help="a saved model directory (scripts/train.py output; a LoRA-only output is applied to "
+                             "the base model its adapter_config.json names), a base model for --adapter, or a hub "
+                             "id (read from the local cache when HF_HUB_OFFLINE=1)")
+    parser.add_argument("--data", required=True, metavar="PATH",
+                        help="Beam records or raw OpenAI/ShareGPT/Harmony data: a .jsonl/.json/.parquet file, a "
+                             "glob, a directory, a save_to_disk dataset or a hub dataset id")
+    parser.add_argument("--format", default="auto", metavar="FMT",
+                        help="input format: auto (default, detected per record), beam, openai, sharegpt, harmony")
+    parser.add_argument("--tokenizer", metavar="PATH", default=None,
+                        help="tokenizer with both Beam templates (default: the adapter's, else the model's)")
+    parser.add_argument("--split", default="test", help="split of a dataset directory or hub dataset (default: test)")
+    parser.add_argument("--max-records", type=int, default=None, metavar="N",
+                        help="read at most N input records (rejected ones included); reading stops there")
+    parser.add_argument("--turns", choices=TURN_CHOICES, default="first",
+                        help="which assistant turns of each record to generate (default: first)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+                        help="generation bound per turn (default: 256)")
+    parser.add_argument("--batch-size", type=int, default=8, metavar="N",
+                        help="prompts per generate call, left-padded (default: 8)")
+    parser.add_argument("--backend", choices=BACKENDS, default="transformers",
+                        help="transformers (CPU or GPU; default) or vllm (needs vLLM and a CUDA GPU)")
+    parser.add_argument("--adapter", metavar="PATH", default=None, help="a LoRA adapter (peft) to apply to MODEL")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the metrics as JSON")
+    parser.add_argument("--report", metavar="PATH.html", default=None,
+                        help="write a self-contained HTML page listing the failing turns")
+    parser.add_argument("--min-well-formed", type=float, default=None, metavar="F",
+                        help="exit with status 1 when the well-formed share is below F (0-1), for CI gates")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from beam_sft import evaluate as ev
+    from beam_sft.errors import UsageError
+    from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.io import write_json_atomic
+
+    if args.format not in (*FORMAT_NAMES, "beam"):
+        raise UsageError(f"unknown --format {args.format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}")
+    for name in ("max_new_tokens", "batch_size"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.max_records is not None and args.max_records < 1:
+        raise UsageError("--max-records must be >= 1")
+    if args.min_well_formed is not None and not 0 <= args.min_well_formed <= 1:
+        raise UsageError("--min-well-formed is a fraction between 0 and 1")
+
+    args.model, args.adapter = ev.resolve_adapter(args.model, args.adapter)
+    if args.backend == "vllm":
+        tokenizer, source = ev.load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
+        backend = ev.VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
+                                 tokenizer_path=source)
+    else:
+        model, tokenizer = ev.load_model(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
+        backend = ev.TransformersBackend(model, tokenizer, max_new_tokens=args.max_new_tokens,
+                                         batch_size=args.batch_size)
+    records = ev._load_records(args.data, args.format, args.split, args.max_records)
+    result = ev.evaluate(backend, tokenizer, records, turns=args.turns, progress=not args.quiet,
+                         chunk_size=max(64, 8 * args.batch_size), total=args.max_records)
+    print(ev.summary_table(result), file=sys.stderr)
+    for reject in result.rejects[:5]:
+        print(f"rejected: {reject.get('source')}:{reject.get('line', reject.get('index'))} "
+              f"[{reject.get('reason')}] {reject.get('message')}", file=sys.stderr)
+    if result.rejected > 5:
+        print(f"... and {result.rejected - 5} more rejected records", file=sys.stderr)
+    summary = result.summary()
+    if args.json:
+        write_json_atomic(args.json, summary)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.report:
+        from beam_sft.inspect import write_atomic
+
+        write_atomic(args.report, ev.report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
+        print(f"wrote {args.report}", file=sys.stderr)
+    print(json.dumps({k: summary[k] for k in ("records", "turns", *ev.METRICS)}))
+    if result.overall.turns == 0:
+        print("no assistant turn to evaluate", file=sys.stderr)
+    if args.min_well_formed is not None:
+        well_formed = summary["well_formed"] or 0.0
+        if well_formed < args.min_well_formed:
+            print(f"well_formed {well_formed:.3f} is below --min-well-formed {args.min_well_formed}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_guarded
+
+    parser = argparse.ArgumentParser(prog="beam-sft")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["eval", *(argv if argv is not None else sys.argv[1:])])
+    return run_guarded(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
