@@ -1,0 +1,123 @@
+"""The real gpt-oss vocabulary (o200k_harmony, 201,088 ids), built offline by scripts/build_o200k_tokenizer.py.
+
+The tokenizer is built once per machine and cached (`o200k_dir` in conftest.py); these tests check the build
+itself, the Beam properties on it, and that masks and ids match the reference paths on real data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from tokenizer_factories import o200k_script, tiny_causal_lm
+
+from beam_sft.messages import HARMONY_MARKERS
+
+REPO = Path(__file__).resolve().parents[1]
+GPT_OSS_MARKER_IDS = {
+    "<|return|>": 200002,
+    "<|constrain|>": 200003,
+    "<|channel|>": 200005,
+    "<|start|>": 200006,
+    "<|end|>": 200007,
+    "<|message|>": 200008,
+    "<|call|>": 200012,
+}
+
+
+@pytest.fixture(scope="module")
+def script():
+    return o200k_script()
+
+
+def test_tiktoken_file_is_the_published_one(o200k_dir, script):
+    data = (o200k_dir / "o200k_base.tiktoken").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+    lines = data.splitlines()
+    assert len(lines) == script.NUM_RANKS
+    assert [int(line.split()[1]) for line in lines[:3]] == [0, 1, 2]
+
+
+def test_a_different_vocabulary_is_refused(tmp_path, script):
+    source = bytearray(script.quicktok_vocab_file().read_bytes())
+    # The first token's first byte (after the u32 count and its u16 length): same layout, other bytes.
+    source[6] ^= 0x01
+    bad = tmp_path / "o200k.vocab"
+    bad.write_bytes(bytes(source))
+    with pytest.raises(SystemExit, match="not OpenAI's"):
+        script.write_tiktoken_file(tmp_path / "tiktoken", bad)
+    assert not (tmp_path / "tiktoken" / "o200k_base.tiktoken").exists()
+
+
+def test_truncated_vocab_file_is_refused(tmp_path, script):
+    bad = tmp_path / "o200k.vocab"
+    bad.write_bytes(script.quicktok_vocab_file().read_bytes()[:-3])
+    with pytest.raises(Exception):
+        script.read_quicktok_vocab(bad)
+
+
+def test_gpt_oss_ids_and_beam_properties(o200k_tok):
+    tok = o200k_tok
+    assert len(tok) == 201_088
+    for marker, token_id in GPT_OSS_MARKER_IDS.items():
+        assert tok.convert_tokens_to_ids(marker) == token_id
+    assert tok.convert_tokens_to_ids("<|startoftext|>") == 199998
+    assert tok.convert_tokens_to_ids("<|endoftext|>") == 199999
+    assert tok.convert_tokens_to_ids("<|endofprompt|>") == 200018
+    assert tok.convert_tokens_to_ids("<|reserved_201087|>") == 201087
+    assert tok.eos_token == "<|return|>" and tok.pad_token == "<|endoftext|>"
+    added = tok._tokenizer.get_added_tokens_decoder()
+    assert {m: added[GPT_OSS_MARKER_IDS[m]].special for m in HARMONY_MARKERS} == {
+        m: m == "<|return|>" for m in HARMONY_MARKERS
+    }
+    text = "<|start|>assistant<|channel|>final<|message|>Hi<|return|>"
+    assert tok.decode(tok.encode(text), skip_special_tokens=True) == text.replace("<|return|>", "")
+
+
+def test_ids_equal_openai_harmony_on_real_text(o200k_dir, o200k_tok, script):
+    texts = script.verification_texts()
+    assert len(texts) > 150
+    assert script.check_against_harmony(o200k_tok, o200k_dir, texts) > 100_000
+
+
+def test_harmony_check_catches_a_wrong_tokenizer(o200k_dir, tok, script):
+    with pytest.raises(RuntimeError, match="ids differ from openai-harmony"):
+        script.check_against_harmony(tok, o200k_dir, ["Hello, world"])
+
+
+def test_check_template_passes(o200k_dir, capsys):
+    from beam_sft.cli import check_template
+
+    assert check_template.main([str(o200k_dir)]) == 0
+    captured = capsys.readouterr()
+    assert "36 passed, 0 failed" in captured.err, captured.err[-300:]
+    assert captured.out.count("PASS ") == 36 and "FAIL" not in captured.out
+
+
+def test_cached_build_reuses_the_directory(o200k_dir, script):
+    assert o200k_dir.name == f"o200k-beam-{script.cache_key()}"
+    stamp = (o200k_dir / "tokenizer.json").stat().st_mtime_ns
+    assert script.cached_build(o200k_dir.parent) == o200k_dir
+    assert (o200k_dir / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def test_beamify_on_gpt_oss_keeps_ids_and_adds_no_rows(o200k_dir, script):
+    """gpt-oss's own tokenizer (markers special, pre-Beam) + a model: beamify moves nothing, grows nothing."""
+    import torch
+    from beam_sft.tokenizer import beamify
+
+    raw = script.convert(o200k_dir / "o200k_base.tiktoken")
+    assert raw.convert_tokens_to_ids("<|start|>") == 200006
+    model = tiny_causal_lm(len(raw))
+    before = model.get_input_embeddings().weight.detach().clone()
+    beamify(raw, model)
+    assert len(raw) == 201_088
+    assert {m: raw.convert_tokens_to_ids(m) for m in GPT_OSS_MARKER_IDS} == GPT_OSS_MARKER_IDS
+    after = model.get_input_embeddings().weight
+    assert after.shape == before.shape
+    assert torch.equal(after, before)
+    assert model.config.eos_token_id == 200002 and model.config.pad_token_id == 199999
+    saved = json.loads(raw._tokenizer.to_str())
+    assert sum(1 for t in saved["added_tokens"] if t["content"] in HARMONY_MARKERS) == len(HARMONY_MARKERS)
