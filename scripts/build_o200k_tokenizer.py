@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 TIKTOKEN_FILE = "o200k_base.tiktoken"
 # o200k's pre-tokenization pattern (tiktoken's o200k_base, which gpt-oss's o200k_harmony shares).
-O200K_PATTERN = "|".join(
+O200K_PATTERN = "|".join(  # noqa: FLY002 (one alternative a line reads better)
     [
         r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
         r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
@@ -111,15 +111,18 @@ def quicktok_vocab_file() -> Path:
 def read_quicktok_vocab(path: str | Path) -> list[tuple[bytes, int]]:
     """(token bytes, rank) pairs from a quicktok .vocab file, in file order."""
     data = Path(path).read_bytes()
-    (count,) = struct.unpack_from("<I", data, 0)
-    pos, tokens = 4, []
-    for _ in range(count):
-        (length,) = struct.unpack_from("<H", data, pos)
-        token = data[pos + 2 : pos + 2 + length]
-        (rank,) = struct.unpack_from("<I", data, pos + 2 + length)
-        tokens.append((token, rank))
-        pos += 2 + length + 4
-    if pos != len(data) or len(tokens) != count:
+    try:
+        (count,) = struct.unpack_from("<I", data, 0)
+        pos, tokens = 4, []
+        for _ in range(count):
+            (length,) = struct.unpack_from("<H", data, pos)
+            token = data[pos + 2 : pos + 2 + length]
+            (rank,) = struct.unpack_from("<I", data, pos + 2 + length)
+            tokens.append((token, rank))
+            pos += 2 + length + 4
+    except struct.error as err:
+        raise ValueError(f"{path}: cut off after {len(tokens)} tokens; not a quicktok vocab ({err})") from err
+    if pos != len(data):
         raise ValueError(f"{path}: {len(data) - pos} trailing bytes after {count} tokens; not a quicktok vocab")
     return tokens
 

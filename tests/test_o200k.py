@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,10 @@ def test_a_different_vocabulary_is_refused(tmp_path, script):
 def test_truncated_vocab_file_is_refused(tmp_path, script):
     bad = tmp_path / "o200k.vocab"
     bad.write_bytes(script.quicktok_vocab_file().read_bytes()[:-3])
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="cut off"):
+        script.read_quicktok_vocab(bad)
+    bad.write_bytes(script.quicktok_vocab_file().read_bytes() + b"x")
+    with pytest.raises(ValueError, match="trailing bytes"):
         script.read_quicktok_vocab(bad)
 
 
@@ -106,10 +110,19 @@ def test_cached_build_reuses_the_directory(o200k_dir, script):
 def test_beamify_on_gpt_oss_keeps_ids_and_adds_no_rows(o200k_dir, script):
     """gpt-oss's own tokenizer (markers special, pre-Beam) + a model: beamify moves nothing, grows nothing."""
     import torch
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     from beam_sft.tokenizer import beamify
 
-    raw = script.convert(o200k_dir / "o200k_base.tiktoken")
-    assert raw.convert_tokens_to_ids("<|start|>") == 200006
+    # gpt-oss's tokenizer as it ships: the same vocabulary with every marker special.
+    state = json.loads((o200k_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    for entry in state["added_tokens"]:
+        entry["special"] = True
+    raw = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(state)), eos_token="<|return|>", pad_token="<|endoftext|>"
+    )
+    assert raw.decode([200006, 200002], skip_special_tokens=True) == ""
     model = tiny_causal_lm(len(raw))
     before = model.get_input_embeddings().weight.detach().clone()
     beamify(raw, model)
@@ -121,3 +134,93 @@ def test_beamify_on_gpt_oss_keeps_ids_and_adds_no_rows(o200k_dir, script):
     assert model.config.eos_token_id == 200002 and model.config.pad_token_id == 199999
     saved = json.loads(raw._tokenizer.to_str())
     assert sum(1 for t in saved["added_tokens"] if t["content"] in HARMONY_MARKERS) == len(HARMONY_MARKERS)
+
+
+# ---------- masks on the real vocabulary: identical to apply_chat_template ----------
+
+
+@pytest.fixture(scope="module")
+def o200k_encoder(o200k_tok):
+    from beam_sft.render import MaskedEncoder
+
+    encoder = MaskedEncoder(o200k_tok)
+    assert encoder.fast, encoder.fallback_reason
+    return encoder
+
+
+@pytest.mark.parametrize("name", ["openai.jsonl", "sharegpt.json", "harmony.jsonl"])
+def test_masks_identical_on_bundled_samples(o200k_tok, o200k_encoder, name):
+    from test_render import SAMPLES, assert_identical, converted
+
+    records = converted(SAMPLES / name)
+    assert assert_identical(o200k_tok, records, encoder=o200k_encoder) == len(records)
+
+
+def test_masks_identical_on_real_samples(o200k_tok, o200k_encoder):
+    from test_render import REAL_FILES, REALDATA, assert_identical, converted
+
+    total = 0
+    for name in REAL_FILES:
+        records = converted(REALDATA / name)
+        assert records, name
+        total += assert_identical(o200k_tok, records, encoder=o200k_encoder)
+    assert total > 100
+
+
+def test_masks_identical_on_generated_conversations(o200k_tok, o200k_encoder):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_render import assert_identical, conversations
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(records=st.lists(conversations(), min_size=1, max_size=4))
+    def check(records):
+        assert_identical(o200k_tok, records, encoder=o200k_encoder)
+
+    check()
+
+
+def test_trained_tokens_are_the_assistant_turn(o200k_tok):
+    from beam_sft.render import encode_record
+
+    record = {
+        "messages": [
+            {"role": "user", "content": "Wie spät ist es in 東京? 🙂"},
+            {"role": "assistant", "reasoning_content": "Zeitzone JST.", "content": "Es ist 9 Uhr."},
+        ]
+    }
+    out = encode_record(o200k_tok, record)
+    trained = [i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]
+    assert trained[0] == 200005 and trained[-1] == 200002  # <|channel|> ... <|return|>
+    assert o200k_tok.decode(trained) == (
+        "<|channel|>analysis<|message|>Zeitzone JST.<|end|><|start|>assistant<|channel|>final<|message|>"
+        "Es ist 9 Uhr.<|return|>"
+    )
+
+
+# ---------- beam-sft inspect and the notebook ----------
+
+
+def test_inspect_cli_with_the_real_vocabulary(o200k_dir, capsys):
+    from beam_sft.cli import main as cli_main
+
+    sample = REPO / "tests" / "data" / "realdata" / "openai" / "llamafactory_v1_reason_tool_use_demo_50.jsonl"
+    assert cli_main(["inspect", str(sample), "--tokenizer", str(o200k_dir), "-n", "2", "--stats",
+                     "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    assert "{+<|channel|>analysis<|message|>" in out and "<|return|>+}" in out
+    assert re.search(r"records\s+50\n", out) and re.search(r"stop tokens outside the mask\s+0: none", out)
+
+
+@pytest.mark.slow
+def test_notebook_with_the_real_vocabulary(o200k_dir, o200k_encoder, tmp_path, monkeypatch):
+    from test_inspect import REAL_SAMPLE, _run_notebook
+    from test_render import converted
+
+    monkeypatch.setenv("BEAM_INSPECT_TOKENIZER", str(o200k_dir))
+    text, html, images = _run_notebook(tmp_path, REAL_SAMPLE, 0, "0,2")
+    assert "50 records read, 50 converted" in text
+    # The token count is the real vocabulary's (the bundled 6k one splits the same text into far more).
+    tokens = sum(len(out["input_ids"]) for out in o200k_encoder.encode(converted(REAL_SAMPLE)))
+    assert re.search(rf"\b{tokens}\b", text), text[-1500:]
+    assert html.count("assistant:call") >= 2 and len(images) == 1
