@@ -21,9 +21,7 @@ import json
 import random
 
 import pytest
-
-openai_harmony = pytest.importorskip("openai_harmony")
-from openai_harmony import (  # noqa: E402
+from openai_harmony import (
     Author,
     Conversation,
     DeveloperContent,
@@ -36,8 +34,8 @@ from openai_harmony import (  # noqa: E402
     load_harmony_encoding,
 )
 
-from beam_sft.formats import convert_record  # noqa: E402
-from beam_sft.validate import make_render_check  # noqa: E402
+from beam_sft.formats import convert_record
+from beam_sft.validate import make_render_check
 
 N_CONVERSATIONS = 150
 _WORDS = ("the", "weather", "in", "Oslo", "is", "cold", "café", "naïve", "東京", "数据", "Привет", "🙂", "42",
