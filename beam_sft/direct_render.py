@@ -90,14 +90,23 @@ class BeamTemplateRenderer:
         self._prefixes: OrderedDict[str, str | None] = OrderedDict()
         self._prefix_cache_size = prefix_cache_size
 
+    def clear(self) -> None:
+        self._prefixes.clear()
+
     def _prefix(self, lead: list, tools, template_kwargs: dict) -> str | None:
         key = repr((lead, tools, sorted(template_kwargs.items())))
         prefix = self._prefixes.get(key, False)
         if prefix is False:
-            from beam_sft.render import _tracked_render
+            from beam_sft import render
 
             try:
-                text, spans = _tracked_render(self.template, lead, tools, template_kwargs)
+                if self.template not in render._RENDERERS:
+                    render._RENDERERS[self.template] = render._SentinelRenderer.build(self.template)
+                sentinel = render._RENDERERS[self.template]
+                result = sentinel(lead, tools, template_kwargs) if sentinel is not None else None
+                if result is None:
+                    result = render._tracked_render(self.template, lead, tools, template_kwargs)
+                text, spans = result
                 prefix = None if spans else text
             except Exception:  # noqa: BLE001 - whatever the template raises, the full render raises it again
                 prefix = None

@@ -174,6 +174,14 @@ class MaskedEncoder:
         self.tiktoken_reason: str | None = "the fast path is off"
         self.fallback_reason = force_fallback or self._setup_fast_path()
 
+    def clear_caches(self) -> None:
+        """Forget cached pieces and rendered system/developer prefixes (benchmarks time a cold start)."""
+        self._cache.clear()
+        self._first_cache.clear()
+        for renderer in _DIRECT_RENDERERS.values():
+            if renderer is not None:
+                renderer.clear()
+
     # -- setup ---------------------------------------------------------------------------------------
 
     @property

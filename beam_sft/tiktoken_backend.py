@@ -155,6 +155,13 @@ class TiktokenPieces:
             return [encode(p) if p.isascii() or not avoid(p) else None for p in pieces]
         return [None if avoid(p) else encode(p) for p in pieces]
 
+    def encoding_with_special_tokens(self, special_tokens: dict[str, int]):
+        """A tiktoken Encoding of whole texts: these ranks plus `special_tokens` (for benchmarks)."""
+        import tiktoken
+
+        return tiktoken.Encoding("beam-sft-text", pat_str=self._encoding._pat_str,
+                                 mergeable_ranks=self._encoding._mergeable_ranks, special_tokens=special_tokens)
+
     def __getstate__(self) -> dict[str, Any]:
         return {"encoding": self._encoding, "avoid": self._avoid.__self__.pattern, "ascii_safe": self._ascii_safe}
 
