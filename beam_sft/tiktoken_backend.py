@@ -28,7 +28,7 @@ One residual difference in BPE itself is known and not checked here: when two *d
 produce the same token are both the best merge of a word at once (parts `p q r` with `p+q == q+r`),
 tiktoken merges the left one and `tokenizers` the one whose pair sorts first. 14,316 strings built to
 provoke it on o200k (`tests/test_tiktoken_backend.py`) and all of the format page and the real samples
-encode identically; DECISIONS.md says more.
+encode identically (the README's "Fast masked tokenization").
 """
 
 from __future__ import annotations
