@@ -224,3 +224,28 @@ def test_notebook_with_the_real_vocabulary(o200k_dir, o200k_encoder, tmp_path, m
     tokens = sum(len(out["input_ids"]) for out in o200k_encoder.encode(converted(REAL_SAMPLE)))
     assert re.search(rf"\b{tokens}\b", text), text[-1500:]
     assert html.count("assistant:call") >= 2 and len(images) == 1
+
+
+def test_bench_tokenization_row_on_the_real_vocabulary(o200k_tok):
+    import importlib.util
+    import sys
+
+    scripts = REPO / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("_bench_o200k", scripts / "bench.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(scripts))
+    assert bench.make_parser().parse_args(["--tokenizer", "some/dir"]).tokenizer == "some/dir"
+    fig = bench.bench_masked_tokenization(o200k_tok, bench.make_workload(40, seed=9), [], batch_size=16)
+    assert fig["vocabulary"] == 201_088 and fig["encoder_backend"] == "tiktoken"
+    assert fig["mismatches_vs_trl"] == 0 and fig["ids_mismatches_vs_hf_encode"] == 0
+    assert fig["ids_mismatches_tiktoken_vs_hf"] == 0
+    per_core = fig["tokens_per_cpu_s"]
+    assert set(per_core) >= {"ours", "trl", "render", "hf_encode", "tiktoken_encode"}
+    assert all(v > 0 for v in per_core.values())
+    names = [row["name"] for row in bench.evaluate_goals({"masked_tokenization": fig})]
+    assert any("tokens/s per core (201,088-token vocabulary, tiktoken)" in name for name in names)
+    assert any("ceiling: tiktoken" in name for name in names)
