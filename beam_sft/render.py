@@ -295,22 +295,16 @@ class MaskedEncoder:
         try:
             template = _template_text(self.tokenizer, tools)
             template_kwargs = {**self.tokenizer.special_tokens_map, **kwargs}
-            if template in _DIRECT_RENDERERS:
-                direct = _DIRECT_RENDERERS[template]
-            else:
-                direct = _DIRECT_RENDERERS[template] = direct_render.for_template(template)
-            if direct is not None and all(isinstance(tool, Mapping) for tool in tools or ()):
-                result = direct(messages, tools, template_kwargs)
-                if result is not None:
-                    return result
-            if template in _RENDERERS:
-                renderer = _RENDERERS[template]
-            else:
-                renderer = _RENDERERS[template] = _SentinelRenderer.build(template)
-            if renderer is not None and all(isinstance(tool, Mapping) for tool in tools or ()):
-                result = renderer(messages, tools, template_kwargs)
-                if result is not None:
-                    return result
+            if all(isinstance(tool, Mapping) for tool in tools or ()):
+                # The fastest renderer this template has first; each returns None for what it declines.
+                for renderers, build in ((_DIRECT_RENDERERS, direct_render.for_template),
+                                         (_RENDERERS, _SentinelRenderer.build)):
+                    if template not in renderers:
+                        renderers[template] = build(template)
+                    renderer = renderers[template]
+                    result = renderer(messages, tools, template_kwargs) if renderer is not None else None
+                    if result is not None:
+                        return result
             return _tracked_render(template, messages, tools, template_kwargs)
         except RecordError:
             raise

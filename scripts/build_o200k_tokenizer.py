@@ -39,27 +39,21 @@ import os
 import shutil
 import struct
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# Runnable as `python scripts/build_o200k_tokenizer.py` from a checkout without installing the package.
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from build_tokenizer import staging_dir, swap_in
+
+from beam_sft.tiktoken_backend import O200K_PATTERN
 
 # The published sha256 of https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken.
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 TIKTOKEN_FILE = "o200k_base.tiktoken"
-# o200k's pre-tokenization pattern (tiktoken's o200k_base, which gpt-oss's o200k_harmony shares).
-O200K_PATTERN = "|".join(  # noqa: FLY002 (one alternative a line reads better)
-    [
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-        r"""\p{N}{1,3}""",
-        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-        r"""\s*[\r\n]+""",
-        r"""\s+(?!\S)""",
-        r"""\s+""",
-    ]
-)
 NUM_RANKS = 199_998  # mergeable ranks 0 .. 199997; added tokens follow
 VOCAB_SIZE = 201_088
 # gpt-oss's named special tokens; every other id from 199998 to 201087 is <|reserved_ID|>.
@@ -222,17 +216,6 @@ def check_against_harmony(tokenizer, tiktoken_dir: str | Path, texts: list[str])
     return compared
 
 
-def _replace_dir(staging: Path, target: Path) -> None:
-    """Swap `staging` in for `target`, so a failed build never leaves a half-written tokenizer."""
-    if target.exists():
-        retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-        target.rename(retired / target.name)
-        staging.rename(target)
-        shutil.rmtree(retired)
-    else:
-        staging.rename(target)
-
-
 def build(
     out_dir: str | Path,
     *,
@@ -249,11 +232,7 @@ def build(
     from beam_sft.tokenizer import beamify, save_tokenizer
 
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)
+    staging = staging_dir(out_dir)
     try:
         tiktoken_path = write_tiktoken_file(staging if tiktoken_dir is None else tiktoken_dir, vocab_file)
         tokenizer = convert(tiktoken_path)
@@ -266,7 +245,7 @@ def build(
             raise RuntimeError(f"beamify grew the vocabulary to {len(tokenizer)} ids")
         check_against_harmony(tokenizer, tiktoken_path.parent, verification_texts(verify_texts))
         save_tokenizer(tokenizer, staging)
-        _replace_dir(staging, out_dir)
+        swap_in(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return sorted(p for p in out_dir.iterdir() if p.is_file())
@@ -321,6 +300,5 @@ def make_parser():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     (script_args,) = make_parser().parse_args_and_config()
     sys.exit(main(script_args))

@@ -66,20 +66,8 @@ def test_equal_to_jinja_on_generated_conversations(tok, direct, record):
         assert got == expected
 
 
-def test_renders_every_benchmark_conversation(tok, direct):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-    sys.path.insert(0, str(scripts))
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_for_direct", scripts / "bench.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(scripts))
-    for record in bench.make_workload(150, seed=5):
+def test_renders_every_benchmark_conversation(tok, direct, bench_script):
+    for record in bench_script.make_workload(150, seed=5):
         assert assert_same(tok, direct, record)
 
 

@@ -226,18 +226,8 @@ def test_notebook_with_the_real_vocabulary(o200k_dir, o200k_encoder, tmp_path, m
     assert html.count("assistant:call") >= 2 and len(images) == 1
 
 
-def test_bench_tokenization_row_on_the_real_vocabulary(o200k_tok):
-    import importlib.util
-    import sys
-
-    scripts = REPO / "scripts"
-    sys.path.insert(0, str(scripts))
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_o200k", scripts / "bench.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(scripts))
+def test_bench_tokenization_row_on_the_real_vocabulary(o200k_tok, bench_script):
+    bench = bench_script
     assert bench.make_parser().parse_args(["--tokenizer", "some/dir"]).tokenizer == "some/dir"
     fig = bench.bench_masked_tokenization(o200k_tok, bench.make_workload(40, seed=9), [], batch_size=16)
     assert fig["vocabulary"] == 201_088 and fig["encoder_backend"] == "tiktoken"
