@@ -6,10 +6,11 @@ byte-identical to `beam_sft/templates/chat_template.jinja` (`for_template`). It 
 transformers' tracked rendering returns — the text and the character spans of the `{% generation %}`
 blocks — or None for anything it does not handle exactly, and the caller then renders with Jinja:
 
-* the system and developer messages (identity, reasoning effort, instructions, tool declarations in
-  TypeScript) are rendered by the Jinja template itself, from the leading system/developer messages, the
-  tools and the keyword arguments alone, and cached: datasets repeat them, and nothing else in the template
-  reads those inputs;
+* the system and developer messages (identity, reasoning effort, instructions, tool declarations) depend
+  only on the leading system/developer messages, the tools and the keyword arguments; they are assembled
+  here, with each tool's TypeScript declaration (and the trained bash tool's fixed one) taken from the
+  Jinja template rendering that one tool, and cached per tool and per prefix. Inputs it is unsure of
+  (odd types, unknown efforts, other built-in names) get the whole prefix from Jinja;
 * the conversation after them is rendered here, for messages of plain JSON types: string contents and
   reasoning, tool calls whose function has a string name and dict arguments of JSON values with string
   keys. Other shapes (content parts, mappings as content, non-string names), and every case where the
@@ -82,34 +83,148 @@ def _reasoning(message: dict) -> str | None:
     return ""
 
 
+_DEFAULT_IDENTITY = "You are Beam, an AI assistant trained by Reflection."
+_EFFORTS = {"minimal": 8, "low": 32, "medium": 64, "high": 128, "xhigh": 256, "max": 512}
+_SYSTEM_HEAD = ("<|start|>system<|message|>{identity}\n\nReasoning effort: {effort}\n\n"
+                "# Valid channels: analysis, final. Channel must be included for every message.<|end|>")
+_DEVELOPER_TOOLS_HEAD = "<|start|>developer<|message|># Tools\n\n"
+_BASH_TOOL = {"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+_BASH_KEYS = ("type", "description", "title", "examples")
+
+
+def _is_trained_bash(fn: dict) -> bool:
+    """The template's `is_trained_bash`: a `bash` tool whose one parameter is a plain `command` string."""
+    params = fn.get("parameters")
+    params = params if isinstance(params, dict) else {}
+    props = params.get("properties")
+    props = props if isinstance(props, dict) else {}
+    command = props.get("command")
+    return (
+        fn.get("name") == "bash"
+        and len(props) == 1
+        and isinstance(command, dict)
+        and command.get("type") == "string"
+        and all(key in _BASH_KEYS for key in command)
+    )
+
+
 class BeamTemplateRenderer:
     """Renders records with the bundled Beam template's rules; see the module docstring."""
 
     def __init__(self, template: str, prefix_cache_size: int = 4096) -> None:
         self.template = template
         self._prefixes: OrderedDict[str, str | None] = OrderedDict()
+        self._tool_types: dict[str, str | None] = {}
         self._prefix_cache_size = prefix_cache_size
 
     def clear(self) -> None:
         self._prefixes.clear()
+        self._tool_types.clear()
+
+    def _jinja(self, messages: list, tools, template_kwargs: dict) -> str | None:
+        """The template's own rendering of a prefix (no generation blocks), or None if it raises."""
+        from beam_sft import render
+
+        try:
+            if self.template not in render._RENDERERS:
+                render._RENDERERS[self.template] = render._SentinelRenderer.build(self.template)
+            sentinel = render._RENDERERS[self.template]
+            result = sentinel(messages, tools, template_kwargs) if sentinel is not None else None
+            if result is None:
+                result = render._tracked_render(self.template, messages, tools, template_kwargs)
+        except Exception:  # noqa: BLE001 - whatever the template raises, the full render raises it again
+            return None
+        text, spans = result
+        return None if spans else text
+
+    def _tool_type(self, tool: dict) -> str | None:
+        """The template's TypeScript declaration of one tool (`ts_tool`), read off a one-tool render."""
+        key = repr(tool)
+        if key not in self._tool_types:
+            text = self._jinja([], [tool], {})
+            head = _SYSTEM_HEAD.format(identity=_DEFAULT_IDENTITY, effort=512) + _DEVELOPER_TOOLS_HEAD
+            ok = text is not None and text.startswith(head) and text.endswith("<|end|>")
+            self._tool_types[key] = text[len(head) : -len("<|end|>")] if ok else None
+            if len(self._tool_types) > self._prefix_cache_size:
+                self._tool_types.pop(next(iter(self._tool_types)))
+        return self._tool_types[key]
+
+    def _bash_definition(self) -> str | None:
+        """The fixed declaration the template writes for Beam's trained bash tool, read off a render."""
+        if not hasattr(self, "_bash"):
+            text = self._jinja([], [_BASH_TOOL], {}) or ""
+            head = f"<|start|>system<|message|>{_DEFAULT_IDENTITY}\n\nReasoning effort: 512\n\n# Tools\n\n"
+            tail = "\n\n# Valid channels: analysis, final. Channel must be included for every message.<|end|>"
+            ok = text.startswith(head) and text.endswith(tail)
+            self._bash = text[len(head) : -len(tail)] if ok else None
+        return self._bash
+
+    def _python_prefix(self, lead: list, tools, kwargs: dict) -> str | None:
+        """The system and developer messages by the template's rules, for plain inputs; else None."""
+        if any(key in kwargs for key in ("messages", "tools", "documents", "add_generation_prompt")):
+            return None  # the template call itself would fail
+        effort = kwargs.get("reasoning_effort")
+        if effort is None:
+            effort = 512
+        elif type(effort) is str and effort in _EFFORTS:
+            effort = _EFFORTS[effort]
+        elif type(effort) is not int:
+            return None
+        identity = kwargs.get("model_identity")
+        if identity is None:
+            identity = _DEFAULT_IDENTITY
+        elif type(identity) is not str:
+            return None
+        builtin = kwargs.get("builtin_tools")
+        builtin = [] if builtin is None else [builtin] if type(builtin) is str else builtin
+        if type(builtin) is not list or any(name not in ("search", "browse") for name in builtin):
+            return None
+        system_tools, developer_tools = [], []
+        for tool in tools or ():
+            fn = tool.get("function", tool) if type(tool) is dict else None
+            if type(fn) is not dict or type(fn.get("name")) is not str:
+                return None
+            if _is_trained_bash(fn):
+                bash = self._bash_definition()
+                if bash is None:
+                    return None
+                system_tools.append(bash)
+                continue
+            declaration = self._tool_type(tool)
+            if declaration is None:
+                return None
+            (system_tools if fn["name"] in builtin else developer_tools).append(declaration)
+        texts = []
+        for message in lead:
+            content = message.get("content")
+            if content is None:
+                content = ""
+            elif type(content) is not str:
+                return None
+            texts.append(content)
+        out = [f"<|start|>system<|message|>{identity}\n\nReasoning effort: {effort}\n\n"]
+        if system_tools:
+            out.append("# Tools\n\n" + "\n\n".join(system_tools) + "\n\n")
+        out.append("# Valid channels: analysis, final. Channel must be included for every message.<|end|>")
+        if texts or developer_tools:
+            out.append("<|start|>developer<|message|>")
+            if texts:
+                out.append("# Instructions\n\n" + "\n\n".join(texts))
+            if texts and developer_tools:
+                out.append("\n\n")
+            if developer_tools:
+                out.append("# Tools\n\n" + "\n\n".join(developer_tools))
+            out.append("<|end|>")
+        return "".join(out)
 
     def _prefix(self, lead: list, tools, template_kwargs: dict) -> str | None:
         key = repr((lead, tools, sorted(template_kwargs.items())))
         prefix = self._prefixes.get(key, False)
         if prefix is False:
-            from beam_sft import render
-
-            try:
-                if self.template not in render._RENDERERS:
-                    render._RENDERERS[self.template] = render._SentinelRenderer.build(self.template)
-                sentinel = render._RENDERERS[self.template]
-                result = sentinel(lead, tools, template_kwargs) if sentinel is not None else None
-                if result is None:
-                    result = render._tracked_render(self.template, lead, tools, template_kwargs)
-                text, spans = result
-                prefix = None if spans else text
-            except Exception:  # noqa: BLE001 - whatever the template raises, the full render raises it again
-                prefix = None
+            prefix = self._python_prefix(lead, tools, template_kwargs)
+            if prefix is None:
+                prefix = self._jinja(lead, tools, template_kwargs)
             self._prefixes[key] = prefix
             if len(self._prefixes) > self._prefix_cache_size:
                 self._prefixes.popitem(last=False)

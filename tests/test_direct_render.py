@@ -201,3 +201,48 @@ def test_encoder_uses_it_and_stays_identical(tok, encoder):
     records = [{"messages": m, "tools": [WEATHER]} for m in CASES.values()]
     assert assert_identical(tok, records, encoder=encoder) > 10
     assert render._DIRECT_RENDERERS[tok.chat_template] is not None
+
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False, width=32), text)
+_schema = st.recursive(
+    st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["string", "integer", "number", "boolean", "null", "array", "object", "weird"]),
+        "description": text, "default": _scalar, "enum": st.lists(_scalar, max_size=3),
+        "const": _scalar, "examples": st.lists(_scalar, max_size=2)}),
+    lambda children: st.one_of(
+        st.fixed_dictionaries({"type": st.just("array")}, optional={"items": children}),
+        st.fixed_dictionaries({"type": st.just("object")},
+                              optional={"properties": st.dictionaries(st.from_regex(r"[a-z_]{1,6}", fullmatch=True),
+                                                                      children, max_size=3),
+                                        "required": st.lists(st.sampled_from(["a", "b", "x"]), max_size=2)}),
+        st.fixed_dictionaries({"anyOf": st.lists(children, min_size=1, max_size=3)}),
+        st.fixed_dictionaries({"type": st.lists(st.sampled_from(["string", "integer", "null"]), max_size=2)}),
+    ),
+    max_leaves=6,
+)
+_tools = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.just("function"),
+         "function": st.fixed_dictionaries(
+             {"name": st.sampled_from(["bash", "search", "browse", "get_x", "f"])},
+             optional={"description": text, "parameters": _schema})}),
+    max_size=3)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tools=_tools, lead=st.lists(st.one_of(text, st.none()), max_size=2),
+       kwargs=st.fixed_dictionaries({}, optional={
+           "reasoning_effort": st.sampled_from(["low", "max", "bogus", 3, True, 2.5, None]),
+           "model_identity": st.one_of(st.none(), text),
+           "builtin_tools": st.sampled_from([["search"], "browse", ["search", "browse"], ["python"], None])}))
+def test_system_and_developer_messages_equal_jinja(tok, tools, lead, kwargs):
+    """Tool declarations (nested schemas, enums, anyOf, defaults, examples), the trained bash tool,
+    built-in tools, instructions and keyword arguments: the Python prefix equals the template's."""
+    direct = BeamTemplateRenderer(tok.chat_template)  # fresh: nothing cached from other examples
+    messages = [{"role": "system", "content": c} for c in lead] + [U, {"role": "assistant", "content": "a"}]
+    record = {"messages": messages, "tools": tools, "chat_template_kwargs": kwargs}
+    got, expected = rendered_both(tok, direct, record)
+    if isinstance(expected, Exception):
+        assert got is None
+    else:
+        assert got == expected
