@@ -244,8 +244,14 @@ def test_truncation_is_identical(tok, record, max_length, side):
     old = tok.truncation_side
     tok.truncation_side = side
     try:
+        try:
+            expected = reference_encode(tok, record, max_length=max_length)
+        except RecordError:  # text can join fragments into a marker inside reasoning, which the template rejects
+            with pytest.raises(RecordError):
+                encode_record(tok, record, max_length=max_length)
+            return
         out = encode_record(tok, record, max_length=max_length)
-        assert out == reference_encode(tok, record, max_length=max_length)
+        assert out == expected
         assert len(out["input_ids"]) <= max_length
     finally:
         tok.truncation_side = old
