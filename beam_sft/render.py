@@ -37,10 +37,12 @@ import hashlib
 import json
 import os
 import re
-from collections import OrderedDict
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate, chain
 from typing import Any
 
+from beam_sft import direct_render
 from beam_sft.errors import Reason, RecordError
 
 # Part of the datasets cache fingerprint: bump when the output of the encoder could change.
@@ -63,6 +65,12 @@ _PROBE_TEXTS = (
     "12345 67,890.5",
     'def f(x):\n    return {"a": [1, 2]}\n',
     "<|not a marker|> <| start |>",
+    # For an encoder other than the tokenizer's own (tiktoken): case, marks, digits of other scripts,
+    # case-insensitive contractions, Unicode spaces, control characters, runs that stress BPE's merge order.
+    "ǅungla Ǆ ǆ e\u0301 cafe\u0301s ٣٤٥ ۱۲ ſtraße IT'S it'LL ſ'ſ I'M",
+    "\u00a0nbsp\u2028line\u2029para\u0085nel\r\n\r\n  \n \x00\x01\x1f\x7f",
+    "ｆｕｌｌ ｗｉｄｔｈ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟙𝟚 😀🏽 👩‍💻",
+    "    indented\n\t\ttabs\n------ ====== ..... ////// aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
 )
 
 
@@ -159,10 +167,20 @@ class MaskedEncoder:
     def __init__(self, tokenizer, *, cache_size: int = 100_000, force_fallback: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.cache_size = cache_size
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()  # pieces after a marker
+        self._cache: dict[str, list[int]] = {}  # pieces after a marker
         self._first_cache: dict[str, list[int]] = {}  # pieces at the very start of a text
         self._backend = None
+        self._tiktoken = None
+        self.tiktoken_reason: str | None = "the fast path is off"
         self.fallback_reason = force_fallback or self._setup_fast_path()
+
+    def clear_caches(self) -> None:
+        """Forget cached pieces and rendered system/developer prefixes (benchmarks time a cold start)."""
+        self._cache.clear()
+        self._first_cache.clear()
+        for renderer in _DIRECT_RENDERERS.values():
+            if renderer is not None:
+                renderer.clear()
 
     # -- setup ---------------------------------------------------------------------------------------
 
@@ -185,7 +203,8 @@ class MaskedEncoder:
 
         # A private copy: transformers sets truncation/padding on the shared backend per call, and a
         # leftover setting there must not cut our pieces.
-        backend = Tokenizer.from_str(original.to_str())
+        serialized = original.to_str()
+        backend = Tokenizer.from_str(serialized)
         backend.no_truncation()
         backend.no_padding()
         backend.encode_special_tokens = False
@@ -200,15 +219,15 @@ class MaskedEncoder:
                 contents[token.content] = token_id
         self._backend = backend
         self._marker_ids = contents
+        self._marker_lists = {content: [token_id] for content, token_id in contents.items()}
         self._context_marker = min(contents, key=len) if contents else ""
-        if contents:
-            # Longest first: at one position the alternation then takes the longest marker, which is the
-            # backend's leftmost-longest matching.
-            alternation = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
-            self._split = re.compile(f"({alternation})").split
-        else:
-            self._split = lambda text: [text]
+        self._split = _splitter(contents)
+        self._tiktoken, self.tiktoken_reason = _tiktoken_pieces(serialized)
         problem = self._probe()
+        if problem and self._tiktoken is not None:
+            # The tokenizers backend alone, which is what the probe compares against.
+            self._tiktoken, self.tiktoken_reason = None, f"the probe found a difference: {problem}"
+            problem = self._probe()
         if problem:
             self._backend = None
         return problem
@@ -276,14 +295,16 @@ class MaskedEncoder:
         try:
             template = _template_text(self.tokenizer, tools)
             template_kwargs = {**self.tokenizer.special_tokens_map, **kwargs}
-            if template in _RENDERERS:
-                renderer = _RENDERERS[template]
-            else:
-                renderer = _RENDERERS[template] = _SentinelRenderer.build(template)
-            if renderer is not None and all(isinstance(tool, Mapping) for tool in tools or ()):
-                result = renderer(messages, tools, template_kwargs)
-                if result is not None:
-                    return result
+            if all(isinstance(tool, Mapping) for tool in tools or ()):
+                # The fastest renderer this template has first; each returns None for what it declines.
+                for renderers, build in ((_DIRECT_RENDERERS, direct_render.for_template),
+                                         (_RENDERERS, _SentinelRenderer.build)):
+                    if template not in renderers:
+                        renderers[template] = build(template)
+                    renderer = renderers[template]
+                    result = renderer(messages, tools, template_kwargs) if renderer is not None else None
+                    if result is not None:
+                        return result
             return _tracked_render(template, messages, tools, template_kwargs)
         except RecordError:
             raise
@@ -336,6 +357,16 @@ class MaskedEncoder:
         A piece after a marker is tokenized after a marker (whose id is then dropped): some tokenizers
         treat the start of the text differently (Metaspace's prepend_scheme="first" adds "▁" there only).
         """
+        if self._tiktoken is not None:
+            # No normalizer and no prefix space (checked in beam_sft.tiktoken_backend): a piece tokenizes
+            # the same at the start and after a marker.
+            out = self._tiktoken.encode(pieces)
+            rest = [k for k, ids in enumerate(out) if ids is None]
+            if rest:
+                encoded = self._backend.encode_batch([pieces[k] for k in rest], add_special_tokens=False)
+                for k, encoding in zip(rest, encoded, strict=True):
+                    out[k] = encoding.ids
+            return out
         if not after_marker:
             return [e.ids for e in self._backend.encode_batch(pieces, add_special_tokens=False)]
         marker = self._context_marker
@@ -373,10 +404,19 @@ class MaskedEncoder:
         except _Fallback:
             return [None] * len(rendered)
         marker_ids = self._marker_ids
+        marker_lists = self._marker_lists
         results: list[dict | None] = []
         for (_, spans), parts in zip(rendered, plans, strict=True):
             if not _sorted_disjoint(spans):
                 results.append(None)
+                continue
+            lists: list = [None] * len(parts)
+            lists[0] = first_cache[parts[0]] if parts[0] else _EMPTY
+            lists[1::2] = [marker_lists[m] for m in parts[1::2]]
+            lists[2::2] = [cache[p] if p else _EMPTY for p in parts[2::2]]
+            aligned = _aligned_result(parts, lists, spans)
+            if aligned is not None:
+                results.append(aligned)
                 continue
             ids: list[int] = []
             mask: list[int] = []
@@ -391,7 +431,6 @@ class MaskedEncoder:
                     piece_ids = [marker_ids[part]]
                 elif j:
                     piece_ids = cache[part]
-                    cache.move_to_end(part)
                 else:
                     piece_ids = first_cache[part]
                 while k < n_spans and spans[k][1] <= pos:
@@ -407,8 +446,10 @@ class MaskedEncoder:
                 ids.extend(piece_ids)
                 pos = end
             results.append({"input_ids": ids, "assistant_masks": mask})
-        while len(cache) > self.cache_size:
-            cache.popitem(last=False)
+        # Bounded by clearing: cheaper per piece than an LRU's bookkeeping, and the pieces worth keeping
+        # (headers, system prompts, tool declarations) come back within a batch or two.
+        if len(cache) > self.cache_size:
+            cache.clear()
         if len(first_cache) > self.cache_size:
             first_cache.clear()
         return results
@@ -418,18 +459,64 @@ class MaskedEncoder:
     def __getstate__(self):
         # Workers of datasets.map get a copy without the cache; it refills per process.
         state = self.__dict__.copy()
-        state["_cache"] = OrderedDict()
+        state["_cache"] = {}
         state["_first_cache"] = {}
         state.pop("_split", None)
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        if self._backend is not None and self._marker_ids:
-            alternation = "|".join(re.escape(c) for c in sorted(self._marker_ids, key=len, reverse=True))
-            self._split = re.compile(f"({alternation})").split
-        elif self._backend is not None:
-            self._split = lambda text: [text]
+        if self._backend is not None:
+            self._split = _splitter(self._marker_ids)
+
+
+def _trie_regex(strings: Iterable[str]) -> str:
+    """A regex matching any of `strings`, the longest one where several match at a position.
+
+    Nested by common prefix: at each character only the branches that can still match are tried, where a
+    flat alternation of a 201k-token vocabulary's 1,090 added tokens tries them all at every "<|". A
+    terminal node's group is optional and greedy, so longer continuations are tried first.
+    """
+    trie: dict = {}
+    for string in strings:
+        node = trie
+        for char in string:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def emit(node: dict) -> str:
+        branches = [re.escape(char) + emit(child) for char, child in sorted(node.items()) if char]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return emit(trie)
+
+
+def _splitter(contents: Mapping[str, int]):
+    """`split(text)` -> [text, marker, text, marker, ..., text], cutting at every added token's content."""
+    if not contents:
+        return lambda text: [text]
+    return re.compile(f"({_trie_regex(contents)})").split
+
+
+# serialised backend's hash -> (tiktoken piece encoder or None, why not); building one costs seconds.
+_TIKTOKEN_PIECES: dict[str, tuple[Any, str | None]] = {}
+
+
+def _tiktoken_pieces(serialized: str) -> tuple[Any, str | None]:
+    key = hashlib.sha256(serialized.encode()).hexdigest()
+    if key not in _TIKTOKEN_PIECES:
+        from beam_sft import tiktoken_backend
+
+        try:
+            state = json.loads(serialized)
+        except ValueError as err:  # pragma: no cover - tokenizers always writes JSON
+            _TIKTOKEN_PIECES[key] = (None, f"the backend does not serialise to JSON: {err}")
+        else:
+            _TIKTOKEN_PIECES[key] = tiktoken_backend.build(state)
+    return _TIKTOKEN_PIECES[key]
 
 
 def _tracked_render(template: str, messages, tools, template_kwargs) -> tuple[str, list[tuple[int, int]]]:
@@ -452,6 +539,8 @@ def _tracked_render(template: str, messages, tools, template_kwargs) -> tuple[st
 _OPEN, _CLOSE = "\ufdd0", "\ufdd1"
 # template source -> its renderer (None: render the tracked way); per process, compiled on first use.
 _RENDERERS: dict[str, _SentinelRenderer | None] = {}
+# template source -> the direct renderer of the bundled Beam template, when it is that template.
+_DIRECT_RENDERERS: dict[str, direct_render.BeamTemplateRenderer | None] = {}
 _SENTINELS = re.compile(f"[{_OPEN}{_CLOSE}]")
 
 
@@ -575,6 +664,43 @@ def _generation_blocks_at_top_level(tree) -> bool:
         return True
 
     return walk(tree, True)
+
+
+_EMPTY: list[int] = []
+
+
+def _aligned_result(parts: list[str], lists: list[list[int]], spans: list[tuple[int, int]]) -> dict | None:
+    """Ids and mask of one split text whose spans start and end on markers, else None.
+
+    Then every token lies wholly inside or outside a span, and the reference's overlap rule trains
+    exactly the tokens of the parts from the span's first marker through its last: one slice each.
+    """
+    ids = list(chain.from_iterable(lists))
+    mask = [0] * len(ids)
+    if not spans:
+        return {"input_ids": ids, "assistant_masks": mask}
+    char_bounds = [0, *accumulate(map(len, parts))]
+    token_bounds = [0, *accumulate(map(len, lists))]
+    n_parts = len(parts)
+    for start, end in spans:
+        first = bisect_left(char_bounds, start)
+        while first < n_parts and not parts[first]:
+            first += 1
+        stop = bisect_right(char_bounds, end) - 1
+        while stop > 0 and not parts[stop - 1]:
+            stop -= 1
+        if (
+            first >= n_parts
+            or char_bounds[first] != start
+            or char_bounds[stop] != end
+            or not first % 2
+            or not (stop - 1) % 2
+            or stop <= first
+        ):
+            return None
+        a, b = token_bounds[first], token_bounds[stop]
+        mask[a:b] = [1] * (b - a)
+    return {"input_ids": ids, "assistant_masks": mask}
 
 
 def _sorted_disjoint(spans: list[tuple[int, int]]) -> bool:

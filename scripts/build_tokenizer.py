@@ -119,23 +119,34 @@ def build(
     install_templates(tokenizer, template_dir)
     # Write next to the target and swap directories, so a failed build never leaves a half-written tokenizer.
     output_dir = Path(output_dir)
+    staging = staging_dir(output_dir)
+    try:
+        save_tokenizer(tokenizer, staging)
+        swap_in(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return sorted(p for p in output_dir.iterdir() if p.is_file())
+
+
+def staging_dir(output_dir: Path) -> Path:
+    """An empty directory beside `output_dir` to build into, with the usual permissions."""
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the tokenizer dir is an ordinary one
-    try:
-        save_tokenizer(tokenizer, staging)
-        if output_dir.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
-            output_dir.rename(retired / output_dir.name)
-            staging.rename(output_dir)
-            shutil.rmtree(retired)
-        else:
-            staging.rename(output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return sorted(p for p in output_dir.iterdir() if p.is_file())
+    return staging
+
+
+def swap_in(staging: Path, output_dir: Path) -> None:
+    """Put the finished `staging` directory in place of `output_dir` (replacing it whole, if it exists)."""
+    if output_dir.exists():
+        retired = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old.", dir=output_dir.parent))
+        output_dir.rename(retired / output_dir.name)
+        staging.rename(output_dir)
+        shutil.rmtree(retired)
+    else:
+        staging.rename(output_dir)
 
 
 def compare_dirs(expected: Path, actual: Path) -> list[str]:

@@ -25,3 +25,36 @@ def encoder(tok):
     from beam_sft.render import MaskedEncoder
 
     return MaskedEncoder(tok)
+
+
+@pytest.fixture(scope="session")
+def o200k_dir():
+    """The real-vocabulary Beam tokenizer (gpt-oss's o200k_harmony, beamified) and its o200k_base.tiktoken.
+
+    Built by scripts/build_o200k_tokenizer.py from the quicktok-v1 dev dependency (sha256-checked, ids
+    checked against openai-harmony), once per machine: cached on disk by a key of its inputs.
+    """
+    from tokenizer_factories import o200k_script
+
+    return o200k_script().cached_build()
+
+
+@pytest.fixture(scope="session")
+def o200k_tok(o200k_dir):
+    """The real-vocabulary Beam tokenizer, loaded once per session (do not modify it in a test)."""
+    from beam_sft.tokenizer import load_tokenizer
+
+    return load_tokenizer(o200k_dir)
+
+
+@pytest.fixture(scope="session")
+def bench_script():
+    """scripts/bench.py as a module (its workload generator and rows)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    spec = importlib.util.spec_from_file_location("_bench_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

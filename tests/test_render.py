@@ -244,8 +244,14 @@ def test_truncation_is_identical(tok, record, max_length, side):
     old = tok.truncation_side
     tok.truncation_side = side
     try:
+        try:
+            expected = reference_encode(tok, record, max_length=max_length)
+        except RecordError:  # text can join fragments into a marker inside reasoning, which the template rejects
+            with pytest.raises(RecordError):
+                encode_record(tok, record, max_length=max_length)
+            return
         out = encode_record(tok, record, max_length=max_length)
-        assert out == reference_encode(tok, record, max_length=max_length)
+        assert out == expected
         assert len(out["input_ids"]) <= max_length
     finally:
         tok.truncation_side = old
@@ -255,7 +261,7 @@ def test_small_cache_stays_bounded_and_correct(tok):
     records = converted(SAMPLES / "openai.jsonl")
     encoder = MaskedEncoder(tok, cache_size=5)
     assert_identical(tok, records, encoder=encoder)
-    assert len(encoder._cache) <= 5
+    assert len(encoder._cache) <= 5 and len(encoder._first_cache) <= 5
     # Encoding again with a warm cache gives the same answer.
     assert encoder.encode(records) == MaskedEncoder(tok).encode(records)
 
@@ -304,7 +310,10 @@ def test_spans_inside_text_use_the_reference_overlap_rule(tok_with_template, enc
 def test_beam_template_uses_the_fast_renderer(tok, encoder):
     record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     encoder.encode([record])
-    assert render._RENDERERS[tok.chat_template] is not None
+    # The bundled template is rendered by plain Python (beam_sft.direct_render); the compiled-template
+    # renderer stays ready for the records it declines.
+    assert render._DIRECT_RENDERERS[tok.chat_template] is not None
+    assert render._SentinelRenderer.build(tok.chat_template) is not None
 
 
 def test_noncharacters_in_text_render_the_tracked_way(tok, encoder):

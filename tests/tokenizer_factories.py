@@ -119,6 +119,20 @@ def gpt_oss_like():
     )
 
 
+def o200k_script():
+    """scripts/build_o200k_tokenizer.py as a module (the real-vocabulary build; conftest's `o200k_dir`)."""
+    import importlib.util
+    import sys
+
+    name = "build_o200k_tokenizer"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclass resolves annotations through sys.modules
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 FACTORIES = {
     "gpt2_like": gpt2_like,
     "sentencepiece_like": sentencepiece_like,

@@ -347,16 +347,20 @@ def _developer(m: HMsg, tools: list) -> str:
                 texts.append(instructions)
             tools.extend(_tools_from_namespace_dict(p.get("tools"), m.index))
         return "\n\n".join(texts)
-    keep = []
-    for heading, text in _sections(m.body):
-        if heading == "Tools":
-            tools.extend(_tools_section(text, m.index))
-        elif heading == "Instructions" or heading is None:
-            if text:
-                keep.append(text)
-        else:
-            keep.append(f"# {heading}\n\n{text}" if text else f"# {heading}")
-    return "\n\n".join(keep)
+    # Everything but the `# Tools` section is kept verbatim: instructions may hold `# ` lines of their own,
+    # so cutting the body into sections and joining them again would change the text.
+    lines = m.body.split("\n")
+    tools_at = [i for i, line in enumerate(lines) if line.startswith("# ") and line[2:].strip() == "Tools"]
+    if tools_at:
+        start = tools_at[-1]
+        end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("# ")), len(lines))
+        tools.extend(_tools_section("\n".join(lines[start + 1 : end]).strip("\n"), m.index))
+        lines = lines[:start] + lines[end:]
+    text = "\n".join(lines).strip("\n")
+    heading, _, rest = text.partition("\n")
+    if heading.startswith("# ") and heading[2:].strip() == "Instructions":
+        text = rest.strip("\n")
+    return text
 
 
 # --- HMsg → Beam messages ------------------------------------------------------------------------------

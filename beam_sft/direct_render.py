@@ -1,0 +1,348 @@
+"""The bundled Beam chat template, rendered by plain Python for the records it is sure about.
+
+Rendering through Jinja costs more than tokenizing the result with tiktoken, so for the one template this
+project ships, `beam_sft.render` uses this renderer instead, and only when the tokenizer's template is
+byte-identical to `beam_sft/templates/chat_template.jinja` (`for_template`). It returns what
+transformers' tracked rendering returns — the text and the character spans of the `{% generation %}`
+blocks — or None for anything it does not handle exactly, and the caller then renders with Jinja:
+
+* the system and developer messages (identity, reasoning effort, instructions, tool declarations) depend
+  only on the leading system/developer messages, the tools and the keyword arguments; they are assembled
+  here, with each tool's TypeScript declaration (and the trained bash tool's fixed one) taken from the
+  Jinja template rendering that one tool, and cached per tool and per prefix. Inputs it is unsure of
+  (odd types, unknown efforts, other built-in names) get the whole prefix from Jinja;
+* the conversation after them is rendered here, for messages of plain JSON types: string contents and
+  reasoning, tool calls whose function has a string name and dict arguments of JSON values with string
+  keys. Other shapes (content parts, mappings as content, non-string names), and every case where the
+  template raises (markers in reasoning, string arguments, a tool result without a name, an unknown role),
+  return None, so the error the user sees is the template's own.
+
+`tests/test_direct_render.py` holds it equal to the Jinja template (text and spans) on generated
+conversations with tools, calls, results resolved by id, keyword arguments and edge cases.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from beam_sft.tokenizer import MARKERS, TEMPLATES_DIR
+
+_SCALARS = (str, int, float, bool, type(None))
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliasing order
+_CONVERSATION_ROLES = ("user", "assistant", "tool", "system", "developer")
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether `value` is built of exact JSON types only (what `tojson` renders the same in and out of Jinja)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is list:
+        return all(_plain_json(v) for v in value)
+    if kind is dict:
+        return all(type(k) is str and _plain_json(v) for k, v in value.items())
+    return False
+
+
+def _xml_arguments(arguments: Any) -> str | None:
+    """The template's `xml_arguments`, or None where it would raise or the types are not plain."""
+    if arguments is None:
+        return ""
+    if type(arguments) is not dict:
+        return None
+    parts = []
+    for key, value in arguments.items():
+        if type(key) is not str or '"' in key or "<" in key or ">" in key:
+            return None
+        if type(value) is str:
+            text = value
+        elif _plain_json(value):
+            text = json.dumps(value, ensure_ascii=False)
+        else:
+            return None
+        if "</rfl:parameter>" in text:
+            return None
+        parts.append(f'<rfl:parameter name="{key}">\n{text}\n</rfl:parameter>')
+    return "\n".join(parts)
+
+
+def _reasoning(message: dict) -> str | None:
+    """The template's reasoning text after transformers aliased the reasoning fields, or None."""
+    first = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+    # transformers' aliasing sets reasoning_content to `first`, and thinking to `first` unless the message
+    # has its own; the template takes the first non-empty of reasoning_content, thinking, reasoning.
+    for value in (first, message.get("thinking", first), message.get("reasoning")):
+        if value is None:
+            continue
+        if type(value) is not str:
+            return None
+        if value:
+            return value
+    return ""
+
+
+_DEFAULT_IDENTITY = "You are Beam, an AI assistant trained by Reflection."
+_EFFORTS = {"minimal": 8, "low": 32, "medium": 64, "high": 128, "xhigh": 256, "max": 512}
+_SYSTEM_HEAD = ("<|start|>system<|message|>{identity}\n\nReasoning effort: {effort}\n\n"
+                "# Valid channels: analysis, final. Channel must be included for every message.<|end|>")
+_DEVELOPER_TOOLS_HEAD = "<|start|>developer<|message|># Tools\n\n"
+_BASH_TOOL = {"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+_BASH_KEYS = ("type", "description", "title", "examples")
+
+
+def _is_trained_bash(fn: dict) -> bool:
+    """The template's `is_trained_bash`: a `bash` tool whose one parameter is a plain `command` string."""
+    params = fn.get("parameters")
+    params = params if isinstance(params, dict) else {}
+    props = params.get("properties")
+    props = props if isinstance(props, dict) else {}
+    command = props.get("command")
+    return (
+        fn.get("name") == "bash"
+        and len(props) == 1
+        and isinstance(command, dict)
+        and command.get("type") == "string"
+        and all(key in _BASH_KEYS for key in command)
+    )
+
+
+class BeamTemplateRenderer:
+    """Renders records with the bundled Beam template's rules; see the module docstring."""
+
+    def __init__(self, template: str, prefix_cache_size: int = 4096) -> None:
+        self.template = template
+        self._prefixes: OrderedDict[str, str | None] = OrderedDict()
+        self._tool_types: dict[str, str | None] = {}
+        self._prefix_cache_size = prefix_cache_size
+
+    def clear(self) -> None:
+        self._prefixes.clear()
+        self._tool_types.clear()
+
+    def _jinja(self, messages: list, tools, template_kwargs: dict) -> str | None:
+        """The template's own rendering of a prefix (no generation blocks), or None if it raises."""
+        from beam_sft import render
+
+        try:
+            if self.template not in render._RENDERERS:
+                render._RENDERERS[self.template] = render._SentinelRenderer.build(self.template)
+            sentinel = render._RENDERERS[self.template]
+            result = sentinel(messages, tools, template_kwargs) if sentinel is not None else None
+            if result is None:
+                result = render._tracked_render(self.template, messages, tools, template_kwargs)
+        except Exception:  # noqa: BLE001 - whatever the template raises, the full render raises it again
+            return None
+        text, spans = result
+        return None if spans else text
+
+    def _tool_type(self, tool: dict) -> str | None:
+        """The template's TypeScript declaration of one tool (`ts_tool`), read off a one-tool render."""
+        key = repr(tool)
+        if key not in self._tool_types:
+            text = self._jinja([], [tool], {})
+            head = _SYSTEM_HEAD.format(identity=_DEFAULT_IDENTITY, effort=512) + _DEVELOPER_TOOLS_HEAD
+            ok = text is not None and text.startswith(head) and text.endswith("<|end|>")
+            self._tool_types[key] = text[len(head) : -len("<|end|>")] if ok else None
+            if len(self._tool_types) > self._prefix_cache_size:
+                self._tool_types.pop(next(iter(self._tool_types)))
+        return self._tool_types[key]
+
+    def _bash_definition(self) -> str | None:
+        """The fixed declaration the template writes for Beam's trained bash tool, read off a render."""
+        if not hasattr(self, "_bash"):
+            text = self._jinja([], [_BASH_TOOL], {}) or ""
+            head = f"<|start|>system<|message|>{_DEFAULT_IDENTITY}\n\nReasoning effort: 512\n\n# Tools\n\n"
+            tail = "\n\n# Valid channels: analysis, final. Channel must be included for every message.<|end|>"
+            ok = text.startswith(head) and text.endswith(tail)
+            self._bash = text[len(head) : -len(tail)] if ok else None
+        return self._bash
+
+    def _python_prefix(self, lead: list, tools, kwargs: dict) -> str | None:
+        """The system and developer messages by the template's rules, for plain inputs; else None."""
+        if any(key in kwargs for key in ("messages", "tools", "documents", "add_generation_prompt")):
+            return None  # the template call itself would fail
+        effort = kwargs.get("reasoning_effort")
+        if effort is None:
+            effort = 512
+        elif type(effort) is str and effort in _EFFORTS:
+            effort = _EFFORTS[effort]
+        elif type(effort) is not int:
+            return None
+        identity = kwargs.get("model_identity")
+        if identity is None:
+            identity = _DEFAULT_IDENTITY
+        elif type(identity) is not str:
+            return None
+        builtin = kwargs.get("builtin_tools")
+        builtin = [] if builtin is None else [builtin] if type(builtin) is str else builtin
+        if type(builtin) is not list or any(name not in ("search", "browse") for name in builtin):
+            return None
+        system_tools, developer_tools = [], []
+        for tool in tools or ():
+            fn = tool.get("function", tool) if type(tool) is dict else None
+            if type(fn) is not dict or type(fn.get("name")) is not str:
+                return None
+            if _is_trained_bash(fn):
+                bash = self._bash_definition()
+                if bash is None:
+                    return None
+                system_tools.append(bash)
+                continue
+            declaration = self._tool_type(tool)
+            if declaration is None:
+                return None
+            (system_tools if fn["name"] in builtin else developer_tools).append(declaration)
+        texts = []
+        for message in lead:
+            content = message.get("content")
+            if content is None:
+                content = ""
+            elif type(content) is not str:
+                return None
+            texts.append(content)
+        out = [f"<|start|>system<|message|>{identity}\n\nReasoning effort: {effort}\n\n"]
+        if system_tools:
+            out.append("# Tools\n\n" + "\n\n".join(system_tools) + "\n\n")
+        out.append("# Valid channels: analysis, final. Channel must be included for every message.<|end|>")
+        if texts or developer_tools:
+            out.append("<|start|>developer<|message|>")
+            if texts:
+                out.append("# Instructions\n\n" + "\n\n".join(texts))
+            if texts and developer_tools:
+                out.append("\n\n")
+            if developer_tools:
+                out.append("# Tools\n\n" + "\n\n".join(developer_tools))
+            out.append("<|end|>")
+        return "".join(out)
+
+    def _prefix(self, lead: list, tools, template_kwargs: dict) -> str | None:
+        key = repr((lead, tools, sorted(template_kwargs.items())))
+        prefix = self._prefixes.get(key, False)
+        if prefix is False:
+            prefix = self._python_prefix(lead, tools, template_kwargs)
+            if prefix is None:
+                prefix = self._jinja(lead, tools, template_kwargs)
+            self._prefixes[key] = prefix
+            if len(self._prefixes) > self._prefix_cache_size:
+                self._prefixes.popitem(last=False)
+        return prefix
+
+    def __call__(self, messages: list, tools, template_kwargs: dict) -> tuple[str, list[tuple[int, int]]] | None:
+        # transformers drops None values from messages before rendering.
+        chat = []
+        for message in messages:
+            if type(message) is not dict:
+                return None
+            chat.append({k: v for k, v in message.items() if v is not None})
+        lead_count = 0
+        while lead_count < len(chat) and chat[lead_count].get("role") in ("system", "developer"):
+            lead_count += 1
+        prefix = self._prefix(messages[:lead_count], tools, template_kwargs)
+        if prefix is None:
+            return None
+        out = [prefix]
+        length = len(prefix)
+        spans = []
+        for i, message in enumerate(chat):
+            role = message.get("role")
+            if role in ("system", "developer"):
+                continue
+            if role == "user":
+                content = message.get("content", "")
+                if type(content) is not str:
+                    return None
+                piece = f"<|start|>user<|message|>{content}<|end|>"
+            elif role == "assistant":
+                piece = self._assistant(message)
+                if piece is None:
+                    return None
+                start = length + len("<|start|>assistant")
+                spans.append((start, length + len(piece)))
+            elif role == "tool":
+                piece = self._tool(message, chat, i)
+                if piece is None:
+                    return None
+            else:
+                return None  # the template raises
+            out.append(piece)
+            length += len(piece)
+        return "".join(out), spans
+
+    @staticmethod
+    def _assistant(message: dict) -> str | None:
+        reasoning = _reasoning(message)
+        if reasoning is None or any(marker in reasoning for marker in MARKERS):
+            return None
+        content = message.get("content", "")
+        if type(content) is not str:
+            return None
+        calls = message.get("tool_calls", [])
+        if type(calls) is not list:
+            return None
+        if calls and content:
+            reasoning = f"{reasoning}\n\n{content}" if reasoning else content
+        parts = [f"<|start|>assistant<|channel|>analysis<|message|>{reasoning}<|end|>"]
+        if not calls:
+            parts.append(f"<|start|>assistant<|channel|>final<|message|>{content}<|return|>")
+        for k, call in enumerate(calls):
+            if type(call) is not dict:
+                return None
+            fn = call.get("function", call)
+            if type(fn) is not dict or type(fn.get("name")) is not str:
+                return None
+            arguments = _xml_arguments(fn.get("arguments"))
+            if arguments is None:
+                return None
+            stop = "<|call|>" if k == len(calls) - 1 else "<|end|>"
+            parts.append(
+                f"<|start|>assistant to={fn['name']}<|channel|>analysis <|constrain|>xml<|message|>{arguments}{stop}"
+            )
+        return "".join(parts)
+
+    @staticmethod
+    def _tool(message: dict, chat: list[dict], i: int) -> str | None:
+        name = message.get("name")
+        if name is not None and type(name) is not str:
+            return None
+        if not name:
+            call_id = message.get("tool_call_id")
+            name = ""
+            if call_id:
+                for earlier in chat[:i]:
+                    if earlier.get("role") != "assistant":
+                        continue
+                    calls = earlier.get("tool_calls")
+                    if not calls:
+                        continue
+                    if type(calls) is not list:
+                        return None
+                    for call in calls:
+                        if type(call) is not dict:
+                            return None
+                        if "id" in call and call["id"] == call_id:
+                            fn = call.get("function", call)
+                            if type(fn) is not dict or type(fn.get("name")) is not str:
+                                return None
+                            name = fn["name"]
+            if not name:
+                return None  # the template raises
+        content = message.get("content", "")
+        if type(content) is not str:
+            return None
+        return f"<|start|>{name} to=assistant<|channel|>analysis<|message|>{content}<|end|>"
+
+
+_BUNDLED: list[str | None] = []
+
+
+def for_template(template: str) -> BeamTemplateRenderer | None:
+    """A renderer when `template` is byte for byte the bundled Beam template, else None."""
+    if not _BUNDLED:
+        path = TEMPLATES_DIR / "chat_template.jinja"
+        _BUNDLED.append(path.read_text(encoding="utf-8") if path.is_file() else None)
+    if _BUNDLED[0] is None or template != _BUNDLED[0]:
+        return None
+    return BeamTemplateRenderer(template)

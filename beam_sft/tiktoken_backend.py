@@ -1,0 +1,221 @@
+"""An exact `tiktoken` encoder for the text between markers, for tokenizers converted from tiktoken.
+
+gpt-oss's tokenizer (o200k_harmony) is transformers' `TikTokenConverter` output: a byte-level BPE whose
+vocabulary is tiktoken's ranks, whose merges are derived from those ranks, and whose pre-tokenizer is
+tiktoken's split pattern. `tiktoken` encodes such text several times faster than the `tokenizers` backend.
+`build` returns an encoder only when it can show that both give the same ids on any text free of added
+tokens (`beam_sft.render` cuts those out first):
+
+* vocabulary: every token of the BPE model decodes from the byte-level alphabet to bytes, and the ids are
+  0..N-1; these (bytes, id) pairs *are* the ranks tiktoken is given, so the two vocabularies are one;
+* merges: the model's merge list is exactly the one derived from the ranks (every split of a token into
+  two tokens, ordered by the token's rank, then by the halves' ranks), with `ignore_merges` on, so a
+  pre-token that is a token is taken whole by both;
+* pipeline: no normalizer; pre-tokenizer = Split(pattern, Isolated) + ByteLevel(no prefix space, no regex);
+  no dropout, byte fallback, subword prefix or word suffix;
+* split pattern: one tiktoken knows (`KNOWN_PATTERNS`), and the two regex engines (Oniguruma in
+  `tokenizers`, fancy-regex in `tiktoken`) put every code point of U+0000..U+3FFFF and plane 14 in the same
+  classes the pattern uses (checked once per pair of library versions and cached on disk, see
+  `disagreeing_code_points`); pieces holding a code point outside those planes, or one they disagree on, go
+  to the `tokenizers` backend;
+* special handling: none to reproduce: pieces hold no added tokens, and `encode_ordinary` treats
+  special-token text as text.
+
+`beam_sft.render.MaskedEncoder` then compares both on probe texts before using it, and falls back to the
+`tokenizers` backend on any difference.
+
+One residual difference in BPE itself is known and not checked here: when two *different* pairs that
+produce the same token are both the best merge of a word at once (parts `p q r` with `p+q == q+r`),
+tiktoken merges the left one and `tokenizers` the one whose pair sorts first. 14,316 strings built to
+provoke it on o200k (`tests/test_tiktoken_backend.py`) and all of the format page and the real samples
+encode identically (the README's "Fast masked tokenization").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+# o200k's pre-tokenization pattern (o200k_base, o200k_harmony).
+O200K_PATTERN = "|".join(  # noqa: FLY002 (one alternative a line reads better)
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+# pattern -> the character classes (and case-insensitive letters) whose membership decides its splits.
+KNOWN_PATTERNS: dict[str, tuple[str, ...]] = {
+    O200K_PATTERN: (
+        r"\p{L}", r"\p{N}", r"\p{Lu}", r"\p{Lt}", r"\p{Lm}", r"\p{Lo}", r"\p{Ll}", r"\p{M}", r"\s", r"[\r\n/]",
+        *(f"(?i:{c})" for c in "strevmld"),
+    ),
+}
+# Planes 0-3 and 14 hold every assigned code point; the rest (4-13 unassigned, 15-16 private use) are
+# routed to the tokenizers backend instead of being checked.
+_CHECKED_PLANES = ((0x0000, 0x3FFFF), (0xE0000, 0xEFFFF))
+_UNCHECKED = "[\U00040000-\U000dffff\U000f0000-\U0010ffff]"
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("BEAM_SFT_CACHE") or Path.home() / ".cache" / "beam_sft")
+
+
+def disagreeing_code_points(classes: tuple[str, ...]) -> str:
+    """Code points (of the checked planes) that `tokenizers` and `tiktoken` classify differently.
+
+    Each class is matched over all checked code points by both engines: `tokenizers` through a Split
+    pre-tokenizer that removes matches, `tiktoken` through an encoding of single-byte ranks, which encodes
+    only the pattern's matches. Some seconds per class; cached on disk per pair of library versions.
+    """
+    import tiktoken
+    import tokenizers
+
+    key = json.dumps([tokenizers.__version__, tiktoken.__version__, list(classes)])
+    cache = _cache_dir() / "regex-agreement.json"
+    try:
+        known = json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    from tokenizers import Regex, pre_tokenizers
+
+    text = "".join(
+        chr(c) for lo, hi in _CHECKED_PLANES for c in range(lo, hi + 1) if not 0xD800 <= c <= 0xDFFF
+    )
+    single_bytes = {bytes([b]): b for b in range(256)}
+    differ: set[str] = set()
+    for cls in classes:
+        encoding = tiktoken.Encoding(f"probe{len(differ)}", pat_str=f"{cls}+", mergeable_ranks=single_bytes,
+                                     special_tokens={})
+        by_tiktoken = set(bytes(encoding.encode_ordinary(text)).decode("utf-8"))
+        split = pre_tokenizers.Split(Regex(f"{cls}+"), behavior="removed", invert=False)
+        by_tokenizers = set(text) - set("".join(piece for piece, _ in split.pre_tokenize_str(text)))
+        differ |= by_tiktoken ^ by_tokenizers
+    result = "".join(sorted(differ))
+    known[key] = result
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only home: check again next time
+    return result
+
+
+def _derived_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The merge list transformers' TikTokenConverter derives from tiktoken ranks."""
+    merges: list[tuple[int, int, int, bytes, bytes]] = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            left_rank, right_rank = ranks.get(left), ranks.get(right)
+            if left_rank is not None and right_rank is not None:
+                merges.append((rank, left_rank, right_rank, left, right))
+    merges.sort(key=lambda m: m[:3])
+    return [(m[3], m[4]) for m in merges]
+
+
+class TiktokenPieces:
+    """Encodes text pieces that hold no added token, with tiktoken, as the `tokenizers` backend would.
+
+    `encode(pieces)` gives the ids of each piece, or None for a piece it does not vouch for (a code point
+    the engines may classify differently): the caller encodes those with the `tokenizers` backend.
+    """
+
+    def __init__(self, ranks: dict[bytes, int], pattern: str, avoid: str) -> None:
+        import tiktoken
+
+        self._encoding = tiktoken.Encoding("beam-sft-pieces", pat_str=pattern, mergeable_ranks=ranks,
+                                           special_tokens={})
+        self._avoid = re.compile(f"[{re.escape(avoid)}]|{_UNCHECKED}" if avoid else _UNCHECKED).search
+        # The engines agree on ASCII in every version so far; if not, no shortcut.
+        self._ascii_safe = all(ord(c) > 127 for c in avoid)
+
+    def encode(self, pieces: list[str]) -> list[list[int] | None]:
+        encode, avoid = self._encoding.encode_ordinary, self._avoid
+        if self._ascii_safe:
+            return [encode(p) if p.isascii() or not avoid(p) else None for p in pieces]
+        return [None if avoid(p) else encode(p) for p in pieces]
+
+    def encoding_with_special_tokens(self, special_tokens: dict[str, int]):
+        """A tiktoken Encoding of whole texts: these ranks plus `special_tokens` (for benchmarks)."""
+        import tiktoken
+
+        return tiktoken.Encoding("beam-sft-text", pat_str=self._encoding._pat_str,
+                                 mergeable_ranks=self._encoding._mergeable_ranks, special_tokens=special_tokens)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"encoding": self._encoding, "avoid": self._avoid.__self__.pattern, "ascii_safe": self._ascii_safe}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._encoding = state["encoding"]
+        self._avoid = re.compile(state["avoid"]).search
+        self._ascii_safe = state["ascii_safe"]
+
+
+def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
+    """(encoder, None) when the serialised `tokenizers` backend `state` is reproduced by tiktoken, else
+    (None, the first reason it is not)."""
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        return None, "tiktoken is not installed"
+    if state.get("normalizer") is not None:
+        return None, "the tokenizer has a normalizer"
+    pre = state.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not steps or len(steps) != 2:
+        return None, "the pre-tokenizer is not Split + ByteLevel"
+    split, byte_level = steps
+    pattern = (split.get("pattern") or {}).get("Regex") if split.get("type") == "Split" else None
+    if pattern not in KNOWN_PATTERNS or split.get("behavior") != "Isolated" or split.get("invert"):
+        return None, "the split pattern is not one tiktoken is checked against"
+    if byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space") or byte_level.get("use_regex"):
+        return None, "the pre-tokenizer's ByteLevel step adds a prefix space or splits again"
+    model = state.get("model") or {}
+    if model.get("type") != "BPE" or not model.get("ignore_merges"):
+        return None, "the model is not a BPE with ignore_merges"
+    if model.get("dropout") or model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get(
+        "end_of_word_suffix"
+    ):
+        return None, "the BPE model uses dropout, byte fallback, a subword prefix or a word suffix"
+    decoder = _byte_decoder()
+    ranks: dict[bytes, int] = {}
+    for token, token_id in model.get("vocab", {}).items():
+        try:
+            ranks[bytes(decoder[c] for c in token)] = token_id
+        except KeyError:
+            return None, f"vocabulary entry {token!r} is not byte-level"
+    if sorted(ranks.values()) != list(range(len(ranks))) or len(ranks) != len(model.get("vocab", {})):
+        return None, "the vocabulary's ids are not 0..N-1, one per token"
+    merges = model.get("merges") or []
+    try:
+        given = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges]
+        given_bytes = [(bytes(decoder[c] for c in a), bytes(decoder[c] for c in b)) for a, b in given]
+    except (KeyError, ValueError):
+        return None, "a merge is not a pair of byte-level tokens"
+    if given_bytes != _derived_merges(ranks):
+        return None, "the merges are not the ones derived from the ranks"
+    try:
+        avoid = disagreeing_code_points(KNOWN_PATTERNS[pattern])
+    except Exception as err:  # noqa: BLE001 - an engine rejecting a class means no proof, so no tiktoken
+        return None, f"could not compare the regex engines: {err}"
+    return TiktokenPieces(ranks, pattern, avoid), None

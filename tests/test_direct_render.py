@@ -1,0 +1,248 @@
+"""beam_sft.direct_render: the bundled Beam template in plain Python must equal the Jinja template exactly.
+
+Differential: for every record it renders (text and generation spans), the result is transformers' own
+tracked rendering; for every record it declines (None), the caller renders with Jinja. Property tests on
+generated conversations (tools, calls, results by name and by id, keyword arguments, markers in text), and
+the edge cases one by one: reasoning field aliasing, None values, argument value types, and each error the
+template raises (those must be declined, so the user sees the template's own message).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_render import conversations, text
+
+from beam_sft import render
+from beam_sft.direct_render import BeamTemplateRenderer, for_template
+from beam_sft.render import _tracked_render, record_inputs
+
+
+@pytest.fixture(scope="module")
+def direct(tok):
+    renderer = for_template(tok.chat_template)
+    assert renderer is not None
+    return renderer
+
+
+def rendered_both(tok, direct, record):
+    """(direct result or None, Jinja result or the exception it raised)."""
+    messages, tools, kwargs = record_inputs(record)
+    template_kwargs = {**tok.special_tokens_map, **kwargs}
+    try:
+        expected = _tracked_render(tok.chat_template, messages, tools, template_kwargs)
+    except Exception as err:  # noqa: BLE001 - the template's error is the expected outcome here
+        expected = err
+    return direct(messages, tools, template_kwargs), expected
+
+
+def assert_same(tok, direct, record) -> bool:
+    """Direct == Jinja when direct renders; declined when Jinja raises. Returns whether direct rendered."""
+    got, expected = rendered_both(tok, direct, record)
+    if isinstance(expected, Exception):
+        assert got is None, f"rendered what the template rejects ({expected}): {record}"
+        return False
+    if got is not None:
+        assert got == expected, record
+    return got is not None
+
+
+def test_only_the_byte_identical_template(tok):
+    assert isinstance(for_template(tok.chat_template), BeamTemplateRenderer)
+    assert for_template(tok.chat_template + " ") is None
+    assert for_template(tok.chat_template.replace("<|return|>", "<|end|>")) is None
+    assert for_template("{{ messages }}") is None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record=conversations())
+def test_equal_to_jinja_on_generated_conversations(tok, direct, record):
+    got, expected = rendered_both(tok, direct, record)
+    if isinstance(expected, Exception):
+        assert got is None
+    else:
+        # Generated records hold plain JSON types only, so none is declined: the shortcut is really taken.
+        assert got == expected
+
+
+def test_renders_every_benchmark_conversation(tok, direct, bench_script):
+    for record in bench_script.make_workload(150, seed=5):
+        assert assert_same(tok, direct, record)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather.\nNow.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "description": "City"},
+                                     "unit": {"type": "string", "enum": ["c", "f"], "default": "c"}},
+    "required": ["city"]}}}
+BASH = {"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}}}}
+
+
+def call(name="get_weather", arguments=None, **extra):
+    return {"type": "function", "function": {"name": name, "arguments": arguments}, **extra}
+
+
+U = {"role": "user", "content": "Hi"}
+CASES = {
+    "plain": [U, {"role": "assistant", "reasoning_content": "r", "content": "a"}],
+    "no reasoning, None values": [U, {"role": "assistant", "content": "a", "reasoning_content": None,
+                                      "tool_calls": None}],
+    "thinking only": [U, {"role": "assistant", "thinking": "t", "content": "a"}],
+    "reasoning only": [U, {"role": "assistant", "reasoning": "r2", "content": "a"}],
+    "empty reasoning_content, reasoning set": [U, {"role": "assistant", "reasoning_content": "", "reasoning": "x",
+                                                   "content": "a"}],
+    "empty reasoning_content, thinking set": [U, {"role": "assistant", "reasoning_content": "", "thinking": "y",
+                                                  "content": "a"}],
+    "all three": [U, {"role": "assistant", "reasoning_content": "a1", "thinking": "b1", "reasoning": "c1",
+                      "content": "a"}],
+    "content beside calls is folded": [U, {"role": "assistant", "reasoning_content": "r", "content": "pre",
+                                           "tool_calls": [call(arguments={"city": "Oslo"})]},
+                                       {"role": "tool", "name": "get_weather", "content": "-3"}],
+    "empty tool_calls is a final answer": [U, {"role": "assistant", "content": "a", "tool_calls": []}],
+    "parallel calls, results by id (last match wins)": [
+        U, {"role": "assistant", "tool_calls": [call(arguments={"city": "A"}, id="c1"),
+                                                call("search", {"q": "x"}, id="c2")]},
+        {"role": "tool", "tool_call_id": "c2", "content": "s"},
+        {"role": "tool", "tool_call_id": "c1", "content": "w"},
+        {"role": "assistant", "tool_calls": [call("get_weather", {}, id="c1")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "again"},
+        {"role": "assistant", "content": "done"}],
+    "argument value types": [U, {"role": "assistant", "tool_calls": [call(arguments={
+        "s": "東京 \"q\"", "i": 3, "f": 2.5, "big": 10**20, "b": True, "n": None, "l": [1, "a", None, [2]],
+        "d": {"k": {"z": [1.0]}}, "e": "", "sp": " \n"})]}],
+    "arguments None or missing": [U, {"role": "assistant", "tool_calls": [
+        call(arguments=None), {"type": "function", "function": {"name": "x"}}]}],
+    "call without function wrapper": [U, {"role": "assistant", "tool_calls": [{"name": "x", "arguments": {"a": 1}}]},
+                                      {"role": "tool", "name": "x", "content": "1"}],
+    "late and leading system messages": [{"role": "system", "content": "S1"}, {"role": "developer", "content": "D"},
+                                         U, {"role": "system", "content": "late"},
+                                         {"role": "assistant", "content": "a"}],
+    "only system": [{"role": "system", "content": "S"}],
+    "content None and missing": [{"role": "user"}, {"role": "assistant", "content": None},
+                                 {"role": "user", "content": None}],
+    "markers in user text": [{"role": "user", "content": "<|start|>x<|end|><|return|>"},
+                             {"role": "assistant", "content": "<|call|>"}],
+    # Declined: the template raises, or the types are not plain.
+    "marker in reasoning": [U, {"role": "assistant", "reasoning_content": "a<|end|>", "content": "x"}],
+    "string arguments": [U, {"role": "assistant", "tool_calls": [call(arguments='{"a": 1}')]}],
+    "list arguments": [U, {"role": "assistant", "tool_calls": [call(arguments=[1])]}],
+    "quote in argument name": [U, {"role": "assistant", "tool_calls": [call(arguments={'a"b': 1})]}],
+    "close tag in value": [U, {"role": "assistant", "tool_calls": [call(arguments={"a": "</rfl:parameter>"})]}],
+    "close tag in nested value": [U, {"role": "assistant", "tool_calls": [
+        call(arguments={"a": ["</rfl:parameter>"]})]}],
+    "tool result without name": [U, {"role": "assistant", "tool_calls": [call(arguments={})]},
+                                 {"role": "tool", "content": "x"}],
+    "tool result with unknown id": [U, {"role": "assistant", "tool_calls": [call(arguments={}, id="a")]},
+                                    {"role": "tool", "tool_call_id": "b", "content": "x"}],
+    "unknown role": [U, {"role": "robot", "content": "x"}],
+    "content parts": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                      {"role": "assistant", "content": "a"}],
+    "mapping content": [{"role": "user", "content": {"a": 1}}, {"role": "assistant", "content": "a"}],
+    "tuple value": [U, {"role": "assistant", "tool_calls": [call(arguments={"t": (1, 2)})]}],
+}
+KWARGS = [
+    None,
+    {"reasoning_effort": "low"},
+    {"reasoning_effort": 7, "model_identity": "You are Test."},
+    {"builtin_tools": ["search"], "allow_missing_thinking": False},
+    {"reasoning_effort": "bogus"},  # the template raises in the system message
+    {"builtin_tools": "python"},  # likewise
+]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("tools", [None, [WEATHER], [BASH, SEARCH, WEATHER]], ids=["no-tools", "one", "three"])
+def test_edge_cases(tok, direct, name, tools):
+    for kwargs in KWARGS:
+        record = {"messages": CASES[name], "tools": tools, "chat_template_kwargs": kwargs}
+        rendered = assert_same(tok, direct, record)
+        if name in ("plain", "argument value types", "parallel calls, results by id (last match wins)") and (
+            kwargs is None or "bogus" not in str(kwargs) and "python" not in str(kwargs)
+        ):
+            assert rendered, (name, kwargs)
+
+
+def test_declines_exactly_the_errors_and_odd_types(tok, direct):
+    declined = {"marker in reasoning", "string arguments", "list arguments", "quote in argument name",
+                "close tag in value", "close tag in nested value", "tool result without name",
+                "tool result with unknown id", "unknown role", "content parts", "mapping content", "tuple value"}
+    for name, messages in CASES.items():
+        got, _ = rendered_both(tok, direct, {"messages": messages, "tools": [WEATHER]})
+        assert (got is None) == (name in declined), name
+
+
+def test_prefix_cache_is_bounded_and_reused(tok):
+    renderer = BeamTemplateRenderer(tok.chat_template, prefix_cache_size=3)
+    template_kwargs = dict(tok.special_tokens_map)
+    for k in range(6):
+        messages = [{"role": "system", "content": f"S{k}"}, U, {"role": "assistant", "content": "a"}]
+        assert renderer(messages, None, template_kwargs) == _tracked_render(
+            tok.chat_template, messages, None, template_kwargs)
+    assert len(renderer._prefixes) == 3
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(content=text, reasoning=text, name=st.from_regex(r"[A-Za-z_.\-]{1,12}", fullmatch=True))
+def test_text_is_passed_through_untouched(tok, direct, content, reasoning, name):
+    record = {"messages": [
+        {"role": "user", "content": content},
+        {"role": "assistant", "reasoning_content": reasoning, "tool_calls": [call(name, {"v": content})]},
+        {"role": "tool", "name": name, "content": content},
+        {"role": "assistant", "reasoning_content": reasoning, "content": content}]}
+    assert_same(tok, direct, record)
+
+
+def test_encoder_uses_it_and_stays_identical(tok, encoder):
+    from test_render import assert_identical
+
+    records = [{"messages": m, "tools": [WEATHER]} for m in CASES.values()]
+    assert assert_identical(tok, records, encoder=encoder) > 10
+    assert render._DIRECT_RENDERERS[tok.chat_template] is not None
+
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False, width=32), text)
+_schema = st.recursive(
+    st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["string", "integer", "number", "boolean", "null", "array", "object", "weird"]),
+        "description": text, "default": _scalar, "enum": st.lists(_scalar, max_size=3),
+        "const": _scalar, "examples": st.lists(_scalar, max_size=2)}),
+    lambda children: st.one_of(
+        st.fixed_dictionaries({"type": st.just("array")}, optional={"items": children}),
+        st.fixed_dictionaries({"type": st.just("object")},
+                              optional={"properties": st.dictionaries(st.from_regex(r"[a-z_]{1,6}", fullmatch=True),
+                                                                      children, max_size=3),
+                                        "required": st.lists(st.sampled_from(["a", "b", "x"]), max_size=2)}),
+        st.fixed_dictionaries({"anyOf": st.lists(children, min_size=1, max_size=3)}),
+        st.fixed_dictionaries({"type": st.lists(st.sampled_from(["string", "integer", "null"]), max_size=2)}),
+    ),
+    max_leaves=6,
+)
+_tools = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.just("function"),
+         "function": st.fixed_dictionaries(
+             {"name": st.sampled_from(["bash", "search", "browse", "get_x", "f"])},
+             optional={"description": text, "parameters": _schema})}),
+    max_size=3)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tools=_tools, lead=st.lists(st.one_of(text, st.none()), max_size=2),
+       kwargs=st.fixed_dictionaries({}, optional={
+           "reasoning_effort": st.sampled_from(["low", "max", "bogus", 3, True, 2.5, None]),
+           "model_identity": st.one_of(st.none(), text),
+           "builtin_tools": st.sampled_from([["search"], "browse", ["search", "browse"], ["python"], None])}))
+def test_system_and_developer_messages_equal_jinja(tok, tools, lead, kwargs):
+    """Tool declarations (nested schemas, enums, anyOf, defaults, examples), the trained bash tool,
+    built-in tools, instructions and keyword arguments: the Python prefix equals the template's."""
+    direct = BeamTemplateRenderer(tok.chat_template)  # fresh: nothing cached from other examples
+    messages = [{"role": "system", "content": c} for c in lead] + [U, {"role": "assistant", "content": "a"}]
+    record = {"messages": messages, "tools": tools, "chat_template_kwargs": kwargs}
+    got, expected = rendered_both(tok, direct, record)
+    if isinstance(expected, Exception):
+        assert got is None
+    else:
+        assert got == expected

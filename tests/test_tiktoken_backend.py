@@ -1,0 +1,161 @@
+"""beam_sft.tiktoken_backend: tiktoken is used for the text between markers only where checks prove it
+gives the tokenizer's own ids; each check refuses a tokenizer that differs in what it checks, and the
+encoder falls back to the tokenizers backend whenever the probe finds a difference."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import pytest
+
+from beam_sft import render, tiktoken_backend
+from beam_sft.render import MaskedEncoder
+
+
+@pytest.fixture(scope="module")
+def o200k_state(o200k_tok):
+    return json.loads(o200k_tok._tokenizer.to_str())
+
+
+@pytest.fixture(scope="module")
+def pieces(o200k_state):
+    encoder, reason = tiktoken_backend.build(o200k_state)
+    assert reason is None and encoder is not None
+    return encoder
+
+
+def test_the_o200k_tokenizer_gets_tiktoken(o200k_encoder_with_backend):
+    encoder = o200k_encoder_with_backend
+    assert encoder.fast and encoder._tiktoken is not None and encoder.tiktoken_reason is None
+
+
+@pytest.fixture(scope="module")
+def o200k_encoder_with_backend(o200k_tok):
+    return MaskedEncoder(o200k_tok)
+
+
+def test_the_bundled_tokenizer_does_not(tok):
+    encoder = MaskedEncoder(tok)
+    assert encoder.fast and encoder._tiktoken is None
+    assert "Split + ByteLevel" in encoder.tiktoken_reason
+
+
+def _broken(state, change):
+    # Copies of what the changes touch only: a deep copy of a 201k-token vocabulary takes seconds.
+    state = {**state, "model": dict(state["model"]), "pre_tokenizer": copy.deepcopy(state["pre_tokenizer"])}
+    state["model"]["vocab"] = dict(state["model"]["vocab"])
+    state["model"]["merges"] = list(state["model"]["merges"])
+    change(state)
+    return tiktoken_backend.build(state)
+
+
+def _swap_merges(state):
+    merges = state["model"]["merges"]
+    merges[10], merges[11] = merges[11], merges[10]
+
+
+def _drop_token(state):
+    vocab = state["model"]["vocab"]
+    vocab.pop(next(iter(vocab)))
+
+
+BROKEN = {
+    "normalizer": (lambda s: s.__setitem__("normalizer", {"type": "NFC"}), "normalizer"),
+    "pattern": (lambda s: s["pre_tokenizer"]["pretokenizers"][0]["pattern"].__setitem__("Regex", r"\s+|\S+"),
+                "split pattern"),
+    "prefix space": (lambda s: s["pre_tokenizer"]["pretokenizers"][1].__setitem__("add_prefix_space", True),
+                     "prefix space"),
+    "ignore_merges": (lambda s: s["model"].__setitem__("ignore_merges", False), "ignore_merges"),
+    "dropout": (lambda s: s["model"].__setitem__("dropout", 0.1), "dropout"),
+    "merge order": (_swap_merges, "merges"),
+    "vocabulary gap": (_drop_token, "ids are not 0..N-1"),
+    "no pre-tokenizer": (lambda s: s.__setitem__("pre_tokenizer", None), "Split + ByteLevel"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_each_check_refuses(o200k_state, name):
+    change, words = BROKEN[name]
+    encoder, reason = _broken(o200k_state, change)
+    assert encoder is None and words in reason
+
+
+def test_regex_engines_agree_on_every_checked_code_point():
+    """For the installed tokenizers and tiktoken, on all of planes 0-3 and 14 (cached per version pair)."""
+    assert tiktoken_backend.disagreeing_code_points(tiktoken_backend.KNOWN_PATTERNS[tiktoken_backend.O200K_PATTERN]) == ""
+
+
+def test_pieces_equal_the_tokenizer_on_texts_that_stress_bpe(o200k_tok, o200k_state, pieces):
+    """Repeated characters and the strings where two different pairs make the same token (the one
+    difference between tiktoken's and tokenizers' merge order, see the module docstring)."""
+    from beam_sft.tiktoken_backend import _byte_decoder
+
+    decoder = _byte_decoder()
+    ranks = {bytes(decoder[c] for c in t): i for t, i in o200k_state["model"]["vocab"].items()}
+    texts = [c * n for c in " \n\t-=*#._~0a!/|'\"`é日🙂" for n in range(1, 70)]
+    for token in ranks:
+        n = len(token)
+        for k in range(1, n):
+            if token[n - k:] != token[:k]:
+                continue
+            p, q, r = token[: n - k], token[:k], token[k:]
+            if p != q and p in ranks and q in ranks and r in ranks and (ranks[p], ranks[q]) > (ranks[q], ranks[r]):
+                for word in (p + q + r, b"x" + p + q + r, q + p + q + r + q):
+                    try:
+                        texts.append(word.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        pass
+    assert len(texts) > 10_000
+    backend = o200k_tok._tokenizer
+    expected = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    assert pieces.encode(texts) == expected
+
+
+def test_unchecked_code_points_go_to_the_tokenizers_backend(o200k_tok, o200k_encoder_with_backend, pieces):
+    private = "\U000f0041 plane 15 \U00100000"
+    assert pieces.encode([private, "plain"])[0] is None
+    assert pieces.encode(["plain"])[0] is not None
+    from test_render import assert_identical
+
+    record = {"messages": [{"role": "user", "content": private},
+                           {"role": "assistant", "reasoning_content": private, "content": "x" + private}]}
+    assert assert_identical(o200k_tok, [record], encoder=o200k_encoder_with_backend) == 1
+
+
+def test_a_wrong_tiktoken_falls_back_to_the_tokenizers_backend(o200k_tok, monkeypatch):
+    real = tiktoken_backend.TiktokenPieces.encode
+
+    def off_by_one(self, texts):
+        return [None if ids is None else [i + 1 for i in ids] for ids in real(self, texts)]
+
+    monkeypatch.setattr(tiktoken_backend.TiktokenPieces, "encode", off_by_one)
+    encoder = MaskedEncoder(o200k_tok)
+    assert encoder.fast and encoder._tiktoken is None
+    assert encoder.tiktoken_reason.startswith("the probe found a difference")
+    record = {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello"}]}
+    assert encoder.encode([record]) == [render.reference_encode(o200k_tok, record)]
+
+
+def test_encoder_with_tiktoken_pickles(o200k_tok, o200k_encoder_with_backend):
+    from test_render import SAMPLES, converted
+
+    records = converted(SAMPLES / "openai.jsonl")
+    copy_ = pickle.loads(pickle.dumps(o200k_encoder_with_backend))
+    assert copy_._tiktoken is not None
+    assert copy_.encode(records) == o200k_encoder_with_backend.encode(records)
+
+
+def test_trie_splitter_equals_the_longest_first_alternation():
+    import random
+    import re
+
+    rng = random.Random(3)
+    alphabet = "<|>ab"
+    tokens = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(60)}
+    flat = re.compile("(" + "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)) + ")").split
+    trie = render._splitter(dict.fromkeys(tokens, 0))
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet + "xy ") for _ in range(rng.randint(0, 30)))
+        assert trie(text) == flat(text), text
