@@ -39,6 +39,7 @@ class Reason(StrEnum):
     RECORD_TOO_LARGE = "record_too_large"
     RENDER_FAILED = "render_failed"
     BAD_TEMPLATE_KWARGS = "bad_template_kwargs"
+    INTERNAL_ERROR = "internal_error"
 
 
 class BeamSFTError(Exception):
@@ -106,3 +107,8 @@ class RecordError(ValueError):
             "message_index": self.message_index,
             "message": self.message,
         }
+
+
+def internal_error(exc: BaseException) -> RecordError:
+    """An unexpected exception while converting one record, as a reject: the run goes on, nothing is lost."""
+    return RecordError(Reason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")

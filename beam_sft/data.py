@@ -1,0 +1,755 @@
+"""The training-data phase: source(s) + tokenizer + settings in, tokenized Arrow dataset(s) + counts out.
+
+One flow, used by `scripts/train.py`, `beam-sft prepare` and `beam-sft inspect --stats`::
+
+    read_source      raw rows -> a memory-mapped Arrow file (one row per input record, raw JSON + provenance)
+    convert_source   + batched `datasets.map` (num_proc): convert / validate  -> Beam records (JSON) + rejects
+    tokenize_records + batched `datasets.map` (num_proc): render (beam_sft.render), mask, truncate, count
+    prepare_data     all of the above, cached under a fingerprint, once per job (main process first)
+
+Nothing holds the dataset as Python objects: every stage writes Arrow files and the next one memory-maps
+them; counts come out of the maps as columns and are summed with `pyarrow.compute`.
+
+Every input record ends up in exactly one place: a kept row, `rejects.jsonl` (with its source, line or index,
+reason and message), or the "dropped by truncation" count; `prepare_data` checks that the numbers add up.
+An unexpected exception while converting one record makes that record a reject with reason
+`internal_error`, never a stopped run. An empty assistant mask stays a hard error naming the record: that
+is a template defect that would silently train nothing.
+
+The result of `prepare_data` is a *prepared directory*: the train split as a `save_to_disk` dataset
+(`input_ids`, `labels`) at its root, an optional `eval/` split, `rejects.jsonl` and `beam_sft_manifest.json`
+(what made it: tokenizer and template hashes, `max_length`, policy, sources, counts). `datasets.load_from_disk`
+reads it as a plain pre-tokenized dataset, so plain TRL can train on it too.
+
+Cache: `prepare_data` keeps prepared directories under `cache_dir` (default `$BEAM_SFT_PREPARED_CACHE`, else
+`$HF_DATASETS_CACHE/beam_sft_prepared`, else `~/.cache/huggingface/datasets/beam_sft_prepared`), one per
+fingerprint of (data files: path + size + mtime, format, split, max_records, tokenizer vocabulary, chat
+template, max_length, truncation policy, assistant_only_loss, eval split and seed, code version). A second
+run with the same inputs loads it; any change makes a new entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from beam_sft.errors import FatalError, Reason, RecordError, UsageError, internal_error
+
+logger = logging.getLogger(__name__)
+
+# Part of every cache fingerprint and manifest: bump when what this module writes could change.
+DATA_VERSION = "1"
+MANIFEST = "beam_sft_manifest.json"
+REJECTS = "rejects.jsonl"
+EVAL_DIR = "eval"
+FORMATS = ("auto", "beam", "openai", "sharegpt", "harmony")
+# Manifest fields a prepared dataset must match before it trains (field -> what the run uses).
+CHECKED_FIELDS = ("tokenizer", "chat_template", "max_length", "truncation_policy", "assistant_only_loss")
+
+_RAW_BATCH = 2000  # rows per Arrow record batch while reading: a few MB in flight
+_MAP_BATCH = 256  # rows per datasets.map batch: large enough for the encoder's batched tokenization
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """What decides the prepared data, besides the sources and the tokenizer."""
+
+    format: str = "auto"
+    max_length: int | None = None
+    truncation_policy: str = "turn"
+    assistant_only_loss: bool = True
+    split: str = "train"
+    max_records: int | None = None
+    eval_split_size: float = 0.0
+    seed: int = 0
+
+    def check(self) -> None:
+        from beam_sft.train_data import TRUNCATION_POLICIES
+
+        if self.format not in FORMATS:
+            raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.truncation_policy not in TRUNCATION_POLICIES:
+            raise UsageError(f"unknown truncation policy {self.truncation_policy!r}; choose one of "
+                             f"{', '.join(TRUNCATION_POLICIES)}")
+        if self.max_length is not None and self.max_length < 1:
+            raise UsageError("max_length must be at least 1")
+        if self.max_records is not None and self.max_records < 0:
+            raise UsageError("max_records must be >= 0")
+        if self.eval_split_size < 0:
+            raise UsageError("eval_split_size must be >= 0")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Stage 1: raw rows -> Arrow
+
+
+def _raw_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("src", pa.int32()),  # index into the list of source names
+        ("pos", pa.int64()),  # 1-based line (JSONL) or 0-based index
+        ("by_line", pa.bool_()),
+        ("payload", pa.large_binary()),  # the record's JSON, as read (may be invalid UTF-8: a reject later)
+        ("error", pa.string()),  # a reader's RecordError as JSON [code, message_index, message], or null
+    ])
+
+
+def expand_sources(inputs: Sequence[str], split: str = "train"):
+    """`beam_sft.io` sources of the inputs; in a directory, convert-dataset's rejects files are not data."""
+    from beam_sft.io import expand_inputs
+
+    out = []
+    for spec in inputs:
+        sources = expand_inputs([spec], split)
+        if Path(spec).is_dir():
+            sources = [s for s in sources if s.kind == "disk" or "rejects" not in Path(s.name).name]
+            if not sources:
+                raise UsageError(f"{spec}: no training data in this directory (only rejects files)")
+        out.extend(sources)
+    return out
+
+
+def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = None, progress: bool = False):
+    """Every input record of `sources` as one row of a memory-mapped Arrow dataset; returns (dataset, names).
+
+    Reads through `beam_sft.io.iter_items` (the readers `convert-dataset` uses), writing record batches as it
+    goes, so memory stays flat whatever the input size. Unreadable rows carry their `RecordError`.
+    """
+    import pyarrow as pa
+    from datasets import Dataset
+    from tqdm import tqdm
+
+    from beam_sft.io import iter_items
+
+    names = [s.name for s in sources]
+    index = {name: i for i, name in enumerate(names)}
+    schema = _raw_schema()
+    path = os.path.join(os.fspath(work_dir), "raw.arrow")
+    cols: dict[str, list] = {k: [] for k in schema.names}
+    bar = tqdm(desc="reading", unit=" rec", disable=not progress or None, mininterval=0.5)
+
+    def flush(writer):
+        if cols["src"]:
+            writer.write_batch(pa.record_batch([pa.array(cols[k], schema.field(k).type) for k in schema.names],
+                                               schema=schema))
+            bar.update(len(cols["src"]))
+            for v in cols.values():
+                v.clear()
+
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for item in iter_items(sources, limit=limit):
+            cols["src"].append(index[item.source])
+            cols["pos"].append(item.position)
+            cols["by_line"].append(item.by_line)
+            err = item.error
+            if err is not None:
+                cols["payload"].append(None)
+                cols["error"].append(json.dumps([err.code.value, err.message_index, err.message]))
+            else:
+                cols["payload"].append(item.payload if item.raw else orjson.dumps(item.payload, default=str))
+                cols["error"].append(None)
+            if len(cols["src"]) >= _RAW_BATCH:
+                flush(writer)
+        flush(writer)
+    bar.close()
+    return Dataset.from_file(path), names
+
+
+# --------------------------------------------------------------------------------------------------------
+# Stage 2: convert + validate
+
+
+def _reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict[str, Any]:
+    return {"source": source, ("line" if by_line else "index"): pos, "reason": err.code.value,
+            "message_index": err.message_index, "message": err.message}
+
+
+def convert_one(payload: bytes, fmt: str) -> dict[str, Any]:
+    """One raw record (JSON bytes) -> a validated Beam record, or `RecordError`."""
+    from beam_sft.formats import convert_record
+    from beam_sft.io import parse_line
+    from beam_sft.train_data import normalize_record
+    from beam_sft.validate import validate
+
+    row = parse_line(payload)
+    if fmt == "beam":
+        if not isinstance(row, dict):
+            raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
+        return validate(normalize_record(row))
+    return normalize_record(convert_record(row, format=fmt))
+
+
+def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[str, list]:
+    records, reasons, rejects = [], [], []
+    for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
+                                                  batch["error"], strict=True):
+        try:
+            if error is not None:
+                code, index, message = json.loads(error)
+                raise RecordError(code, message, message_index=index)
+            rec = convert_one(payload, fmt)
+            records.append(orjson.dumps(rec).decode())
+            reasons.append(None)
+            rejects.append(None)
+            continue
+        except RecordError as err:
+            reject = err
+        except Exception as exc:  # a converter bug: this record is a reject, the run goes on
+            reject = internal_error(exc)
+        records.append(None)
+        reasons.append(reject.code.value)
+        rejects.append(orjson.dumps(_reject_entry(reject, names[src], pos, by_line)).decode())
+    return {"record": records, "reason": reasons, "reject": rejects}
+
+
+@dataclass
+class Converted:
+    """Validated Beam records (column `record`: JSON text; `src`/`pos`/`by_line`: provenance) and rejects."""
+
+    records: Any  # datasets.Dataset
+    rejects: Any  # datasets.Dataset with one column, `reject` (JSON text of a reject entry)
+    names: list[str]
+    records_in: int
+    rejected: dict[str, int]
+
+    def iter_records(self, batch_size: int = 1000) -> Iterator[dict[str, Any]]:
+        """The Beam records as dicts, batch by batch (never all at once)."""
+        for batch in self.records.select_columns(["record"]).iter(batch_size=batch_size):
+            for text in batch["record"]:
+                yield orjson.loads(text)
+
+    def provenance(self, row: dict[str, Any]) -> str:
+        return f"{self.names[row['src']]}:{row['pos']}" if row["by_line"] else f"{self.names[row['src']]}[{row['pos']}]"
+
+    def iter_rejects(self, batch_size: int = 1000) -> Iterator[dict[str, Any]]:
+        for batch in self.rejects.iter(batch_size=batch_size):
+            for text in batch["reject"]:
+                yield orjson.loads(text)
+
+
+def _value_counts(table_column) -> dict[str, int]:
+    import pyarrow.compute as pc
+
+    out = {}
+    for entry in pc.value_counts(table_column).to_pylist():
+        if entry["values"] is not None:
+            out[entry["values"]] = entry["counts"]
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _not_null(column: str):
+    return lambda batch: [v is not None for v in batch[column]]
+
+
+def convert_source(
+    inputs: Sequence[str] | str,
+    work_dir: str | os.PathLike,
+    *,
+    format: str = "auto",
+    split: str = "train",
+    limit: int | None = None,
+    num_proc: int | None = None,
+    progress: bool = False,
+) -> Converted:
+    """Raw source(s) -> Arrow dataset of validated Beam records + rejects + counts (the convert-only stage).
+
+    `inputs`: files, globs, directories, `save_to_disk` dirs or hub ids (as `convert-dataset` takes them).
+    `format`: "beam" (records as `convert-dataset` writes them; Arrow artefacts undone, then validated) or a
+    converter name / "auto". `work_dir` holds the Arrow files; the returned datasets memory-map them, so keep
+    it until you are done with them. records_in = len(records) + sum(rejected.values()), always.
+    """
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if format not in FORMATS:
+        raise UsageError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    sources = expand_sources(inputs, split)
+    raw, names = read_source(sources, work_dir, limit=limit, progress=progress)
+    converted = raw.map(
+        _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
+        fn_kwargs={"fmt": format, "names": names}, remove_columns=["payload", "error"],
+        desc="converting" if progress else None,
+    )
+    rejected = _value_counts(converted.data.column("reason"))
+    records = converted.filter(_not_null("record"), batched=True, batch_size=5000) \
+        .select_columns(["src", "pos", "by_line", "record"])
+    rejects = converted.filter(_not_null("reject"), batched=True, batch_size=5000).select_columns(["reject"])
+    out = Converted(records, rejects, names, len(raw), rejected)
+    if len(records) + len(rejects) != len(raw):
+        raise FatalError(f"bookkeeping error: {len(raw)} rows in != {len(records)} records + {len(rejects)} rejected")
+    return out
+
+
+def _procs(num_proc: int | None, n_rows: int) -> int | None:
+    # A process pool costs more than it saves on a few hundred rows.
+    return num_proc if num_proc and num_proc > 1 and n_rows >= 4 * _MAP_BATCH else None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Stage 3: render, mask, truncate, count
+
+
+def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names):
+    from beam_sft.render import get_encoder
+    from beam_sft.train_data import build_example
+
+    keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut")
+    out: dict[str, list] = {k: [] for k in (*keys, "reason", "reject")}
+    records = [orjson.loads(text) for text in batch["record"]]
+    encoder = get_encoder(tokenizer)
+    try:
+        encoded: list = encoder.encode(records, None)
+    except RecordError:
+        encoded = []
+        for record in records:  # find the culprits one by one; the others still train
+            try:
+                encoded.append(encoder.encode([record], None)[0])
+            except RecordError as err:
+                encoded.append(err)
+            except Exception as exc:  # the template or encoder tripping on one record: a reject
+                encoded.append(internal_error(exc))
+    for src, pos, by_line, record, enc in zip(batch["src"], batch["pos"], batch["by_line"], records, encoded,
+                                              strict=True):
+        where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"
+        if isinstance(enc, RecordError):
+            example = {"input_ids": [], "labels": [], "keep": False, "truncated": 0, "dropped": 0,
+                       "assistant_turns_cut": 0}
+            out["reason"].append(enc.code.value)
+            out["reject"].append(orjson.dumps(_reject_entry(enc, names[src], pos, by_line)).decode())
+        else:
+            example = build_example(
+                tokenizer, record, encoded=(enc["input_ids"], enc["assistant_masks"]), max_length=max_length,
+                policy=policy, assistant_only_loss=assistant_only_loss, stop_ids=stop_ids, where=where,
+            )
+            out["reason"].append(None)
+            out["reject"].append(None)
+        for k in keys:
+            out[k].append(example[k])
+    return out
+
+
+def _tokenized_features():
+    from datasets import Features, List, Value
+
+    return Features({
+        "input_ids": List(Value("int32")), "labels": List(Value("int32")), "keep": Value("bool"),
+        "truncated": Value("int32"), "dropped": Value("int32"), "assistant_turns_cut": Value("int32"),
+        "reason": Value("string"), "reject": Value("string"),
+    })
+
+
+def token_counts(dataset, stop_ids: Sequence[int], batch_size: int = 4096) -> dict[str, int]:
+    """Total / supervised tokens and trained stop tokens of a tokenized dataset, by Arrow compute, in batches."""
+    import pyarrow.compute as pc
+
+    counts = {"total_tokens": 0, "supervised_tokens": 0, "supervised_return": 0, "supervised_call": 0}
+    for table in dataset.select_columns(["labels"]).with_format("arrow").iter(batch_size=batch_size):
+        labels = pc.list_flatten(table.column("labels"))
+        counts["total_tokens"] += len(labels)
+        counts["supervised_tokens"] += int(pc.sum(pc.not_equal(labels, -100)).as_py() or 0)
+        counts["supervised_return"] += int(pc.sum(pc.equal(labels, stop_ids[0])).as_py() or 0)
+        counts["supervised_call"] += int(pc.sum(pc.equal(labels, stop_ids[1])).as_py() or 0)
+    return counts
+
+
+def tokenize_records(tokenizer, records, settings: DataSettings, names: list[str], *, num_proc: int | None = None,
+                     name: str = "train", progress: bool = False):
+    """Beam records (a `Converted.records` dataset) -> (kept `input_ids`/`labels` rows, rejects, PrepStats,
+    rejected count by reason).
+
+    The map also returns per-record truncation counts; they and the token counts are summed by Arrow compute.
+    Records the template rejects become rejects (reason `render_failed`); an empty mask raises
+    `EmptyMaskError` naming the record.
+    """
+    import pyarrow.compute as pc
+
+    from beam_sft.train_data import PrepStats, stop_token_ids
+
+    stop_ids = stop_token_ids(tokenizer)
+    mapped = records.map(
+        _tokenize_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(records)),
+        remove_columns=records.column_names, features=_tokenized_features(),
+        fn_kwargs={"tokenizer": tokenizer, "max_length": settings.max_length, "policy": settings.truncation_policy,
+                   "assistant_only_loss": settings.assistant_only_loss, "stop_ids": stop_ids, "names": names},
+        desc=f"tokenizing {name}" if progress else None,
+    )
+    table = mapped.data
+
+    def total(column: str) -> int:
+        return int(pc.sum(table.column(column)).as_py() or 0)
+
+    rejects = mapped.filter(_not_null("reject"), batched=True, batch_size=5000).select_columns(["reject"])
+    stats = PrepStats(records_in=len(mapped) - len(rejects))
+    stats.records_kept = int(pc.sum(table.column("keep")).as_py() or 0)
+    stats.truncated = total("truncated")
+    stats.dropped_too_long = total("dropped")
+    stats.assistant_turns_cut = total("assistant_turns_cut")
+    kept = mapped.filter(lambda batch: batch["keep"], batched=True, batch_size=5000) \
+        .select_columns(["input_ids", "labels"])
+    for key, value in token_counts(kept, stop_ids).items():
+        setattr(stats, key, value)
+    if stats.records_kept + stats.dropped_too_long != stats.records_in:
+        raise FatalError(f"bookkeeping error in {name}: {stats.records_in} records != {stats.records_kept} kept + "
+                         f"{stats.dropped_too_long} dropped")
+    return kept, rejects, stats, _value_counts(table.column("reason"))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Fingerprints and manifests
+
+
+def _sha(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
+
+
+def vocab_hash(tokenizer) -> str:
+    """A hash of what turns text into ids: the backend tokenizer (vocabulary, merges, added tokens) and specials."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
+    return _sha(f"{body}|{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}")
+
+
+def template_hash(tokenizer) -> str:
+    return _sha(json.dumps(tokenizer.chat_template, sort_keys=True))
+
+
+def source_identity(sources) -> list[dict[str, Any]]:
+    """What identifies the data without reading it: path, size and mtime of every file (hub ids: name + split)."""
+    out = []
+    for src in sources:
+        if src.kind == "hub":
+            out.append({"hub": src.name, "split": src.split})
+            continue
+        path = Path(src.name)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        out.append({"path": str(path.resolve()), "split": src.split if src.kind == "disk" else None,
+                    "files": [[str(f.relative_to(path)) if path.is_dir() else f.name, f.stat().st_size,
+                               f.stat().st_mtime_ns] for f in files]})
+    return out
+
+
+def run_fields(tokenizer, settings: DataSettings) -> dict[str, Any]:
+    """The manifest fields a prepared dataset must match to train with this tokenizer and these settings."""
+    return {"tokenizer": vocab_hash(tokenizer), "chat_template": template_hash(tokenizer),
+            "max_length": settings.max_length, "truncation_policy": settings.truncation_policy,
+            "assistant_only_loss": settings.assistant_only_loss}
+
+
+def fingerprint(identity: Any, tokenizer, settings: DataSettings, extra: Any = None) -> str:
+    from beam_sft.render import RENDER_VERSION
+
+    parts = {"data_version": DATA_VERSION, "render_version": RENDER_VERSION, "sources": identity,
+             "settings": asdict(settings), **run_fields(tokenizer, settings), "extra": extra}
+    if not settings.eval_split_size:
+        parts["settings"].pop("seed")  # the seed only matters to the eval split
+    return _sha(json.dumps(parts, sort_keys=True, default=str))
+
+
+def default_cache_dir() -> str:
+    if os.environ.get("BEAM_SFT_PREPARED_CACHE"):
+        return os.environ["BEAM_SFT_PREPARED_CACHE"]
+    from datasets import config
+
+    return os.path.join(str(config.HF_DATASETS_CACHE), "beam_sft_prepared")
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The manifest of a prepared directory, or None when `path` is not one."""
+    file = Path(path) / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise FatalError(f"{file}: unreadable manifest: {err}") from err
+
+
+def check_manifest(manifest: dict[str, Any], tokenizer, settings: DataSettings, where: str) -> None:
+    """Fail with a message naming the first field where the prepared data and this run disagree."""
+    want = run_fields(tokenizer, settings)
+    for key in CHECKED_FIELDS:
+        have = manifest.get(key)
+        if have != want[key]:
+            what = {"tokenizer": "tokenizer vocabulary", "chat_template": "chat template"}.get(key, key)
+            raise UsageError(
+                f"{where} was prepared with a different {what}: manifest field {key!r} is {have!r}, this run has "
+                f"{want[key]!r}; run `beam-sft prepare` again with this run's settings, or match them"
+            )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Stage 4: the whole phase, cached
+
+
+@dataclass
+class Prepared:
+    """The result of the data phase."""
+
+    train: Any  # datasets.Dataset (input_ids, labels), memory-mapped
+    eval: Any  # datasets.Dataset or None
+    manifest: dict[str, Any]
+    path: str  # the prepared directory
+    action: str = "loaded"  # "tokenized" (this process built it) or "loaded"
+    stats: dict[str, Any] = field(default_factory=dict)  # split -> PrepStats.to_dict()
+
+
+def _split_sizes(n: int, size: float) -> int:
+    n_eval = int(size) if size >= 1 else max(1, round(size * n))
+    if n_eval >= n:
+        raise UsageError(f"eval_split_size {size} leaves no training records ({n} in total)")
+    return n_eval
+
+
+def build_prepared(
+    inputs: Sequence[str],
+    tokenizer,
+    settings: DataSettings,
+    out_dir: str | os.PathLike,
+    *,
+    eval_inputs: Sequence[str] | None = None,
+    num_proc: int | None = None,
+    progress: bool = False,
+    identity: Any = None,
+) -> dict[str, Any]:
+    """Run the whole phase and write a prepared directory at `out_dir` (atomically). Returns its manifest.
+
+    `eval_inputs`: separate eval data (split "test" of hub/disk datasets); else `settings.eval_split_size`
+    holds out a seeded share of the converted records. Empty-mask records raise; every other bad record is a
+    reject in `out_dir/rejects.jsonl`.
+    """
+    from beam_sft.io import JsonlSink, write_json_atomic
+
+    settings.check()
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    started = time.time()
+    try:
+        (work / "train_src").mkdir()
+        conv = convert_source(inputs, work / "train_src", format=settings.format, split=settings.split,
+                              limit=settings.max_records, num_proc=num_proc, progress=progress)
+        splits: dict[str, tuple[Any, list[str]]] = {}
+        rejects_sets = [conv.rejects]
+        records_in, rejected = conv.records_in, Counter(conv.rejected)
+        if eval_inputs:
+            (work / "eval_src").mkdir()
+            econv = convert_source(eval_inputs, work / "eval_src", format=settings.format, split="test",
+                                   num_proc=num_proc, progress=progress)
+            rejects_sets.append(econv.rejects)
+            records_in += econv.records_in
+            rejected.update(econv.rejected)
+            splits = {"train": (conv.records, conv.names), "eval": (econv.records, econv.names)}
+        elif settings.eval_split_size > 0:
+            n_eval = _split_sizes(len(conv.records), settings.eval_split_size)
+            parts = conv.records.train_test_split(test_size=n_eval, seed=settings.seed, shuffle=True)
+            splits = {"train": (parts["train"], conv.names), "eval": (parts["test"], conv.names)}
+        else:
+            splits = {"train": (conv.records, conv.names)}
+        if len(splits["train"][0]) == 0:
+            raise UsageError(f"no usable training records in {', '.join(inputs)}: {records_in} read, "
+                             f"{sum(rejected.values())} rejected ({dict(rejected)})")
+        stats, kept = {}, {}
+        for name, (records, names) in splits.items():
+            kept[name], render_rejects, split_stats, render_rejected = tokenize_records(
+                tokenizer, records, settings, names, num_proc=num_proc, name=name, progress=progress)
+            rejects_sets.append(render_rejects)
+            rejected.update(render_rejected)
+            stats[name] = split_stats.to_dict()
+        if stats["train"]["records_kept"] == 0:
+            raise FatalError(f"the train split is empty after truncation ({stats['train']}); raise max_length")
+        dropped = sum(s["dropped_too_long"] for s in stats.values())
+        kept_total = sum(s["records_kept"] for s in stats.values())
+        rejected_total = sum(rejected.values())
+        if records_in != kept_total + rejected_total + dropped:
+            raise FatalError(f"bookkeeping error: {records_in} records in != {kept_total} kept + {rejected_total} "
+                             f"rejected + {dropped} dropped by truncation")
+        final = work / "out"
+        kept["train"].save_to_disk(str(final))
+        if "eval" in kept:
+            kept["eval"].save_to_disk(str(final / EVAL_DIR))
+        sink = JsonlSink(str(final / REJECTS))
+        try:
+            for rejects in rejects_sets:
+                for batch in rejects.iter(batch_size=5000):
+                    for text in batch["reject"]:
+                        sink.write(orjson.loads(text))
+            sink.commit()
+        except BaseException:
+            sink.abort()
+            raise
+        manifest = {
+            "beam_sft_prepared": DATA_VERSION,
+            **run_fields(tokenizer, settings),
+            "format": settings.format,
+            "split": settings.split,
+            "max_records": settings.max_records,
+            "eval_split_size": settings.eval_split_size if not eval_inputs else None,
+            "seed": settings.seed,
+            "inputs": list(inputs),
+            "eval_inputs": list(eval_inputs) if eval_inputs else None,
+            "sources": identity,
+            "counts": {
+                "records_in": records_in,
+                "records_kept": kept_total,
+                "rejected_total": rejected_total,
+                "rejected": dict(rejected.most_common()),
+                "dropped_too_long": dropped,
+                "truncated": sum(s["truncated"] for s in stats.values()),
+                "assistant_turns_cut": sum(s["assistant_turns_cut"] for s in stats.values()),
+                "total_tokens": sum(s["total_tokens"] for s in stats.values()),
+                "supervised_tokens": sum(s["supervised_tokens"] for s in stats.values()),
+                "supervised_return": sum(s["supervised_return"] for s in stats.values()),
+                "supervised_call": sum(s["supervised_call"] for s in stats.values()),
+            },
+            "splits": stats,
+            "seconds": round(time.time() - started, 3),
+        }
+        # Written last: a directory with a manifest is complete.
+        write_json_atomic(str(final / MANIFEST), manifest)
+        del conv, kept, splits, rejects_sets
+        _replace_dir(final, out)
+        return manifest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+    try:
+        os.replace(src, dst)
+    except OSError:
+        if old is not None:
+            os.replace(old, dst)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_prepared(path: str | os.PathLike, tokenizer=None, settings: DataSettings | None = None) -> Prepared:
+    """A prepared directory, memory-mapped; with `tokenizer`+`settings`, checked against them first."""
+    from datasets import load_from_disk
+
+    manifest = read_manifest(path)
+    if manifest is None:
+        raise UsageError(f"{path}: not a prepared dataset (no {MANIFEST}); make one with `beam-sft prepare`")
+    if tokenizer is not None and settings is not None:
+        check_manifest(manifest, tokenizer, settings, str(path))
+    train = load_from_disk(str(path))
+    eval_ds = load_from_disk(str(Path(path) / EVAL_DIR)) if (Path(path) / EVAL_DIR).is_dir() else None
+    return Prepared(train, eval_ds, manifest, str(path), "loaded", dict(manifest.get("splits") or {}))
+
+
+def _record_action(record_dir: str | os.PathLike | None, rank: int, action: str, path: str, fp: str) -> None:
+    """One small file per rank saying what its data phase did (tests and operators read it)."""
+    if record_dir is None:
+        return
+    os.makedirs(record_dir, exist_ok=True)
+    with open(os.path.join(record_dir, f"data_phase.rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "action": action, "path": path, "fingerprint": fp}, f)
+
+
+def prepare_data(
+    inputs: Sequence[str] | str,
+    tokenizer,
+    settings: DataSettings,
+    *,
+    eval_inputs: Sequence[str] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    num_proc: int | None = None,
+    record_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> Prepared:
+    """The data phase of a training job: raw data -> tokenized, memory-mapped datasets + counts, once per job.
+
+    `inputs` is raw data (converted and tokenized here, cached under a fingerprint in `cache_dir`) or one
+    prepared directory (checked against `tokenizer` and `settings`, then loaded as is; a positive
+    `settings.eval_split_size` then holds out a seeded share of its rows). In a distributed job the main
+    process builds the cache first; the other ranks load it (on other nodes too when `cache_dir` is shared;
+    otherwise each node's local main process builds it once). `record_dir` gets `data_phase.rank<N>.json`.
+    """
+    from accelerate import PartialState
+
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    state = PartialState()
+    if len(inputs) == 1 and read_manifest(inputs[0]) is not None:
+        prepared = load_prepared(inputs[0], tokenizer, settings)
+        prepared.action = "loaded"
+        if settings.eval_split_size > 0 and not eval_inputs:
+            if prepared.eval is not None:
+                raise UsageError(f"{inputs[0]} already holds an eval split; drop eval_split_size")
+            from beam_sft.train_data import stop_token_ids
+
+            n_eval = _split_sizes(len(prepared.train), settings.eval_split_size)
+            # Indices in memory: identical on every rank (same seed) and no cache file races on shared storage.
+            parts = prepared.train.train_test_split(test_size=n_eval, seed=settings.seed, keep_in_memory=True)
+            prepared.train, prepared.eval = parts["train"], parts["test"]
+            stops = stop_token_ids(tokenizer)
+            prepared.stats = {name: {"records_kept": len(ds), **token_counts(ds, stops)}
+                              for name, ds in (("train", prepared.train), ("eval", prepared.eval))}
+        elif eval_inputs:
+            raise UsageError("a prepared dataset trains with the eval split it was prepared with; prepare the eval "
+                             "data into it (or train from raw data)")
+        _record_action(record_dir, state.process_index, "loaded", str(inputs[0]), prepared.manifest["tokenizer"])
+        return prepared
+
+    settings.check()
+    sources = expand_sources(inputs, settings.split)
+    identity = {"train": source_identity(sources)}
+    if eval_inputs:
+        identity["eval"] = source_identity(expand_sources(eval_inputs, "test"))
+    fp = fingerprint(identity, tokenizer, settings)
+    root = Path(cache_dir or default_cache_dir())
+    path = root / f"prepared-{fp}"
+    action = "loaded"
+
+    def build_if_missing() -> None:
+        nonlocal action
+        if read_manifest(path) is None:
+            logger.info("preparing data into %s", path)
+            build_prepared(inputs, tokenizer, settings, path, eval_inputs=eval_inputs, num_proc=num_proc,
+                           progress=progress, identity=identity)
+            action = "tokenized"
+        else:
+            logger.info("loading prepared data from cache %s", path)
+
+    failure = None
+    with state.main_process_first():
+        if state.is_main_process:
+            try:
+                build_if_missing()
+            except BaseException as err:  # re-raised below, after the other ranks know
+                failure = err
+    if state.num_processes > 1:
+        # The other ranks must not redo a build that failed on the main process (and must not hang).
+        from accelerate.utils import broadcast_object_list
+
+        ok = broadcast_object_list([failure is None])[0]
+        if not ok and failure is None:
+            raise FatalError("the main process failed to prepare the training data (see its error)")
+    if failure is not None:
+        raise failure
+    # Ranks on other nodes: their local main process builds it when the cache is not on shared storage.
+    with state.local_main_process_first():
+        if not state.is_main_process:
+            build_if_missing()
+    prepared = load_prepared(path)
+    prepared.action = action
+    _record_action(record_dir, state.process_index, action, str(path), fp)
+    return prepared
