@@ -689,6 +689,9 @@ def prepare_data(
         inputs = [inputs]
     state = PartialState()
     if len(inputs) == 1 and read_manifest(inputs[0]) is not None:
+        if settings.max_records is not None:
+            raise UsageError(f"{inputs[0]} is a prepared dataset: max_records applies to raw data (prepare it with "
+                             "`beam-sft prepare --limit N`)")
         prepared = load_prepared(inputs[0], tokenizer, settings)
         prepared.action = "loaded"
         if settings.eval_split_size > 0 and not eval_inputs:
