@@ -523,6 +523,7 @@ def build_prepared(
     num_proc: int | None = None,
     progress: bool = False,
     identity: Any = None,
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """Run the whole phase and write a prepared directory at `out_dir` (atomically). Returns its manifest.
 
@@ -592,6 +593,7 @@ def build_prepared(
             raise
         manifest = {
             "beam_sft_prepared": DATA_VERSION,
+            "fingerprint": fingerprint,
             **run_fields(tokenizer, settings),
             "format": settings.format,
             "split": settings.split,
@@ -727,7 +729,7 @@ def prepare_data(
         if read_manifest(path) is None:
             logger.info("preparing data into %s", path)
             build_prepared(inputs, tokenizer, settings, path, eval_inputs=eval_inputs, num_proc=num_proc,
-                           progress=progress, identity=identity)
+                           progress=progress, identity=identity, fingerprint=fp)
             action = "tokenized"
         else:
             logger.info("loading prepared data from cache %s", path)

@@ -256,3 +256,17 @@ def test_prepared_dataset_trains_with_plain_trl(tok, tmp_path):
     trainer.train()
     assert trainer.state.global_step == 2
     assert all(e["loss"] > 0 for e in trainer.state.log_history if "loss" in e)
+
+
+def test_prepare_cli_rerun_is_up_to_date_until_something_changes(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_bytes((SAMPLES / "openai.jsonl").read_bytes())
+    out = tmp_path / "prep"
+    assert _prepare_cli(str(data), "-o", str(out), "-q") == 0
+    first = json.loads((out / MANIFEST).read_text())
+    capsys.readouterr()
+    assert _prepare_cli(str(data), "-o", str(out), "-q") == 0
+    assert "is up to date" in capsys.readouterr().err
+    assert _prepare_cli(str(data), "-o", str(out), "-q", "--max-length", "300") == 0
+    assert "is up to date" not in capsys.readouterr().err
+    assert json.loads((out / MANIFEST).read_text())["fingerprint"] != first["fingerprint"]

@@ -15,9 +15,10 @@ its own tokenizer and settings and refuses a mismatch, naming the field. `datase
 gives a plain pre-tokenized dataset that TRL's SFTTrainer takes as is.
 
 Records in = kept + rejected + dropped by truncation, checked at the end of every run. DIR appears only
-when the run finishes. Exit status: 0 when the run finished (rejections included), 2 for usage errors, 1
-for fatal errors (e.g. a record whose assistant mask is empty: the template trains nothing of it); set
-BEAM_SFT_DEBUG=1 for tracebacks.
+when the run finishes. Run again on the same files (path, size, mtime), tokenizer, template and settings,
+it says DIR is up to date and does nothing (--force rebuilds). Exit status: 0 when the run finished
+(rejections included), 2 for usage errors, 1 for fatal errors (e.g. a record whose assistant mask is
+empty: the template trains nothing of it); set BEAM_SFT_DEBUG=1 for tracebacks.
 """
 
 from __future__ import annotations
@@ -58,7 +59,16 @@ def table(manifest: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from beam_sft.data import MANIFEST, REJECTS, DataSettings, build_prepared, expand_sources, source_identity
+    from beam_sft.data import (
+        MANIFEST,
+        REJECTS,
+        DataSettings,
+        build_prepared,
+        expand_sources,
+        fingerprint,
+        read_manifest,
+        source_identity,
+    )
     from beam_sft.errors import Reason, UsageError
     from beam_sft.io import write_json_atomic
     from beam_sft.tokenizer import load_tokenizer
@@ -90,16 +100,24 @@ def run(args: argparse.Namespace) -> int:
         import datasets
 
         datasets.disable_progress_bars()
-    manifest = build_prepared(args.inputs, tokenizer, settings, out, num_proc=args.num_proc,
-                              progress=not args.quiet, identity={"train": source_identity(sources)})
+    identity = {"train": source_identity(sources)}
+    fp = fingerprint(identity, tokenizer, settings)
+    existing = read_manifest(out) if os.path.isdir(out) else None
+    if existing is not None and existing.get("fingerprint") == fp and not args.force:
+        # Same files (path, size, mtime), tokenizer, template and settings: nothing to redo.
+        manifest = existing
+        print(f"prepare: {args.output} is up to date (fingerprint {fp}; --force rebuilds it)", file=sys.stderr)
+    else:
+        manifest = build_prepared(args.inputs, tokenizer, settings, out, num_proc=args.num_proc,
+                                  progress=not args.quiet, identity=identity, fingerprint=fp)
+        print(f"prepare: wrote {manifest['counts']['records_kept']} tokenized records to {args.output} "
+              f"({manifest['seconds']:.1f} s)", file=sys.stderr)
     if args.rejects:
         tmp = f"{args.rejects}.tmp-{os.getpid()}"
         shutil.copyfile(os.path.join(out, REJECTS), tmp)
         os.replace(tmp, args.rejects)
     if args.stats:
         write_json_atomic(args.stats, manifest)
-    print(f"prepare: wrote {manifest['counts']['records_kept']} tokenized records to {args.output} "
-          f"({manifest['seconds']:.1f} s)", file=sys.stderr)
     print(table(manifest), file=sys.stderr)
     internal = manifest["counts"]["rejected"].get(Reason.INTERNAL_ERROR.value)
     if internal:
@@ -141,6 +159,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stats", metavar="PATH", help="write the manifest (counts included) here as JSON")
     parser.add_argument("--split", default="train", help="split of a hub dataset or DatasetDict (default: train)")
     parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
+    parser.add_argument("--force", action="store_true",
+                        help="rebuild DIR even when it was prepared from the same files, tokenizer and settings")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 
