@@ -207,7 +207,7 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[s
             continue
         except RecordError as err:
             reject = err
-        except Exception as exc:  # a converter bug: this record is a reject, the run goes on
+        except Exception as exc:  # noqa: BLE001 - a converter bug: this record is a reject, the run goes on
             reject = internal_error(exc)
         records.append(None)
         reasons.append(reject.code.value)
@@ -318,7 +318,7 @@ def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, s
                 encoded.append(encoder.encode([record], None)[0])
             except RecordError as err:
                 encoded.append(err)
-            except Exception as exc:  # the template or encoder tripping on one record: a reject
+            except Exception as exc:  # noqa: BLE001 - the template or encoder tripping on one record: a reject
                 encoded.append(internal_error(exc))
     for src, pos, by_line, record, enc in zip(batch["src"], batch["pos"], batch["by_line"], records, encoded,
                                               strict=True):
@@ -410,7 +410,7 @@ def tokenize_records(tokenizer, records, settings: DataSettings, names: list[str
 # Fingerprints and manifests
 
 
-def _sha(text: str | bytes) -> str:
+def short_hash(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
 
 
@@ -419,11 +419,11 @@ def vocab_hash(tokenizer) -> str:
     backend = getattr(tokenizer, "_tokenizer", None)
     body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
-    return _sha(f"{body}|{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}")
+    return short_hash(f"{body}|{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}")
 
 
 def template_hash(tokenizer) -> str:
-    return _sha(json.dumps(tokenizer.chat_template, sort_keys=True))
+    return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
 
 
 def source_identity(sources) -> list[dict[str, Any]]:
@@ -441,6 +441,22 @@ def source_identity(sources) -> list[dict[str, Any]]:
     return out
 
 
+def tokenizer_files_hash(path: str | os.PathLike | None) -> str | None:
+    """A hash of a local tokenizer directory's files, or None (a hub id): lets `beam-sft prepare` see that a
+    prepared directory is up to date without loading the tokenizer."""
+    if path is None:
+        from beam_sft.tokenizer import DEFAULT_TOKENIZER_DIR
+
+        path = DEFAULT_TOKENIZER_DIR
+    directory = Path(path)
+    if not directory.is_dir():
+        return None
+    h = hashlib.sha256()
+    for file in sorted(p for p in directory.iterdir() if p.is_file()):
+        h.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def run_fields(tokenizer, settings: DataSettings) -> dict[str, Any]:
     """The manifest fields a prepared dataset must match to train with this tokenizer and these settings."""
     return {"tokenizer": vocab_hash(tokenizer), "chat_template": template_hash(tokenizer),
@@ -455,7 +471,7 @@ def fingerprint(identity: Any, tokenizer, settings: DataSettings, extra: Any = N
              "settings": asdict(settings), **run_fields(tokenizer, settings), "extra": extra}
     if not settings.eval_split_size:
         parts["settings"].pop("seed")  # the seed only matters to the eval split
-    return _sha(json.dumps(parts, sort_keys=True, default=str))
+    return short_hash(json.dumps(parts, sort_keys=True, default=str))
 
 
 def default_cache_dir() -> str:
@@ -524,6 +540,7 @@ def build_prepared(
     progress: bool = False,
     identity: Any = None,
     fingerprint: str | None = None,
+    extra_manifest: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the whole phase and write a prepared directory at `out_dir` (atomically). Returns its manifest.
 
@@ -618,6 +635,7 @@ def build_prepared(
             },
             "splits": stats,
             "seconds": round(time.time() - started, 3),
+            **(extra_manifest or {}),
         }
         # Written last: a directory with a manifest is complete.
         write_json_atomic(str(final / MANIFEST), manifest)
@@ -739,7 +757,7 @@ def prepare_data(
         if state.is_main_process:
             try:
                 build_if_missing()
-            except BaseException as err:  # re-raised below, after the other ranks know
+            except BaseException as err:  # noqa: BLE001 - re-raised below, after the other ranks know
                 failure = err
     if state.num_processes > 1:
         # The other ranks must not redo a build that failed on the main process (and must not hang).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import orjson
@@ -89,7 +88,7 @@ def test_rejects_file_is_complete_for_hostile_input(tok, tmp_path):
 
 
 def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tmp_path, monkeypatch):
-    import beam_sft.formats as formats
+    from beam_sft import formats
 
     real = formats.convert_record
 

@@ -24,9 +24,11 @@ empty: the template trains nothing of it); set BEAM_SFT_DEBUG=1 for tracebacks.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
+from dataclasses import asdict
 
 
 def summary_rows(manifest: dict) -> list[tuple[str, object]]:
@@ -60,6 +62,7 @@ def table(manifest: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from beam_sft.data import (
+        DATA_VERSION,
         MANIFEST,
         REJECTS,
         DataSettings,
@@ -67,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
         expand_sources,
         fingerprint,
         read_manifest,
+        short_hash,
         source_identity,
+        tokenizer_files_hash,
     )
     from beam_sft.errors import Reason, UsageError
     from beam_sft.io import write_json_atomic
@@ -88,28 +93,37 @@ def run(args: argparse.Namespace) -> int:
     for src in sources:
         if os.path.abspath(src.name) == out:
             raise UsageError(f"{args.output}: output is also an input")
-    try:
-        tokenizer = load_tokenizer(args.tokenizer)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
-    from beam_sft.train_data import check_stop_tokens_trained
-
-    if settings.assistant_only_loss:
-        check_stop_tokens_trained(tokenizer)
-    if args.quiet:
-        import datasets
-
-        datasets.disable_progress_bars()
     identity = {"train": source_identity(sources)}
-    fp = fingerprint(identity, tokenizer, settings)
+    # Up to date? Decided from the tokenizer's files, before paying for loading transformers and the tokenizer.
+    files = tokenizer_files_hash(args.tokenizer)
+    quick = None
+    if files is not None:
+        from beam_sft.render import RENDER_VERSION
+
+        quick = short_hash(json.dumps([DATA_VERSION, RENDER_VERSION, identity, asdict(settings), files],
+                                      sort_keys=True, default=str))
     existing = read_manifest(out) if os.path.isdir(out) else None
-    if existing is not None and existing.get("fingerprint") == fp and not args.force:
-        # Same files (path, size, mtime), tokenizer, template and settings: nothing to redo.
+    if existing is not None and quick is not None and existing.get("inputs_fingerprint") == quick and not args.force:
         manifest = existing
-        print(f"prepare: {args.output} is up to date (fingerprint {fp}; --force rebuilds it)", file=sys.stderr)
+        print(f"prepare: {args.output} is up to date (same files, tokenizer and settings; --force rebuilds it)",
+              file=sys.stderr)
     else:
+        try:
+            tokenizer = load_tokenizer(args.tokenizer)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
+        from beam_sft.train_data import check_stop_tokens_trained
+
+        if settings.assistant_only_loss:
+            check_stop_tokens_trained(tokenizer)
+        if args.quiet:
+            import datasets
+
+            datasets.disable_progress_bars()
         manifest = build_prepared(args.inputs, tokenizer, settings, out, num_proc=args.num_proc,
-                                  progress=not args.quiet, identity=identity, fingerprint=fp)
+                                  progress=not args.quiet, identity=identity,
+                                  fingerprint=fingerprint(identity, tokenizer, settings),
+                                  extra_manifest={"inputs_fingerprint": quick})
         print(f"prepare: wrote {manifest['counts']['records_kept']} tokenized records to {args.output} "
               f"({manifest['seconds']:.1f} s)", file=sys.stderr)
     if args.rejects:
