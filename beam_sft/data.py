@@ -39,7 +39,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -792,14 +792,25 @@ def training_datasets(
     num_proc: int | None = None,
     output_dir: str | None = None,
     is_main_process: bool = True,
+    streaming: bool = False,
+    world_size: int = 1,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The data phase of `scripts/train.py`: (train, eval or None, stats), logged and checked.
 
     On the main process the rejects go to `output_dir/rejects.jsonl` (the log shows the first few) and the
     counts to `output_dir/data_stats.json`; every rank writes `output_dir/data_phase.rank<N>.json`.
+    `streaming`: `stream_training_data` instead (nothing cached, rejects in `output_dir/rejects.rank<N>.jsonl`).
     """
     from beam_sft.io import write_json_atomic
 
+    if streaming:
+        train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir)
+        eval_ds = None
+        if eval_dataset_name:
+            eval_ds = stream_training_data(eval_dataset_name, tokenizer, replace(settings, split="test",
+                                           max_records=None), world_size=world_size, rejects_dir=output_dir)
+        logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)", dataset_name, train.n_shards)
+        return train, eval_ds, {}
     prepared = prepare_data(dataset_name, tokenizer, settings, eval_inputs=[eval_dataset_name] if eval_dataset_name
                             else None, cache_dir=cache_dir, num_proc=num_proc, record_dir=output_dir)
     counts = prepared.manifest.get("counts", {})
@@ -833,3 +844,103 @@ def training_datasets(
         write_json_atomic(os.path.join(output_dir, "data_stats.json"),
                           {**prepared.stats, "data": {"path": prepared.path, "action": prepared.action, **counts}})
     return prepared.train, prepared.eval, prepared.stats
+
+
+# --------------------------------------------------------------------------------------------------------
+# Streaming: for data larger than the disk
+
+
+def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | None, names: tuple):
+    """Raw rows of the given shards: shard s holds input records s, s + n_shards, s + 2 n_shards, ..."""
+    from beam_sft.io import iter_items
+
+    index = {name: i for i, name in enumerate(names)}
+    wanted = set(shard)
+    for i, item in enumerate(iter_items(list(sources), limit=limit)):
+        if i % n_shards not in wanted:
+            continue  # another rank's record: skipped before parsing, converting or tokenizing
+        err = item.error
+        yield {"src": index[item.source], "pos": item.position, "by_line": item.by_line,
+               "payload": None if err else (item.payload if item.raw else orjson.dumps(item.payload, default=str)),
+               "error": json.dumps([err.code.value, err.message_index, err.message]) if err else None}
+
+
+class StreamRejects:
+    """Filter of a streamed dataset: keeps converted records, appends the rejected ones to a per-rank file.
+
+    The rank is read when the first batch arrives (the filter runs in the training process or its data
+    workers), so the same object serves every rank.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None, column: str = "reject") -> None:
+        self.directory = None if directory is None else os.fspath(directory)
+        self.column = column
+        # A stream is read again every epoch; each reject is written once. Rejects are few: the set stays small.
+        self.seen: set[str] = set()
+
+    def __call__(self, batch: dict[str, list]) -> list[bool]:
+        lines = [text for text in batch[self.column] if text is not None and text not in self.seen]
+        self.seen.update(lines)
+        if lines and self.directory is not None:
+            rank = os.environ.get("RANK", "0")
+            os.makedirs(self.directory, exist_ok=True)
+            with open(os.path.join(self.directory, f"rejects.rank{rank}.jsonl"), "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+        for line in lines:
+            logger.warning("rejected: %s", line)
+        return [text is None for text in batch[self.column]]
+
+
+def stream_training_data(
+    inputs: Sequence[str] | str,
+    tokenizer,
+    settings: DataSettings,
+    *,
+    world_size: int = 1,
+    shards_per_rank: int = 1,
+    rejects_dir: str | os.PathLike | None = None,
+):
+    """Raw data -> a `datasets.IterableDataset` of `input_ids` + `labels`, converted and tokenized on the fly.
+
+    Nothing is written but rejects (`rejects_dir/rejects.rank<N>.jsonl`, as they are met): for data that does
+    not fit on the disk, or to start training at once. The stream has `world_size * shards_per_rank` shards,
+    shard s holding every (world_size * shards_per_rank)-th record from s, so a split by node (what accelerate's
+    dataloader does to a `datasets.IterableDataset` with `IterableDataset.shard`, the shard path of
+    `datasets.distributed.split_dataset_by_node`) gives each rank its own records before they are parsed,
+    converted or tokenized. Each rank still reads the input bytes once. The same truncation policy, masks
+    and empty-mask error as `prepare_data`; records the template rejects are rejects too. Counts are not known
+    ahead (use `beam-sft prepare` for them), so there is no eval split and `max_steps` must be set.
+    """
+    from datasets import Features, IterableDataset, Value
+
+    from beam_sft.train_data import stop_token_ids
+
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    settings.check()
+    if settings.eval_split_size:
+        raise UsageError("streaming has no eval split (eval_split_size): pass eval_dataset_name, or prepare the data")
+    sources = expand_sources(inputs, settings.split)
+    names = tuple(s.name for s in sources)
+    n_shards = max(1, world_size) * max(1, shards_per_rank)
+    raw_features = Features({"src": Value("int32"), "pos": Value("int64"), "by_line": Value("bool"),
+                             "payload": Value("large_binary"), "error": Value("string")})
+    raw = IterableDataset.from_generator(
+        _stream_rows, features=raw_features,
+        gen_kwargs={"shard": list(range(n_shards)), "sources": tuple(sources), "n_shards": n_shards,
+                    "limit": settings.max_records, "names": names},
+    )
+    converted = raw.map(_convert_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["payload", "error"],
+                        fn_kwargs={"fmt": settings.format, "names": list(names)})
+    converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
+    converted = converted.select_columns(["src", "pos", "by_line", "record"])
+    tokenized = converted.map(
+        _tokenize_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["src", "pos", "by_line", "record"],
+        features=_tokenized_features(),
+        fn_kwargs={"tokenizer": tokenizer, "max_length": settings.max_length, "policy": settings.truncation_policy,
+                   "assistant_only_loss": settings.assistant_only_loss, "stop_ids": stop_token_ids(tokenizer),
+                   "names": list(names)},
+    )
+    tokenized = tokenized.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
+    kept = tokenized.filter(lambda batch: batch["keep"], batched=True, batch_size=_MAP_BATCH)
+    return kept.select_columns(["input_ids", "labels"])

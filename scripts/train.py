@@ -71,6 +71,12 @@ class ScriptArguments:
                   "dataset, a hub dataset id, or a directory written by `beam-sft prepare` (trained as is, "
                   "after checking its manifest against this run's tokenizer and settings)."},
     )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Convert and tokenize on the fly while training (a datasets.IterableDataset; each rank "
+                  "takes its own share of the records): for data larger than the disk. Needs max_steps; no "
+                  "eval_split_size; nothing is cached."},
+    )
     prepared_cache_dir: str | None = field(
         default=None,
         metadata={"help": "Where raw data is kept once converted and tokenized (one directory per fingerprint of "
@@ -245,6 +251,8 @@ def main(script_args, training_args, model_args, callbacks=None):
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
+    if script_args.streaming and training_args.max_steps <= 0:
+        raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
     if training_args.bf16 and not torch.cuda.is_available():
         logger.warning("bf16 requested without a GPU: training runs in bf16 autocast on CPU")
 
@@ -264,6 +272,7 @@ def main(script_args, training_args, model_args, callbacks=None):
         script_args.dataset_name, tokenizer, settings, eval_dataset_name=script_args.eval_dataset_name,
         cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc,
         output_dir=training_args.output_dir, is_main_process=training_args.process_index == 0,
+        streaming=script_args.streaming, world_size=training_args.world_size,
     )
 
     # The labels are already built from the template's masks, so TRL must take the dataset as tokenized;

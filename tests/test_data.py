@@ -269,3 +269,30 @@ def test_prepare_cli_rerun_is_up_to_date_until_something_changes(tmp_path, capsy
     assert _prepare_cli(str(data), "-o", str(out), "-q", "--max-length", "300") == 0
     assert "is up to date" not in capsys.readouterr().err
     assert json.loads((out / MANIFEST).read_text())["fingerprint"] != first["fingerprint"]
+
+
+# ------------------------------------------------------------------------------------------ streaming
+
+
+def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
+    """Two ranks' shards of the stream hold, between them, exactly the rows `prepare_data` keeps."""
+    from beam_sft.data import stream_training_data
+
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    settings = DataSettings(max_length=200)
+    stream = stream_training_data(OPENAI, tok, settings, world_size=2, rejects_dir=tmp_path / "rej")
+    assert stream.n_shards == 2
+    # What the Trainer's dataloader does on each of 2 ranks (accelerate shards a datasets.IterableDataset).
+    parts = []
+    for rank in (0, 1):
+        loader = prepare_data_loader(DataLoader(stream, batch_size=None), num_processes=2, process_index=rank,
+                                     dispatch_batches=False)
+        parts.append([tuple(row["input_ids"].tolist()) for row in loader])
+    assert parts[0] and parts[1] and not set(parts[0]) & set(parts[1])
+    prepared = prepare_data(OPENAI, tok, settings, cache_dir=tmp_path / "cache")
+    assert sorted(parts[0] + parts[1]) == sorted(tuple(x) for x in prepared.train["input_ids"])
+    streamed_rejects = [json.loads(line) for f in (tmp_path / "rej").glob("rejects.rank*.jsonl")
+                        for line in f.read_text().splitlines()]
+    assert sorted(r["line"] for r in streamed_rejects) == sorted(r["line"] for r in _rejects(prepared.path))
