@@ -59,6 +59,8 @@ FORMATS = ("auto", "beam", "openai", "sharegpt", "harmony")
 CHECKED_FIELDS = ("tokenizer", "chat_template", "max_length", "truncation_policy", "assistant_only_loss")
 
 _RAW_BATCH = 2000  # rows per Arrow record batch while reading: a few MB in flight
+# Records per chunk of `build_prepared`: the most that is ever memory-mapped at once (tens of MB of JSON).
+CHUNK_ROWS = 20_000
 _MAP_BATCH = 256  # rows per datasets.map batch: large enough for the encoder's batched tokenization
 
 
@@ -122,11 +124,13 @@ def expand_sources(inputs: Sequence[str], split: str = "train"):
     return out
 
 
-def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = None, progress: bool = False):
-    """Every input record of `sources` as one row of a memory-mapped Arrow dataset; returns (dataset, names).
+def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None = None, limit: int | None = None,
+                progress: bool = False, prefix: str = "raw") -> Iterator[Any]:
+    """The input records of `sources`, `chunk_rows` at a time, each chunk a memory-mapped Arrow dataset.
 
     Reads through `beam_sft.io.iter_items` (the readers `convert-dataset` uses), writing record batches as it
-    goes, so memory stays flat whatever the input size. Unreadable rows carry their `RecordError`.
+    goes; a chunk's file is written completely before it is yielded, the next one after the caller is done
+    with it. Unreadable rows carry their `RecordError`. At least one (maybe empty) chunk is yielded.
     """
     import pyarrow as pa
     from datasets import Dataset
@@ -134,38 +138,58 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 
     from beam_sft.io import iter_items
 
-    names = [s.name for s in sources]
-    index = {name: i for i, name in enumerate(names)}
+    index = {s.name: i for i, s in enumerate(sources)}
     schema = _raw_schema()
-    path = os.path.join(os.fspath(work_dir), "raw.arrow")
     cols: dict[str, list] = {k: [] for k in schema.names}
     bar = tqdm(desc="reading", unit=" rec", disable=not progress or None, mininterval=0.5)
-
-    def flush(writer):
-        if cols["src"]:
-            writer.write_batch(pa.record_batch([pa.array(cols[k], schema.field(k).type) for k in schema.names],
-                                               schema=schema))
-            bar.update(len(cols["src"]))
-            for v in cols.values():
-                v.clear()
-
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        for item in iter_items(sources, limit=limit):
-            cols["src"].append(index[item.source])
-            cols["pos"].append(item.position)
-            cols["by_line"].append(item.by_line)
-            err = item.error
-            if err is not None:
-                cols["payload"].append(None)
-                cols["error"].append(json.dumps([err.code.value, err.message_index, err.message]))
+    items = iter_items(sources, limit=limit)
+    n_chunk = 0
+    done = False
+    while not done:
+        path = os.path.join(os.fspath(work_dir), f"{prefix}-{n_chunk:05d}.arrow")
+        rows = 0
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            for item in items:
+                cols["src"].append(index[item.source])
+                cols["pos"].append(item.position)
+                cols["by_line"].append(item.by_line)
+                err = item.error
+                if err is not None:
+                    cols["payload"].append(None)
+                    cols["error"].append(json.dumps([err.code.value, err.message_index, err.message]))
+                else:
+                    cols["payload"].append(item.payload if item.raw else orjson.dumps(item.payload, default=str))
+                    cols["error"].append(None)
+                rows += 1
+                if len(cols["src"]) >= _RAW_BATCH:
+                    _write_batch(writer, cols, schema)
+                if rows == chunk_rows:
+                    break
             else:
-                cols["payload"].append(item.payload if item.raw else orjson.dumps(item.payload, default=str))
-                cols["error"].append(None)
-            if len(cols["src"]) >= _RAW_BATCH:
-                flush(writer)
-        flush(writer)
+                done = True
+            _write_batch(writer, cols, schema)
+        bar.update(rows)
+        if rows == 0 and n_chunk > 0:
+            os.unlink(path)
+            break
+        yield Dataset.from_file(path)
+        n_chunk += 1
     bar.close()
-    return Dataset.from_file(path), names
+
+
+def _write_batch(writer, cols: dict[str, list], schema) -> None:
+    import pyarrow as pa
+
+    if cols["src"]:
+        writer.write_batch(pa.record_batch([pa.array(cols[k], schema.field(k).type) for k in schema.names],
+                                           schema=schema))
+        for v in cols.values():
+            v.clear()
+
+
+def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = None, progress: bool = False):
+    """Every input record of `sources` as one memory-mapped Arrow dataset; returns (dataset, names)."""
+    return next(read_chunks(sources, work_dir, limit=limit, progress=progress)), [s.name for s in sources]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -529,6 +553,125 @@ def _split_sizes(n: int, size: float) -> int:
     return n_eval
 
 
+class _SplitWriter:
+    """The kept rows of one split, written chunk by chunk as the Arrow files of a `save_to_disk` directory.
+
+    Each chunk's rows go straight to their own file, so nothing is read back (or memory-mapped) to save it.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True)
+        self.files: list[Path] = []
+        self.rows = 0
+
+    def write(self, table) -> None:
+        import pyarrow as pa
+
+        if table.num_rows == 0 and self.files:
+            return
+        schema = _final_features().arrow_schema
+        path = self.dir / f"part-{len(self.files):05d}.arrow"
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            writer.write_table(table.select(schema.names).cast(schema), max_chunksize=1000)
+        self.files.append(path)
+        self.rows += table.num_rows
+
+    def commit(self, fingerprint: str) -> None:
+        from datasets import Dataset
+
+        if not self.files:
+            self.write(_final_features().arrow_schema.empty_table())
+        names = []
+        for i, file in enumerate(self.files):
+            names.append(f"data-{i:05d}-of-{len(self.files):05d}.arrow")
+            os.replace(file, self.dir / names[-1])
+        # dataset_info.json as datasets writes it (features included), from an empty dataset of the same features.
+        empty = self.dir / ".empty"
+        Dataset.from_dict({"input_ids": [], "labels": []}, features=_final_features()).save_to_disk(str(empty))
+        os.replace(empty / "dataset_info.json", self.dir / "dataset_info.json")
+        shutil.rmtree(empty)
+        state = {"_data_files": [{"filename": n} for n in names], "_fingerprint": fingerprint,
+                 "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
+                 "_split": None}
+        (self.dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+
+
+def _final_features():
+    from datasets import Features, List, Value
+
+    return Features({"input_ids": List(Value("int32")), "labels": List(Value("int32"))})
+
+
+def _tokenize_chunk(tokenizer, converted, settings: DataSettings, names, eval_rows, num_proc, progress):
+    """Tokenize one converted chunk (rejected rows pass through as empty); returns the map's Arrow table."""
+    from beam_sft.train_data import stop_token_ids
+
+    mapped = converted.map(
+        _tokenize_chunk_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(converted)),
+        with_indices=True, remove_columns=converted.column_names, features=_chunk_features(),
+        fn_kwargs={"tokenizer": tokenizer, "max_length": settings.max_length, "policy": settings.truncation_policy,
+                   "assistant_only_loss": settings.assistant_only_loss, "stop_ids": stop_token_ids(tokenizer),
+                   "names": names, "eval_rows": eval_rows},
+        desc="tokenizing" if progress else None, load_from_cache_file=False,
+    )
+    return mapped
+
+
+def _chunk_features():
+    from datasets import Value
+
+    features = _tokenized_features()
+    features["converted"] = Value("bool")
+    features["is_eval"] = Value("bool")
+    return features
+
+
+def _tokenize_chunk_batch(batch, indices, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names,
+                          eval_rows):
+    present = [i for i, text in enumerate(batch["record"]) if text is not None]
+    sub = {k: [batch[k][i] for i in present] for k in ("src", "pos", "by_line", "record")}
+    done = _tokenize_batch(sub, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names) if present \
+        else {k: [] for k in _tokenized_features()}
+    n = len(batch["record"])
+    out: dict[str, list] = {k: [None] * n for k in _tokenized_features()}
+    for j, i in enumerate(present):
+        for k, column in out.items():
+            column[i] = done[k][j]
+    for i in range(n):
+        if out["keep"][i] is None:  # a conversion reject (already in the rejects file): no row, no count
+            out["input_ids"][i], out["labels"][i], out["keep"][i] = [], [], False
+            out["truncated"][i] = out["dropped"][i] = out["assistant_turns_cut"][i] = 0
+    out["converted"] = [text is not None for text in batch["record"]]
+    out["is_eval"] = [bool(eval_rows is not None and eval_rows[i]) for i in indices]
+    return out
+
+
+def _split_stats(table, mask, stop_ids) -> dict[str, int]:
+    """PrepStats fields of the rows of `table` selected by `mask`, by Arrow compute."""
+    import pyarrow.compute as pc
+
+    part = table.filter(mask)
+    rendered = pc.and_(part.column("converted"), pc.is_null(part.column("reason")))
+
+    def total(column, where=None) -> int:
+        values = part.column(column) if where is None else pc.filter(part.column(column), where)
+        return int(pc.sum(values).as_py() or 0)
+
+    labels = pc.list_flatten(part.filter(part.column("keep")).column("labels"))
+    return {
+        "records_in": int(pc.sum(rendered).as_py() or 0),
+        "records_kept": total("keep"),
+        "dropped_too_long": total("dropped"),
+        "truncated": total("truncated"),
+        "assistant_turns_cut": total("assistant_turns_cut"),
+        "total_tokens": len(labels),
+        "supervised_tokens": int(pc.sum(pc.not_equal(labels, -100)).as_py() or 0),
+        "supervised_return": int(pc.sum(pc.equal(labels, stop_ids[0])).as_py() or 0),
+        "supervised_call": int(pc.sum(pc.equal(labels, stop_ids[1])).as_py() or 0),
+    }
+
+
 def build_prepared(
     inputs: Sequence[str],
     tokenizer,
@@ -541,51 +684,108 @@ def build_prepared(
     identity: Any = None,
     fingerprint: str | None = None,
     extra_manifest: dict[str, Any] | None = None,
+    chunk_rows: int | None = None,
 ) -> dict[str, Any]:
     """Run the whole phase and write a prepared directory at `out_dir` (atomically). Returns its manifest.
 
     `eval_inputs`: separate eval data (split "test" of hub/disk datasets); else `settings.eval_split_size`
     holds out a seeded share of the converted records. Empty-mask records raise; every other bad record is a
     reject in `out_dir/rejects.jsonl`.
+
+    Memory stays flat as the data grows: the input is cut into chunks of `chunk_rows` records (default
+    `CHUNK_ROWS`); each chunk is converted (first pass, all chunks: that fixes the eval split), then tokenized
+    and its kept rows appended to the output files (second pass), and its memory-mapped files are closed
+    and deleted before the next one, so at most one chunk's pages are ever resident.
     """
+    import numpy as np
+    import pyarrow.compute as pc
+
     from beam_sft.io import JsonlSink, write_json_atomic
+    from beam_sft.train_data import PrepStats, stop_token_ids
 
     settings.check()
+    chunk_rows = chunk_rows or CHUNK_ROWS
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     started = time.time()
+    final = work / "out"
+    final.mkdir()
+    rejects = JsonlSink(str(final / REJECTS))
     try:
-        (work / "train_src").mkdir()
-        conv = convert_source(inputs, work / "train_src", format=settings.format, split=settings.split,
-                              limit=settings.max_records, num_proc=num_proc, progress=progress)
-        splits: dict[str, tuple[Any, list[str]]] = {}
-        rejects_sets = [conv.rejects]
-        records_in, rejected = conv.records_in, Counter(conv.rejected)
+        # Pass 1: read + convert every chunk; conversion rejects go to the rejects file as they come.
+        parts = [(inputs, settings.split, settings.max_records, False)]
         if eval_inputs:
-            (work / "eval_src").mkdir()
-            econv = convert_source(eval_inputs, work / "eval_src", format=settings.format, split="test",
-                                   num_proc=num_proc, progress=progress)
-            rejects_sets.append(econv.rejects)
-            records_in += econv.records_in
-            rejected.update(econv.rejected)
-            splits = {"train": (conv.records, conv.names), "eval": (econv.records, econv.names)}
-        elif settings.eval_split_size > 0:
-            n_eval = _split_sizes(len(conv.records), settings.eval_split_size)
-            parts = conv.records.train_test_split(test_size=n_eval, seed=settings.seed, shuffle=True)
-            splits = {"train": (parts["train"], conv.names), "eval": (parts["test"], conv.names)}
-        else:
-            splits = {"train": (conv.records, conv.names)}
-        if len(splits["train"][0]) == 0:
+            parts.append((eval_inputs, "test", None, True))
+        # converted files (several with num_proc), source names, is eval data, records converted
+        chunks: list[tuple[list[Path], list[str], bool, int]] = []
+        records_in, rejected = 0, Counter()
+        for part_inputs, split, limit, is_eval in parts:
+            sources = expand_sources(part_inputs, split)
+            names = [src.name for src in sources]
+            for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
+                                   prefix="eval" if is_eval else "train"):
+                converted = raw.map(
+                    _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
+                    fn_kwargs={"fmt": settings.format, "names": names}, remove_columns=["payload", "error"],
+                    desc="converting" if progress else None, load_from_cache_file=False,
+                )
+                reasons = converted.data.column("reason")
+                rejected.update(_value_counts(reasons))
+                for text in converted.data.column("reject").drop_null().to_pylist():
+                    rejects.write(orjson.loads(text))
+                records_in += len(raw)
+                n_records = reasons.null_count  # no reason: converted
+                kept_files = [Path(f["filename"]) for f in converted.cache_files]
+                raw_file = Path(raw.cache_files[0]["filename"])
+                del raw, converted, reasons  # closes the memory maps of this chunk
+                raw_file.unlink()
+                chunks.append((kept_files, names, is_eval, n_records))
+        if not any(n for _, _, is_eval, n in chunks if not is_eval):
             raise UsageError(f"no usable training records in {', '.join(inputs)}: {records_in} read, "
                              f"{sum(rejected.values())} rejected ({dict(rejected)})")
-        stats, kept = {}, {}
-        for name, (records, names) in splits.items():
-            kept[name], render_rejects, split_stats, render_rejected = tokenize_records(
-                tokenizer, records, settings, names, num_proc=num_proc, name=name, progress=progress)
-            rejects_sets.append(render_rejects)
-            rejected.update(render_rejected)
-            stats[name] = split_stats.to_dict()
+
+        # The eval split: a seeded choice among the converted training records (one byte per record).
+        eval_mask = None
+        if not eval_inputs and settings.eval_split_size > 0:
+            n_train = sum(n for _, _, _, n in chunks)
+            n_eval = _split_sizes(n_train, settings.eval_split_size)
+            eval_mask = np.zeros(n_train, dtype=bool)
+            eval_mask[np.random.default_rng(settings.seed).choice(n_train, size=n_eval, replace=False)] = True
+
+        # Pass 2: tokenize chunk by chunk, appending kept rows to the split files.
+        from datasets import Dataset, concatenate_datasets
+
+        stop_ids = stop_token_ids(tokenizer)
+        writers = {"train": _SplitWriter(final / "train_parts")}
+        if eval_inputs or eval_mask is not None:
+            writers["eval"] = _SplitWriter(final / "eval_parts")
+        totals = {name: Counter() for name in writers}
+        offset = 0
+        for paths, names, is_eval, n_records in chunks:
+            converted = concatenate_datasets([Dataset.from_file(str(p)) for p in paths])
+            eval_rows = None
+            if eval_mask is not None:
+                has_record = pc.is_valid(converted.data.column("record")).to_numpy(zero_copy_only=False)
+                eval_rows = np.zeros(len(converted), dtype=bool)
+                eval_rows[has_record] = eval_mask[offset: offset + n_records]
+                offset += n_records
+            elif is_eval:
+                eval_rows = np.ones(len(converted), dtype=bool)
+            mapped = _tokenize_chunk(tokenizer, converted, settings, names, eval_rows, num_proc, progress)
+            table = mapped.data.table
+            rejected.update(_value_counts(table.column("reason")))
+            for text in table.column("reject").drop_null().to_pylist():
+                rejects.write(orjson.loads(text))
+            for name, writer in writers.items():
+                in_split = pc.equal(table.column("is_eval"), name == "eval")
+                totals[name].update(_split_stats(table, in_split, stop_ids))
+                writer.write(table.filter(pc.and_(in_split, table.column("keep"))))
+            files = [Path(f["filename"]) for f in mapped.cache_files] + paths
+            del converted, mapped, table
+            for file in files:
+                file.unlink(missing_ok=True)
+        stats = {name: PrepStats(**{k: totals[name][k] for k in PrepStats().to_dict()}).to_dict() for name in writers}
         if stats["train"]["records_kept"] == 0:
             raise FatalError(f"the train split is empty after truncation ({stats['train']}); raise max_length")
         dropped = sum(s["dropped_too_long"] for s in stats.values())
@@ -594,20 +794,16 @@ def build_prepared(
         if records_in != kept_total + rejected_total + dropped:
             raise FatalError(f"bookkeeping error: {records_in} records in != {kept_total} kept + {rejected_total} "
                              f"rejected + {dropped} dropped by truncation")
-        final = work / "out"
-        kept["train"].save_to_disk(str(final))
-        if "eval" in kept:
-            kept["eval"].save_to_disk(str(final / EVAL_DIR))
-        sink = JsonlSink(str(final / REJECTS))
-        try:
-            for rejects in rejects_sets:
-                for batch in rejects.iter(batch_size=5000):
-                    for text in batch["reject"]:
-                        sink.write(orjson.loads(text))
-            sink.commit()
-        except BaseException:
-            sink.abort()
-            raise
+        rejects.commit()
+        rejects = None
+        for name, writer in writers.items():
+            writer.commit(f"{fingerprint or 'prepared'}-{name}")
+        # The train split at the root (load_from_disk(DIR) is the training set), the eval split in eval/.
+        for file in (final / "train_parts").iterdir():
+            os.replace(file, final / file.name)
+        (final / "train_parts").rmdir()
+        if "eval" in writers:
+            os.replace(final / "eval_parts", final / EVAL_DIR)
         manifest = {
             "beam_sft_prepared": DATA_VERSION,
             "fingerprint": fingerprint,
@@ -624,14 +820,11 @@ def build_prepared(
                 "records_in": records_in,
                 "records_kept": kept_total,
                 "rejected_total": rejected_total,
-                "rejected": dict(rejected.most_common()),
+                "rejected": dict(sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
                 "dropped_too_long": dropped,
-                "truncated": sum(s["truncated"] for s in stats.values()),
-                "assistant_turns_cut": sum(s["assistant_turns_cut"] for s in stats.values()),
-                "total_tokens": sum(s["total_tokens"] for s in stats.values()),
-                "supervised_tokens": sum(s["supervised_tokens"] for s in stats.values()),
-                "supervised_return": sum(s["supervised_return"] for s in stats.values()),
-                "supervised_call": sum(s["supervised_call"] for s in stats.values()),
+                **{key: sum(s[key] for s in stats.values()) for key in (
+                    "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
+                    "supervised_call")},
             },
             "splits": stats,
             "seconds": round(time.time() - started, 3),
@@ -639,10 +832,11 @@ def build_prepared(
         }
         # Written last: a directory with a manifest is complete.
         write_json_atomic(str(final / MANIFEST), manifest)
-        del conv, kept, splits, rejects_sets
         _replace_dir(final, out)
         return manifest
     finally:
+        if rejects is not None:
+            rejects.abort()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -87,6 +87,28 @@ def test_rejects_file_is_complete_for_hostile_input(tok, tmp_path):
     assert all(r["reason"] and r["message"] for r in rejects)
 
 
+def test_chunked_build_equals_one_chunk(tok, tmp_path):
+    """Chunks (what keeps memory flat) change nothing: same rows, splits, counts and rejects as one chunk."""
+    from datasets import load_from_disk
+
+    from beam_sft.data import build_prepared
+
+    path, _ = _hostile_file(tmp_path)
+    inputs = [str(path), OPENAI, str(SAMPLES / "sharegpt.json")]
+    settings = DataSettings(max_length=200, eval_split_size=0.2, seed=1)
+    one = build_prepared(inputs, tok, settings, tmp_path / "one")
+    many = build_prepared(inputs, tok, settings, tmp_path / "many", chunk_rows=7)
+    for key in ("counts", "splits"):
+        assert one[key] == many[key], key
+    for sub in ("", "eval"):
+        a, b = load_from_disk(str(tmp_path / "one" / sub)), load_from_disk(str(tmp_path / "many" / sub))
+        assert a["input_ids"] == b["input_ids"] and a["labels"] == b["labels"], sub
+    assert len(list((tmp_path / "many").glob("data-*.arrow"))) > 1
+    assert _rejects(tmp_path / "one") == _rejects(tmp_path / "many")
+    counts = many["counts"]
+    assert counts["records_in"] == counts["records_kept"] + counts["rejected_total"] + counts["dropped_too_long"]
+
+
 def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tmp_path, monkeypatch):
     from beam_sft import formats
 
@@ -276,10 +298,10 @@ def test_prepare_cli_rerun_is_up_to_date_until_something_changes(tmp_path, capsy
 
 def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
     """Two ranks' shards of the stream hold, between them, exactly the rows `prepare_data` keeps."""
-    from beam_sft.data import stream_training_data
-
     from accelerate.data_loader import prepare_data_loader
     from torch.utils.data import DataLoader
+
+    from beam_sft.data import stream_training_data
 
     settings = DataSettings(max_length=200)
     stream = stream_training_data(OPENAI, tok, settings, world_size=2, rejects_dir=tmp_path / "rej")
@@ -289,8 +311,8 @@ def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
     for rank in (0, 1):
         loader = prepare_data_loader(DataLoader(stream, batch_size=None), num_processes=2, process_index=rank,
                                      dispatch_batches=False)
-        parts.append([tuple(row["input_ids"].tolist()) for row in loader])
-    assert parts[0] and parts[1] and not set(parts[0]) & set(parts[1])
+        parts.append([tuple(row["input_ids"]) for row in loader])
+    assert parts[0] and parts[1]  # with the multiset equality below: each record on exactly one rank
     prepared = prepare_data(OPENAI, tok, settings, cache_dir=tmp_path / "cache")
     assert sorted(parts[0] + parts[1]) == sorted(tuple(x) for x in prepared.train["input_ids"])
     streamed_rejects = [json.loads(line) for f in (tmp_path / "rej").glob("rejects.rank*.jsonl")
