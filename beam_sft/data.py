@@ -1,11 +1,13 @@
 """The training-data phase: source(s) + tokenizer + settings in, tokenized Arrow dataset(s) + counts out.
 
-One flow, used by `scripts/train.py`, `beam-sft prepare` and `beam-sft inspect --stats`::
+One flow, used by `scripts/train.py`, `beam-sft prepare` (and, for the convert stage, `beam-sft eval`)::
 
-    read_source      raw rows -> a memory-mapped Arrow file (one row per input record, raw JSON + provenance)
+    read_chunks      raw rows -> memory-mapped Arrow files of CHUNK_ROWS records (raw JSON + provenance)
     convert_source   + batched `datasets.map` (num_proc): convert / validate  -> Beam records (JSON) + rejects
-    tokenize_records + batched `datasets.map` (num_proc): render (beam_sft.render), mask, truncate, count
-    prepare_data     all of the above, cached under a fingerprint, once per job (main process first)
+    build_prepared   per chunk: convert, then render (beam_sft.render), mask, truncate and count in a second
+                     batched `datasets.map`; kept rows appended to the prepared directory's Arrow files
+    prepare_data     build_prepared cached under a fingerprint, once per job (main process first)
+    stream_training_data  the same conversion and tokenization on the fly (an IterableDataset)
 
 Nothing holds the dataset as Python objects: every stage writes Arrow files and the next one memory-maps
 them; counts come out of the maps as columns and are summed with `pyarrow.compute`.
@@ -60,7 +62,7 @@ CHECKED_FIELDS = ("tokenizer", "chat_template", "max_length", "truncation_policy
 
 _RAW_BATCH = 2000  # rows per Arrow record batch while reading: a few MB in flight
 # Records per chunk of `build_prepared`: the most that is ever memory-mapped at once (tens of MB of JSON).
-CHUNK_ROWS = 20_000
+CHUNK_ROWS = 5_000
 _MAP_BATCH = 256  # rows per datasets.map batch: large enough for the encoder's batched tokenization
 
 
@@ -329,8 +331,9 @@ def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, s
     from beam_sft.render import get_encoder
     from beam_sft.train_data import build_example
 
-    keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut")
-    out: dict[str, list] = {k: [] for k in (*keys, "reason", "reject")}
+    keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return",
+            "n_supervised_call")
+    out: dict[str, list] = {k: [] for k in (*keys, "n_tokens", "n_supervised", "reason", "reject")}
     records = [orjson.loads(text) for text in batch["record"]]
     encoder = get_encoder(tokenizer)
     try:
@@ -349,7 +352,7 @@ def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, s
         where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"
         if isinstance(enc, RecordError):
             example = {"input_ids": [], "labels": [], "keep": False, "truncated": 0, "dropped": 0,
-                       "assistant_turns_cut": 0}
+                       "assistant_turns_cut": 0, "n_supervised_return": 0, "n_supervised_call": 0}
             out["reason"].append(enc.code.value)
             out["reject"].append(orjson.dumps(_reject_entry(enc, names[src], pos, by_line)).decode())
         else:
@@ -361,6 +364,9 @@ def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, s
             out["reject"].append(None)
         for k in keys:
             out[k].append(example[k])
+        # Counted here, in the map (and its workers), so the totals are sums of small columns.
+        out["n_tokens"].append(len(example["labels"]))
+        out["n_supervised"].append(len(example["labels"]) - example["labels"].count(-100))
     return out
 
 
@@ -370,7 +376,8 @@ def _tokenized_features():
     return Features({
         "input_ids": List(Value("int32")), "labels": List(Value("int32")), "keep": Value("bool"),
         "truncated": Value("int32"), "dropped": Value("int32"), "assistant_turns_cut": Value("int32"),
-        "reason": Value("string"), "reject": Value("string"),
+        "n_supervised_return": Value("int32"), "n_supervised_call": Value("int32"), "n_tokens": Value("int64"),
+        "n_supervised": Value("int64"), "reason": Value("string"), "reject": Value("string"),
     })
 
 
@@ -386,48 +393,6 @@ def token_counts(dataset, stop_ids: Sequence[int], batch_size: int = 4096) -> di
         counts["supervised_return"] += int(pc.sum(pc.equal(labels, stop_ids[0])).as_py() or 0)
         counts["supervised_call"] += int(pc.sum(pc.equal(labels, stop_ids[1])).as_py() or 0)
     return counts
-
-
-def tokenize_records(tokenizer, records, settings: DataSettings, names: list[str], *, num_proc: int | None = None,
-                     name: str = "train", progress: bool = False):
-    """Beam records (a `Converted.records` dataset) -> (kept `input_ids`/`labels` rows, rejects, PrepStats,
-    rejected count by reason).
-
-    The map also returns per-record truncation counts; they and the token counts are summed by Arrow compute.
-    Records the template rejects become rejects (reason `render_failed`); an empty mask raises
-    `EmptyMaskError` naming the record.
-    """
-    import pyarrow.compute as pc
-
-    from beam_sft.train_data import PrepStats, stop_token_ids
-
-    stop_ids = stop_token_ids(tokenizer)
-    mapped = records.map(
-        _tokenize_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(records)),
-        remove_columns=records.column_names, features=_tokenized_features(),
-        fn_kwargs={"tokenizer": tokenizer, "max_length": settings.max_length, "policy": settings.truncation_policy,
-                   "assistant_only_loss": settings.assistant_only_loss, "stop_ids": stop_ids, "names": names},
-        desc=f"tokenizing {name}" if progress else None,
-    )
-    table = mapped.data
-
-    def total(column: str) -> int:
-        return int(pc.sum(table.column(column)).as_py() or 0)
-
-    rejects = mapped.filter(_not_null("reject"), batched=True, batch_size=5000).select_columns(["reject"])
-    stats = PrepStats(records_in=len(mapped) - len(rejects))
-    stats.records_kept = int(pc.sum(table.column("keep")).as_py() or 0)
-    stats.truncated = total("truncated")
-    stats.dropped_too_long = total("dropped")
-    stats.assistant_turns_cut = total("assistant_turns_cut")
-    kept = mapped.filter(lambda batch: batch["keep"], batched=True, batch_size=5000) \
-        .select_columns(["input_ids", "labels"])
-    for key, value in token_counts(kept, stop_ids).items():
-        setattr(stats, key, value)
-    if stats.records_kept + stats.dropped_too_long != stats.records_in:
-        raise FatalError(f"bookkeeping error in {name}: {stats.records_in} records != {stats.records_kept} kept + "
-                         f"{stats.dropped_too_long} dropped")
-    return kept, rejects, stats, _value_counts(table.column("reason"))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -565,17 +530,29 @@ class _SplitWriter:
         self.files: list[Path] = []
         self.rows = 0
 
-    def write(self, table) -> None:
+    def write(self, table, is_eval: bool | None = None) -> None:
+        """Append the kept rows of `table` (of the split `is_eval` says, when given), a slice at a time."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        if table.num_rows == 0 and self.files:
-            return
         schema = _final_features().arrow_schema
         path = self.dir / f"part-{len(self.files):05d}.arrow"
+        rows = 0
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-            writer.write_table(table.select(schema.names).cast(schema), max_chunksize=1000)
+            for batch in table.to_batches(max_chunksize=1000):
+                if is_eval is not None:
+                    keep = batch.column("keep") if "keep" in batch.schema.names else None
+                    mask = pc.equal(batch.column("is_eval"), is_eval)
+                    batch = batch.filter(pc.and_(mask, keep))
+                if batch.num_rows:
+                    writer.write_batch(pa.RecordBatch.from_arrays([batch.column(n) for n in schema.names],
+                                                                  schema=schema))
+                    rows += batch.num_rows
+        if rows == 0 and self.files:
+            path.unlink()
+            return
         self.files.append(path)
-        self.rows += table.num_rows
+        self.rows += rows
 
     def commit(self, fingerprint: str) -> None:
         from datasets import Dataset
@@ -640,35 +617,34 @@ def _tokenize_chunk_batch(batch, indices, tokenizer, max_length, policy, assista
             column[i] = done[k][j]
     for i in range(n):
         if out["keep"][i] is None:  # a conversion reject (already in the rejects file): no row, no count
-            out["input_ids"][i], out["labels"][i], out["keep"][i] = [], [], False
-            out["truncated"][i] = out["dropped"][i] = out["assistant_turns_cut"][i] = 0
+            for k, column in out.items():
+                column[i] = [] if k in ("input_ids", "labels") else False if k == "keep" else None if k in (
+                    "reason", "reject") else 0
     out["converted"] = [text is not None for text in batch["record"]]
     out["is_eval"] = [bool(eval_rows is not None and eval_rows[i]) for i in indices]
     return out
 
 
-def _split_stats(table, mask, stop_ids) -> dict[str, int]:
-    """PrepStats fields of the rows of `table` selected by `mask`, by Arrow compute."""
+def _split_stats(table, mask) -> dict[str, int]:
+    """PrepStats fields of the rows of `table` selected by `mask`: sums of the map's count columns."""
     import pyarrow.compute as pc
 
-    part = table.filter(mask)
-    rendered = pc.and_(part.column("converted"), pc.is_null(part.column("reason")))
+    part = table.select(["converted", "reason", "keep", "dropped", "truncated", "assistant_turns_cut", "n_tokens",
+                         "n_supervised", "n_supervised_return", "n_supervised_call"]).filter(mask)
 
-    def total(column, where=None) -> int:
-        values = part.column(column) if where is None else pc.filter(part.column(column), where)
-        return int(pc.sum(values).as_py() or 0)
+    def total(column) -> int:
+        return int(pc.sum(part.column(column)).as_py() or 0)
 
-    labels = pc.list_flatten(part.filter(part.column("keep")).column("labels"))
     return {
-        "records_in": int(pc.sum(rendered).as_py() or 0),
+        "records_in": int(pc.sum(pc.and_(part.column("converted"), pc.is_null(part.column("reason")))).as_py() or 0),
         "records_kept": total("keep"),
         "dropped_too_long": total("dropped"),
         "truncated": total("truncated"),
         "assistant_turns_cut": total("assistant_turns_cut"),
-        "total_tokens": len(labels),
-        "supervised_tokens": int(pc.sum(pc.not_equal(labels, -100)).as_py() or 0),
-        "supervised_return": int(pc.sum(pc.equal(labels, stop_ids[0])).as_py() or 0),
-        "supervised_call": int(pc.sum(pc.equal(labels, stop_ids[1])).as_py() or 0),
+        "total_tokens": total("n_tokens"),
+        "supervised_tokens": total("n_supervised"),
+        "supervised_return": total("n_supervised_return"),
+        "supervised_call": total("n_supervised_call"),
     }
 
 
@@ -701,7 +677,7 @@ def build_prepared(
     import pyarrow.compute as pc
 
     from beam_sft.io import JsonlSink, write_json_atomic
-    from beam_sft.train_data import PrepStats, stop_token_ids
+    from beam_sft.train_data import PrepStats
 
     settings.check()
     chunk_rows = chunk_rows or CHUNK_ROWS
@@ -756,7 +732,6 @@ def build_prepared(
         # Pass 2: tokenize chunk by chunk, appending kept rows to the split files.
         from datasets import Dataset, concatenate_datasets
 
-        stop_ids = stop_token_ids(tokenizer)
         writers = {"train": _SplitWriter(final / "train_parts")}
         if eval_inputs or eval_mask is not None:
             writers["eval"] = _SplitWriter(final / "eval_parts")
@@ -778,9 +753,8 @@ def build_prepared(
             for text in table.column("reject").drop_null().to_pylist():
                 rejects.write(orjson.loads(text))
             for name, writer in writers.items():
-                in_split = pc.equal(table.column("is_eval"), name == "eval")
-                totals[name].update(_split_stats(table, in_split, stop_ids))
-                writer.write(table.filter(pc.and_(in_split, table.column("keep"))))
+                totals[name].update(_split_stats(table, pc.equal(table.column("is_eval"), name == "eval")))
+                writer.write(table, name == "eval")
             files = [Path(f["filename"]) for f in mapped.cache_files] + paths
             del converted, mapped, table
             for file in files:
