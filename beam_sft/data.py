@@ -338,7 +338,7 @@ def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, s
     encoder = get_encoder(tokenizer)
     try:
         encoded: list = encoder.encode(records, None)
-    except RecordError:
+    except Exception:  # noqa: BLE001 - some record of the batch failed: find which, one by one
         encoded = []
         for record in records:  # find the culprits one by one; the others still train
             try:

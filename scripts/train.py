@@ -7,7 +7,9 @@ Data: Beam records written by `convert-dataset` (.jsonl / .parquet / a directory
 dataset / a hub id), or raw OpenAI, ShareGPT or Harmony files, converted on the fly by the same converters
 (`--dataset_format auto|beam|openai|sharegpt|harmony`). Masks come from the chat template's generation
 block; records longer than `--max_length` follow `--truncation_policy` (turn | drop | keep_start, see
-beam_sft/train_data.py), and every cut is counted in the log.
+beam_sft/train_data.py), and every cut is counted in the log. The data phase is `beam_sft.data`: converted
+and tokenized once per job (main process first) into memory-mapped Arrow, cached by fingerprint
+(`--prepared_cache_dir`), every reject in `output_dir/rejects.jsonl`; or a directory from `beam-sft prepare`.
 
 # Quickstart: the embedded tiny random model and the bundled tokenizer, on CPU (about 100 s for 12 epochs).
 # Its data is what `python scripts/quickstart.py` converts into outputs/quickstart/data/train.jsonl.
@@ -37,6 +39,19 @@ python scripts/train.py --config configs/beam_lora.yaml --model_name_or_path $BE
 # Any other base model: add the markers and both templates first (--beamify)
 ```bash
 python scripts/train.py --config configs/beam_lora.yaml --model_name_or_path Qwen/Qwen2.5-0.5B --beamify
+```
+
+# Tokenize once with `beam-sft prepare`, then train on every node from shared storage without tokenizing
+```bash
+beam-sft prepare data/samples/openai.jsonl -o /shared/prepared --max-length 1024
+accelerate launch --config_file configs/accelerate/cpu_ddp.yaml scripts/train.py \
+    --config configs/quickstart.yaml --dataset_name /shared/prepared --dataset_format auto
+```
+
+# Data larger than the disk: convert and tokenize on the fly (needs max_steps)
+```bash
+python scripts/train.py --config configs/quickstart.yaml --dataset_name data/samples/openai.jsonl \
+    --dataset_format auto --streaming true --max_steps 50 --packing true
 ```
 
 # Resume after a crash (same output_dir; same data order, same final step)

@@ -16,7 +16,7 @@ from beam_sft.data import (
     load_prepared,
     prepare_data,
 )
-from beam_sft.errors import UsageError
+from beam_sft.errors import RecordError, UsageError
 from beam_sft.train_data import IGNORE_INDEX, EmptyMaskError, prepare_dataset, read_rows, to_beam_records
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,6 +126,27 @@ def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tm
     assert conv.rejected["internal_error"] == len(internal)
     assert conv.records_in == len(conv.records) + sum(conv.rejected.values())
     assert len(conv.records) > 0  # the run went on
+
+
+def test_a_record_the_template_rejects_is_a_reject_not_a_stop(tok, tmp_path, monkeypatch):
+    from beam_sft import render
+
+    real = render.get_encoder(tok)
+
+    class Picky:
+        def encode(self, records, max_length=None):
+            for i, record in enumerate(records):
+                if "Paris" in json.dumps(record):
+                    raise RecordError("render_failed", "the template says no").with_provenance(None, i)
+            return real.encode(records, max_length)
+
+    monkeypatch.setattr(render, "get_encoder", lambda tokenizer: Picky())
+    prepared = prepare_data(OPENAI, tok, DataSettings(max_length=512), cache_dir=tmp_path)
+    counts = prepared.manifest["counts"]
+    failed = [r for r in _rejects(prepared.path) if r["reason"] == "render_failed"]
+    assert failed and counts["rejected"]["render_failed"] == len(failed) and all(r["line"] for r in failed)
+    assert counts["records_in"] == counts["records_kept"] + counts["rejected_total"] + counts["dropped_too_long"]
+    assert counts["records_kept"] > 0
 
 
 def test_convert_source_gives_records_with_provenance(tmp_path):
