@@ -48,6 +48,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import FatalError, Reason, RecordError, UsageError, internal_error
+from beam_sft.formats import FORMAT_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ DATA_VERSION = "1"
 MANIFEST = "beam_sft_manifest.json"
 REJECTS = "rejects.jsonl"
 EVAL_DIR = "eval"
-FORMATS = ("auto", "beam", "openai", "sharegpt", "harmony")
+# "beam": records as convert-dataset writes them (validated); the rest are beam_sft.formats' converters.
+FORMATS = ("beam", *FORMAT_NAMES)
 # Manifest fields a prepared dataset must match before it trains (field -> what the run uses).
 CHECKED_FIELDS = ("tokenizer", "chat_template", "max_length", "truncation_policy", "assistant_only_loss")
 

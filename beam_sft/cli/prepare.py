@@ -154,8 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenizer with the Beam templates, the one training will use (default: the bundled "
                              "data/tokenizer)")
     parser.add_argument("--format", choices=FORMATS, default="auto",
-                        help="input format: beam (convert-dataset output), openai, sharegpt, harmony, or auto "
-                             "(detect per record) (default: auto)")
+                        help="input format: beam (convert-dataset output), a converter's name, or auto (detect "
+                             "per record) (default: auto)")
     parser.add_argument("--max-length", type=int, default=1024, metavar="N",
                         help="tokens per record, as training's --max_length; 0 for no limit (default: 1024)")
     parser.add_argument("--truncation-policy", choices=TRUNCATION_POLICIES, default="turn",
