@@ -1,4 +1,8 @@
-"""Training data for `scripts/train.py`: Beam records in, `input_ids` + `labels` out, with counts.
+"""The per-record rules of training data: Beam records in, `input_ids` + `labels` out, with counts.
+
+`scripts/train.py` runs them through `beam_sft.data` (Arrow, chunked, cached, once per job). `read_rows`,
+`to_beam_records` and `prepare_dataset` are the in-memory path over Python lists: for small data, tests,
+and the benchmark's "today's path" baseline; they hold everything in memory, so don't feed them a real set.
 
 The trainer gets a pre-tokenized dataset (`input_ids`, `labels`), so TRL skips its own chat-template pass
 and everything that decides what is trained happens here, where it can be tested:

@@ -12,7 +12,10 @@ turn, tool declarations, tool calls and their results), every row measured side 
   orjson load + dump of the same lines;
 * training on the tiny model (CPU): real (non-pad) tokens per second and real-token fraction, padded vs
   packed (TRL's BFD packing, padding-free);
-* memory: peak RSS of `beam-sft convert` on a generated OpenAI JSONL of `--memory_mb` (2 GB by default).
+* memory: peak RSS of `beam-sft convert` on a generated OpenAI JSONL of `--memory_mb` (2 GB by default);
+* prepare: `beam-sft prepare` (the training data phase) on generated OpenAI JSONL of two sizes, one 4x the
+  other (`--prepare_mb`, 250 MB and 1 GB by default): seconds and peak RSS of each, a cached rerun, and
+  today's in-memory path (read_rows + to_beam_records + prepare_dataset) side by side on the smaller one.
 
 Run from the repository root:
 
@@ -21,6 +24,7 @@ python scripts/bench.py                              # the full table (20k conve
 python scripts/bench.py --quick --json bench.json    # the same rows, smaller (about a minute)
 python scripts/bench.py --smoke --json /tmp/b.json   # seconds: what tests/test_bench.py runs
 python scripts/bench.py --conversations 5000 --num_proc 1 2 --memory_mb 200 --train_steps 10
+python scripts/bench.py --rows prepare --prepare_mb 64 256 --json /tmp/prepare.json   # the prepare row only
 ```
 
 This is a benchmark, not a test: it prints the figures and whether each goal of the table is met, and exits
@@ -36,9 +40,11 @@ import os
 import platform
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -600,7 +606,8 @@ _RUSAGE_WRAPPER = (
     "t = time.perf_counter()\n"
     "rc = subprocess.call(sys.argv[2:], stdout=subprocess.DEVNULL)\n"
     "usage = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
-    "json.dump({'rc': rc, 'maxrss_kb': usage.ru_maxrss, 'seconds': time.perf_counter() - t}, open(sys.argv[1], 'w'))\n"
+    "json.dump({'rc': rc, 'maxrss_kb': usage.ru_maxrss, 'seconds': time.perf_counter() - t,\n"
+    "           'cpu_seconds': usage.ru_utime + usage.ru_stime}, open(sys.argv[1], 'w'))\n"
 )
 
 
@@ -664,6 +671,95 @@ def bench_memory(target_mb: int, workdir: Path, seed: int, convert_args: list[st
         "wall_s": wall,
         "command": " ".join(["convert-dataset", "INPUT.jsonl", "-o", "OUTPUT.jsonl", *convert_args]),
     }
+
+
+# --------------------------------------------------------------------------------------------------------
+# Row: `beam-sft prepare` (the training data phase) at two sizes, against today's in-memory path
+
+# MiB of generated OpenAI JSONL: the second size is 4x the first (the memory-flatness goal compares them).
+PREPARE_MB = {"full": (250, 1000), "quick": (8, 32), "smoke": (1, 4)}
+_LEGACY_PATH = (
+    "import sys\n"
+    "from beam_sft.tokenizer import load_tokenizer\n"
+    "from beam_sft.train_data import prepare_dataset, read_rows, to_beam_records\n"
+    "records, _ = to_beam_records(read_rows(sys.argv[1]))\n"
+    "prepare_dataset(load_tokenizer(), records, max_length=int(sys.argv[2]))\n"
+)
+
+
+def _rusage_run(command: list[str], workdir: Path, name: str) -> dict:
+    """Run `command` under the rusage wrapper: {seconds, peak_rss_mb, cpu_seconds}; raises when it fails."""
+    report, log = workdir / f"{name}.rusage.json", workdir / f"{name}.log"
+    with open(log, "wb") as err:
+        rc = subprocess.call([sys.executable, "-c", _RUSAGE_WRAPPER, str(report), *command], stderr=err,
+                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    usage = json.loads(report.read_text()) if report.exists() else {"rc": rc}
+    if rc != 0 or usage.get("rc") != 0:
+        raise RuntimeError(f"{name} failed (exit {usage.get('rc')}): {log.read_text(errors='replace')[-2000:]}")
+    return {"seconds": usage["seconds"], "peak_rss_mb": usage["maxrss_kb"] / 1024, "cpu_seconds": usage["cpu_seconds"]}
+
+
+def bench_prepare(sizes_mb: Sequence[float], workdir: Path, seed: int, max_length: int,
+                  legacy_sizes: int = 1) -> dict:
+    """`beam-sft prepare` (bundled tokenizer) on generated OpenAI JSONL of each size, then a cached rerun of the
+    largest, and today's in-memory path (read_rows + to_beam_records + prepare_dataset) on the first
+    `legacy_sizes` sizes, each in its own process; wall seconds and peak RSS (ru_maxrss) per run."""
+    out: dict = {"records": [], "seconds": [], "peak_rss_mb": [], "cpu_seconds": [], "input_mb": [],
+                 "max_length": max_length, "legacy": {"records": [], "seconds": [], "peak_rss_mb": [], "cpu_seconds": []}}
+    for i, mb in enumerate(sizes_mb):
+        src, dst = workdir / f"prepare_{i}.jsonl", workdir / f"prepared_{i}"
+        _log(f"prepare: writing {mb} MiB of OpenAI rows to {src}")
+        rows = write_openai_jsonl(src, int(mb * 2**20), seed)
+        command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--max-length",
+                   str(max_length)]
+        _log(f"prepare: beam-sft prepare on {rows} rows")
+        run = _rusage_run(command, workdir, f"prepare_{i}")
+        out["records"].append(rows)
+        out["seconds"].append(run["seconds"])
+        out["peak_rss_mb"].append(run["peak_rss_mb"])
+        out["cpu_seconds"].append(run["cpu_seconds"])
+        out["input_mb"].append(src.stat().st_size / 2**20)
+        if i == len(sizes_mb) - 1:
+            _log("prepare: cached rerun (same files, tokenizer, settings)")
+            out["cached_seconds"] = _rusage_run(command, workdir, f"prepare_{i}_cached")["seconds"]
+        if i < legacy_sizes:
+            _log(f"prepare: today's in-memory path on {rows} rows")
+            legacy = _rusage_run([sys.executable, "-c", _LEGACY_PATH, str(src), str(max_length)], workdir,
+                                 f"legacy_{i}")
+            out["legacy"]["records"].append(rows)
+            out["legacy"]["seconds"].append(legacy["seconds"])
+            out["legacy"]["peak_rss_mb"].append(legacy["peak_rss_mb"])
+            out["legacy"]["cpu_seconds"].append(legacy["cpu_seconds"])
+        shutil.rmtree(dst, ignore_errors=True)
+        src.unlink()
+    return out
+
+
+def prepare_goals(fig: dict) -> list[dict]:
+    prep = fig.get("prepare")
+    if not prep:
+        return []
+    (n1, n2), (t1, t2), (r1, r2) = prep["records"], prep["seconds"], prep["peak_rss_mb"]
+    rows = [
+        {"name": f"prepare: peak RSS at {n2:,} vs {n1:,} records", "ours": f"{r2:,.0f} MiB",
+         "reference": f"{r1:,.0f} MiB", "ratio": f"{r2 / r1:.2f}x", "goal": "<= 1.25x", "ok": r2 <= 1.25 * r1},
+        {"name": f"prepare: peak RSS at {prep['input_mb'][1]:,.0f} MiB of JSONL", "ours": f"{r2:,.0f} MiB",
+         "reference": "-", "ratio": "-", "goal": "< 2048 MiB", "ok": r2 < 2048},
+        {"name": "prepare: cached rerun vs first run", "ours": f"{prep['cached_seconds']:.1f} s",
+         "reference": f"{t2:.1f} s", "ratio": f"{100 * prep['cached_seconds'] / t2:.0f}%", "goal": "<= 10%",
+         "ok": prep["cached_seconds"] <= 0.1 * t2},
+    ]
+    legacy = prep.get("legacy") or {}
+    if legacy.get("records"):
+        # Per CPU-second (the process and its children): steadier than wall time on a shared machine.
+        ours, old = n1 / prep["cpu_seconds"][0], legacy["records"][0] / legacy["cpu_seconds"][0]
+        wall_ours, wall_old = n1 / t1, legacy["records"][0] / legacy["seconds"][0]
+        rows.append({"name": f"prepare: records per CPU-s vs today's in-memory path ({n1:,} records)",
+                     "ours": f"{ours:,.0f} rec/CPU-s ({wall_ours:,.0f} rec/s wall), {r1:,.0f} MiB",
+                     "reference": f"{old:,.0f} rec/CPU-s ({wall_old:,.0f} rec/s wall), "
+                                  f"{legacy['peak_rss_mb'][0]:,.0f} MiB",
+                     "ratio": f"{ours / old:.2f}x", "goal": ">= 1x", "ok": ours >= old})
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -741,6 +837,7 @@ def evaluate_goals(fig: dict) -> list[dict]:
                      "ours": f"{fig['peak_rss_mb']:,.0f} MiB",
                      "reference": f"{mem['cli_rows_per_s']:,.0f} rows/s, {mem['cli_mb_per_s']:.1f} MiB/s",
                      "ratio": "-", "goal": "< 1024 MiB", "ok": fig["peak_rss_mb"] < 1024})
+    rows.extend(prepare_goals(fig))
     return rows
 
 
@@ -781,7 +878,7 @@ PRESETS = {
     "quick": {"conversations": 1_000, "memory_mb": 50, "train_steps": 8, "train_records": 160, "max_length": 2048},
     "smoke": {"conversations": 80, "memory_mb": 2, "train_steps": 3, "train_records": 16, "max_length": 512},
 }
-ROWS = ("tokenization", "conversion", "training", "memory")
+ROWS = ("tokenization", "conversion", "training", "memory", "prepare")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -814,6 +911,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", metavar="PATH",
                         help="tokenizer directory for the tokenization and training rows (default: the bundled "
                              "data/tokenizer; the real gpt-oss vocabulary: python scripts/build_o200k_tokenizer.py)")
+    parser.add_argument("--prepare_mb", type=float, nargs=2, metavar=("MB1", "MB2"),
+                        help="JSONL sizes for the prepare row (default 250 1000; --quick 8 32; --smoke 1 4)")
+    parser.add_argument("--prepare_legacy_sizes", type=int, default=1, choices=(0, 1, 2),
+                        help="run today's in-memory path on this many of the prepare sizes (its memory grows with "
+                             "the data: about 11x the file)")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--tmp_dir", help="where to write the generated JSONL and training output (default: system temp)")
     return parser
@@ -865,6 +967,9 @@ def main(argv: list[str] | None = None) -> int:
         if "memory" in args.rows:
             fig["memory"] = bench_memory(args.memory_mb, workdir, args.seed, args.convert_args.split())
             fig["peak_rss_mb"] = fig["memory"]["peak_rss_mb"]
+        if "prepare" in args.rows:
+            fig["prepare"] = bench_prepare(args.prepare_mb or PREPARE_MB[fig["config"]["mode"]], workdir, args.seed,
+                                           args.max_length, args.prepare_legacy_sizes)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     fig["seconds"] = time.perf_counter() - started

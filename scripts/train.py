@@ -7,7 +7,9 @@ Data: Beam records written by `convert-dataset` (.jsonl / .parquet / a directory
 dataset / a hub id), or raw OpenAI, ShareGPT or Harmony files, converted on the fly by the same converters
 (`--dataset_format auto|beam|openai|sharegpt|harmony|hermes|glaive|xlam`). Masks come from the chat template's generation
 block; records longer than `--max_length` follow `--truncation_policy` (turn | drop | keep_start, see
-beam_sft/train_data.py), and every cut is counted in the log.
+beam_sft/train_data.py), and every cut is counted in the log. The data phase is `beam_sft.data`: converted
+and tokenized once per job (main process first) into memory-mapped Arrow, cached by fingerprint
+(`--prepared_cache_dir`), every reject in `output_dir/rejects.jsonl`; or a directory from `beam-sft prepare`.
 
 # Quickstart: the embedded tiny random model and the bundled tokenizer, on CPU (about 100 s for 12 epochs).
 # Its data is what `python scripts/quickstart.py` converts into outputs/quickstart/data/train.jsonl.
@@ -39,6 +41,19 @@ python scripts/train.py --config configs/beam_lora.yaml --model_name_or_path $BE
 python scripts/train.py --config configs/beam_lora.yaml --model_name_or_path Qwen/Qwen2.5-0.5B --beamify
 ```
 
+# Tokenize once with `beam-sft prepare`, then train on every node from shared storage without tokenizing
+```bash
+beam-sft prepare data/samples/openai.jsonl -o /shared/prepared --max-length 1024
+accelerate launch --config_file configs/accelerate/cpu_ddp.yaml scripts/train.py \
+    --config configs/quickstart.yaml --dataset_name /shared/prepared --dataset_format auto
+```
+
+# Data larger than the disk: convert and tokenize on the fly (needs max_steps)
+```bash
+python scripts/train.py --config configs/quickstart.yaml --dataset_name data/samples/openai.jsonl \
+    --dataset_format auto --streaming true --max_steps 50 --packing true
+```
+
 # Resume after a crash (same output_dir; same data order, same final step)
 ```bash
 python scripts/train.py --config configs/quickstart.yaml --resume_from_checkpoint last
@@ -48,9 +63,7 @@ python scripts/train.py --config configs/quickstart.yaml --resume_from_checkpoin
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +83,20 @@ class ScriptArguments:
     dataset_name: str | None = field(
         default=None,
         metadata={"help": "Training data: a .jsonl/.json/.parquet file, a directory of them, a save_to_disk "
-                  "dataset, or a hub dataset id."},
+                  "dataset, a hub dataset id, or a directory written by `beam-sft prepare` (trained as is, "
+                  "after checking its manifest against this run's tokenizer and settings)."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Convert and tokenize on the fly while training (a datasets.IterableDataset; each rank "
+                  "takes its own share of the records): for data larger than the disk. Needs max_steps; no "
+                  "eval_split_size; nothing is cached."},
+    )
+    prepared_cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where raw data is kept once converted and tokenized (one directory per fingerprint of "
+                  "data, tokenizer, template and settings; a rerun loads it). Default: $BEAM_SFT_PREPARED_CACHE, "
+                  "else $HF_DATASETS_CACHE/beam_sft_prepared. Multi-node: put it on shared storage."},
     )
     dataset_format: str = field(
         default="auto",
@@ -161,37 +187,6 @@ def _setup_logging(training_args) -> None:
     datasets.utils.logging.set_verbosity(logging.WARNING)
 
 
-def _load_split(source: str, fmt: str, split: str, max_records: int | None = None) -> list[dict]:
-    from beam_sft.train_data import read_rows, to_beam_records
-
-    rows = read_rows(source, split)
-    if max_records is not None:
-        rows = rows[:max_records]
-    records, rejects = to_beam_records(rows, fmt)
-    logger.info("%s: %d rows -> %d Beam records, %d rejected", source, len(rows), len(records), len(rejects))
-    for reject in rejects[:5]:
-        logger.warning("rejected: %s", json.dumps(reject, ensure_ascii=False))
-    if len(rejects) > 5:
-        logger.warning("... and %d more rejected rows", len(rejects) - 5)
-    return records
-
-
-def _split_eval(records: list[dict], size: float, seed: int) -> tuple[list[dict], list[dict]]:
-    import random
-
-    if size <= 0:
-        return records, []
-    n_eval = int(size) if size >= 1 else max(1, round(size * len(records)))
-    if n_eval >= len(records):
-        from beam_sft.errors import UsageError
-
-        raise UsageError(f"eval_split_size {size} leaves no training records ({len(records)} in total)")
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
-    held = set(order[:n_eval])
-    return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
-
-
 def load_model_and_tokenizer(script_args, training_args, model_args):
     """(model, tokenizer, embedded) for the three sources: embedded tiny model, Beam checkpoint, --beamify."""
     import torch
@@ -264,9 +259,10 @@ def main(script_args, training_args, model_args, callbacks=None):
     from transformers.trainer_utils import get_last_checkpoint
     from trl import get_peft_config
 
+    from beam_sft.data import DataSettings, training_datasets
     from beam_sft.errors import UsageError
     from beam_sft.tokenizer import save_tokenizer
-    from beam_sft.train_data import check_stop_tokens_trained, prepare_dataset
+    from beam_sft.train_data import check_stop_tokens_trained
     from beam_sft.training import make_trainer_class
 
     _setup_logging(training_args)
@@ -276,6 +272,8 @@ def main(script_args, training_args, model_args, callbacks=None):
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
+    if script_args.streaming and training_args.max_steps <= 0:
+        raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
     if training_args.bf16 and not torch.cuda.is_available():
         logger.warning("bf16 requested without a GPU: training runs in bf16 autocast on CPU")
 
@@ -285,36 +283,18 @@ def main(script_args, training_args, model_args, callbacks=None):
     if training_args.assistant_only_loss:
         check_stop_tokens_trained(tokenizer)
 
-    train_records = _load_split(
-        script_args.dataset_name, script_args.dataset_format, script_args.dataset_train_split, script_args.max_records
+    settings = DataSettings(
+        format=script_args.dataset_format, max_length=training_args.max_length,
+        truncation_policy=training_args.truncation_policy, assistant_only_loss=training_args.assistant_only_loss,
+        split=script_args.dataset_train_split, max_records=script_args.max_records,
+        eval_split_size=script_args.eval_split_size, seed=training_args.seed,
     )
-    if script_args.eval_dataset_name:
-        eval_records = _load_split(script_args.eval_dataset_name, script_args.dataset_format, "test")
-    else:
-        train_records, eval_records = _split_eval(train_records, script_args.eval_split_size, training_args.seed)
-
-    prep = {
-        "max_length": training_args.max_length,
-        "policy": training_args.truncation_policy,
-        "assistant_only_loss": training_args.assistant_only_loss,
-        "num_proc": training_args.dataset_num_proc,
-    }
-    train_dataset, train_stats = prepare_dataset(tokenizer, train_records, name="train", **prep)
-    logger.info(train_stats.summary("train"))
-    eval_dataset = None
-    stats = {"train": train_stats.to_dict()}
-    if eval_records:
-        eval_dataset, eval_stats = prepare_dataset(tokenizer, eval_records, name="eval", **prep)
-        logger.info(eval_stats.summary("eval"))
-        stats["eval"] = eval_stats.to_dict()
-    if training_args.assistant_only_loss and train_stats.supervised_return + train_stats.supervised_call == 0:
-        from beam_sft.errors import FatalError
-
-        raise FatalError("no <|return|> or <|call|> token is trained in this data: the model could not learn to stop")
-    if training_args.process_index == 0:
-        os.makedirs(training_args.output_dir, exist_ok=True)
-        with open(os.path.join(training_args.output_dir, "data_stats.json"), "w") as f:
-            json.dump(stats, f, indent=2)
+    train_dataset, eval_dataset, _ = training_datasets(
+        script_args.dataset_name, tokenizer, settings, eval_dataset_name=script_args.eval_dataset_name,
+        cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc,
+        output_dir=training_args.output_dir, is_main_process=training_args.process_index == 0,
+        streaming=script_args.streaming, world_size=training_args.world_size,
+    )
 
     # The labels are already built from the template's masks, so TRL must take the dataset as tokenized;
     # its own assistant_only_loss path expects raw conversations.

@@ -17,6 +17,7 @@ COMMANDS = {
     "convert": "convert",
     "check-template": "check_template",
     "inspect": "inspect",
+    "prepare": "prepare",
     "eval": "eval",
 }
 

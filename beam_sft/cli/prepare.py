@@ -1,0 +1,200 @@
+"""`beam-sft prepare`: convert and tokenize training data once, train on it many times (and on many nodes).
+
+    beam-sft prepare data/samples/openai.jsonl -o /tmp/prepared --max-length 1024
+    beam-sft prepare 'raw/*.jsonl' -o /shared/prepared --tokenizer ./my-beam-model --num-proc 16 \\
+        --truncation-policy turn --stats /tmp/prepare_stats.json
+    python scripts/train.py --config configs/beam_full.yaml --dataset_name /shared/prepared   # no tokenizing
+
+Reads the inputs (files, globs, directories, save_to_disk dirs, hub ids; any format `convert-dataset`
+reads), converts and validates every record, tokenizes it with the tokenizer's chat template (the same
+encoder, masks and truncation policy as training), and writes DIR: a `save_to_disk` dataset with
+`input_ids` and `labels` (-100 off the assistant mask), `rejects.jsonl` (every rejected record with its
+source, line or index, reason and message) and `beam_sft_manifest.json` (tokenizer and template hashes,
+max_length, policy, sources, counts). `scripts/train.py --dataset_name DIR` checks the manifest against
+its own tokenizer and settings and refuses a mismatch, naming the field. `datasets.load_from_disk(DIR)`
+gives a plain pre-tokenized dataset that TRL's SFTTrainer takes as is.
+
+Records in = kept + rejected + dropped by truncation, checked at the end of every run. DIR appears only
+when the run finishes. Run again on the same files (path, size, mtime), tokenizer, template and settings,
+it says DIR is up to date and does nothing (--force rebuilds). Exit status: 0 when the run finished
+(rejections included), 2 for usage errors, 1 for fatal errors (e.g. a record whose assistant mask is
+empty: the template trains nothing of it); set BEAM_SFT_DEBUG=1 for tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict
+
+
+def summary_rows(manifest: dict) -> list[tuple[str, object]]:
+    counts = manifest["counts"]
+    share = f"{100 * counts['supervised_tokens'] / counts['total_tokens']:.1f}%" if counts["total_tokens"] else "-"
+    rows: list[tuple[str, object]] = [
+        ("records in", counts["records_in"]),
+        ("records kept", counts["records_kept"]),
+        ("rejected", counts["rejected_total"]),
+        *((f"  {code}", n) for code, n in counts["rejected"].items()),
+        ("dropped (too long)", counts["dropped_too_long"]),
+        ("truncated", f"{counts['truncated']} ({counts['assistant_turns_cut']} assistant turns lost or cut)"),
+        ("tokens", counts["total_tokens"]),
+        ("supervised tokens", f"{counts['supervised_tokens']} ({share})"),
+        ("trained <|return|>", counts["supervised_return"]),
+        ("trained <|call|>", counts["supervised_call"]),
+        ("max length", manifest["max_length"]),
+        ("truncation policy", manifest["truncation_policy"]),
+    ]
+    for name, split in manifest.get("splits", {}).items():
+        if name != "train" or len(manifest["splits"]) > 1:
+            rows.append((f"{name} split", f"{split['records_kept']} records, {split['total_tokens']} tokens"))
+    return rows
+
+
+def table(manifest: dict) -> str:
+    rows = summary_rows(manifest)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    from beam_sft.data import (
+        DATA_VERSION,
+        MANIFEST,
+        REJECTS,
+        DataSettings,
+        build_prepared,
+        expand_sources,
+        fingerprint,
+        read_manifest,
+        short_hash,
+        source_identity,
+        tokenizer_files_hash,
+    )
+    from beam_sft.errors import Reason, UsageError
+    from beam_sft.io import write_json_atomic
+    from beam_sft.tokenizer import load_tokenizer
+
+    if args.num_proc < 1:
+        raise UsageError("--num-proc must be at least 1")
+    max_length = args.max_length or None
+    settings = DataSettings(format=args.format, max_length=max_length, truncation_policy=args.truncation_policy,
+                            assistant_only_loss=not args.full_sequence_loss, split=args.split,
+                            max_records=args.limit, eval_split_size=args.eval_split_size, seed=args.seed)
+    settings.check()
+    out = os.path.abspath(args.output)
+    if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(
+            os.path.join(out, MANIFEST)))):
+        raise UsageError(f"{args.output}: exists and is not a prepared dataset; refusing to replace it")
+    sources = expand_sources(args.inputs, args.split)
+    for src in sources:
+        if os.path.abspath(src.name) == out:
+            raise UsageError(f"{args.output}: output is also an input")
+    identity = {"train": source_identity(sources)}
+    # Up to date? Decided from the tokenizer's files, before paying for loading transformers and the tokenizer.
+    files = tokenizer_files_hash(args.tokenizer)
+    quick = None
+    if files is not None:
+        from beam_sft.render import RENDER_VERSION
+
+        quick = short_hash(json.dumps([DATA_VERSION, RENDER_VERSION, identity, asdict(settings), files],
+                                      sort_keys=True, default=str))
+    existing = read_manifest(out) if os.path.isdir(out) else None
+    if existing is not None and quick is not None and existing.get("inputs_fingerprint") == quick and not args.force:
+        manifest = existing
+        print(f"prepare: {args.output} is up to date (same files, tokenizer and settings; --force rebuilds it)",
+              file=sys.stderr)
+    else:
+        try:
+            tokenizer = load_tokenizer(args.tokenizer)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
+        from beam_sft.train_data import check_stop_tokens_trained
+
+        if settings.assistant_only_loss:
+            check_stop_tokens_trained(tokenizer)
+        if args.quiet:
+            import datasets
+
+            datasets.disable_progress_bars()
+        manifest = build_prepared(args.inputs, tokenizer, settings, out, num_proc=args.num_proc,
+                                  progress=not args.quiet, identity=identity,
+                                  fingerprint=fingerprint(identity, tokenizer, settings),
+                                  extra_manifest={"inputs_fingerprint": quick})
+        print(f"prepare: wrote {manifest['counts']['records_kept']} tokenized records to {args.output} "
+              f"({manifest['seconds']:.1f} s)", file=sys.stderr)
+    if args.rejects:
+        tmp = f"{args.rejects}.tmp-{os.getpid()}"
+        shutil.copyfile(os.path.join(out, REJECTS), tmp)
+        os.replace(tmp, args.rejects)
+    if args.stats:
+        write_json_atomic(args.stats, manifest)
+    print(table(manifest), file=sys.stderr)
+    internal = manifest["counts"]["rejected"].get(Reason.INTERNAL_ERROR.value)
+    if internal:
+        print(f"WARNING: {internal} records hit an unexpected error (internal_error): a converter bug; they are "
+              f"in {os.path.join(args.output, REJECTS)}", file=sys.stderr)
+    print(args.output)
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from beam_sft.data import FORMATS
+    from beam_sft.train_data import TRUNCATION_POLICIES
+
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="files (.jsonl, .json, .parquet, .txt), globs, directories, save_to_disk dirs, or "
+                             "hub dataset ids")
+    parser.add_argument("-o", "--output", required=True, metavar="DIR",
+                        help="the prepared dataset directory (replaced if it already holds one)")
+    parser.add_argument("--tokenizer", metavar="PATH_OR_ID", default=None,
+                        help="tokenizer with the Beam templates, the one training will use (default: the bundled "
+                             "data/tokenizer)")
+    parser.add_argument("--format", choices=FORMATS, default="auto",
+                        help="input format: beam (convert-dataset output), a converter's name, or auto (detect "
+                             "per record) (default: auto)")
+    parser.add_argument("--max-length", type=int, default=1024, metavar="N",
+                        help="tokens per record, as training's --max_length; 0 for no limit (default: 1024)")
+    parser.add_argument("--truncation-policy", choices=TRUNCATION_POLICIES, default="turn",
+                        help="records longer than --max-length: cut back to the last whole assistant turn "
+                             "(turn), drop them (drop), or cut at N (keep_start) (default: turn)")
+    parser.add_argument("--full-sequence-loss", action="store_true",
+                        help="label every token (training's --assistant_only_loss false); default: assistant "
+                             "turns only")
+    parser.add_argument("--eval-split-size", type=float, default=0.0, metavar="X",
+                        help="hold out this share (0-1) or number (>=1) of records as DIR/eval (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the eval split (default: 0)")
+    parser.add_argument("--num-proc", type=int, default=1, metavar="N", help="worker processes (default: 1)")
+    parser.add_argument("--rejects", metavar="PATH",
+                        help="also copy the rejects here (they are always in DIR/rejects.jsonl)")
+    parser.add_argument("--stats", metavar="PATH", help="write the manifest (counts included) here as JSON")
+    parser.add_argument("--split", default="train", help="split of a hub dataset or DatasetDict (default: train)")
+    parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
+    parser.add_argument("--force", action="store_true",
+                        help="rebuild DIR even when it was prepared from the same files, tokenizer and settings")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("prepare", help="convert + tokenize training data once (for many runs / nodes)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_guarded
+
+    parser = argparse.ArgumentParser(prog="beam-sft prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    args = parser.parse_args(argv)
+    return run_guarded(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

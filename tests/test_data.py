@@ -1,0 +1,341 @@
+"""beam_sft.data and `beam-sft prepare`: the one data phase (Arrow, cached, counted) and prepared datasets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from beam_sft.data import (
+    MANIFEST,
+    REJECTS,
+    DataSettings,
+    convert_source,
+    load_prepared,
+    prepare_data,
+)
+from beam_sft.errors import RecordError, UsageError
+from beam_sft.train_data import IGNORE_INDEX, EmptyMaskError, prepare_dataset, read_rows, to_beam_records
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "data" / "samples"
+OPENAI = str(SAMPLES / "openai.jsonl")
+
+
+def _hostile_file(tmp_path: Path) -> tuple[Path, int]:
+    """Good records next to every kind of bad line: wrong JSON types anywhere, broken JSON, broken UTF-8."""
+    good = [json.loads(line) for line in (SAMPLES / "openai.jsonl").read_text().splitlines()[:6]]
+    bad = [
+        b'{"messages": [{"role": "user", "content": "hi"}',  # malformed JSON
+        b'{"messages": "\xff\xfe not utf-8"}',
+        b"[1, 2, 3]",
+        b'"just a string"',
+        b"null",
+        b'{"messages": [{"role": 7, "content": {"x": 1}}]}',
+        b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ["a", 1]}]}',
+        b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": 5}]}',
+        b'{"messages": [], "tools": "nope"}',
+        b'{"conversations": [{"from": "human", "value": null}]}',
+    ]
+    lines = [orjson.dumps(r) for r in good[:3]] + bad + [orjson.dumps(r) for r in good[3:]]
+    path = tmp_path / "hostile.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path, len(lines)
+
+
+def _rejects(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(path) / REJECTS).read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------------ the phase
+
+
+@pytest.mark.parametrize("max_length,policy", [(None, "turn"), (200, "turn"), (200, "drop"), (200, "keep_start")])
+def test_same_rows_and_counts_as_the_in_memory_path(tok, tmp_path, max_length, policy):
+    """The Arrow phase gives the in-memory path's ids, labels and counts (that path is checked against
+    apply_chat_template in test_train_data.py), under every truncation policy."""
+    settings = DataSettings(max_length=max_length, truncation_policy=policy)
+    prepared = prepare_data(OPENAI, tok, settings, cache_dir=tmp_path)
+    records, _ = to_beam_records(read_rows(OPENAI))
+    dataset, stats = prepare_dataset(tok, records, max_length=max_length, policy=policy)
+    assert prepared.manifest["splits"]["train"] == stats.to_dict()
+    assert prepared.train["input_ids"] == dataset["input_ids"]
+    assert prepared.train["labels"] == dataset["labels"]
+    if max_length is not None:
+        assert stats.truncated + stats.dropped_too_long > 0  # the policy had something to do
+
+
+def test_rejects_file_is_complete_for_hostile_input(tok, tmp_path):
+    path, n_lines = _hostile_file(tmp_path)
+    prepared = prepare_data([str(path), str(SAMPLES / "sharegpt.json")], tok,
+                            DataSettings(max_length=128, truncation_policy="drop"), cache_dir=tmp_path / "c")
+    counts = prepared.manifest["counts"]
+    rejects = _rejects(prepared.path)
+    n_sharegpt = len(json.loads((SAMPLES / "sharegpt.json").read_text()))
+    assert counts["records_in"] == n_lines + n_sharegpt
+    assert counts["records_in"] == counts["records_kept"] + counts["rejected_total"] + counts["dropped_too_long"]
+    assert counts["dropped_too_long"] > 0 and counts["rejected_total"] >= 10
+    assert len(rejects) == counts["rejected_total"] == sum(counts["rejected"].values())
+    assert len(prepared.train) == counts["records_kept"]
+    # Every reject says where it came from: JSONL by 1-based line, a JSON array by 0-based index.
+    hostile_lines = sorted(r["line"] for r in rejects if r["source"] == str(path))
+    assert hostile_lines == list(range(4, 14))
+    assert {r["reason"] for r in rejects if r.get("line") == 5} == {"invalid_utf8"}
+    assert all("index" in r for r in rejects if r["source"].endswith("sharegpt.json"))
+    assert all(r["reason"] and r["message"] for r in rejects)
+
+
+def test_chunked_build_equals_one_chunk(tok, tmp_path):
+    """Chunks (what keeps memory flat) change nothing: same rows, splits, counts and rejects as one chunk."""
+    from datasets import load_from_disk
+
+    from beam_sft.data import build_prepared
+
+    path, _ = _hostile_file(tmp_path)
+    inputs = [str(path), OPENAI, str(SAMPLES / "sharegpt.json")]
+    settings = DataSettings(max_length=200, eval_split_size=0.2, seed=1)
+    one = build_prepared(inputs, tok, settings, tmp_path / "one")
+    many = build_prepared(inputs, tok, settings, tmp_path / "many", chunk_rows=7)
+    for key in ("counts", "splits"):
+        assert one[key] == many[key], key
+    for sub in ("", "eval"):
+        a, b = load_from_disk(str(tmp_path / "one" / sub)), load_from_disk(str(tmp_path / "many" / sub))
+        assert a["input_ids"] == b["input_ids"] and a["labels"] == b["labels"], sub
+    assert len(list((tmp_path / "many").glob("data-*.arrow"))) > 1
+    assert _rejects(tmp_path / "one") == _rejects(tmp_path / "many")
+    counts = many["counts"]
+    assert counts["records_in"] == counts["records_kept"] + counts["rejected_total"] + counts["dropped_too_long"]
+
+
+def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tmp_path, monkeypatch):
+    from beam_sft import formats
+
+    real = formats.convert_record
+
+    def flaky(rec, format="auto", options=None):
+        if "7" in json.dumps(rec):  # some records, not all
+            raise ZeroDivisionError("boom")
+        return real(rec, format, options)
+
+    monkeypatch.setattr(formats, "convert_record", flaky)
+    conv = convert_source(OPENAI, tmp_path, format="auto")
+    internal = [r for r in conv.iter_rejects() if r["reason"] == "internal_error"]
+    assert internal and all(r["message"] == "ZeroDivisionError: boom" and r["line"] for r in internal)
+    assert conv.rejected["internal_error"] == len(internal)
+    assert conv.records_in == len(conv.records) + sum(conv.rejected.values())
+    assert len(conv.records) > 0  # the run went on
+
+
+def test_a_record_the_template_rejects_is_a_reject_not_a_stop(tok, tmp_path, monkeypatch):
+    from beam_sft import render
+
+    real = render.get_encoder(tok)
+
+    class Picky:
+        def encode(self, records, max_length=None):
+            for i, record in enumerate(records):
+                if "Paris" in json.dumps(record):
+                    raise RecordError("render_failed", "the template says no").with_provenance(None, i)
+            return real.encode(records, max_length)
+
+    monkeypatch.setattr(render, "get_encoder", lambda tokenizer: Picky())
+    prepared = prepare_data(OPENAI, tok, DataSettings(max_length=512), cache_dir=tmp_path)
+    counts = prepared.manifest["counts"]
+    failed = [r for r in _rejects(prepared.path) if r["reason"] == "render_failed"]
+    assert failed and counts["rejected"]["render_failed"] == len(failed) and all(r["line"] for r in failed)
+    assert counts["records_in"] == counts["records_kept"] + counts["rejected_total"] + counts["dropped_too_long"]
+    assert counts["records_kept"] > 0
+
+
+def test_convert_source_gives_records_with_provenance(tmp_path):
+    conv = convert_source([str(SAMPLES / "harmony.jsonl")], tmp_path, format="auto")
+    first = conv.records[0]
+    assert conv.provenance(first).startswith(str(SAMPLES / "harmony.jsonl") + ":")
+    records = list(conv.iter_records())
+    assert len(records) == len(conv.records) and all(r["messages"] for r in records)
+
+
+def test_empty_mask_is_a_hard_error_naming_the_record(tok, tmp_path):
+    tok2 = tok.__class__.from_pretrained(REPO / "data" / "tokenizer")
+    tok2.chat_template = tok.chat_template.replace("{%- generation -%}", "").replace("{%- endgeneration -%}", "")
+    assert tok2.chat_template != tok.chat_template
+    with pytest.raises(EmptyMaskError, match=r"openai.jsonl:1: the chat template produced an empty assistant mask"):
+        prepare_data(OPENAI, tok2, DataSettings(max_length=512), cache_dir=tmp_path)
+
+
+def test_eval_split_is_seeded_and_counted(tok, tmp_path):
+    settings = DataSettings(max_length=512, eval_split_size=0.25, seed=3)
+    a = prepare_data(OPENAI, tok, settings, cache_dir=tmp_path / "a")
+    b = prepare_data(OPENAI, tok, settings, cache_dir=tmp_path / "b")
+    assert a.eval["input_ids"] == b.eval["input_ids"]
+    n = a.manifest["counts"]["records_kept"]
+    assert len(a.train) + len(a.eval) == n and len(a.eval) == round(0.25 * n)
+    c = prepare_data(OPENAI, tok, DataSettings(max_length=512, eval_split_size=0.25, seed=4), cache_dir=tmp_path / "a")
+    assert c.path != a.path and c.eval["input_ids"] != a.eval["input_ids"]
+
+
+# ------------------------------------------------------------------------------------------ cache
+
+
+def test_cache_reused_and_invalidated_by_tokenizer_template_max_length_and_data(tok, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_bytes((SAMPLES / "openai.jsonl").read_bytes())
+    cache = tmp_path / "cache"
+    settings = DataSettings(max_length=512)
+    first = prepare_data(str(data), tok, settings, cache_dir=cache, record_dir=tmp_path / "rec")
+    assert first.action == "tokenized"
+    assert json.loads((tmp_path / "rec" / "data_phase.rank0.json").read_text())["action"] == "tokenized"
+    again = prepare_data(str(data), tok, settings, cache_dir=cache, record_dir=tmp_path / "rec")
+    assert again.action == "loaded" and again.path == first.path
+    assert json.loads((tmp_path / "rec" / "data_phase.rank0.json").read_text())["action"] == "loaded"
+    assert again.train["input_ids"] == first.train["input_ids"]
+
+    paths = {first.path}
+
+    def fresh(tokenizer, s, what):
+        got = prepare_data(str(data), tokenizer, s, cache_dir=cache)
+        assert got.action == "tokenized" and got.path not in paths, what
+        paths.add(got.path)
+        return got
+
+    fresh(tok, DataSettings(max_length=256), "max_length")
+    fresh(tok, DataSettings(max_length=512, truncation_policy="drop"), "policy")
+    other_template = tok.__class__.from_pretrained(REPO / "data" / "tokenizer")
+    other_template.chat_template = tok.chat_template + "\n"
+    fresh(other_template, settings, "template")
+    other_vocab = tok.__class__.from_pretrained(REPO / "data" / "tokenizer")
+    other_vocab.add_tokens(["zzqqxx"])
+    fresh(other_vocab, settings, "tokenizer")
+    data.write_bytes(data.read_bytes() + b"\n")  # same records, new size + mtime: a new entry (cheap and safe)
+    fresh(tok, settings, "data file")
+    assert len(list(cache.glob("prepared-*"))) == 6
+
+
+# ------------------------------------------------------------------------------------------ prepared dirs
+
+
+def _prepare_cli(*argv: str) -> int:
+    from beam_sft.cli import main
+
+    return main(["prepare", *argv])
+
+
+def test_prepare_cli_writes_dataset_manifest_rejects(tmp_path, capsys):
+    out = tmp_path / "prep"
+    stats = tmp_path / "stats.json"
+    rc = _prepare_cli(OPENAI, str(SAMPLES / "sharegpt.json"), "-o", str(out), "--max-length", "256", "--stats",
+                      str(stats), "--rejects", str(tmp_path / "rej.jsonl"), "-q")
+    captured = capsys.readouterr()
+    assert rc == 0 and captured.out.strip() == str(out)
+    assert "records in" in captured.err and "dropped (too long)" in captured.err
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest == json.loads(stats.read_text())
+    counts = manifest["counts"]
+    assert counts["records_in"] == counts["records_kept"] + counts["rejected_total"] + counts["dropped_too_long"]
+    assert (tmp_path / "rej.jsonl").read_text() == (out / REJECTS).read_text()
+    assert manifest["max_length"] == 256 and manifest["truncation_policy"] == "turn"
+    for key in ("tokenizer", "chat_template", "total_tokens", "supervised_return", "supervised_call"):
+        assert key in manifest or key in counts
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(out))
+    assert ds.column_names == ["input_ids", "labels"] and len(ds) == counts["records_kept"]
+    assert sum(len(x) for x in ds["input_ids"]) == counts["total_tokens"]
+    assert sum(t != IGNORE_INDEX for x in ds["labels"] for t in x) == counts["supervised_tokens"]
+
+
+def test_prepare_cli_usage_errors(tmp_path, capsys):
+    assert _prepare_cli(str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o")) == 2
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "keep.txt").write_text("mine")
+    assert _prepare_cli(OPENAI, "-o", str(tmp_path / "busy")) == 2
+    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+    assert "not a prepared dataset" in capsys.readouterr().err
+
+
+def test_manifest_mismatch_is_a_clear_error_naming_the_field(tok, tmp_path):
+    out = tmp_path / "prep"
+    assert _prepare_cli(OPENAI, "-o", str(out), "--max-length", "512", "-q") == 0
+    ok = load_prepared(out, tok, DataSettings(max_length=512))
+    assert len(ok.train) == ok.manifest["counts"]["records_kept"]
+    with pytest.raises(UsageError, match=r"manifest field 'max_length' is 512, this run has 1024"):
+        prepare_data(str(out), tok, DataSettings(max_length=1024))
+    with pytest.raises(UsageError, match="'truncation_policy'"):
+        prepare_data(str(out), tok, DataSettings(max_length=512, truncation_policy="drop"))
+    with pytest.raises(UsageError, match="'assistant_only_loss'"):
+        prepare_data(str(out), tok, DataSettings(max_length=512, assistant_only_loss=False))
+    other = tok.__class__.from_pretrained(REPO / "data" / "tokenizer")
+    other.chat_template = tok.chat_template + " "
+    with pytest.raises(UsageError, match="different chat template: manifest field 'chat_template'"):
+        prepare_data(str(out), other, DataSettings(max_length=512))
+    other = tok.__class__.from_pretrained(REPO / "data" / "tokenizer")
+    other.add_tokens(["zzqqxx"])
+    with pytest.raises(UsageError, match="different tokenizer vocabulary: manifest field 'tokenizer'"):
+        prepare_data(str(out), other, DataSettings(max_length=512))
+
+
+def test_prepared_dataset_trains_with_plain_trl(tok, tmp_path):
+    """No beam-sft code in the training: load_from_disk + SFTTrainer take it as a pre-tokenized dataset."""
+    from datasets import load_from_disk
+    from trl import SFTConfig, SFTTrainer
+
+    from beam_sft.training import build_tiny_model
+
+    out = tmp_path / "prep"
+    assert _prepare_cli(OPENAI, "-o", str(out), "--max-length", "512", "-q") == 0
+    ds = load_from_disk(str(out))
+    args = SFTConfig(output_dir=str(tmp_path / "trl"), max_steps=2, per_device_train_batch_size=2, use_cpu=True,
+                     bf16=False, report_to="none", max_length=512, save_strategy="no", logging_steps=1,
+                     learning_rate=1e-3, disable_tqdm=True)
+    trainer = SFTTrainer(build_tiny_model(tok, seed=0), args=args, train_dataset=ds, processing_class=tok)
+    # TRL kept our labels: the batch it trains on masks exactly what the prepared rows mask.
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    for i in range(2):
+        row = ds[i]
+        assert batch["labels"][i, : len(row["labels"])].tolist() == row["labels"]
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert all(e["loss"] > 0 for e in trainer.state.log_history if "loss" in e)
+
+
+def test_prepare_cli_rerun_is_up_to_date_until_something_changes(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_bytes((SAMPLES / "openai.jsonl").read_bytes())
+    out = tmp_path / "prep"
+    assert _prepare_cli(str(data), "-o", str(out), "-q") == 0
+    first = json.loads((out / MANIFEST).read_text())
+    capsys.readouterr()
+    assert _prepare_cli(str(data), "-o", str(out), "-q") == 0
+    assert "is up to date" in capsys.readouterr().err
+    assert _prepare_cli(str(data), "-o", str(out), "-q", "--max-length", "300") == 0
+    assert "is up to date" not in capsys.readouterr().err
+    assert json.loads((out / MANIFEST).read_text())["fingerprint"] != first["fingerprint"]
+
+
+# ------------------------------------------------------------------------------------------ streaming
+
+
+def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
+    """Two ranks' shards of the stream hold, between them, exactly the rows `prepare_data` keeps."""
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from beam_sft.data import stream_training_data
+
+    settings = DataSettings(max_length=200)
+    stream = stream_training_data(OPENAI, tok, settings, world_size=2, rejects_dir=tmp_path / "rej")
+    assert stream.n_shards == 2
+    # What the Trainer's dataloader does on each of 2 ranks (accelerate shards a datasets.IterableDataset).
+    parts = []
+    for rank in (0, 1):
+        loader = prepare_data_loader(DataLoader(stream, batch_size=None), num_processes=2, process_index=rank,
+                                     dispatch_batches=False)
+        parts.append([tuple(row["input_ids"]) for row in loader])
+    assert parts[0] and parts[1]  # with the multiset equality below: each record on exactly one rank
+    prepared = prepare_data(OPENAI, tok, settings, cache_dir=tmp_path / "cache")
+    assert sorted(parts[0] + parts[1]) == sorted(tuple(x) for x in prepared.train["input_ids"])
+    streamed_rejects = [json.loads(line) for f in (tmp_path / "rej").glob("rejects.rank*.jsonl")
+                        for line in f.read_text().splitlines()]
+    assert sorted(r["line"] for r in streamed_rejects) == sorted(r["line"] for r in _rejects(prepared.path))
