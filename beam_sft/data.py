@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -200,7 +199,7 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 # Stage 2: convert + validate
 
 
-def _reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict[str, Any]:
+def reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict[str, Any]:
     return {"source": source, ("line" if by_line else "index"): pos, "reason": err.code.value,
             "message_index": err.message_index, "message": err.message}
 
@@ -239,7 +238,7 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[s
             reject = internal_error(exc)
         records.append(None)
         reasons.append(reject.code.value)
-        rejects.append(orjson.dumps(_reject_entry(reject, names[src], pos, by_line)).decode())
+        rejects.append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
     return {"record": records, "reason": reasons, "reject": rejects}
 
 
@@ -356,7 +355,7 @@ def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, s
             example = {"input_ids": [], "labels": [], "keep": False, "truncated": 0, "dropped": 0,
                        "assistant_turns_cut": 0, "n_supervised_return": 0, "n_supervised_call": 0}
             out["reason"].append(enc.code.value)
-            out["reject"].append(orjson.dumps(_reject_entry(enc, names[src], pos, by_line)).decode())
+            out["reject"].append(orjson.dumps(reject_entry(enc, names[src], pos, by_line)).decode())
         else:
             example = build_example(
                 tokenizer, record, encoded=(enc["input_ids"], enc["assistant_masks"]), max_length=max_length,
@@ -520,6 +519,37 @@ def _split_sizes(n: int, size: float) -> int:
     return n_eval
 
 
+def _eval_mask(n_train: int, settings: DataSettings):
+    """Which of the `n_train` converted training records (in input order) the eval split holds out: seeded."""
+    import numpy as np
+
+    mask = np.zeros(n_train, dtype=bool)
+    n_eval = _split_sizes(n_train, settings.eval_split_size)
+    mask[np.random.default_rng(settings.seed).choice(n_train, size=n_eval, replace=False)] = True
+    return mask
+
+
+def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.PathLike, *,
+                 eval_dataset_name: str | None = None) -> Iterator[dict[str, Any]]:
+    """The Beam records of the eval split that the data phase holds out for these settings, in order.
+
+    For `scripts/train.py --eval_beam`, which generates from conversations, not from the tokenized split:
+    the records of `eval_dataset_name` (its "test" split), or else the same seeded share of `dataset_name`'s
+    converted records that `build_prepared` puts in `eval/`. Nothing when there is no eval split.
+    """
+    if eval_dataset_name:
+        yield from convert_source(eval_dataset_name, work_dir, format=settings.format, split="test").iter_records()
+        return
+    if settings.eval_split_size <= 0:
+        return
+    converted = convert_source(dataset_name, work_dir, format=settings.format, split=settings.split,
+                               limit=settings.max_records)
+    mask = _eval_mask(len(converted.records), settings)
+    for held, record in zip(mask, converted.iter_records(), strict=True):
+        if held:
+            yield record
+
+
 class _SplitWriter:
     """The kept rows of one split, written chunk by chunk as the Arrow files of a `save_to_disk` directory.
 
@@ -678,14 +708,22 @@ def build_prepared(
     import numpy as np
     import pyarrow.compute as pc
 
-    from beam_sft.io import JsonlSink, write_json_atomic
+    from beam_sft.io import (
+        JsonlSink,
+        remove_stale_temporaries,
+        replace_dir,
+        temporary_path,
+        write_json_atomic,
+    )
     from beam_sft.train_data import PrepStats
 
     settings.check()
     chunk_rows = chunk_rows or CHUNK_ROWS
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    # Named like every other temporary output (beam_sft.io), so a run killed here is cleaned up by the next.
+    remove_stale_temporaries(out)
+    work = temporary_path(out, directory=True)
     started = time.time()
     final = work / "out"
     final.mkdir()
@@ -726,10 +764,7 @@ def build_prepared(
         # The eval split: a seeded choice among the converted training records (one byte per record).
         eval_mask = None
         if not eval_inputs and settings.eval_split_size > 0:
-            n_train = sum(n for _, _, _, n in chunks)
-            n_eval = _split_sizes(n_train, settings.eval_split_size)
-            eval_mask = np.zeros(n_train, dtype=bool)
-            eval_mask[np.random.default_rng(settings.seed).choice(n_train, size=n_eval, replace=False)] = True
+            eval_mask = _eval_mask(sum(n for _, _, _, n in chunks), settings)
 
         # Pass 2: tokenize chunk by chunk, appending kept rows to the split files.
         from datasets import Dataset, concatenate_datasets
@@ -808,27 +843,12 @@ def build_prepared(
         }
         # Written last: a directory with a manifest is complete.
         write_json_atomic(str(final / MANIFEST), manifest)
-        _replace_dir(final, out)
+        replace_dir(final, out)
         return manifest
     finally:
         if rejects is not None:
             rejects.abort()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        os.replace(dst, old)
-    try:
-        os.replace(src, dst)
-    except OSError:
-        if old is not None:
-            os.replace(old, dst)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_prepared(path: str | os.PathLike, tokenizer=None, settings: DataSettings | None = None) -> Prepared:
@@ -971,7 +991,7 @@ def training_datasets(
     counts to `output_dir/data_stats.json`; every rank writes `output_dir/data_phase.rank<N>.json`.
     `streaming`: `stream_training_data` instead (nothing cached, rejects in `output_dir/rejects.rank<N>.jsonl`).
     """
-    from beam_sft.io import write_json_atomic
+    from beam_sft.io import atomic_output, write_json_atomic
 
     if streaming:
         train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir)
@@ -1005,9 +1025,8 @@ def training_datasets(
         os.makedirs(output_dir, exist_ok=True)
         rejects = Path(prepared.path) / REJECTS
         if rejects.is_file() and os.path.abspath(output_dir) != os.path.abspath(prepared.path):
-            tmp = Path(output_dir) / f".{REJECTS}.tmp-{os.getpid()}"
-            shutil.copyfile(rejects, tmp)
-            os.replace(tmp, Path(output_dir) / REJECTS)
+            with atomic_output(Path(output_dir) / REJECTS) as tmp:
+                shutil.copyfile(rejects, tmp)
             with open(rejects, "rb") as f:
                 for _, line in zip(range(5), f, strict=False):
                     logger.warning("rejected: %s", line.decode().rstrip())

@@ -77,30 +77,37 @@ def _load_records(
     """Read `path` lazily: yields `(record, None, format)` for each Beam record, `(None, reject, format)` for
     each rejected input row (the converters' reason codes), in input order; at most `max_records` rows.
 
-    The one place this module reads data (the same reader and converters as training: beam_sft.io +
-    beam_sft.train_data.to_beam_records), so it can move to the project's data entry point in one edit.
-    `format` is the source format of the row: `fmt` when given, else what `beam_sft.formats.detect` says
-    (a Beam record read under "auto" detects as "openai").
+    The records go through the data phase's own per-record conversion (`beam_sft.data.convert_one`, with
+    its `internal_error` barrier and reject entries), one at a time: an evaluation reads a few hundred rows
+    of what may be a large file, and stops there. `format` is the source format of the row: `fmt` when
+    given, else what `beam_sft.formats.detect` says (a Beam record read under "auto" detects as "openai").
     """
+    import orjson
+
+    from beam_sft.data import convert_one, reject_entry
+    from beam_sft.errors import internal_error
     from beam_sft.formats import detect
     from beam_sft.io import expand_inputs, iter_items, parse_line
-    from beam_sft.train_data import to_beam_records
 
     specs = [path] if isinstance(path, str) else list(path)
-    # As for training (train_data.read_rows): a rejects file next to convert-dataset's output is not data.
+    # As for training: a rejects file next to convert-dataset's output is not data.
     sources = [s for s in expand_inputs(specs, split) if "rejects" not in Path(s.name).name or s.name in specs]
     for item in iter_items(sources, limit=max_records):
         source_format = fmt
-        if fmt == "auto" and item.error is None:
-            try:
-                source_format = detect(parse_line(item.payload) if item.raw else item.payload) or "unknown"
-            except RecordError:
-                source_format = "unknown"
-        records, rejects = to_beam_records([item], fmt)
-        if records:
-            yield records[0], None, source_format
-        else:
-            yield None, rejects[0], source_format
+        try:
+            if item.error is not None:
+                raise item.error
+            payload = item.payload if item.raw else orjson.dumps(item.payload, default=str)
+            if fmt == "auto":
+                try:
+                    source_format = detect(parse_line(payload)) or "unknown"
+                except RecordError:
+                    source_format = "unknown"
+            yield convert_one(payload, fmt), None, source_format
+        except RecordError as err:
+            yield None, reject_entry(err, item.source, item.position, item.by_line), source_format
+        except Exception as exc:  # noqa: BLE001 - a converter bug: this row is a reject, the evaluation goes on
+            yield None, reject_entry(internal_error(exc), item.source, item.position, item.by_line), source_format
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -756,18 +763,19 @@ def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None 
 
 def evaluate_trainer(trainer, tokenizer, records: Sequence[dict], *, max_new_tokens: int = 256,
                      batch_size: int = 8, turns: str = "first") -> dict[str, Any] | None:
-    """`scripts/train.py --eval_beam true`: evaluate the trained model on the eval records (main process only),
-    log the overall metrics next to the loss as `eval_beam/<metric>`, and return the summary."""
+    """`scripts/train.py --eval_beam true`: evaluate the trained model on the eval records (main process only;
+    other ranks pass no records), log the overall metrics next to the loss as `eval_beam/<metric>`, and return
+    the summary."""
     accelerator = trainer.accelerator
-    if not records:
-        logger.warning("--eval_beam: no eval split (set --eval_dataset_name or --eval_split_size); skipped")
-        return None
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
         logger.warning("--eval_beam: the model is sharded (FSDP/DeepSpeed); run `beam-sft eval %s --data ...` "
                        "on the saved model instead", trainer.args.output_dir)
         return None
     summary = None
-    if accelerator.is_main_process:
+    # Only the main process has the records (the others pass none); every rank still meets the barrier below.
+    if accelerator.is_main_process and not records:
+        logger.warning("--eval_beam: no eval split (set --eval_dataset_name or --eval_split_size); skipped")
+    elif accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
         backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
         # The records are already converted: their source format is not known here, so one group.

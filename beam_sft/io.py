@@ -396,13 +396,18 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _replace_dir(src: Path, target: Path) -> None:
+def replace_dir(src: Path, target: Path) -> None:
     """Move the finished directory `src` to `target`, replacing a previous one (never merging into it)."""
     old = None
     if target.exists():
         old = temporary_path(target, ".old", directory=True)
         os.replace(target, old)  # an empty directory may be replaced by a rename
-    os.replace(src, target)
+    try:
+        os.replace(src, target)
+    except OSError:
+        if old is not None:  # put the previous output back rather than leave nothing under the name
+            os.replace(old, target)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -423,7 +428,7 @@ def atomic_output(path: str | os.PathLike, suffix: str = "", *, directory: bool 
     try:
         yield tmp
         if directory:
-            _replace_dir(tmp, target)
+            replace_dir(tmp, target)
         else:
             _fsync(tmp)
             os.replace(tmp, target)
@@ -512,7 +517,7 @@ class ArrowWriter:
                                                features=beam_features())
             ds.save_to_disk(str(work / "out"))
             del ds
-            _replace_dir(work / "out", self.path)
+            replace_dir(work / "out", self.path)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             self.tmp.unlink(missing_ok=True)

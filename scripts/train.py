@@ -331,9 +331,16 @@ def main(script_args, training_args, model_args, callbacks=None):
         f"{trainer._supervised_tokens} (this process's session); saved to {training_args.output_dir}"
     )
     if script_args.eval_beam:
+        import tempfile
+
+        from beam_sft.data import eval_records
         from beam_sft.evaluate import evaluate_trainer
 
-        evaluate_trainer(trainer, tokenizer, eval_records)
+        with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:
+            records = list(eval_records(script_args.dataset_name, settings, work,
+                                        eval_dataset_name=script_args.eval_dataset_name)) \
+                if trainer.accelerator.is_main_process else []
+            evaluate_trainer(trainer, tokenizer, records)
     # A rank that reaches end() (which tears the process group down) while another is still saving would
     # leave that one blocked in a collective forever.
     trainer.accelerator.wait_for_everyone()

@@ -17,7 +17,8 @@ gives a plain pre-tokenized dataset that TRL's SFTTrainer takes as is.
 Records in = kept + rejected + dropped by truncation, checked at the end of every run. DIR appears only
 when the run finishes. Run again on the same files (path, size, mtime), tokenizer, template and settings,
 it says DIR is up to date and does nothing (--force rebuilds). Exit status: 0 when the run finished
-(rejections included), 2 for usage errors, 1 for fatal errors (e.g. a record whose assistant mask is
+(rejections included), 3 when it finished but some records hit an unexpected error (`internal_error`
+rejects: a converter bug), 2 for usage errors, 1 for fatal errors (e.g. a record whose assistant mask is
 empty: the template trains nothing of it); set BEAM_SFT_DEBUG=1 for tracebacks.
 """
 
@@ -61,6 +62,7 @@ def table(manifest: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
     from beam_sft.data import (
         DATA_VERSION,
         MANIFEST,
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer_files_hash,
     )
     from beam_sft.errors import Reason, UsageError
-    from beam_sft.io import write_json_atomic
+    from beam_sft.io import atomic_output, write_json_atomic
     from beam_sft.tokenizer import load_tokenizer
 
     if args.num_proc < 1:
@@ -127,18 +129,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"prepare: wrote {manifest['counts']['records_kept']} tokenized records to {args.output} "
               f"({manifest['seconds']:.1f} s)", file=sys.stderr)
     if args.rejects:
-        tmp = f"{args.rejects}.tmp-{os.getpid()}"
-        shutil.copyfile(os.path.join(out, REJECTS), tmp)
-        os.replace(tmp, args.rejects)
+        with atomic_output(args.rejects) as tmp:
+            shutil.copyfile(os.path.join(out, REJECTS), tmp)
     if args.stats:
         write_json_atomic(args.stats, manifest)
     print(table(manifest), file=sys.stderr)
     internal = manifest["counts"]["rejected"].get(Reason.INTERNAL_ERROR.value)
     if internal:
         print(f"WARNING: {internal} records hit an unexpected error (internal_error): a converter bug; they are "
-              f"in {os.path.join(args.output, REJECTS)}", file=sys.stderr)
+              f"in {os.path.join(args.output, REJECTS)}. Exit status {EXIT_INTERNAL_ERRORS}.", file=sys.stderr)
     print(args.output)
-    return 0
+    return EXIT_INTERNAL_ERRORS if internal else 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
