@@ -251,6 +251,23 @@ class Converted:
     names: list[str]
     records_in: int
     rejected: dict[str, int]
+    rows: Any = None  # datasets.Dataset, one row per input record in input order: `record` or `reason`+`reject`
+
+    def positions(self) -> Any:
+        """0-based input positions of `records` (a numpy array: row i of `records` is input record
+        positions[i]), for tools that name records as `--index` does."""
+        import pyarrow.compute as pc
+
+        return pc.indices_nonzero(pc.is_valid(self.rows.data.column("record"))).to_numpy()
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index):
+        """Beam records by position or slice, decoded only when asked for (a lazy `Sequence` of dicts)."""
+        if isinstance(index, slice):
+            return [orjson.loads(text) for text in self.records[index]["record"]]
+        return orjson.loads(self.records[index]["record"])
 
     def iter_records(self, batch_size: int = 1000) -> Iterator[dict[str, Any]]:
         """The Beam records as dicts, batch by batch (never all at once)."""
@@ -313,7 +330,7 @@ def convert_source(
     records = converted.filter(_not_null("record"), batched=True, batch_size=5000) \
         .select_columns(["src", "pos", "by_line", "record"])
     rejects = converted.filter(_not_null("reject"), batched=True, batch_size=5000).select_columns(["reject"])
-    out = Converted(records, rejects, names, len(raw), rejected)
+    out = Converted(records, rejects, names, len(raw), rejected, rows=converted)
     if len(records) + len(rejects) != len(raw):
         raise FatalError(f"bookkeeping error: {len(raw)} rows in != {len(records)} records + {len(rejects)} rejected")
     return out
@@ -537,6 +554,7 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
     the records of `eval_dataset_name` (its "test" split), or else the same seeded share of `dataset_name`'s
     converted records that `build_prepared` puts in `eval/`. Nothing when there is no eval split.
     """
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
     if eval_dataset_name:
         yield from convert_source(eval_dataset_name, work_dir, format=settings.format, split="test").iter_records()
         return

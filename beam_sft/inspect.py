@@ -28,7 +28,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -543,11 +543,14 @@ def dataset_stats(
     *,
     max_length: int | None = None,
     encoder: MaskedEncoder | None = None,
-    labels: Sequence[str] | None = None,
+    labels: Sequence[str] | Callable[[int], str] | None = None,
     rejected: Sequence[dict] = (),
     batch_size: int = 256,
 ) -> DatasetStats:
     """Statistics over `records` (Beam records), encoded by the training encoder in batches.
+
+    `records` is any sequence that can be sliced, e.g. `beam_sft.data.Converted`, which decodes each batch
+    from memory-mapped Arrow only when it is encoded.
 
     A record the template rejects counts as rejected (its reason is kept), never silently dropped.
     """
@@ -560,7 +563,12 @@ def dataset_stats(
     markers = _marker_ids(tokenizer)
     stops = _stop_ids(tokenizer)
     side = tokenizer.truncation_side
-    labels = list(labels) if labels is not None else [f"record {i}" for i in range(len(records))]
+    # A callable or a sequence: for a large dataset the caller names records lazily.
+    if labels is None:
+        def label_of(i: int) -> str:
+            return f"record {i}"
+    else:
+        label_of = labels if callable(labels) else labels.__getitem__
     decode_cache: dict[tuple[int, ...], str] = {}
 
     def decode(header_ids):
@@ -595,7 +603,7 @@ def dataset_stats(
                     stats.internal_errors.append(index)
                 continue
             stats.records += 1
-            stats.labels.append(labels[index])
+            stats.labels.append(label_of(index))
             n = len(full["input_ids"])
             stats.lengths.append(n)
             kept = encoder._truncate(full, max_length) if max_length is not None else full

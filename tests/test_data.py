@@ -13,6 +13,7 @@ from beam_sft.data import (
     REJECTS,
     DataSettings,
     convert_source,
+    eval_records,
     load_prepared,
     prepare_data,
 )
@@ -174,6 +175,18 @@ def test_eval_split_is_seeded_and_counted(tok, tmp_path):
     assert len(a.train) + len(a.eval) == n and len(a.eval) == round(0.25 * n)
     c = prepare_data(OPENAI, tok, DataSettings(max_length=512, eval_split_size=0.25, seed=4), cache_dir=tmp_path / "a")
     assert c.path != a.path and c.eval["input_ids"] != a.eval["input_ids"]
+
+
+def test_eval_records_are_the_records_of_the_prepared_eval_split(tok, tmp_path):
+    """--eval_beam generates from the records the data phase held out: same records, same order."""
+    from beam_sft.render import encode_record
+
+    settings = DataSettings(max_length=None, eval_split_size=0.25, seed=3)
+    prepared = prepare_data(OPENAI, tok, settings, cache_dir=tmp_path / "cache")
+    records = list(eval_records(OPENAI, settings, tmp_path / "work"))
+    assert len(records) == len(prepared.eval) > 0
+    assert [encode_record(tok, r)["input_ids"] for r in records] == prepared.eval["input_ids"]
+    assert list(eval_records(OPENAI, DataSettings(max_length=None), tmp_path / "none")) == []
 
 
 # ------------------------------------------------------------------------------------------ cache

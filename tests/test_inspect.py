@@ -476,3 +476,23 @@ def test_html_screenshot_shows_the_masks(tmp_path):
     assert untrained > 5000 and marker > 500
     assert trained > 5000 and trained > 5 * control_trained
     assert _count(control_pixels, ins.HTML_UNTRAINED) > 5000
+
+
+def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
+    """`inspect --stats` reads via beam_sft.data.convert_source (memory-mapped, batch by batch); its figures
+    and the input positions it names equal those of the in-memory path over the same file."""
+    import argparse
+
+    from beam_sft.cli.inspect import _dataset_stats
+    from beam_sft.render import MaskedEncoder
+
+    path = str(SAMPLES / "openai.jsonl")
+    args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300)
+    stats, internal = _dataset_stats(args, tok, MaskedEncoder(tok))
+    loaded = ins.load_records(path)
+    want = ins.dataset_stats(tok, loaded.records, max_length=300, rejected=loaded.rejects)
+    assert (stats.records, stats.rejected, stats.tokens, stats.trained) == \
+        (want.records, want.rejected, want.tokens, want.trained)
+    assert stats.rejected_reasons == want.rejected_reasons and stats.lengths == want.lengths
+    assert stats.truncated == [loaded.positions[i] for i in want.truncated] and stats.truncated
+    assert stats.labels == [f"record {p}" for p in loaded.positions] and internal == []

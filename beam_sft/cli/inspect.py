@@ -99,12 +99,12 @@ def run(args) -> int:
     except (OSError, ValueError) as err:
         raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
 
-    # Without --stats only the records to show need reading.
-    limit = None if args.stats else (max(args.index) + 1 if args.index else args.n)
+    # Only the records to show are read here; --stats reads the whole dataset through the data phase below.
+    limit = max(args.index) + 1 if args.index else args.n
     loaded = ins.load_records(args.dataset, format=args.format, limit=limit, split=args.split)
     if args.index:
         for position in args.index:
-            if position < 0 or position >= loaded.total:
+            if position < 0 or position >= loaded.total:  # loaded.total < limit: the dataset ended first
                 raise UsageError(f"--index {position}: the dataset has {loaded.total} records")
         wanted = args.index
     else:
@@ -143,19 +143,8 @@ def run(args) -> int:
 
     stats = None
     if args.stats:
-        labels = [f"record {p}" for p in loaded.positions]
-        stats = ins.dataset_stats(
-            tokenizer,
-            loaded.records,
-            max_length=args.max_length,
-            encoder=encoder,
-            labels=labels,
-            rejected=loaded.rejects,
-        )
-        # Indices in the table are input positions, like --index takes them.
-        for name in ("empty_mask", "truncated", "cut_inside_assistant", "stop_untrained", "internal_errors"):
-            setattr(stats, name, [loaded.positions[i] for i in getattr(stats, name)])
-        internal.update(stats.internal_errors)
+        stats, stats_internal = _dataset_stats(args, tokenizer, encoder)
+        internal.update(stats_internal)
         print(ins.stats_table(stats))
     if args.html:
         ins.write_atomic(
@@ -189,3 +178,36 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _dataset_stats(args, tokenizer, encoder):
+    """--stats over the whole dataset, read and converted by the data phase's convert stage
+    (`beam_sft.data.convert_source`: memory-mapped Arrow, the same converters, rejects and `internal_error`
+    barrier as training), records decoded batch by batch. Returns (stats, input positions of internal errors).
+    """
+    import tempfile
+
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from beam_sft import inspect as ins
+    from beam_sft.data import convert_source
+    from beam_sft.errors import Reason
+
+    with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
+        converted = convert_source(args.dataset, work, format=args.format, split=args.split,
+                                   progress=sys.stderr.isatty())
+        positions = converted.positions()
+        stats = ins.dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
+                                  labels=lambda i: f"record {positions[i]}")
+        stats.rejected += sum(converted.rejected.values())
+        stats.rejected_reasons.update(converted.rejected)
+        # Indices in the table are input positions, like --index takes them.
+        for name in ("empty_mask", "truncated", "cut_inside_assistant", "stop_untrained", "internal_errors"):
+            setattr(stats, name, [int(positions[i]) for i in getattr(stats, name)])
+        reasons = converted.rows.data.column("reason")
+        internal = np.flatnonzero(pc.fill_null(pc.equal(reasons, Reason.INTERNAL_ERROR.value), False).to_numpy(
+            zero_copy_only=False)).tolist()
+        internal = [*internal, *stats.internal_errors]
+        del converted  # closes the memory maps before the work directory goes
+    return stats, internal
