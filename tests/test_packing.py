@@ -204,3 +204,21 @@ def test_hook_leaves_generation_and_padded_batches_alone(tok):
     assert torch.equal(model.generate(ids, attention_mask=mask, **kwargs), plain)
     with torch.no_grad():
         assert torch.equal(model(**padded).logits, padded_before)
+
+
+def test_partitioned_model_gets_the_masks_unprobed(packed):
+    """ZeRO-3 parameters cannot run a forward before the engine: masks installed, the run says so."""
+    from beam_sft.packing import ensure_exact_packing
+
+    dataset, row, batch, order = packed
+    model = make_model("gpt_oss")
+    first = next(model.parameters())
+    first.ds_id = 0
+    with pytest.raises(UsageError, match="cannot be probed"):
+        ensure_exact_packing(model, packing_args(), mode="refuse")
+    report = ensure_exact_packing(model, packing_args())
+    assert report.path == "explicit_masks_unprobed" and model.model._beam_packed_mask_hook is not None
+    del first.ds_id
+    alone = alone_nll(model, dataset)
+    for i, value in zip(order, record_nll(model, batch, row["seq_lengths"]), strict=True):
+        assert value == pytest.approx(alone[i], rel=1e-5)
