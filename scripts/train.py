@@ -7,7 +7,8 @@ Data: Beam records written by `convert-dataset` (.jsonl / .parquet / a directory
 dataset / a hub id), or raw OpenAI, ShareGPT or Harmony files, converted on the fly by the same converters
 (`--dataset_format auto|beam|openai|sharegpt|harmony|hermes|glaive|xlam`). Masks come from the chat template's generation
 block; records longer than `--max_length` follow `--truncation_policy` (turn | drop | keep_start, see
-beam_sft/train_data.py), and every cut is counted in the log.
+beam_sft/train_data.py), and every cut is counted in the log. With packing on, the model is probed for
+attention across packed records before training and given explicit masks or refused (beam_sft/packing.py).
 
 # Quickstart: the embedded tiny random model and the bundled tokenizer, on CPU (about 100 s for 12 epochs).
 # Its data is what `python scripts/quickstart.py` converts into outputs/quickstart/data/train.jsonl.
@@ -32,6 +33,12 @@ accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train.
 ```bash
 python scripts/train.py --config configs/beam_lora.yaml --model_name_or_path $BEAM_MODEL_ID \
     --dataset_name data/samples/sharegpt.json --dataset_format sharegpt
+```
+
+# LoRA on a gpt-oss-shaped Beam checkpoint: attention + fused expert tensors, router loss, packing probed
+# (add --mxfp4_dequantize true for an MXFP4 checkpoint; merge with scripts/merge_lora.py)
+```bash
+python scripts/train.py --config configs/beam_moe_lora.yaml --model_name_or_path $BEAM_MODEL_ID
 ```
 
 # Any other base model: add the markers and both templates first (--beamify)

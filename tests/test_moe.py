@@ -257,3 +257,17 @@ def test_router_loss_is_added_once_and_equals_trls_path(tok, tmp_path):
             aux_value = aux[0]
     assert values[True, 0.5] == pytest.approx(values[False, 0.5], rel=1e-5)
     assert values[True, 0.5] - values[True, 0.0] == pytest.approx(0.5 * aux_value, rel=1e-4)
+
+
+def test_moe_configs_parse():
+    train = load_script(TRAIN, "beam_train_script")
+    script, training, model = train.make_parser().parse_args_and_config(
+        args=["--config", str(REPO / "configs" / "beam_moe_lora.yaml"), "--use_cpu", "true", "--bf16", "false"]
+    )
+    assert script.lora_target_experts and model.use_peft and model.lora_dropout == 0.0
+    assert model.attn_implementation == "eager" and training.router_aux_loss_coef == 0.001
+    assert training.packing and training.packing_check == "auto"
+    script, training, _ = train.make_parser().parse_args_and_config(
+        args=["--config", str(REPO / "configs" / "quickstart_gpt_oss.yaml")]
+    )
+    assert script.tiny_model_config == "configs/models/tiny_gpt_oss" and training.use_cpu
