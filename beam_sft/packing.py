@@ -35,10 +35,11 @@ from beam_sft.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
-# A leak on a random model is small but far above float noise (issue 15: up to 3e-3 relative on the loss in
-# float32; the control moves log-probs by 1e-2 and more), while exact packing differs by rounding only.
-ABS_TOL = {"float32": 1e-4, "float64": 1e-8}
-LOW_PRECISION_TOL = 5e-2  # bf16 / fp16 kernels on different shapes round differently
+# Floors of the probe's tolerance (mean |Δ NLL| per token), raised to 4x the model's measured noise. A leak on
+# a tiny random fp32 model moves it by ~1e-2 (issue 15: up to 3e-3 relative on a record's loss), exact packing
+# by rounding only (~1e-7).
+ABS_TOL = {"float32": 1e-5, "float64": 1e-9}
+LOW_PRECISION_TOL = 1e-2  # bf16 / fp16 kernels on different shapes round differently
 CONTROL_SHARE = 0.1  # packed-vs-alone must also stay below this share of the control's leak
 
 
@@ -50,7 +51,7 @@ class PackingReport:
     attn_implementation: str
     path: str
     lengths: list[int]
-    leak_before: float | None  # max |log p packed - log p alone| over the records after the first, as the model came
+    leak_before: float | None  # mean |NLL packed - NLL alone| per token of the records after the first, as it came
     leak_after: float | None  # the same with the explicit masks (None when they were not needed)
     control: float | None  # the same for the leaky control row (positions not restarting)
     tolerance: float | None
@@ -165,15 +166,33 @@ def _probe_lengths(config) -> list[int]:
     return [base, base // 2 + 3, base + 5]
 
 
-def _log_probs(model, batch):
+def _token_nll(model, batch):
+    """Per-position NLL of the next token of the row (the quantity training sees), float32."""
     import torch
 
     out = model(**batch, use_cache=False)
-    return torch.log_softmax(out.logits.float(), dim=-1)[0]
+    logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
+    target = batch["input_ids"][0, 1:]
+    return -logp.gather(-1, target[:, None])[:, 0]
+
+
+def _per_record(nll, lengths):
+    """Split a packed row's next-token NLLs per record (the last position of a record predicts the next one)."""
+    out, start = [], 0
+    for n in lengths:
+        out.append(nll[start : start + n - 1])
+        start += n
+    return out
 
 
 def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float, float, float, list[int]]:
-    """(leak, control, tolerance, lengths): packed-vs-alone and control-vs-alone max |Δ log p| after record 1."""
+    """(leak, control, tolerance, lengths) as mean |Δ NLL| per token over the records after the first.
+
+    leak: packed row vs each record alone; control: a packed row whose positions do not restart (what a leak
+    looks like on this model); tolerance: the larger of a dtype floor and 4x the model's own noise, measured
+    as the same record alone vs alone with right padding (same tokens, other kernel shapes). A mean, not a
+    max: in bf16 a few tokens can switch experts on rounding alone, while a leak moves nearly every token.
+    """
     import torch
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
@@ -182,7 +201,7 @@ def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     vocab = min(int(model.config.get_text_config().vocab_size), 50_000)
-    seqs = [torch.randint(0, vocab, (n,), generator=generator) for n in lengths]
+    seqs = [torch.randint(0, vocab, (n,), generator=generator).to(device) for n in lengths]
     # The row exactly as SFTTrainer's padding-free collator builds it (position_ids, cu_seq_lens, ...).
     collator = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
     packed = collator([{"input_ids": torch.cat(seqs).tolist(), "seq_lengths": lengths}])
@@ -190,24 +209,31 @@ def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float
     packed["max_length_q"] = packed["max_length_k"] = max(lengths)
     control = {"input_ids": packed["input_ids"], "position_ids": torch.arange(sum(lengths), device=device)[None]}
 
+    def alone(s, pad=0):
+        ids = torch.cat([s, s.new_zeros(pad)])[None]
+        mask = torch.cat([torch.ones_like(s), s.new_zeros(pad)])[None]
+        batch = {"input_ids": ids, "position_ids": torch.arange(len(s) + pad, device=device)[None]}
+        if pad:
+            batch["attention_mask"] = mask
+        return _token_nll(model, batch)[: len(s) - 1]
+
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            alone = [
-                _log_probs(model, {"input_ids": s[None].to(device),
-                                   "position_ids": torch.arange(len(s), device=device)[None]})
-                for s in seqs
-            ]
-            packed_lp = _log_probs(model, packed).split(lengths)
-            control_lp = _log_probs(model, control).split(lengths)
+            single = [alone(s) for s in seqs[1:]]
+            padded = [alone(s, pad=7) for s in seqs[1:]]
+            packed_nll = _per_record(_token_nll(model, packed), lengths)[1:]
+            control_nll = _per_record(_token_nll(model, control), lengths)[1:]
     finally:
         model.train(was_training)
-    leak = max(float((p - a).abs().max()) for p, a in zip(packed_lp[1:], alone[1:], strict=True))
-    ctrl = max(float((c - a).abs().max()) for c, a in zip(control_lp[1:], alone[1:], strict=True))
+
+    def mean_gap(rows):
+        return float(torch.cat([(r - a).abs() for r, a in zip(rows, single, strict=True)]).mean())
+
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    tolerance = ABS_TOL.get(dtype, LOW_PRECISION_TOL)
-    return leak, ctrl, tolerance, lengths
+    tolerance = max(ABS_TOL.get(dtype, LOW_PRECISION_TOL), 4 * mean_gap(padded))
+    return mean_gap(packed_nll), mean_gap(control_nll), tolerance, lengths
 
 
 def probeable(model) -> bool:
@@ -272,7 +298,7 @@ def ensure_exact_packing(model, args, mode: str = "auto") -> PackingReport | Non
 
     refusal = (
         f"padding-free packing is not exact for model type {model_type!r} with attn_implementation {attn!r}: "
-        f"packed records attend to each other (max |Δ log p| {leak:.3g} > {tolerance:.3g})"
+        f"packed records attend to each other (mean |Δ NLL| per token {leak:.3g} > {tolerance:.3g})"
     )
     if mode == "refuse":
         raise UsageError(refusal + "; set packing: false, or packing_check: auto to give it explicit masks")
