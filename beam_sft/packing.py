@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 # a tiny random fp32 model moves it by ~1e-2 (issue 15: up to 3e-3 relative on a record's loss), exact packing
 # by rounding only (~1e-7).
 ABS_TOL = {"float32": 1e-5, "float64": 1e-9}
-LOW_PRECISION_TOL = 1e-2  # bf16 / fp16 kernels on different shapes round differently
+LOW_PRECISION_TOL = 2e-3  # bf16 / fp16 kernels on different shapes round differently
 CONTROL_SHARE = 0.1  # packed-vs-alone must also stay below this share of the control's leak
 
 
