@@ -62,6 +62,7 @@ def make_trainer_class():
         `plain_loss=True` computes the loss from the model's own logits (`cross_entropy`, summed and divided
         by the same token count TRL uses) instead of TRL's chunked fused LM head, which on CPU runs about
         3x slower for a small model with a large vocabulary. Same value, checked by tests/test_train.py.
+        MoE models: the router (load-balancing) loss is added once, as in TRL's path, and logged as `aux_loss`.
         """
 
         def __init__(self, *args, plain_loss: bool = False, **kwargs):
@@ -85,7 +86,11 @@ def make_trainer_class():
             labels = inputs["labels"]
             forward = {k: v for k, v in inputs.items() if k != "labels"}
             forward["use_cache"] = False  # also what lets a packed row get its block-diagonal mask
-            logits = model(**forward).logits[:, :-1].float()
+            if self.aux_loss_enabled:
+                forward["output_router_logits"] = True
+            # No labels to the model: its own loss would add the router loss a second time.
+            outputs = model(**forward)
+            logits = outputs.logits[:, :-1].float()
             target = labels[:, 1:]
             valid = target != -100
             nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="sum")
@@ -94,6 +99,13 @@ def make_trainer_class():
             # As TRL (and Trainer): num_items_in_batch counts every rank's tokens and DDP averages gradients.
             if self.args.average_tokens_across_devices and num_items_in_batch is not None:
                 loss = loss * self.accelerator.num_processes
+            if self.aux_loss_enabled:
+                # As TRL's fused path: the router loss is a per-micro-batch mean, added once, weighted by the
+                # coefficient TRL resolved from SFTConfig / the model config, averaged over accumulation steps.
+                steps = self.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
+                loss = loss + self.router_aux_loss_coef * outputs.aux_loss / steps
+                aux = self.accelerator.gather_for_metrics(outputs.aux_loss.detach().reshape(1)).mean().item()
+                self._metrics[mode]["aux_loss"].append(aux)
             correct = ((logits.detach().argmax(-1) == target) & valid).sum()
             n_valid = self.accelerator.gather_for_metrics(valid.sum().reshape(1)).sum()
             n_correct = self.accelerator.gather_for_metrics(correct.reshape(1)).sum()

@@ -10,6 +10,8 @@ block; records longer than `--max_length` follow `--truncation_policy` (turn | d
 beam_sft/train_data.py), and every cut is counted in the log. The data phase is `beam_sft.data`: converted
 and tokenized once per job (main process first) into memory-mapped Arrow, cached by fingerprint
 (`--prepared_cache_dir`), every reject in `output_dir/rejects.jsonl`; or a directory from `beam-sft prepare`.
+With packing on, the model is probed for attention across packed records before training and given explicit
+masks or refused (beam_sft/packing.py).
 
 # Quickstart: the embedded tiny random model and the bundled tokenizer, on CPU (about 100 s for 12 epochs).
 # Its data is what `python scripts/quickstart.py` converts into outputs/quickstart/data/train.jsonl.
@@ -34,6 +36,12 @@ accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train.
 ```bash
 python scripts/train.py --config configs/beam_lora.yaml --model_name_or_path $BEAM_MODEL_ID \
     --dataset_name data/samples/sharegpt.json --dataset_format sharegpt
+```
+
+# LoRA on a gpt-oss-shaped Beam checkpoint: attention + fused expert tensors, router loss, packing probed
+# (add --mxfp4_dequantize true for an MXFP4 checkpoint; merge with scripts/merge_lora.py)
+```bash
+python scripts/train.py --config configs/beam_moe_lora.yaml --model_name_or_path $BEAM_MODEL_ID
 ```
 
 # Any other base model: add the markers and both templates first (--beamify)
@@ -139,6 +147,17 @@ class ScriptArguments:
                   "like `beam-sft eval` (well_formed, stopped, tool calls, ...); the metrics are logged next to "
                   "the loss as eval_beam/<metric>. Needs an eval split."},
     )
+    lora_target_experts: bool = field(
+        default=False,
+        metadata={"help": "MoE models: also put LoRA on the fused expert tensors (peft target_parameters, e.g. "
+                  "gpt-oss mlp.experts.gate_up_proj / down_proj); forces lora_dropout 0, which peft requires "
+                  "there. The run fails if no expert adapter is present after injection."},
+    )
+    mxfp4_dequantize: bool = field(
+        default=False,
+        metadata={"help": "Load an MXFP4-quantized checkpoint (gpt-oss) dequantized to --dtype, so it can be "
+                  "trained (transformers' Mxfp4Config(dequantize=True))."},
+    )
 
 
 @dataclass
@@ -163,6 +182,13 @@ class BeamSFTConfig(SFTConfig):
     )
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
+    )
+    packing_check: str = field(
+        default="auto",
+        metadata={"help": "Padding-free packing: probe the model for attention across packed records before "
+                  "training. 'auto' gives a leaking model explicit per-record masks (and refuses if it still "
+                  "leaks), 'refuse' stops on a leak, 'skip' trusts the model (see beam_sft/packing.py).",
+                  "choices": ["auto", "refuse", "skip"]},
     )
 
     def __post_init__(self):
@@ -210,6 +236,13 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
         trust_remote_code=training_args.trust_remote_code,
     )
     quantization_config = get_quantization_config(model_args)
+    if script_args.mxfp4_dequantize:
+        from beam_sft.errors import UsageError
+        from beam_sft.moe import mxfp4_dequantize_config
+
+        if quantization_config is not None:
+            raise UsageError("mxfp4_dequantize cannot be combined with load_in_4bit / load_in_8bit")
+        quantization_config = mxfp4_dequantize_config()
     dtype = model_args.dtype
     init_kwargs = {
         "revision": model_args.model_revision,
@@ -218,7 +251,10 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
         "dtype": dtype if dtype in (None, "auto") else getattr(torch, dtype),
         "quantization_config": quantization_config,
         # k-bit weights are placed at load time, one full copy per process.
-        "device_map": {"": PartialState().local_process_index} if quantization_config is not None else None,
+        "device_map": (
+            {"": PartialState().local_process_index}
+            if quantization_config is not None and not script_args.mxfp4_dequantize else None
+        ),
     }
     init_kwargs.update(training_args.model_init_kwargs or {})
     model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **init_kwargs)
@@ -257,10 +293,11 @@ def main(script_args, training_args, model_args, callbacks=None):
     import transformers
     from packaging.version import Version
     from transformers.trainer_utils import get_last_checkpoint
-    from trl import get_peft_config
 
     from beam_sft.data import DataSettings, training_datasets
     from beam_sft.errors import UsageError
+    from beam_sft.moe import build_peft_config, check_expert_adapters
+    from beam_sft.packing import ensure_exact_packing
     from beam_sft.tokenizer import save_tokenizer
     from beam_sft.train_data import check_stop_tokens_trained
     from beam_sft.training import make_trainer_class
@@ -306,7 +343,7 @@ def main(script_args, training_args, model_args, callbacks=None):
         if resume is None:
             logger.info("no checkpoint in %s; starting from scratch", training_args.output_dir)
 
-    peft_config = get_peft_config(model_args)
+    peft_config = build_peft_config(model_args, model, target_experts=script_args.lora_target_experts)
     plain_loss = training_args.loss_path == "plain" or (
         training_args.loss_path == "auto" and training_args.device.type == "cpu"
     )
@@ -321,6 +358,14 @@ def main(script_args, training_args, model_args, callbacks=None):
         callbacks=callbacks,
         plain_loss=plain_loss,
     )
+    if peft_config is not None:
+        check_expert_adapters(trainer.model, wanted=script_args.lora_target_experts)
+    # After the trainer is built: the model is on its device and wrapped as it will train (LoRA B = 0, so the
+    # adapters do not change the probe). Every rank probes and, if needed, hooks its own copy.
+    packing = ensure_exact_packing(trainer.model, training_args, training_args.packing_check)
+    if packing is not None and training_args.process_index == 0:
+        with open(os.path.join(training_args.output_dir, "packing_probe.json"), "w") as f:
+            json.dump(packing.to_dict(), f, indent=2)
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:

@@ -1,0 +1,323 @@
+"""Exact padding-free packing, proven on the model that trains, or no packing.
+
+Padding-free packing (TRL's `bfd`) concatenates records into one row and restarts `position_ids` at each record.
+Records stay separate only if the model turns those restarts into a block-diagonal attention mask. transformers
+5.24 does that in `create_causal_mask` / `create_sliding_window_causal_mask` when the model passes
+`position_ids` to them (Llama, Qwen2, Qwen3, Mistral, ...), but `GptOssModel.forward` does not: its masks are
+plain causal over the whole row, so every packed record attends to the records packed before it.
+
+`ensure_exact_packing(model, args)` finds out instead of trusting a model list:
+
+1. Probe: a few random sequences (longer than the sliding window, where the model has one, so the window is
+   exercised), each run alone and packed into one row exactly as TRL's padding-free collator builds it, no grad.
+   A control row whose positions do not restart shows what a leak looks like on this model.
+2. If the packed logits differ from the alone ones, install a forward pre-hook on the decoder stack that builds
+   the masks from the restarting `position_ids` itself, with transformers' own mask functions (so they are in
+   the format the model's attention implementation expects, and sliding layers keep their window, counted from
+   each record's start), and hands them to the model: one 4D mask, or a {layer type: mask} mapping for models
+   with several layer types (they accept a prepared mapping; gpt-oss alternates sliding and full layers).
+3. Probe again. Still leaking (an attention implementation that ignores explicit masks, a model that rejects
+   the mapping): refuse with a message naming the model type and attention implementation.
+
+A model whose parameters cannot run a forward pass yet (ZeRO-3 partitioned at load time, meta tensors) gets
+the explicit masks unprobed (path "explicit_masks_unprobed"; `refuse` mode stops instead): they are what
+transformers builds natively where it honours `position_ids`, and the tests prove them per architecture.
+
+Every outcome is logged; the result (`PackingReport`) is returned for the caller to record.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+
+from beam_sft.errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+# Floors of the probe's tolerance (mean |Δ NLL| per token), raised to 4x the model's measured noise. A leak on
+# a tiny random fp32 model moves it by ~1e-2 (issue 15: up to 3e-3 relative on a record's loss), exact packing
+# by rounding only (~1e-7).
+ABS_TOL = {"float32": 1e-5, "float64": 1e-9}
+LOW_PRECISION_TOL = 2e-3  # bf16 / fp16 kernels on different shapes round differently
+CONTROL_SHARE = 0.1  # packed-vs-alone must also stay below this share of the control's leak
+
+
+@dataclass
+class PackingReport:
+    """What the probe saw and which path was taken ("native", "explicit_masks", "explicit_masks_unprobed")."""
+
+    model_type: str
+    attn_implementation: str
+    path: str
+    lengths: list[int]
+    leak_before: float | None  # mean |NLL packed - NLL alone| per token of the records after the first, as it came
+    leak_after: float | None  # the same with the explicit masks (None when they were not needed)
+    control: float | None  # the same for the leaky control row (positions not restarting)
+    tolerance: float | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        if self.leak_before is None:
+            return f"packing ({self.model_type}, attn {self.attn_implementation}): {'; '.join(self.notes)} -> {self.path}"
+        after = "" if self.leak_after is None else f", after explicit masks {self.leak_after:.3g}"
+        return (
+            f"packing probe ({self.model_type}, attn {self.attn_implementation}, records {self.lengths}): "
+            f"leak {self.leak_before:.3g}{after}, control {self.control:.3g}, tolerance {self.tolerance:.3g} "
+            f"-> {self.path}"
+        )
+
+
+def find_decoder(model):
+    """The module that builds the attention masks: the decoder stack (`embed_tokens` + `layers`)."""
+    for module in model.modules():
+        if hasattr(module, "embed_tokens") and hasattr(module, "layers") and hasattr(module, "config"):
+            return module
+    return None
+
+
+def _layer_types(config) -> list[str]:
+    types = getattr(config, "layer_types", None)
+    if types:
+        return list(types)
+    return ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"]
+
+
+def _sliding_window(config) -> int | None:
+    window = getattr(config, "sliding_window", None)
+    if window and "sliding_attention" in _layer_types(config):
+        return int(window)
+    return None
+
+
+def is_packed(position_ids) -> bool:
+    """Whether a row holds several records (its positions restart somewhere)."""
+    return bool((position_ids[..., 1:] - position_ids[..., :-1] != 1).any())
+
+
+def packed_masks(config, position_ids, dtype, device):
+    """The attention mask(s) transformers would build for this packed row if the model passed `position_ids`.
+
+    Returns one 4D mask when every layer has the same type, else a {layer type: 4D mask} mapping.
+    """
+    import torch
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    types = sorted(set(_layer_types(config)))
+    unknown = [t for t in types if t not in builders]
+    if unknown:
+        raise UsageError(f"cannot build packed attention masks for layer types {unknown}")
+    # Only shape, dtype and device of the embeddings are read by the mask builders.
+    shape_only = torch.empty(position_ids.shape[0], position_ids.shape[1], 0, dtype=dtype, device=device)
+    masks = {
+        t: builders[t](
+            config=config, inputs_embeds=shape_only, attention_mask=None, cache=None, position_ids=position_ids
+        )
+        for t in types
+    }
+    return masks[types[0]] if len(types) == 1 else masks
+
+
+def install_packed_mask_hook(model):
+    """Make `model` build block-diagonal (window-correct) masks from restarting `position_ids`; returns the handle.
+
+    Acts only on rows that are packed, have no attention mask and run without a cache (training); generation
+    and padded batches pass through untouched.
+    """
+    decoder = find_decoder(model)
+    if decoder is None:
+        raise UsageError(f"{type(model).__name__}: no decoder stack found to give packed attention masks to")
+    if getattr(decoder, "_beam_packed_mask_hook", None) is not None:
+        return decoder._beam_packed_mask_hook
+    config = decoder.config
+
+    def hook(module, args, kwargs):
+        position_ids = kwargs.get("position_ids")
+        if (
+            position_ids is None
+            or kwargs.get("attention_mask") is not None
+            or kwargs.get("cache") is not None
+            or kwargs.get("past_key_values") is not None
+            or kwargs.get("use_cache")
+            or not is_packed(position_ids)
+        ):
+            return None
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is not None:
+            dtype, device = embeds.dtype, embeds.device
+        else:
+            dtype, device = module.embed_tokens.weight.dtype, position_ids.device
+        kwargs["attention_mask"] = packed_masks(config, position_ids, dtype, device)
+        return args, kwargs
+
+    handle = decoder.register_forward_pre_hook(hook, with_kwargs=True)
+    decoder._beam_packed_mask_hook = handle
+    return handle
+
+
+def _probe_lengths(config) -> list[int]:
+    window = _sliding_window(config)
+    # Longer than the window (so a mask that forgets the window shows), capped to keep the probe cheap.
+    base = min(window + 9, 320) if window else 40
+    return [base, base // 2 + 3, base + 5]
+
+
+def _token_nll(model, batch):
+    """Per-position NLL of the next token of the row (the quantity training sees), float32."""
+    import torch
+
+    out = model(**batch, use_cache=False)
+    logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
+    target = batch["input_ids"][0, 1:]
+    return -logp.gather(-1, target[:, None])[:, 0]
+
+
+def _per_record(nll, lengths):
+    """Split a packed row's next-token NLLs per record (the last position of a record predicts the next one)."""
+    out, start = [], 0
+    for n in lengths:
+        out.append(nll[start : start + n - 1])
+        start += n
+    return out
+
+
+def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float, float, float, list[int]]:
+    """(leak, control, tolerance, lengths) as mean |Δ NLL| per token over the records after the first.
+
+    leak: packed row vs each record alone; control: a packed row whose positions do not restart (what a leak
+    looks like on this model); tolerance: the larger of a dtype floor and 4x the model's own noise, measured
+    as the same record alone vs alone with right padding (same tokens, other kernel shapes). A mean, not a
+    max: in bf16 a few tokens can switch experts on rounding alone, while a leak moves nearly every token.
+    """
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    config = find_decoder(model).config if find_decoder(model) is not None else model.config
+    lengths = lengths or _probe_lengths(config)
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    vocab = min(int(model.config.get_text_config().vocab_size), 50_000)
+    seqs = [torch.randint(0, vocab, (n,), generator=generator).to(device) for n in lengths]
+    # The row exactly as SFTTrainer's padding-free collator builds it (position_ids, cu_seq_lens, ...).
+    collator = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    packed = collator([{"input_ids": torch.cat(seqs).tolist(), "seq_lengths": lengths}])
+    packed = {k: v.to(device) for k, v in packed.items() if k != "labels" and isinstance(v, torch.Tensor)}
+    packed["max_length_q"] = packed["max_length_k"] = max(lengths)
+    control = {"input_ids": packed["input_ids"], "position_ids": torch.arange(sum(lengths), device=device)[None]}
+
+    def alone(s, pad=0):
+        ids = torch.cat([s, s.new_zeros(pad)])[None]
+        mask = torch.cat([torch.ones_like(s), s.new_zeros(pad)])[None]
+        batch = {"input_ids": ids, "position_ids": torch.arange(len(s) + pad, device=device)[None]}
+        if pad:
+            batch["attention_mask"] = mask
+        return _token_nll(model, batch)[: len(s) - 1]
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            single = [alone(s) for s in seqs[1:]]
+            padded = [alone(s, pad=7) for s in seqs[1:]]
+            packed_nll = _per_record(_token_nll(model, packed), lengths)[1:]
+            control_nll = _per_record(_token_nll(model, control), lengths)[1:]
+    finally:
+        model.train(was_training)
+
+    def mean_gap(rows):
+        return float(torch.cat([(r - a).abs() for r, a in zip(rows, single, strict=True)]).mean())
+
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    tolerance = max(ABS_TOL.get(dtype, LOW_PRECISION_TOL), 4 * mean_gap(padded))
+    return mean_gap(packed_nll), mean_gap(control_nll), tolerance, lengths
+
+
+def probeable(model) -> bool:
+    """Whether a plain forward pass can run: no ZeRO-3-partitioned (`ds_id`) or meta parameters."""
+    return not any(hasattr(p, "ds_id") or p.is_meta for p in model.parameters())
+
+
+def _exact(leak: float, control: float, tolerance: float) -> bool:
+    return leak <= tolerance and leak <= CONTROL_SHARE * control
+
+
+def packing_is_padding_free(args) -> bool:
+    """Whether SFTTrainer will concatenate records into one row for these SFTConfig settings."""
+    return bool(args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"}))
+
+
+def ensure_exact_packing(model, args, mode: str = "auto") -> PackingReport | None:
+    """Probe `model` for cross-record attention under the padding-free packing `args` asks for, fix or refuse.
+
+    mode: "auto" (explicit masks if the model leaks, refuse if it still does), "refuse" (refuse if it leaks),
+    "skip" (no probe; a warning). Returns None when packing is off. Call it before training, on every rank.
+    """
+    if args.packing and args.packing_strategy == "wrapped":
+        raise UsageError(
+            "packing_strategy 'wrapped' cuts and concatenates records with no isolation between them (each token "
+            "attends to the previous record's text); use packing_strategy 'bfd'"
+        )
+    if not packing_is_padding_free(args):
+        return None
+    if mode not in ("auto", "refuse", "skip"):
+        raise UsageError(f"packing_check must be auto, refuse or skip, not {mode!r}")
+    decoder = find_decoder(model)
+    config = decoder.config if decoder is not None else model.config
+    model_type = getattr(config, "model_type", type(model).__name__)
+    attn = str(getattr(config, "_attn_implementation", None))
+    if mode == "skip":
+        logger.warning("packing: isolation probe skipped (packing_check=skip): packed records may attend to each other")
+        return None
+
+    if not probeable(model):
+        # ZeRO-3 loads partitioned parameters (and meta tensors have no values): no forward outside the engine.
+        # The explicit masks are what transformers builds natively where it honours position_ids, so they
+        # are safe to install unverified; the tests prove them on each supported architecture.
+        if mode == "refuse":
+            raise UsageError(
+                f"packing_check refuse: the {model_type!r} model's parameters are partitioned or on the meta device, "
+                "so packing isolation cannot be probed before training; use packing_check auto or packing: false"
+            )
+        install_packed_mask_hook(model)
+        report = PackingReport(model_type, attn, "explicit_masks_unprobed", [], None, None, None, None,
+                               ["parameters partitioned (ZeRO-3) or on meta: probe impossible"])
+        logger.warning("%s", report.line())
+        return report
+
+    leak, control, tolerance, lengths = probe(model)
+    report = PackingReport(model_type, attn, "native", lengths, leak, None, control, tolerance)
+    if control <= tolerance:
+        report.notes.append("the control did not leak either: records too short to tell; trusting the probe")
+    if _exact(leak, control, tolerance):
+        logger.info("%s", report.line())
+        return report
+
+    refusal = (
+        f"padding-free packing is not exact for model type {model_type!r} with attn_implementation {attn!r}: "
+        f"packed records attend to each other (mean |Δ NLL| per token {leak:.3g} > {tolerance:.3g})"
+    )
+    if mode == "refuse":
+        raise UsageError(refusal + "; set packing: false, or packing_check: auto to give it explicit masks")
+    handle = install_packed_mask_hook(model)
+    try:
+        leak_after, control, tolerance, lengths = probe(model, lengths)
+    except Exception as err:  # noqa: BLE001  (a model that rejects the masks is refused below, with the cause)
+        handle.remove()
+        find_decoder(model)._beam_packed_mask_hook = None
+        raise UsageError(f"{refusal}, and explicit masks fail on it ({type(err).__name__}: {err}); set packing: false")
+    report.leak_after, report.control, report.path = leak_after, control, "explicit_masks"
+    if not _exact(leak_after, control, tolerance):
+        handle.remove()
+        find_decoder(model)._beam_packed_mask_hook = None
+        raise UsageError(f"{refusal}, even with explicit block-diagonal masks (|Δ| {leak_after:.3g}); set packing: false")
+    logger.warning("%s", report.line())
+    logger.warning(
+        "packing: %s/%s does not isolate packed records by itself; explicit per-record attention masks are used "
+        "(%s layers), at the memory cost of a materialised mask per row", model_type, attn,
+        "/".join(sorted(set(_layer_types(config)))),
+    )
+    return report
