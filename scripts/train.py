@@ -364,8 +364,10 @@ def main(script_args, training_args, model_args, callbacks=None):
     # adapters do not change the probe). Every rank probes and, if needed, hooks its own copy.
     packing = ensure_exact_packing(trainer.model, training_args, training_args.packing_check)
     if packing is not None and training_args.process_index == 0:
-        with open(os.path.join(training_args.output_dir, "packing_probe.json"), "w") as f:
-            json.dump(packing.to_dict(), f, indent=2)
+        from beam_sft.io import write_json_atomic
+
+        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(str(Path(training_args.output_dir) / "packing_probe.json"), packing.to_dict())
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:

@@ -20,8 +20,8 @@ from beam_sft.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
 WINDOW = 16
-SMALL = dict(vocab_size=6000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+SMALL = {"vocab_size": 6000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096}
 
 
 def gpt_oss_config():
@@ -154,7 +154,7 @@ def test_explicit_masks_keep_the_sliding_window(packed, monkeypatch):
         # Every record is longer than the window, so its own first record already differs.
         assert abs(w - alone[i]) > 1e-3
     # And the probe itself catches it: sequences longer than the window.
-    leak, control, tolerance, lengths = packing.probe(model)
+    leak, _control, tolerance, lengths = packing.probe(model)
     assert min(lengths) > WINDOW and leak > 100 * tolerance
 
 
@@ -195,7 +195,7 @@ def test_hook_leaves_generation_and_padded_batches_alone(tok):
     model = make_model("gpt_oss")
     ids = torch.tensor([tok("<|start|>user<|message|>Hello there, how are you today?<|end|>")["input_ids"]])
     mask = torch.ones_like(ids)
-    kwargs = dict(max_new_tokens=WINDOW + 8, do_sample=False, pad_token_id=tok.pad_token_id)
+    kwargs = {"max_new_tokens": WINDOW + 8, "do_sample": False, "pad_token_id": tok.pad_token_id}
     plain = model.generate(ids, attention_mask=mask, **kwargs)
     padded = {"input_ids": torch.cat([ids, ids[:, :5]], 1), "attention_mask": torch.cat([mask, 0 * mask[:, :5]], 1)}
     with torch.no_grad():
