@@ -58,3 +58,17 @@ def bench_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The embedded tiny random model (seed 0) and the bundled Beam tokenizer, saved as a plain model
+    directory: what `from_pretrained`, `trl sft` and `beam-sft eval` take."""
+    from beam_sft.tokenizer import load_tokenizer, save_tokenizer
+    from beam_sft.training import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_beam_model")
+    tok = load_tokenizer()
+    build_tiny_model(tok, seed=0).save_pretrained(out)
+    save_tokenizer(tok, out)
+    return out

@@ -89,16 +89,9 @@ def trained(data_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def untrained(tmp_path_factory):
+def untrained(tiny_model_dir):
     """The same tiny model, randomly initialised, saved with the bundled tokenizer (both templates)."""
-    from beam_sft.tokenizer import load_tokenizer, save_tokenizer
-    from beam_sft.training import build_tiny_model
-
-    out = tmp_path_factory.mktemp("untrained")
-    tok = load_tokenizer()
-    build_tiny_model(tok, seed=0).save_pretrained(out)
-    save_tokenizer(tok, out)
-    return out
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -64,16 +64,8 @@ def _plain_load(root: Path, kind: str):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """The tiny random model and the bundled Beam tokenizer, saved as a plain model directory."""
-    from beam_sft.tokenizer import load_tokenizer, save_tokenizer
-    from beam_sft.training import build_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny_beam_model")
-    tok = load_tokenizer()
-    build_tiny_model(tok, seed=0).save_pretrained(out)
-    save_tokenizer(tok, out)
-    return out
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.mark.parametrize("kind", list(OUTPUTS))
