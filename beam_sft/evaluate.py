@@ -214,6 +214,11 @@ class TransformersBackend:
         device = next(model.parameters()).device
         side = tok.padding_side
         tok.padding_side = "left"  # new tokens must follow each prompt directly
+        # MoE models trained with the router loss keep output_router_logits on in their config; generation
+        # needs no router loss, and transformers' aux-loss code fails on left-padded batches with a cache.
+        router_logits = getattr(model.config, "output_router_logits", None)
+        if router_logits:
+            model.config.output_router_logits = False
         out: list[Generation] = []
         try:
             for start in range(0, len(prompts), self.batch_size):
@@ -236,6 +241,8 @@ class TransformersBackend:
         finally:
             tok.padding_side = side
             model.train(was_training)
+            if router_logits:
+                model.config.output_router_logits = router_logits
         return out
 
 

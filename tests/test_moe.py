@@ -277,3 +277,19 @@ def test_moe_configs_parse():
         args=["--config", str(REPO / "configs" / "quickstart_gpt_oss.yaml")]
     )
     assert script.tiny_model_config == "configs/models/tiny_gpt_oss" and training.use_cpu
+
+
+def test_batched_generation_with_router_logits_on(full_run, tok):
+    """A model trained with the router loss keeps output_router_logits on; beam-sft eval's batched, left-padded
+    generation must still run (transformers' aux-loss code fails on such batches) and leave the config as it
+    was."""
+    from beam_sft.evaluate import TransformersBackend
+
+    _, trainer = full_run
+    model = trainer.model
+    assert model.config.output_router_logits is True
+    prompts = ["<|start|>user<|message|>Hi<|end|><|start|>assistant",
+               "<|start|>user<|message|>What is the weather in Paris today, and tomorrow?<|end|><|start|>assistant"]
+    generations = TransformersBackend(model, tok, max_new_tokens=8, batch_size=2).generate(prompts)
+    assert len(generations) == 2 and all(g.n_tokens > 0 for g in generations)
+    assert model.config.output_router_logits is True
