@@ -683,7 +683,7 @@ _LEGACY_PATH = (
     "from beam_sft.tokenizer import load_tokenizer\n"
     "from beam_sft.train_data import prepare_dataset, read_rows, to_beam_records\n"
     "records, _ = to_beam_records(read_rows(sys.argv[1]))\n"
-    "prepare_dataset(load_tokenizer(), records, max_length=int(sys.argv[2]))\n"
+    "prepare_dataset(load_tokenizer(sys.argv[3] or None), records, max_length=int(sys.argv[2]))\n"
 )
 
 
@@ -700,10 +700,10 @@ def _rusage_run(command: list[str], workdir: Path, name: str) -> dict:
 
 
 def bench_prepare(sizes_mb: Sequence[float], workdir: Path, seed: int, max_length: int,
-                  legacy_sizes: int = 1) -> dict:
-    """`beam-sft prepare` (bundled tokenizer) on generated OpenAI JSONL of each size, then a cached rerun of the
-    largest, and today's in-memory path (read_rows + to_beam_records + prepare_dataset) on the first
-    `legacy_sizes` sizes, each in its own process; wall seconds and peak RSS (ru_maxrss) per run."""
+                  legacy_sizes: int = 1, tokenizer: str | None = None) -> dict:
+    """`beam-sft prepare` (`tokenizer`, default the bundled one) on generated OpenAI JSONL of each size, then a
+    cached rerun of the largest, and today's in-memory path (read_rows + to_beam_records + prepare_dataset)
+    on the first `legacy_sizes` sizes, each in its own process; wall seconds and peak RSS (ru_maxrss) per run."""
     out: dict = {"records": [], "seconds": [], "peak_rss_mb": [], "cpu_seconds": [], "input_mb": [],
                  "max_length": max_length, "legacy": {"records": [], "seconds": [], "peak_rss_mb": [], "cpu_seconds": []}}
     for i, mb in enumerate(sizes_mb):
@@ -711,7 +711,7 @@ def bench_prepare(sizes_mb: Sequence[float], workdir: Path, seed: int, max_lengt
         _log(f"prepare: writing {mb} MiB of OpenAI rows to {src}")
         rows = write_openai_jsonl(src, int(mb * 2**20), seed)
         command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--max-length",
-                   str(max_length)]
+                   str(max_length), *(["--tokenizer", tokenizer] if tokenizer else [])]
         _log(f"prepare: beam-sft prepare on {rows} rows")
         run = _rusage_run(command, workdir, f"prepare_{i}")
         out["records"].append(rows)
@@ -724,8 +724,8 @@ def bench_prepare(sizes_mb: Sequence[float], workdir: Path, seed: int, max_lengt
             out["cached_seconds"] = _rusage_run(command, workdir, f"prepare_{i}_cached")["seconds"]
         if i < legacy_sizes:
             _log(f"prepare: today's in-memory path on {rows} rows")
-            legacy = _rusage_run([sys.executable, "-c", _LEGACY_PATH, str(src), str(max_length)], workdir,
-                                 f"legacy_{i}")
+            legacy = _rusage_run([sys.executable, "-c", _LEGACY_PATH, str(src), str(max_length), tokenizer or ""],
+                                 workdir, f"legacy_{i}")
             out["legacy"]["records"].append(rows)
             out["legacy"]["seconds"].append(legacy["seconds"])
             out["legacy"]["peak_rss_mb"].append(legacy["peak_rss_mb"])
@@ -969,7 +969,7 @@ def main(argv: list[str] | None = None) -> int:
             fig["peak_rss_mb"] = fig["memory"]["peak_rss_mb"]
         if "prepare" in args.rows:
             fig["prepare"] = bench_prepare(args.prepare_mb or PREPARE_MB[fig["config"]["mode"]], workdir, args.seed,
-                                           args.max_length, args.prepare_legacy_sizes)
+                                           args.max_length, args.prepare_legacy_sizes, args.tokenizer)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     fig["seconds"] = time.perf_counter() - started
