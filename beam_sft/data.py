@@ -206,17 +206,10 @@ def reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict
 
 def convert_one(payload: bytes, fmt: str) -> dict[str, Any]:
     """One raw record (JSON bytes) -> a validated Beam record, or `RecordError`."""
-    from beam_sft.formats import convert_record
     from beam_sft.io import parse_line
-    from beam_sft.train_data import normalize_record
-    from beam_sft.validate import validate
+    from beam_sft.train_data import convert_row
 
-    row = parse_line(payload)
-    if fmt == "beam":
-        if not isinstance(row, dict):
-            raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
-        return validate(normalize_record(row))
-    return normalize_record(convert_record(row, format=fmt))
+    return convert_row(parse_line(payload), fmt)
 
 
 def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[str, list]:

@@ -146,6 +146,23 @@ def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def convert_row(row: Any, input_format: str = "auto") -> dict[str, Any]:
+    """One parsed row -> a validated Beam record in its in-memory shape, or `RecordError`.
+
+    `input_format="beam"`: the row is a Beam record (Arrow artefacts undone, then validated); any other value
+    is a converter name or "auto" (`beam_sft.formats.convert_record`). The one per-record conversion of
+    training data: the data phase (`beam_sft.data`) and `to_beam_records` both call it.
+    """
+    from beam_sft.formats import convert_record
+    from beam_sft.validate import validate
+
+    if input_format == "beam":
+        if not isinstance(row, dict):
+            raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
+        return validate(normalize_record(row))
+    return normalize_record(convert_record(row, format=input_format))
+
+
 def read_rows(source: str, split: str = "train") -> list[Item]:
     """Read raw rows with their provenance through the readers `convert-dataset` uses (`beam_sft.io`).
 
@@ -176,9 +193,7 @@ def to_beam_records(
     Returns (records, rejects); each reject is a `RecordError.to_dict()` with the row's source and its line
     (JSONL) or index: records + rejects = rows, nothing is lost silently.
     """
-    from beam_sft.formats import convert_record
     from beam_sft.io import parse_line
-    from beam_sft.validate import validate
 
     records: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
@@ -186,11 +201,7 @@ def to_beam_records(
         try:
             if item.error is not None:
                 raise item.error
-            row = parse_line(item.payload) if item.raw else item.payload
-            if input_format == "beam":
-                records.append(validate(normalize_record(row)))
-            else:
-                records.append(normalize_record(convert_record(row, format=input_format)))
+            records.append(convert_row(parse_line(item.payload) if item.raw else item.payload, input_format))
         except RecordError as err:
             entry = err.with_provenance(item.source, item.position).to_dict()
             if not item.by_line:
