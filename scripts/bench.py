@@ -283,7 +283,7 @@ def bench_masked_tokenization(tokenizer, records: list[dict], num_procs: list[in
         def trl_tokenize(processing_class, conversation, **kwargs):
             return processing_class.apply_chat_template(conversation, tokenize=True, return_dict=True, **kwargs)
 
-    from beam_sft.render import MaskedEncoder, encode_dataset
+    from beam_sft.render.encoder import MaskedEncoder, encode_dataset
 
     n = len(records)
     n_tokens = 0
@@ -514,8 +514,8 @@ def bench_training(tokenizer, records: list[dict], *, steps: int, max_length: in
     from transformers import TrainerCallback
     from trl import SFTConfig
 
-    from beam_sft.train_data import prepare_dataset
-    from beam_sft.training import make_trainer_class
+    from beam_sft.dataset.examples import prepare_dataset
+    from beam_sft.train.trainer import make_trainer_class
 
     torch.set_num_threads(threads)
 
@@ -680,8 +680,8 @@ def bench_memory(target_mb: int, workdir: Path, seed: int, convert_args: list[st
 PREPARE_MB = {"full": (250, 1000), "quick": (8, 32), "smoke": (1, 4)}
 _LEGACY_PATH = (
     "import sys\n"
-    "from beam_sft.tokenizer import load_tokenizer\n"
-    "from beam_sft.train_data import prepare_dataset, read_rows, to_beam_records\n"
+    "from beam_sft.template.tokenizer import load_tokenizer\n"
+    "from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records\n"
     "records, _ = to_beam_records(read_rows(sys.argv[1]))\n"
     "prepare_dataset(load_tokenizer(sys.argv[3] or None), records, max_length=int(sys.argv[2]))\n"
 )
@@ -940,7 +940,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from beam_sft.tokenizer import load_tokenizer
+    from beam_sft.template.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
     fig: dict = {"machine": machine_info(), "config": {

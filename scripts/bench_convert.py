@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     from beam_sft.formats import convert_raw
-    from beam_sft.validate import validate
+    from beam_sft.validate.rules import validate
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in.jsonl"

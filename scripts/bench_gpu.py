@@ -69,8 +69,8 @@ def _load_bench_module():
 
 def prepare_examples(n: int, max_length: int, seed: int) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) of `n` generated conversations, cut to `max_length`, in random order."""
-    from beam_sft.render import MaskedEncoder
-    from beam_sft.tokenizer import load_tokenizer
+    from beam_sft.render.encoder import MaskedEncoder
+    from beam_sft.template.tokenizer import load_tokenizer
 
     bench = _load_bench_module()
     tokenizer = load_tokenizer()
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from beam_sft.tokenizer import load_tokenizer
+    from beam_sft.template.tokenizer import load_tokenizer
 
     transformers.logging.set_verbosity_error()
     device = torch.device(args.device)

@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from build_tokenizer import staging_dir, swap_in
 
-from beam_sft.tiktoken_backend import O200K_PATTERN
+from beam_sft.render.tiktoken_backend import O200K_PATTERN
 
 # The published sha256 of https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken.
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -228,8 +228,8 @@ def build(
     `o200k_base.tiktoken` goes to `tiktoken_dir` (default: `out_dir` itself). Raises if the ranks' hash or
     the ids against openai-harmony disagree.
     """
-    from beam_sft.messages import HARMONY_MARKERS
-    from beam_sft.tokenizer import beamify, save_tokenizer
+    from beam_sft.records.messages import HARMONY_MARKERS
+    from beam_sft.template.tokenizer import beamify, save_tokenizer
 
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)
@@ -257,11 +257,11 @@ def cache_key() -> str:
     import tokenizers
     import transformers
 
-    from beam_sft.tokenizer import TEMPLATES_DIR
+    from beam_sft.template.tokenizer import TEMPLATES_DIR
 
     digest = hashlib.sha256(f"{O200K_SHA256}|{transformers.__version__}|{tokenizers.__version__}".encode())
     for path in (Path(__file__), TEMPLATES_DIR / "chat_template.jinja", TEMPLATES_DIR / "response_template.json",
-                 REPO / "beam_sft" / "tokenizer.py"):
+                 REPO / "beam_sft" / "template" / "tokenizer.py"):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -2,7 +2,7 @@
 
 A small byte-level BPE (about 6k tokens, so tiny test models stay fast) with the seven Beam Harmony markers
 as single tokens (only `<|return|>` special: it is EOS), a special `<|pad|>`, and the chat and response
-templates from `beam_sft/templates/`. Byte-level with no normalizer and no prefix space, so
+templates from `beam_sft/template/`. Byte-level with no normalizer and no prefix space, so
 `decode(encode(text)) == text` for any text. The build is deterministic: the same corpus and templates
 give byte-identical files.
 
@@ -85,7 +85,7 @@ def build(
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from beam_sft.tokenizer import EOS_TOKEN, PAD_TOKEN, PLAIN_MARKERS, install_templates, save_tokenizer
+    from beam_sft.template.tokenizer import EOS_TOKEN, PAD_TOKEN, PLAIN_MARKERS, install_templates, save_tokenizer
 
     texts = [p.read_text(encoding="utf-8") for p in corpus_files(Path(corpus_dir))]
     reserved = len(PLAIN_MARKERS) + 2  # + EOS + pad, appended after training

@@ -5,7 +5,7 @@
 2. trains the embedded tiny random model (configs/models/tiny) with the bundled tokenizer on them, as
    configured in configs/quickstart.yaml (CPU, assistant-only loss, unpacked);
 3. saves the model and the tokenizer, with the chat template and the response template;
-4. evaluates the trained model on the first turn of some training records with `beam_sft.evaluate` (what
+4. evaluates the trained model on the first turn of some training records with `beam_sft.eval.evaluate` (what
    `beam-sft eval` runs): greedy generation stopping at `<|return|>` or `<|call|>`, `tokenizer.parse_response`,
    the parsed turns, the metrics table, and the share of well-formed Beam turns (thinking plus content or
    tool calls).
@@ -106,7 +106,7 @@ def describe(parsed: dict | None) -> str:
 
 
 def generate(model_dir: Path, out_dir: Path, num_prompts: int, max_new_tokens: int) -> float:
-    from beam_sft import evaluate as ev
+    from beam_sft.eval import evaluate as ev
 
     print(f"== 3. load {model_dir} (model + tokenizer with both templates)", flush=True)
     model, tokenizer = ev.load_model(str(model_dir), device="cpu")
@@ -114,7 +114,7 @@ def generate(model_dir: Path, out_dir: Path, num_prompts: int, max_new_tokens: i
     # rejects), so each keeps its source format for the per-format figures.
     loaded = ev._load_records([str(REPO / "data" / "samples" / name) for name in SAMPLES])
     chosen = pick([(record, fmt) for record, _, fmt in loaded if record is not None], num_prompts)
-    print(f"== 4. beam_sft.evaluate on the first turn of {len(chosen)} training records (greedy, stop at "
+    print(f"== 4. beam_sft.eval.evaluate on the first turn of {len(chosen)} training records (greedy, stop at "
           f"<|return|>/<|call|>, max_new_tokens={max_new_tokens}, parse_response)", flush=True)
     results: list = []
     backend = ev.TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens)

@@ -7,11 +7,11 @@ Data: Beam records written by `convert-dataset` (.jsonl / .parquet / a directory
 dataset / a hub id), or raw OpenAI, ShareGPT or Harmony files, converted on the fly by the same converters
 (`--dataset_format auto|beam|openai|sharegpt|harmony|hermes|glaive|xlam`). Masks come from the chat template's generation
 block; records longer than `--max_length` follow `--truncation_policy` (turn | drop | keep_start, see
-beam_sft/train_data.py), and every cut is counted in the log. The data phase is `beam_sft.data`: converted
+beam_sft/dataset/examples.py), and every cut is counted in the log. The data phase is `beam_sft.dataset.phase`: converted
 and tokenized once per job (main process first) into memory-mapped Arrow, cached by fingerprint
 (`--prepared_cache_dir`), every reject in `output_dir/rejects.jsonl`; or a directory from `beam-sft prepare`.
 With packing on, the model is probed for attention across packed records before training and given explicit
-masks or refused (beam_sft/packing.py).
+masks or refused (beam_sft/train/packing.py).
 
 # Quickstart: the embedded tiny random model and the bundled tokenizer, on CPU (about 100 s for 12 epochs).
 # Its data is what `python scripts/quickstart.py` converts into outputs/quickstart/data/train.jsonl.
@@ -187,7 +187,7 @@ class BeamSFTConfig(SFTConfig):
         default="auto",
         metadata={"help": "Padding-free packing: probe the model for attention across packed records before "
                   "training. 'auto' gives a leaking model explicit per-record masks (and refuses if it still "
-                  "leaks), 'refuse' stops on a leak, 'skip' trusts the model (see beam_sft/packing.py).",
+                  "leaks), 'refuse' stops on a leak, 'skip' trusts the model (see beam_sft/train/packing.py).",
                   "choices": ["auto", "refuse", "skip"]},
     )
 
@@ -220,8 +220,8 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import get_quantization_config
 
-    from beam_sft.tokenizer import beamify, load_tokenizer
-    from beam_sft.training import build_tiny_model
+    from beam_sft.template.tokenizer import beamify, load_tokenizer
+    from beam_sft.train.trainer import build_tiny_model
 
     if model_args.model_name_or_path is None:
         tokenizer = load_tokenizer(script_args.tokenizer_name_or_path)
@@ -238,7 +238,7 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     quantization_config = get_quantization_config(model_args)
     if script_args.mxfp4_dequantize:
         from beam_sft.errors import UsageError
-        from beam_sft.moe import mxfp4_dequantize_config
+        from beam_sft.train.moe import mxfp4_dequantize_config
 
         if quantization_config is not None:
             raise UsageError("mxfp4_dequantize cannot be combined with load_in_4bit / load_in_8bit")
@@ -272,7 +272,7 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
 
 def run_template_check(tokenizer) -> None:
     """Run the check-template suite; log every failure loudly, never stop the run."""
-    from beam_sft.conformance import run_suite
+    from beam_sft.template.conformance import run_suite
 
     failures = [r for r in run_suite(tokenizer) if not r.ok]
     if not failures:
@@ -294,13 +294,13 @@ def main(script_args, training_args, model_args, callbacks=None):
     from packaging.version import Version
     from transformers.trainer_utils import get_last_checkpoint
 
-    from beam_sft.data import DataSettings, training_datasets
+    from beam_sft.dataset.phase import DataSettings, training_datasets
     from beam_sft.errors import UsageError
-    from beam_sft.moe import build_peft_config, check_expert_adapters
-    from beam_sft.packing import ensure_exact_packing
-    from beam_sft.tokenizer import save_tokenizer
-    from beam_sft.train_data import check_stop_tokens_trained
-    from beam_sft.training import make_trainer_class
+    from beam_sft.train.moe import build_peft_config, check_expert_adapters
+    from beam_sft.train.packing import ensure_exact_packing
+    from beam_sft.template.tokenizer import save_tokenizer
+    from beam_sft.dataset.examples import check_stop_tokens_trained
+    from beam_sft.train.trainer import make_trainer_class
 
     _setup_logging(training_args)
     if script_args.dataset_name is None:
@@ -364,7 +364,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     # adapters do not change the probe). Every rank probes and, if needed, hooks its own copy.
     packing = ensure_exact_packing(trainer.model, training_args, training_args.packing_check)
     if packing is not None and training_args.process_index == 0:
-        from beam_sft.io import write_json_atomic
+        from beam_sft.records.files import write_json_atomic
 
         Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
         write_json_atomic(str(Path(training_args.output_dir) / "packing_probe.json"), packing.to_dict())
@@ -380,8 +380,8 @@ def main(script_args, training_args, model_args, callbacks=None):
     if script_args.eval_beam:
         import tempfile
 
-        from beam_sft.data import eval_records
-        from beam_sft.evaluate import evaluate_trainer
+        from beam_sft.dataset.phase import eval_records
+        from beam_sft.eval.evaluate import evaluate_trainer
 
         with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:
             records = list(eval_records(script_args.dataset_name, settings, work,

@@ -14,15 +14,15 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 @pytest.fixture(scope="module")
 def tok():
     """The bundled tokenizer (data/tokenizer), with both templates; one per test module."""
-    from beam_sft.tokenizer import load_tokenizer
+    from beam_sft.template.tokenizer import load_tokenizer
 
     return load_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def encoder(tok):
-    """The fast masked encoder of `beam_sft.render` over the bundled tokenizer."""
-    from beam_sft.render import MaskedEncoder
+    """The fast masked encoder of `beam_sft.render.encoder` over the bundled tokenizer."""
+    from beam_sft.render.encoder import MaskedEncoder
 
     return MaskedEncoder(tok)
 
@@ -42,7 +42,7 @@ def o200k_dir():
 @pytest.fixture(scope="session")
 def o200k_tok(o200k_dir):
     """The real-vocabulary Beam tokenizer, loaded once per session (do not modify it in a test)."""
-    from beam_sft.tokenizer import load_tokenizer
+    from beam_sft.template.tokenizer import load_tokenizer
 
     return load_tokenizer(o200k_dir)
 
@@ -64,8 +64,8 @@ def bench_script():
 def tiny_model_dir(tmp_path_factory):
     """The embedded tiny random model (seed 0) and the bundled Beam tokenizer, saved as a plain model
     directory: what `from_pretrained`, `trl sft` and `beam-sft eval` take."""
-    from beam_sft.tokenizer import load_tokenizer, save_tokenizer
-    from beam_sft.training import build_tiny_model
+    from beam_sft.template.tokenizer import load_tokenizer, save_tokenizer
+    from beam_sft.train.trainer import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny_beam_model")
     tok = load_tokenizer()

@@ -1,4 +1,4 @@
-"""Faults around the atomic writes of beam_sft.io: permissions under the umask, kill -9 mid-run, stale temporaries.
+"""Faults around the atomic writes of beam_sft.records.files: permissions under the umask, kill -9 mid-run, stale temporaries.
 
 Every output — `convert-dataset` outputs (JSONL, Parquet, save_to_disk), `--rejects`, `--stats`, and whatever
 goes through `atomic_output` — must get the permissions any new file gets under the user's umask (a temporary
@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from beam_sft.cli.convert import main
-from beam_sft.io import _HOST, atomic_output, remove_stale_temporaries, temporary_path, write_json_atomic
+from beam_sft.records.files import _HOST, atomic_output, remove_stale_temporaries, temporary_path, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "samples"
@@ -72,7 +72,7 @@ def test_every_output_gets_the_umask_permissions(tmp_path, capsys, umask, mask, 
         (tmp / "part-0.arrow").write_bytes(b"x")
     with atomic_output(tmp_path / "one.bin") as tmp:
         tmp.write_bytes(b"y")
-    from beam_sft.inspect import write_atomic
+    from beam_sft.report.views import write_atomic
 
     write_atomic(tmp_path / "page.html", "<html></html>")
     assert _mode(tmp_path / "prepared") == dir_mode and _mode(tmp_path / "prepared" / "part-0.arrow") == file_mode

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jinja2.exceptions import TemplateError
 
-from beam_sft.templates import chat_template, response_template
+from beam_sft.template import chat_template, response_template
 
 MARKERS = ["<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>"]
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from tokenizer_factories import FACTORIES
 
-from beam_sft import conformance
+from beam_sft.template import conformance
 from beam_sft.cli import check_template
-from beam_sft.tokenizer import DEFAULT_TOKENIZER_DIR, TEMPLATES_DIR, beamify, load_tokenizer, save_tokenizer
+from beam_sft.template.tokenizer import DEFAULT_TOKENIZER_DIR, TEMPLATES_DIR, beamify, load_tokenizer, save_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_TEMPLATES = (TEMPLATES_DIR / "chat_template.jinja").is_file() and (
     TEMPLATES_DIR / "response_template.json"
 ).is_file()
-needs_templates = pytest.mark.skipif(not HAVE_TEMPLATES, reason="beam_sft/templates/ not written yet")
+needs_templates = pytest.mark.skipif(not HAVE_TEMPLATES, reason="beam_sft/template/ not written yet")
 
 # A deliberately small template that follows the format rules (but renders no tools, so the page examples
 # fail). Each broken variant below changes one thing; the tests show that exactly the matching rule flips.

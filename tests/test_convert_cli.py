@@ -17,7 +17,7 @@ import pytest
 
 from beam_sft.cli import main as beam_sft_main
 from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS, main
-from beam_sft.validate import make_render_check
+from beam_sft.validate.rules import make_render_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "samples"

@@ -1,4 +1,4 @@
-"""beam_sft.data and `beam-sft prepare`: the one data phase (Arrow, cached, counted) and prepared datasets."""
+"""beam_sft.dataset.phase and `beam-sft prepare`: the one data phase (Arrow, cached, counted) and prepared datasets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from beam_sft.data import (
+from beam_sft.dataset.phase import (
     MANIFEST,
     REJECTS,
     DataSettings,
@@ -18,7 +18,7 @@ from beam_sft.data import (
     prepare_data,
 )
 from beam_sft.errors import RecordError, UsageError
-from beam_sft.train_data import IGNORE_INDEX, EmptyMaskError, prepare_dataset, read_rows, to_beam_records
+from beam_sft.dataset.examples import IGNORE_INDEX, EmptyMaskError, prepare_dataset, read_rows, to_beam_records
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"
@@ -92,7 +92,7 @@ def test_chunked_build_equals_one_chunk(tok, tmp_path):
     """Chunks (what keeps memory flat) change nothing: same rows, splits, counts and rejects as one chunk."""
     from datasets import load_from_disk
 
-    from beam_sft.data import build_prepared
+    from beam_sft.dataset.phase import build_prepared
 
     path, _ = _hostile_file(tmp_path)
     inputs = [str(path), OPENAI, str(SAMPLES / "sharegpt.json")]
@@ -130,7 +130,7 @@ def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tm
 
 
 def test_a_record_the_template_rejects_is_a_reject_not_a_stop(tok, tmp_path, monkeypatch):
-    from beam_sft import render
+    from beam_sft.render import encoder as render
 
     real = render.get_encoder(tok)
 
@@ -179,7 +179,7 @@ def test_eval_split_is_seeded_and_counted(tok, tmp_path):
 
 def test_eval_records_are_the_records_of_the_prepared_eval_split(tok, tmp_path):
     """--eval_beam generates from the records the data phase held out: same records, same order."""
-    from beam_sft.render import encode_record
+    from beam_sft.render.encoder import encode_record
 
     settings = DataSettings(max_length=None, eval_split_size=0.25, seed=3)
     prepared = prepare_data(OPENAI, tok, settings, cache_dir=tmp_path / "cache")
@@ -294,7 +294,7 @@ def test_prepared_dataset_trains_with_plain_trl(tok, tmp_path):
     from datasets import load_from_disk
     from trl import SFTConfig, SFTTrainer
 
-    from beam_sft.training import build_tiny_model
+    from beam_sft.train.trainer import build_tiny_model
 
     out = tmp_path / "prep"
     assert _prepare_cli(OPENAI, "-o", str(out), "--max-length", "512", "-q") == 0
@@ -335,7 +335,7 @@ def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
     from accelerate.data_loader import prepare_data_loader
     from torch.utils.data import DataLoader
 
-    from beam_sft.data import stream_training_data
+    from beam_sft.dataset.phase import stream_training_data
 
     settings = DataSettings(max_length=200)
     stream = stream_training_data(OPENAI, tok, settings, world_size=2, rejects_dir=tmp_path / "rej")

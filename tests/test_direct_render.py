@@ -1,4 +1,4 @@
-"""beam_sft.direct_render: the bundled Beam template in plain Python must equal the Jinja template exactly.
+"""beam_sft.render.direct: the bundled Beam template in plain Python must equal the Jinja template exactly.
 
 Differential: for every record it renders (text and generation spans), the result is transformers' own
 tracked rendering; for every record it declines (None), the caller renders with Jinja. Property tests on
@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_render import conversations, text
 
-from beam_sft import render
-from beam_sft.direct_render import BeamTemplateRenderer, for_template
-from beam_sft.render import _tracked_render, record_inputs
+from beam_sft.render import encoder as render
+from beam_sft.render.direct import BeamTemplateRenderer, for_template
+from beam_sft.render.encoder import _tracked_render, record_inputs
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_sft import evaluate as ev
+from beam_sft.eval import evaluate as ev
 from beam_sft.cli import main as cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,7 +165,7 @@ def test_lora_adapter(trained, data_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from beam_sft.tokenizer import load_tokenizer, save_tokenizer
+    from beam_sft.template.tokenizer import load_tokenizer, save_tokenizer
 
     base = str(trained[0])
     for name, init in (("zero", True), ("random", False)):

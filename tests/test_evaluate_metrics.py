@@ -1,4 +1,4 @@
-"""beam_sft.evaluate's metrics on hand-built generations: each metric's edge cases, parsed by the bundled
+"""beam_sft.eval.evaluate's metrics on hand-built generations: each metric's edge cases, parsed by the bundled
 tokenizer's response template exactly as `beam-sft eval` parses model output. No model involved (fast)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import copy
 
 import pytest
 
-from beam_sft import evaluate as ev
-from beam_sft.conformance import GET_WEATHER
+from beam_sft.eval import evaluate as ev
+from beam_sft.template.conformance import GET_WEATHER
 
 
 def _weather_tool() -> dict:
@@ -222,6 +222,6 @@ def test_turn_selection():
 
 
 def test_training_reexports_the_rule():
-    from beam_sft.training import is_well_formed
+    from beam_sft.train.trainer import is_well_formed
 
     assert is_well_formed is ev.is_well_formed

@@ -26,8 +26,8 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import convert_record, detect
 from beam_sft.formats.harmony import parse_text
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
-from beam_sft.io import expand_inputs, iter_items, parse_line
-from beam_sft.validate import make_render_check
+from beam_sft.records.files import expand_inputs, iter_items, parse_line
+from beam_sft.validate.rules import make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata" / "harmony"
 RENDER = make_render_check()

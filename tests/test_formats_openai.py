@@ -10,8 +10,8 @@ import pytest
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import convert_record, detect
-from beam_sft.io import expand_inputs, iter_items, parse_line
-from beam_sft.validate import Options, make_render_check
+from beam_sft.records.files import expand_inputs, iter_items, parse_line
+from beam_sft.validate.rules import Options, make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata" / "openai"
 RENDER = make_render_check()
@@ -99,7 +99,7 @@ def test_content_with_tool_calls_is_folded_into_reasoning_and_counted():
     ]}
     counters: dict = {}
     from beam_sft.formats import convert_raw
-    from beam_sft.validate import validate
+    from beam_sft.validate.rules import validate
 
     out = validate(convert_raw(rec, "openai")[0], None, counters)
     assert out["messages"][1]["reasoning_content"] == "need tool\n\nLet me check."
@@ -239,7 +239,7 @@ def test_registry_works_inside_datasets_map(tmp_path):
     import datasets
 
     from beam_sft.formats import FORMATS, to_row, try_convert
-    from beam_sft.io import beam_features
+    from beam_sft.records.files import beam_features
 
     assert set(FORMATS) == {"openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"}
     rows = [{"messages": [{"role": "user", "content": "q"},
@@ -295,7 +295,7 @@ def test_fast_path_equals_the_general_path_or_defers_to_it():
 
     from beam_sft.formats import convert_raw
     from beam_sft.formats.openai import fast_convert
-    from beam_sft.validate import validate
+    from beam_sft.validate.rules import validate
 
     used = 0
     for where, rec in _all_openai_shaped_records():

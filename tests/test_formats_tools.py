@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import FORMATS, convert_raw, convert_record, detect
 from beam_sft.formats.toolmarkup import find_markup
-from beam_sft.io import expand_inputs, iter_items, parse_line
-from beam_sft.schema_types import json_type, standardize
-from beam_sft.validate import make_render_check
+from beam_sft.records.files import expand_inputs, iter_items, parse_line
+from beam_sft.records.schema_types import json_type, standardize
+from beam_sft.validate.rules import make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata"
 RENDER = make_render_check()
@@ -412,7 +412,7 @@ def _convert_folder(folder: str) -> tuple[list, dict, int]:
                 raise item.error
             rec = parse_line(item.payload) if item.raw else item.payload
             beam, fmt = convert_raw(rec)
-            from beam_sft.validate import validate
+            from beam_sft.validate.rules import validate
 
             out = validate(beam)
             RENDER(out)
@@ -562,7 +562,7 @@ def test_python_type_names_in_openai_schemas_are_mapped_on_both_paths():
 
 
 def test_validate_alone_names_the_message_with_markup_and_ignores_matches_across_texts():
-    from beam_sft.validate import validate
+    from beam_sft.validate.rules import validate
 
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "reasoning_content": "x", "content": "ok"}, {"role": "user", "content": "more"},

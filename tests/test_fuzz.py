@@ -32,8 +32,8 @@ from beam_sft.formats import FORMATS, convert_raw, convert_record, detect
 from beam_sft.formats.harmony import parse_text
 from beam_sft.formats.openai import fast_convert
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
-from beam_sft.messages import HARMONY_MARKERS
-from beam_sft.validate import make_render_check, validate
+from beam_sft.records.messages import HARMONY_MARKERS
+from beam_sft.validate.rules import make_render_check, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = [ROOT / "tests" / "data" / "realdata", ROOT / "data" / "samples"]

@@ -35,7 +35,7 @@ from openai_harmony import (
 )
 
 from beam_sft.formats import convert_record
-from beam_sft.validate import make_render_check
+from beam_sft.validate.rules import make_render_check
 
 N_CONVERSATIONS = 150
 _WORDS = ("the", "weather", "in", "Oslo", "is", "cold", "café", "naïve", "東京", "数据", "Привет", "🙂", "42",
@@ -271,7 +271,7 @@ def _xml(arguments: dict) -> str:
 
 
 def test_beam_turns_parse_with_openai_harmony(harmony, o200k_tok):
-    from beam_sft.render import MaskedEncoder
+    from beam_sft.render.encoder import MaskedEncoder
 
     encoder = MaskedEncoder(o200k_tok)
     records = [record for _, record, _ in CASES]

@@ -1,4 +1,4 @@
-"""beam_sft.inspect, `beam-sft inspect`, and scripts/inspect_masks.ipynb.
+"""beam_sft.report.views, `beam-sft inspect`, and scripts/inspect_masks.ipynb.
 
 The views must show exactly what trains: the token texts put back together are the rendered text, the
 trained tokens are the encoder's mask, and the statistics agree with an independent count. The notebook
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from beam_sft import inspect as ins
+from beam_sft.report import views as ins
 from beam_sft.cli import main as cli_main
 from beam_sft.errors import Reason
-from beam_sft.render import encode_record
-from beam_sft.tokenizer import load_tokenizer
+from beam_sft.render.encoder import encode_record
+from beam_sft.template.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
@@ -295,7 +295,7 @@ def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypa
     """A converter or encoder bug on one record: that record is an internal_error reject, the others are
     shown and counted, a warning names it, and the exit status is 3."""
     from beam_sft import formats
-    from beam_sft.render import MaskedEncoder
+    from beam_sft.render.encoder import MaskedEncoder
 
     real_convert = formats.convert_record
     total = ins.load_records(str(SAMPLES / "sharegpt.json")).total
@@ -479,12 +479,12 @@ def test_html_screenshot_shows_the_masks(tmp_path):
 
 
 def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
-    """`inspect --stats` reads via beam_sft.data.convert_source (memory-mapped, batch by batch); its figures
+    """`inspect --stats` reads via beam_sft.dataset.phase.convert_source (memory-mapped, batch by batch); its figures
     and the input positions it names equal those of the in-memory path over the same file."""
     import argparse
 
     from beam_sft.cli.inspect import _dataset_stats
-    from beam_sft.render import MaskedEncoder
+    from beam_sft.render.encoder import MaskedEncoder
 
     path = str(SAMPLES / "openai.jsonl")
     args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300)

@@ -1,4 +1,4 @@
-"""beam_sft.io: readers with provenance, size limits, atomic writers, and Arrow storage without null-filled keys."""
+"""beam_sft.records.files: readers with provenance, size limits, atomic writers, and Arrow storage without null-filled keys."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from beam_sft.errors import Reason, UsageError
-from beam_sft.io import (
+from beam_sft.records.files import (
     ArrowWriter,
     JsonlWriter,
     arrow_row,
@@ -19,7 +19,7 @@ from beam_sft.io import (
     open_writer,
     parse_line,
 )
-from beam_sft.validate import make_render_check
+from beam_sft.validate.rules import make_render_check
 
 RENDER = make_render_check()
 

@@ -2,7 +2,7 @@
 
 A tiny random gpt-oss checkpoint (configs/models/tiny_gpt_oss: 2 layers, sliding window 16 / full, sinks, 4
 experts top-2) sized to the bundled tokenizer, saved as a Beam checkpoint. Each run is 2 optimizer steps on
-real converted records, packed (so the explicit-mask path of beam_sft/packing.py is what trains).
+real converted records, packed (so the explicit-mask path of beam_sft/train/packing.py is what trains).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def tiny_gpt_oss(tok, seed=0):
 @pytest.fixture(scope="module")
 def base(tok, tmp_path_factory):
     """A tiny gpt-oss Beam checkpoint on disk (model + tokenizer with both templates)."""
-    from beam_sft.tokenizer import save_tokenizer
+    from beam_sft.template.tokenizer import save_tokenizer
 
     path = tmp_path_factory.mktemp("gpt_oss_base")
     tiny_gpt_oss(tok).save_pretrained(path)
@@ -108,7 +108,7 @@ def test_full_training_packed_with_explicit_masks_and_router_loss(full_run):
 def test_saved_model_loads_generates_and_parses(full_run, tok):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.evaluate import TransformersBackend, _load_records, evaluate
+    from beam_sft.eval.evaluate import TransformersBackend, _load_records, evaluate
 
     out, trainer = full_run
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -149,7 +149,7 @@ def lora_run(base, tmp_path_factory):
 def test_lora_on_experts_is_injected_and_trained(lora_run, base):
     from safetensors.torch import load_file
 
-    from beam_sft.moe import count_expert_adapters
+    from beam_sft.train.moe import count_expert_adapters
 
     out, trainer = lora_run
     model = trainer.model
@@ -198,8 +198,8 @@ def test_expert_targets_need_experts_and_missing_adapters_fail(tok):
     from peft import get_peft_model
     from trl import ModelConfig
 
-    from beam_sft.moe import build_peft_config, check_expert_adapters
-    from beam_sft.training import build_tiny_model
+    from beam_sft.train.moe import build_peft_config, check_expert_adapters
+    from beam_sft.train.trainer import build_tiny_model
 
     llama = build_tiny_model(tok)
     args = ModelConfig(use_peft=True, lora_target_modules=["q_proj", "v_proj"], lora_r=4)
@@ -219,7 +219,7 @@ def test_linear_routers_are_kept_out_of_all_linear(tok):
     from peft import get_peft_model
     from trl import ModelConfig, get_peft_config
 
-    from beam_sft.moe import build_peft_config, router_module_names
+    from beam_sft.train.moe import build_peft_config, router_module_names
 
     def with_linear_router():
         model = tiny_gpt_oss(tok)
@@ -242,8 +242,8 @@ def test_router_loss_is_added_once_and_equals_trls_path(tok, tmp_path):
     """Plain loss path (CPU) = TRL's fused path, both = LM loss + coef * aux_loss, and aux_loss is logged."""
     from trl import SFTConfig
 
-    from beam_sft.train_data import prepare_dataset, read_rows, to_beam_records
-    from beam_sft.training import make_trainer_class
+    from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
+    from beam_sft.train.trainer import make_trainer_class
 
     records, _ = to_beam_records(read_rows(str(REPO / "data" / "samples" / "openai.jsonl"))[:4])
     dataset, _ = prepare_dataset(tok, records, max_length=512)
@@ -283,7 +283,7 @@ def test_batched_generation_with_router_logits_on(full_run, tok):
     """A model trained with the router loss keeps output_router_logits on; beam-sft eval's batched, left-padded
     generation must still run (transformers' aux-loss code fails on such batches) and leave the config as it
     was."""
-    from beam_sft.evaluate import TransformersBackend
+    from beam_sft.eval.evaluate import TransformersBackend
 
     _, trainer = full_run
     model = trainer.model

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tokenizer_factories import o200k_script, tiny_causal_lm
 
-from beam_sft.messages import HARMONY_MARKERS
+from beam_sft.records.messages import HARMONY_MARKERS
 
 REPO = Path(__file__).resolve().parents[1]
 GPT_OSS_MARKER_IDS = {
@@ -113,7 +113,7 @@ def test_beamify_on_gpt_oss_keeps_ids_and_adds_no_rows(o200k_dir, script):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from beam_sft.tokenizer import beamify
+    from beam_sft.template.tokenizer import beamify
 
     # gpt-oss's tokenizer as it ships: the same vocabulary with every marker special.
     state = json.loads((o200k_dir / "tokenizer.json").read_text(encoding="utf-8"))
@@ -141,7 +141,7 @@ def test_beamify_on_gpt_oss_keeps_ids_and_adds_no_rows(o200k_dir, script):
 
 @pytest.fixture(scope="module")
 def o200k_encoder(o200k_tok):
-    from beam_sft.render import MaskedEncoder
+    from beam_sft.render.encoder import MaskedEncoder
 
     encoder = MaskedEncoder(o200k_tok)
     assert encoder.fast, encoder.fallback_reason
@@ -181,7 +181,7 @@ def test_masks_identical_on_generated_conversations(o200k_tok, o200k_encoder):
 
 
 def test_trained_tokens_are_the_assistant_turn(o200k_tok):
-    from beam_sft.render import encode_record
+    from beam_sft.render.encoder import encode_record
 
     record = {
         "messages": [

@@ -1,4 +1,4 @@
-"""Padding-free packing is exact on every architecture we train, or refused (beam_sft/packing.py).
+"""Padding-free packing is exact on every architecture we train, or refused (beam_sft/train/packing.py).
 
 Tiny random models (bundled 6,000-token vocabulary) of gpt-oss (sinks, alternating sliding / full layers,
 MoE), Qwen2 and Qwen3 with sliding windows, and Llama. Real converted sample records, all longer than the
@@ -62,7 +62,7 @@ def packed(tok):
     from trl.data_utils import pack_dataset
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from beam_sft.train_data import prepare_dataset, read_rows, to_beam_records
+    from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
 
     records, _ = to_beam_records(read_rows(str(REPO / "data" / "samples" / "openai.jsonl"))[:4])
     dataset, _ = prepare_dataset(tok, records, max_length=512)
@@ -108,7 +108,7 @@ def leaky_control(batch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_packed_losses_equal_unpacked_after_the_probe(arch, packed):
-    from beam_sft.packing import ensure_exact_packing
+    from beam_sft.train.packing import ensure_exact_packing
 
     dataset, row, batch, order = packed
     model = make_model(arch)
@@ -136,7 +136,7 @@ def test_packed_losses_equal_unpacked_after_the_probe(arch, packed):
 
 def test_explicit_masks_keep_the_sliding_window(packed, monkeypatch):
     """A block-diagonal mask that forgot the window (full causal on the sliding layers) is caught."""
-    from beam_sft import packing
+    from beam_sft.train import packing
 
     dataset, row, batch, order = packed
     model = make_model("gpt_oss")
@@ -159,7 +159,7 @@ def test_explicit_masks_keep_the_sliding_window(packed, monkeypatch):
 
 
 def test_refuse_mode_names_model_and_attention():
-    from beam_sft.packing import ensure_exact_packing
+    from beam_sft.train.packing import ensure_exact_packing
 
     with pytest.raises(UsageError, match=r"model type 'gpt_oss' with attn_implementation 'eager'"):
         ensure_exact_packing(make_model("gpt_oss"), packing_args(), mode="refuse")
@@ -167,7 +167,7 @@ def test_refuse_mode_names_model_and_attention():
 
 def test_a_model_still_leaking_with_masks_is_refused(monkeypatch):
     """Never leak silently: if the explicit masks do not isolate the records either, packing is refused."""
-    from beam_sft import packing
+    from beam_sft.train import packing
 
     monkeypatch.setattr(packing, "packed_masks", lambda *args, **kwargs: None)
     model = make_model("gpt_oss")
@@ -178,7 +178,7 @@ def test_a_model_still_leaking_with_masks_is_refused(monkeypatch):
 
 
 def test_unpacked_runs_and_wrapped_packing(caplog):
-    from beam_sft.packing import ensure_exact_packing
+    from beam_sft.train.packing import ensure_exact_packing
 
     model = make_model("gpt_oss")
     assert ensure_exact_packing(model, packing_args(packing=False)) is None
@@ -190,7 +190,7 @@ def test_unpacked_runs_and_wrapped_packing(caplog):
 
 
 def test_hook_leaves_generation_and_padded_batches_alone(tok):
-    from beam_sft.packing import install_packed_mask_hook
+    from beam_sft.train.packing import install_packed_mask_hook
 
     model = make_model("gpt_oss")
     ids = torch.tensor([tok("<|start|>user<|message|>Hello there, how are you today?<|end|>")["input_ids"]])
@@ -208,7 +208,7 @@ def test_hook_leaves_generation_and_padded_batches_alone(tok):
 
 def test_partitioned_model_gets_the_masks_unprobed(packed):
     """ZeRO-3 parameters cannot run a forward before the engine: masks installed, the run says so."""
-    from beam_sft.packing import ensure_exact_packing
+    from beam_sft.train.packing import ensure_exact_packing
 
     dataset, row, batch, order = packed
     model = make_model("gpt_oss")
@@ -227,7 +227,7 @@ def test_partitioned_model_gets_the_masks_unprobed(packed):
 @pytest.mark.parametrize("arch", ["gpt_oss", "llama"])
 def test_bf16_rounding_is_not_taken_for_a_leak(arch):
     """In bf16 packed and alone differ by rounding; the probe's noise floor keeps that from refusing packing."""
-    from beam_sft.packing import ensure_exact_packing
+    from beam_sft.train.packing import ensure_exact_packing
 
     report = ensure_exact_packing(make_model(arch).to(torch.bfloat16), packing_args())
     assert report.path == ("explicit_masks" if arch == "gpt_oss" else "native")

@@ -1,4 +1,4 @@
-"""beam_sft.render: the fast masked tokenization path must equal apply_chat_template, always.
+"""beam_sft.render.encoder: the fast masked tokenization path must equal apply_chat_template, always.
 
 The reference is `tokenizer.apply_chat_template(..., tokenize=True, return_dict=True,
 return_assistant_tokens_mask=True)`. Checked on every bundled sample, on real samples
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_sft import render
+from beam_sft.render import encoder as render
 from beam_sft.errors import Reason, RecordError
-from beam_sft.render import MaskedEncoder, encode_dataset, encode_record, reference_encode
-from beam_sft.tokenizer import MARKERS
+from beam_sft.render.encoder import MaskedEncoder, encode_dataset, encode_record, reference_encode
+from beam_sft.template.tokenizer import MARKERS
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
@@ -55,7 +55,7 @@ def assert_identical(tokenizer, records, encoder=None, max_length=None):
 
 def converted(path: Path) -> list[dict]:
     """Beam records from a raw file, through the readers and converters (rejected records are left out)."""
-    from beam_sft.inspect import load_records
+    from beam_sft.report.views import load_records
 
     loaded = load_records(str(path))
     assert len(loaded.records) + len(loaded.rejects) == loaded.total
@@ -310,7 +310,7 @@ def test_spans_inside_text_use_the_reference_overlap_rule(tok_with_template, enc
 def test_beam_template_uses_the_fast_renderer(tok, encoder):
     record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     encoder.encode([record])
-    # The bundled template is rendered by plain Python (beam_sft.direct_render); the compiled-template
+    # The bundled template is rendered by plain Python (beam_sft.render.direct); the compiled-template
     # renderer stays ready for the records it declines.
     assert render._DIRECT_RENDERERS[tok.chat_template] is not None
     assert render._SentinelRenderer.build(tok.chat_template) is not None
@@ -349,7 +349,7 @@ def _tiny_tokenizer(tmp_path, *, pre_tokenizer, normalizer=None, lstrip=False, n
     from tokenizers import AddedToken, Tokenizer, decoders, models, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from beam_sft.templates import chat_template
+    from beam_sft.template import chat_template
 
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizer
@@ -443,7 +443,7 @@ def test_beamified_tokenizer_families(family):
     # Other tokenizer families, made Beam-ready by beamify: the fast path and identity on real data.
     import tokenizer_factories
 
-    from beam_sft.tokenizer import beamify
+    from beam_sft.template.tokenizer import beamify
 
     tokenizer = getattr(tokenizer_factories, family)()
     beamify(tokenizer)

@@ -1,7 +1,7 @@
 """Every example of the format page, run verbatim against data/tokenizer, prints exactly what the page shows.
 
 The page's examples are the python blocks inside its <Accordion>s; each is compared with the text block
-that follows it. They run through the same runner as `beam-sft check-template` (beam_sft.conformance).
+that follows it. They run through the same runner as `beam-sft check-template` (beam_sft.template.conformance).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_sft import conformance
-from beam_sft.tokenizer import DEFAULT_TOKENIZER_DIR, TEMPLATES_DIR
+from beam_sft.template import conformance
+from beam_sft.template.tokenizer import DEFAULT_TOKENIZER_DIR, TEMPLATES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_COPY = REPO / "tests" / "data" / "spec" / "beam-harmony-format.md"
@@ -19,7 +19,7 @@ SHARED_SPEC = REPO.parent / "shared" / "spec" / "beam-harmony-format.md"
 PAGE = conformance.load_spec(SPEC_COPY)
 
 pytestmark = pytest.mark.skipif(
-    not (TEMPLATES_DIR / "chat_template.jinja").is_file(), reason="beam_sft/templates/ not written yet"
+    not (TEMPLATES_DIR / "chat_template.jinja").is_file(), reason="beam_sft/template/ not written yet"
 )
 
 

@@ -1,4 +1,4 @@
-"""beam_sft.tiktoken_backend: tiktoken is used for the text between markers only where checks prove it
+"""beam_sft.render.tiktoken_backend: tiktoken is used for the text between markers only where checks prove it
 gives the tokenizer's own ids; each check refuses a tokenizer that differs in what it checks, and the
 encoder falls back to the tokenizers backend whenever the probe finds a difference."""
 
@@ -10,8 +10,9 @@ import pickle
 
 import pytest
 
-from beam_sft import render, tiktoken_backend
-from beam_sft.render import MaskedEncoder
+from beam_sft.render import encoder as render
+from beam_sft.render import tiktoken_backend
+from beam_sft.render.encoder import MaskedEncoder
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_regex_engines_agree_on_every_checked_code_point():
 def test_pieces_equal_the_tokenizer_on_texts_that_stress_bpe(o200k_tok, o200k_state, pieces):
     """Repeated characters and the strings where two different pairs make the same token (the one
     difference between tiktoken's and tokenizers' merge order, see the module docstring)."""
-    from beam_sft.tiktoken_backend import _byte_decoder
+    from beam_sft.render.tiktoken_backend import _byte_decoder
 
     decoder = _byte_decoder()
     ranks = {bytes(decoder[c] for c in t): i for t, i in o200k_state["model"]["vocab"].items()}

@@ -16,7 +16,7 @@ from tokenizer_factories import FACTORIES, sentencepiece_like, tiny_causal_lm
 from transformers import AutoTokenizer
 
 from beam_sft.errors import FatalError
-from beam_sft.tokenizer import (
+from beam_sft.template.tokenizer import (
     DEFAULT_TOKENIZER_DIR,
     EOS_TOKEN,
     MARKERS,

@@ -125,7 +125,7 @@ def test_saved_output_loads_with_both_templates(reference_run):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.tokenizer import read_templates
+    from beam_sft.template.tokenizer import read_templates
 
     out, _ = reference_run
     tok = AutoTokenizer.from_pretrained(out)
@@ -340,9 +340,9 @@ def test_plain_loss_path_equals_trl_fused_lm_head(tmp_path):
     import torch
     from trl import SFTConfig
 
-    from beam_sft.tokenizer import load_tokenizer
-    from beam_sft.train_data import prepare_dataset, read_rows, to_beam_records
-    from beam_sft.training import build_tiny_model, make_trainer_class
+    from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
+    from beam_sft.train.trainer import build_tiny_model, make_trainer_class
 
     tok = load_tokenizer()
     records, _ = to_beam_records(read_rows(str(REPO / "data" / "samples" / "openai.jsonl"))[:6])
@@ -383,8 +383,8 @@ def test_checkpoint_without_beam_template_needs_beamify(tmp_path):
     from transformers import AutoTokenizer
 
     from beam_sft.errors import UsageError
-    from beam_sft.tokenizer import load_tokenizer
-    from beam_sft.training import build_tiny_model
+    from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.train.trainer import build_tiny_model
 
     tok = load_tokenizer()
     model = build_tiny_model(tok)

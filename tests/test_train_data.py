@@ -1,4 +1,4 @@
-"""beam_sft.train_data: masks from the template, truncation policies, counts, packing isolation."""
+"""beam_sft.dataset.examples: masks from the template, truncation policies, counts, packing isolation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from beam_sft.errors import FatalError, RecordError, UsageError
-from beam_sft.tokenizer import load_tokenizer
-from beam_sft.train_data import (
+from beam_sft.template.tokenizer import load_tokenizer
+from beam_sft.dataset.examples import (
     IGNORE_INDEX,
     EmptyMaskError,
     assistant_spans,
@@ -289,7 +289,7 @@ def test_packing_keeps_masks_and_sequences_separate(tok):
     from trl.data_utils import pack_dataset
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from beam_sft.training import build_tiny_model
+    from beam_sft.train.trainer import build_tiny_model
 
     records = [ANSWER, TOOL_LOOP, dict(ANSWER, chat_template_kwargs={"reasoning_effort": "low"})]
     dataset, _ = prepare_dataset(tok, records, max_length=None)

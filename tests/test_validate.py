@@ -1,4 +1,4 @@
-"""beam_sft.validate: one reason code per rejection, the documented policies, and the render safety net."""
+"""beam_sft.validate.rules: one reason code per rejection, the documented policies, and the render safety net."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.validate import Options, make_render_check, validate
+from beam_sft.validate.rules import Options, make_render_check, validate
 
 RENDER = make_render_check()
 
@@ -145,7 +145,7 @@ def test_render_check_is_the_last_safety_net():
 
 
 def test_render_check_through_the_bundled_tokenizer_matches_the_template():
-    from beam_sft.tokenizer import load_tokenizer
+    from beam_sft.template.tokenizer import load_tokenizer
 
     rec = {"messages": [U("weather?"), A(None, "tool", calls=[C("w", {"city": "Oslo"}, "1")]), T("cold", "1"),
                         A("Cold.", "say")], "chat_template_kwargs": {"reasoning_effort": "low"}}

@@ -16,8 +16,8 @@ import json
 from functools import cache
 from pathlib import Path
 
-from beam_sft.conformance import ODD_TEXT
-from beam_sft.tokenizer import MARKERS
+from beam_sft.template.conformance import ODD_TEXT
+from beam_sft.template.tokenizer import MARKERS
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 1200

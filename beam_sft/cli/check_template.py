@@ -44,7 +44,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from transformers import AutoTokenizer
 
-    from beam_sft import conformance
+    from beam_sft.template import conformance
     from beam_sft.errors import FatalError, UsageError
 
     try:

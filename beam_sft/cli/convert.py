@@ -143,7 +143,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(fmt: str, late_system: str, missing_reasoning: str, render: str, chat_template: str | None):
-    from beam_sft.validate import Options, make_render_check
+    from beam_sft.validate.rules import Options, make_render_check
 
     _WORKER["fmt"] = fmt
     _WORKER["opts"] = Options(late_system=late_system, missing_reasoning=missing_reasoning)
@@ -168,8 +168,8 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
     from beam_sft.errors import RecordError, internal_error
     from beam_sft.formats import convert_raw, detect, to_row
     from beam_sft.formats.openai import fast_convert
-    from beam_sft.io import parse_line
-    from beam_sft.validate import validate
+    from beam_sft.records.files import parse_line
+    from beam_sft.validate.rules import validate
 
     fmt, plain, rendering = _WORKER["fmt"], _WORKER["opts"], _WORKER["opts_render"]
     auto = fmt == "auto"
@@ -256,7 +256,7 @@ def _results(chunks, args, init_args):
 
 def run(args: argparse.Namespace) -> int:
     from beam_sft.errors import FatalError, Reason, UsageError
-    from beam_sft.io import JsonlSink, expand_inputs, iter_items, open_writer, write_json_atomic
+    from beam_sft.records.files import JsonlSink, expand_inputs, iter_items, open_writer, write_json_atomic
 
     INTERNAL = Reason.INTERNAL_ERROR.value
     if args.num_proc < 1:
@@ -355,7 +355,7 @@ def _report_detection(per_source: dict[str, Counter]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.formats import FORMAT_NAMES
-    from beam_sft.validate import LATE_SYSTEM_CHOICES, MISSING_REASONING_CHOICES
+    from beam_sft.validate.rules import LATE_SYSTEM_CHOICES, MISSING_REASONING_CHOICES
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet, .txt), globs, directories, save_to_disk "

@@ -26,7 +26,7 @@ import sys
 
 
 def register(subparsers) -> None:
-    from beam_sft.evaluate import BACKENDS, TURN_CHOICES
+    from beam_sft.eval.evaluate import BACKENDS, TURN_CHOICES
 
     parser = subparsers.add_parser(
         "eval",
@@ -68,10 +68,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft import evaluate as ev
+    from beam_sft.eval import evaluate as ev
     from beam_sft.errors import UsageError
     from beam_sft.formats import FORMAT_NAMES
-    from beam_sft.io import write_json_atomic
+    from beam_sft.records.files import write_json_atomic
 
     if args.format not in (*FORMAT_NAMES, "beam"):
         raise UsageError(f"unknown --format {args.format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}")
@@ -106,7 +106,7 @@ def run(args) -> int:
         write_json_atomic(args.json, summary)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.report:
-        from beam_sft.inspect import write_atomic
+        from beam_sft.report.views import write_atomic
 
         write_atomic(args.report, ev.report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
         print(f"wrote {args.report}", file=sys.stderr)

@@ -79,12 +79,12 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft import inspect as ins
+    from beam_sft.report import views as ins
     from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
     from beam_sft.errors import Reason, RecordError, UsageError, internal_error
     from beam_sft.formats import FORMAT_NAMES
-    from beam_sft.render import MaskedEncoder
-    from beam_sft.tokenizer import load_tokenizer
+    from beam_sft.render.encoder import MaskedEncoder
+    from beam_sft.template.tokenizer import load_tokenizer
 
     if args.format not in (*FORMAT_NAMES, "beam"):
         raise UsageError(
@@ -182,7 +182,7 @@ if __name__ == "__main__":
 
 def _dataset_stats(args, tokenizer, encoder):
     """--stats over the whole dataset, read and converted by the data phase's convert stage
-    (`beam_sft.data.convert_source`: memory-mapped Arrow, the same converters, rejects and `internal_error`
+    (`beam_sft.dataset.phase.convert_source`: memory-mapped Arrow, the same converters, rejects and `internal_error`
     barrier as training), records decoded batch by batch. Returns (stats, input positions of internal errors).
     """
     import tempfile
@@ -190,8 +190,8 @@ def _dataset_stats(args, tokenizer, encoder):
     import numpy as np
     import pyarrow.compute as pc
 
-    from beam_sft import inspect as ins
-    from beam_sft.data import convert_source
+    from beam_sft.report import views as ins
+    from beam_sft.dataset.phase import convert_source
     from beam_sft.errors import Reason
 
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:

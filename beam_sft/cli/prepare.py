@@ -63,7 +63,7 @@ def table(manifest: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
-    from beam_sft.data import (
+    from beam_sft.dataset.phase import (
         DATA_VERSION,
         MANIFEST,
         REJECTS,
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer_files_hash,
     )
     from beam_sft.errors import Reason, UsageError
-    from beam_sft.io import atomic_output, write_json_atomic
-    from beam_sft.tokenizer import load_tokenizer
+    from beam_sft.records.files import atomic_output, write_json_atomic
+    from beam_sft.template.tokenizer import load_tokenizer
 
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     files = tokenizer_files_hash(args.tokenizer)
     quick = None
     if files is not None:
-        from beam_sft.render import RENDER_VERSION
+        from beam_sft.render.encoder import RENDER_VERSION
 
         quick = short_hash(json.dumps([DATA_VERSION, RENDER_VERSION, identity, asdict(settings), files],
                                       sort_keys=True, default=str))
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             tokenizer = load_tokenizer(args.tokenizer)
         except (OSError, ValueError) as err:
             raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
-        from beam_sft.train_data import check_stop_tokens_trained
+        from beam_sft.dataset.examples import check_stop_tokens_trained
 
         if settings.assistant_only_loss:
             check_stop_tokens_trained(tokenizer)
@@ -143,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from beam_sft.data import FORMATS
-    from beam_sft.train_data import TRUNCATION_POLICIES
+    from beam_sft.dataset.phase import FORMATS
+    from beam_sft.dataset.examples import TRUNCATION_POLICIES
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet, .txt), globs, directories, save_to_disk dirs, or "

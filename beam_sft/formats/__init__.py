@@ -3,7 +3,7 @@ shape → Beam records.
 
 Each converter is a pure function ``record -> beam record`` that raises `RecordError` (with a reason code
 and the offending message index) for a record it cannot convert. They sit in `FORMATS`, keyed by name;
-`convert_record` runs one (or detects which) and then `beam_sft.validate.validate`, so what it returns is a
+`convert_record` runs one (or detects which) and then `beam_sft.validate.rules.validate`, so what it returns is a
 checked Beam record::
 
     from beam_sft.formats import convert_record, FORMATS, detect
@@ -12,7 +12,7 @@ checked Beam record::
     # with datasets: `to_row` gives every row the same keys, and `beam_features()` stores arguments,
     # tools and template kwargs as Json, so heterogeneous records don't become null-padded structs.
     # A bad record raises RecordError; filter first with `try_convert` to skip rejects instead.
-    from beam_sft.io import beam_features
+    from beam_sft.records.files import beam_features
     ds = ds.map(lambda r: to_row(convert_record(r, "sharegpt")), remove_columns=ds.column_names,
                 features=beam_features())
 
@@ -133,7 +133,7 @@ def convert_raw(rec: Any, format: str = "auto") -> tuple[dict, str]:
 
 def convert_record(rec: Any, format: str = "auto", options: Any = None) -> dict:
     """One raw record → a validated Beam record, or `RecordError`. `options` is a `validate.Options`."""
-    from beam_sft.validate import validate
+    from beam_sft.validate.rules import validate
 
     if format == "openai" or format == "auto":
         # The fast path accepts only plain OpenAI rows (no key or field of another format), so under `auto`
@@ -154,7 +154,7 @@ def try_convert(rec: Any, format: str = "auto", options: Any = None) -> tuple[di
 
 
 def to_row(beam: dict) -> dict:
-    """A Beam record with all three columns present (for `datasets.map` with `beam_sft.io.beam_features()`)."""
+    """A Beam record with all three columns present (for `datasets.map` with `beam_sft.records.files.beam_features()`)."""
     return {"messages": beam["messages"], "tools": beam.get("tools"),
             "chat_template_kwargs": beam.get("chat_template_kwargs") or {}}
 

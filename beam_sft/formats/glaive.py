@@ -23,7 +23,7 @@ from typing import Any
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import reject_unsupported_record
 from beam_sft.formats.toolmarkup import call_from_value, loads_lenient, strip_boilerplate
-from beam_sft.messages import normalize_tools, record
+from beam_sft.records.messages import normalize_tools, record
 
 _ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
 _EOT = "<|endoftext|>"

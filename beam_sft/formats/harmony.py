@@ -51,8 +51,8 @@ import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
-from beam_sft.messages import parse_arguments
-from beam_sft.messages import record as beam_record
+from beam_sft.records.messages import parse_arguments
+from beam_sft.records.messages import record as beam_record
 
 DEFAULT_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 _EFFORTS = {"low", "medium", "high"}

@@ -19,7 +19,7 @@ undesirable (``label: false``: training on them would teach the rejected answer)
 ``images`` / ``videos`` / ``audios`` (Beam is text only).
 
 Pairing tool results with calls, merging consecutive assistant messages and folding content said before
-calls into the reasoning happen in `beam_sft.validate`, shared by every format.
+calls into the reasoning happen in `beam_sft.validate.rules`, shared by every format.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.toolmarkup import lift, scan
-from beam_sft.messages import (
+from beam_sft.records.messages import (
     EFFORT_LABELS,
     MAX_JSON_DEPTH,
     nests_deeper,
@@ -43,7 +43,7 @@ from beam_sft.messages import (
     tool_content,
     tools_json,
 )
-from beam_sft.messages import (
+from beam_sft.records.messages import (
     record as beam_record,
 )
 
@@ -289,7 +289,7 @@ def convert(rec: Any) -> dict:
 _FAST_RECORD_KEYS = frozenset(("messages", "tools", "chat_template_kwargs", "reasoning_effort",
                                "parallel_tool_calls", "id"))
 _FAST_USER_ROLES = frozenset(("user", "system", "developer"))
-# A "type" that is not a JSON Schema type ("int", "dict"): the general path maps it (beam_sft.schema_types).
+# A "type" that is not a JSON Schema type ("int", "dict"): the general path maps it (beam_sft.records.schema_types).
 _NONSTANDARD_TYPE = re.compile(rb'"type":"(?!(?:function|string|integer|number|boolean|array|object|null)")')
 # Most datasets repeat a few tool lists, so the verdict is kept per serialized list (bounded: cleared when full).
 _TYPES_SEEN: dict[bytes, bool] = {}

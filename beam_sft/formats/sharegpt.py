@@ -17,7 +17,7 @@ Hermes and axolotl data:
 
 A leading ``<think>…</think>`` (or ``<thinking>``, ``<reasoning>``) block in an assistant turn is its reasoning.
 A call turn becomes an assistant message of its own; the assistant turn right before it (typically the
-reasoning, glaive's "I'll look that up") is merged with it by `beam_sft.validate`, which also pairs results
+reasoning, glaive's "I'll look that up") is merged with it by `beam_sft.validate.rules`, which also pairs results
 with calls by position.
 """
 
@@ -30,8 +30,8 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import _reasoning_field, record_kwargs, reject_unsupported_record
 from beam_sft.formats.toolmarkup import lift, scan
-from beam_sft.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
-from beam_sft.messages import record as beam_record
+from beam_sft.records.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
+from beam_sft.records.messages import record as beam_record
 
 USER_ROLES = frozenset(("human", "user", "prompter", "usr"))
 ASSISTANT_ROLES = frozenset(("gpt", "assistant", "model", "chatgpt", "bing", "bard", "claude", "bot", "ai"))

@@ -7,7 +7,7 @@ Two jobs, shared by the OpenAI and ShareGPT converters (and so by `--format herm
   an assistant message → its ``tool_calls`` (text beside them → reasoning); ``<tool_response>`` blocks in a
   tool or user message → tool messages, ``{"name", "content"}`` wrappers unwrapped.
 * `find_markup` finds call or result markup that is still in a text after conversion, for the
-  ``tool_markup_in_text`` rule of `beam_sft.validate`.
+  ``tool_markup_in_text`` rule of `beam_sft.validate.rules`.
 
 **Markup vs a tag quoted in prose.** A tag is markup when a model or tool would have written it as
 structure: it starts a line (only whitespace before it), or JSON follows it (``{`` or ``[``, after
@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.messages import normalize_tools, tool_call
+from beam_sft.records.messages import normalize_tools, tool_call
 
 # What counts as call/result markup (the tool_markup_in_text rule), and a cheap gate before the regex.
 _MARKUP_RE = re.compile(
@@ -326,7 +326,7 @@ def strip_boilerplate(text: str) -> str:
 def scan(messages: list[dict]) -> tuple[bool, bool]:
     """(may hold any tool markup, may hold tags to lift) for converted messages: one search over all texts.
 
-    A converter that finds neither tells `beam_sft.validate` so (``_no_markup``), which then skips its own
+    A converter that finds neither tells `beam_sft.validate.rules` so (``_no_markup``), which then skips its own
     search: the common record pays for one pass, not two."""
     parts = []
     for m in messages:

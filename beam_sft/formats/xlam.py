@@ -8,7 +8,7 @@ earlier call written as a fenced JSON list, ``tool`` = its result) becomes those
 prompt suffix ``Generate API Request:`` at its end is dropped.
 
 xLAM's parameter maps (``{"p": {"type": "str, optional", "description", "default"}}``) become JSON Schema;
-the type mapping is `beam_sft.schema_types.json_type` (README, Decisions: "xLAM parameter types").
+the type mapping is `beam_sft.records.schema_types.json_type` (README, Decisions: "xLAM parameter types").
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import reject_unsupported_record
 from beam_sft.formats.toolmarkup import loads_lenient
-from beam_sft.messages import openai_tool_call, record, text_of, tool_content
-from beam_sft.schema_types import parameters_schema
+from beam_sft.records.messages import openai_tool_call, record, text_of, tool_content
+from beam_sft.records.schema_types import parameters_schema
 
 _SUFFIX = "Generate API Request:"
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.toolmarkup import find_markup, may_have_markup
-from beam_sft.messages import (
+from beam_sft.records.messages import (
     EFFORT_LABELS,
     MAX_JSON_DEPTH,
     PARAMETER_CLOSE_TAG,
@@ -443,7 +443,7 @@ def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -
     """A `render_check` for `Options`: renders a record with the Beam chat template and returns the text.
 
     With a tokenizer, its own template is used (``apply_chat_template(..., tokenize=False)``); otherwise the
-    template shipped in `beam_sft.templates` (or `chat_template`) is rendered directly, which needs no
+    template shipped in `beam_sft.template` (or `chat_template`) is rendered directly, which needs no
     tokenizer files and is several times faster.
     """
     if tokenizer is not None:
@@ -455,7 +455,7 @@ def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -
     from transformers.utils.chat_template_utils import render_jinja_template
 
     if chat_template is None:
-        from beam_sft.templates import chat_template as packaged
+        from beam_sft.template import chat_template as packaged
 
         chat_template = packaged()
 

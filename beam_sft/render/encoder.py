@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
 from typing import Any
 
-from beam_sft import direct_render
+from beam_sft.render import direct as direct_render
 from beam_sft.errors import Reason, RecordError
 
 # Part of the datasets cache fingerprint: bump when the output of the encoder could change.
@@ -358,7 +358,7 @@ class MaskedEncoder:
         treat the start of the text differently (Metaspace's prepend_scheme="first" adds "▁" there only).
         """
         if self._tiktoken is not None:
-            # No normalizer and no prefix space (checked in beam_sft.tiktoken_backend): a piece tokenizes
+            # No normalizer and no prefix space (checked in beam_sft.render.tiktoken_backend): a piece tokenizes
             # the same at the start and after a marker.
             out = self._tiktoken.encode(pieces)
             rest = [k for k, ids in enumerate(out) if ids is None]
@@ -508,7 +508,7 @@ _TIKTOKEN_PIECES: dict[str, tuple[Any, str | None]] = {}
 def _tiktoken_pieces(serialized: str) -> tuple[Any, str | None]:
     key = hashlib.sha256(serialized.encode()).hexdigest()
     if key not in _TIKTOKEN_PIECES:
-        from beam_sft import tiktoken_backend
+        from beam_sft.render import tiktoken_backend
 
         try:
             state = json.loads(serialized)

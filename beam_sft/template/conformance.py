@@ -15,7 +15,7 @@ Two kinds of rules, each a named check that passes or fails with a one-line reas
   `<|channel|>` through `<|return|>`/`<|call|>`, prompts are prefixes of the rendered conversation, text
   survives encode/decode, and the response template parses what the chat template renders.
 
-The page ships inside the package (`beam_sft/spec/beam-harmony-format.md`), so the suite works installed.
+The page ships inside the package (`beam_sft/template/spec/beam-harmony-format.md`), so the suite works installed.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from beam_sft.tokenizer import EOS_TOKEN, MARKERS, save_tokenizer
+from beam_sft.template.tokenizer import EOS_TOKEN, MARKERS, save_tokenizer
 
 SPEC_PATH = Path(__file__).resolve().parent / "spec" / "beam-harmony-format.md"
 

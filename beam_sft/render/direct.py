@@ -1,8 +1,8 @@
 """The bundled Beam chat template, rendered by plain Python for the records it is sure about.
 
 Rendering through Jinja costs more than tokenizing the result with tiktoken, so for the one template this
-project ships, `beam_sft.render` uses this renderer instead, and only when the tokenizer's template is
-byte-identical to `beam_sft/templates/chat_template.jinja` (`for_template`). It returns what
+project ships, `beam_sft.render.encoder` uses this renderer instead, and only when the tokenizer's template is
+byte-identical to `beam_sft/template/chat_template.jinja` (`for_template`). It returns what
 transformers' tracked rendering returns — the text and the character spans of the `{% generation %}`
 blocks — or None for anything it does not handle exactly, and the caller then renders with Jinja:
 
@@ -27,7 +27,7 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from beam_sft.tokenizer import MARKERS, TEMPLATES_DIR
+from beam_sft.template.tokenizer import MARKERS, TEMPLATES_DIR
 
 _SCALARS = (str, int, float, bool, type(None))
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliasing order
@@ -124,7 +124,7 @@ class BeamTemplateRenderer:
 
     def _jinja(self, messages: list, tools, template_kwargs: dict) -> str | None:
         """The template's own rendering of a prefix (no generation blocks), or None if it raises."""
-        from beam_sft import render
+        from beam_sft.render import encoder as render
 
         try:
             if self.template not in render._RENDERERS:

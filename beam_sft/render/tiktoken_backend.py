@@ -4,7 +4,7 @@ gpt-oss's tokenizer (o200k_harmony) is transformers' `TikTokenConverter` output:
 vocabulary is tiktoken's ranks, whose merges are derived from those ranks, and whose pre-tokenizer is
 tiktoken's split pattern. `tiktoken` encodes such text several times faster than the `tokenizers` backend.
 `build` returns an encoder only when it can show that both give the same ids on any text free of added
-tokens (`beam_sft.render` cuts those out first):
+tokens (`beam_sft.render.encoder` cuts those out first):
 
 * vocabulary: every token of the BPE model decodes from the byte-level alphabet to bytes, and the ids are
   0..N-1; these (bytes, id) pairs *are* the ranks tiktoken is given, so the two vocabularies are one;
@@ -21,7 +21,7 @@ tokens (`beam_sft.render` cuts those out first):
 * special handling: none to reproduce: pieces hold no added tokens, and `encode_ordinary` treats
   special-token text as text.
 
-`beam_sft.render.MaskedEncoder` then compares both on probe texts before using it, and falls back to the
+`beam_sft.render.encoder.MaskedEncoder` then compares both on probe texts before using it, and falls back to the
 `tokenizers` backend on any difference.
 
 One residual difference in BPE itself is known and not checked here: when two *different* pairs that

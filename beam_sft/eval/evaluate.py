@@ -8,7 +8,7 @@ reference turn (see `score_turn` for each metric). Work is streamed: records are
 in chunks, so memory stays flat however many records there are; only failures kept for the report (capped)
 are held.
 
-    from beam_sft.evaluate import load_model, TransformersBackend, evaluate
+    from beam_sft.eval.evaluate import load_model, TransformersBackend, evaluate
     model, tokenizer = load_model("outputs/quickstart/model")
     result = evaluate(TransformersBackend(model, tokenizer), tokenizer, records)   # [(record, format), ...]
     print(summary_table(result)); result.summary()["well_formed"]
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError, UsageError
-from beam_sft.messages import HARMONY_MARKERS
+from beam_sft.records.messages import HARMONY_MARKERS
 
 logger = logging.getLogger(__name__)
 
@@ -77,17 +77,17 @@ def _load_records(
     """Read `path` lazily: yields `(record, None, format)` for each Beam record, `(None, reject, format)` for
     each rejected input row (the converters' reason codes), in input order; at most `max_records` rows.
 
-    The records go through the data phase's own per-record conversion (`beam_sft.data.convert_one`, with
+    The records go through the data phase's own per-record conversion (`beam_sft.dataset.phase.convert_one`, with
     its `internal_error` barrier and reject entries), one at a time: an evaluation reads a few hundred rows
     of what may be a large file, and stops there. `format` is the source format of the row: `fmt` when
     given, else what `beam_sft.formats.detect` says (a Beam record read under "auto" detects as "openai").
     """
     import orjson
 
-    from beam_sft.data import convert_one, reject_entry
+    from beam_sft.dataset.phase import convert_one, reject_entry
     from beam_sft.errors import internal_error
     from beam_sft.formats import detect
-    from beam_sft.io import expand_inputs, iter_items, parse_line
+    from beam_sft.records.files import expand_inputs, iter_items, parse_line
 
     specs = [path] if isinstance(path, str) else list(path)
     # As for training: a rejects file next to convert-dataset's output is not data.
@@ -177,7 +177,7 @@ class Generation:
 
 def stop_ids(tokenizer) -> dict[int, str]:
     """{token id: marker} of `<|return|>` and `<|call|>` (each must be one token)."""
-    from beam_sft.train_data import stop_token_ids
+    from beam_sft.dataset.examples import stop_token_ids
 
     return dict(zip(stop_token_ids(tokenizer), STOP_MARKERS, strict=True))
 
@@ -659,7 +659,7 @@ def evaluate(
     from tqdm.auto import tqdm
 
     if getattr(tokenizer, "response_template", None) is None:
-        raise UsageError("the tokenizer has no response_template; install it with beam_sft.tokenizer.beamify")
+        raise UsageError("the tokenizer has no response_template; install it with beam_sft.template.tokenizer.beamify")
     if turns not in TURN_CHOICES:
         raise UsageError(f"--turns must be one of {', '.join(TURN_CHOICES)}, not {turns!r}")
     result = EvalResult(backend=getattr(backend, "name", type(backend).__name__))
@@ -737,7 +737,7 @@ def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: st
     if not tok.chat_template or getattr(tok, "response_template", None) is None:
         raise UsageError(
             f"{source}: the tokenizer lacks the Beam chat template or response_template "
-            "(save it with beam_sft.tokenizer.save_tokenizer, or beamify it)"
+            "(save it with beam_sft.template.tokenizer.save_tokenizer, or beamify it)"
         )
     return tok, source
 
@@ -854,7 +854,7 @@ def _json_html(value: Any) -> str:
 def report_html(result: EvalResult, *, title: str = "beam-sft eval") -> str:
     """A self-contained page (the `beam-sft inspect --html` styles): the summary table, then every kept
     failing turn with the prompt tail, the raw generation, the parse and the reference."""
-    from beam_sft.inspect import html_document
+    from beam_sft.report.views import html_document
 
     tables = []
     for label, groups in (("Overall and by source format", {"all": result.overall, **result.by_format}),

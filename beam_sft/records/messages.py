@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.schema_types import is_xlam_map, parameters_schema, standardize
+from beam_sft.records.schema_types import is_xlam_map, parameters_schema, standardize
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 INSTRUCTION_ROLES = frozenset(("system", "developer"))

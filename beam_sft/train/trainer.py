@@ -4,7 +4,7 @@
   reproducibly (fixed seed), sized to the bundled tokenizer.
 * `BeamSFTTrainer` is TRL's `SFTTrainer` that also logs how many supervised (loss-bearing) tokens it has
   trained on, next to TRL's `num_tokens` (every token seen).
-* `is_well_formed` (whether a generation parsed into a proper Beam turn) lives in `beam_sft.evaluate`, with
+* `is_well_formed` (whether a generation parsed into a proper Beam turn) lives in `beam_sft.eval.evaluate`, with
   the generate-and-parse loop; it is re-exported here for older imports.
 """
 
@@ -14,11 +14,11 @@ import logging
 from pathlib import Path
 
 from beam_sft.errors import FatalError
-from beam_sft.evaluate import is_well_formed  # noqa: F401  (re-export; the rule lives in beam_sft.evaluate)
+from beam_sft.eval.evaluate import is_well_formed  # noqa: F401  (re-export; the rule lives in beam_sft.eval.evaluate)
 
 logger = logging.getLogger(__name__)
 
-REPO_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = Path(__file__).resolve().parents[2]
 TINY_MODEL_DIR = REPO_DIR / "configs" / "models" / "tiny"
 
 

@@ -1,6 +1,6 @@
 """See what will be trained: token-by-token mask views and dataset statistics.
 
-Everything here goes through `beam_sft.render` (the encoder training uses), so what you see is what
+Everything here goes through `beam_sft.render.encoder` (the encoder training uses), so what you see is what
 trains. Three views of one record:
 
 * `ansi_view`: the terminal, every token coloured trained (green background) or not (grey), Harmony
@@ -14,7 +14,7 @@ trains. Three views of one record:
 empty mask, records cut by `max_length` (and whether the cut fell inside an assistant turn), records
 whose stop tokens (`<|return|>`, `<|call|>`) are not trained.
 
-    from beam_sft.inspect import load_records, inspect_record, ansi_view, dataset_stats, stats_table
+    from beam_sft.report.views import load_records, inspect_record, ansi_view, dataset_stats, stats_table
     loaded = load_records("data/samples/openai.jsonl")
     print(ansi_view(inspect_record(tokenizer, loaded.records[0])))
     print(stats_table(dataset_stats(tokenizer, loaded.records, max_length=512)))
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError, internal_error
-from beam_sft.render import MaskedEncoder
+from beam_sft.render.encoder import MaskedEncoder
 
 STOP_MARKERS = ("<|return|>", "<|call|>")
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -81,7 +81,7 @@ def load_records(
     `format` is a converter name or "auto" (detect per record); "beam" takes records as they are.
     Records the converters or the validator reject are listed in `rejects` with their reason.
     """
-    from beam_sft.io import expand_inputs, iter_items, parse_line
+    from beam_sft.records.files import expand_inputs, iter_items, parse_line
 
     records, positions, sources, rejects = [], [], [], []
     total = 0
@@ -549,7 +549,7 @@ def dataset_stats(
 ) -> DatasetStats:
     """Statistics over `records` (Beam records), encoded by the training encoder in batches.
 
-    `records` is any sequence that can be sliced, e.g. `beam_sft.data.Converted`, which decodes each batch
+    `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.phase.Converted`, which decodes each batch
     from memory-mapped Arrow only when it is encoded.
 
     A record the template rejects counts as rejected (its reason is kept), never silently dropped.
@@ -692,7 +692,7 @@ def stats_html(stats: DatasetStats) -> str:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` atomically (`beam_sft.io.atomic_output`: umask permissions, no partial file)."""
-    from beam_sft.io import write_bytes_atomic
+    """Write `text` to `path` atomically (`beam_sft.records.files.atomic_output`: umask permissions, no partial file)."""
+    from beam_sft.records.files import write_bytes_atomic
 
     write_bytes_atomic(path, text.encode("utf-8"))

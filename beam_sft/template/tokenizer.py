@@ -5,14 +5,14 @@ What the format needs from a tokenizer (see the spec page, "Messages"):
 * the seven markers are single tokens; only `<|return|>` is special and it is the EOS token, so
   `decode(..., skip_special_tokens=True)` keeps the other six and the response parser still sees message
   boundaries;
-* the chat template (`beam_sft/templates/chat_template.jinja`) and the response template
-  (`beam_sft/templates/response_template.json`) are installed;
+* the chat template (`beam_sft/template/chat_template.jinja`) and the response template
+  (`beam_sft/template/response_template.json`) are installed;
 * a pad token exists and is not `<|return|>`: collators that mask padding by id would otherwise also mask
   the EOS the model must learn to emit. Where the tokenizer has none we add a special `<|pad|>`.
 
 Usage:
 
-    from beam_sft.tokenizer import load_tokenizer, beamify
+    from beam_sft.template.tokenizer import load_tokenizer, beamify
     tok = load_tokenizer()                       # data/tokenizer, the small bundled byte-level BPE
     beamify(hf_tokenizer, model)                 # any tokenizer, in place; resizes + mean-inits embeddings
 
@@ -43,15 +43,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from beam_sft.messages import HARMONY_MARKERS as MARKERS
+from beam_sft.records.messages import HARMONY_MARKERS as MARKERS
 
 EOS_TOKEN = "<|return|>"
 # Distinct from EOS on purpose (see module docstring); special so decode(skip_special_tokens=True) drops it.
 PAD_TOKEN = "<|pad|>"
 PLAIN_MARKERS: tuple[str, ...] = tuple(m for m in MARKERS if m != EOS_TOKEN)
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-TEMPLATES_DIR = PACKAGE_DIR / "templates"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+TEMPLATES_DIR = PACKAGE_DIR / "template"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 RESPONSE_TEMPLATE_FILE = "response_template.json"
 # The repo's data/tokenizer. An installed (non-editable) package has no repo around it; load_tokenizer then

@@ -1,13 +1,13 @@
 """The per-record rules of training data: Beam records in, `input_ids` + `labels` out, with counts.
 
-`scripts/train.py` runs them through `beam_sft.data` (Arrow, chunked, cached, once per job). `read_rows`,
+`scripts/train.py` runs them through `beam_sft.dataset.phase` (Arrow, chunked, cached, once per job). `read_rows`,
 `to_beam_records` and `prepare_dataset` are the in-memory path over Python lists: for small data, tests,
 and the benchmark's "today's path" baseline; they hold everything in memory, so don't feed them a real set.
 
 The trainer gets a pre-tokenized dataset (`input_ids`, `labels`), so TRL skips its own chat-template pass
 and everything that decides what is trained happens here, where it can be tested:
 
-* masks come from the chat template's `{% generation %}` block (`beam_sft.render.encode_record` when that
+* masks come from the chat template's `{% generation %}` block (`beam_sft.render.encoder.encode_record` when that
   module is present, else `tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)`; the two
   are identical by contract), with the record's own `tools` and `chat_template_kwargs`;
 * a record whose mask is empty is a hard error naming the record: it would silently train nothing;
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError, Reason, RecordError, UsageError
-from beam_sft.io import Item
+from beam_sft.records.files import Item
 
 logger = logging.getLogger(__name__)
 
@@ -151,10 +151,10 @@ def convert_row(row: Any, input_format: str = "auto") -> dict[str, Any]:
 
     `input_format="beam"`: the row is a Beam record (Arrow artefacts undone, then validated); any other value
     is a converter name or "auto" (`beam_sft.formats.convert_record`). The one per-record conversion of
-    training data: the data phase (`beam_sft.data`) and `to_beam_records` both call it.
+    training data: the data phase (`beam_sft.dataset.phase`) and `to_beam_records` both call it.
     """
     from beam_sft.formats import convert_record
-    from beam_sft.validate import validate
+    from beam_sft.validate.rules import validate
 
     if input_format == "beam":
         if not isinstance(row, dict):
@@ -164,14 +164,14 @@ def convert_row(row: Any, input_format: str = "auto") -> dict[str, Any]:
 
 
 def read_rows(source: str, split: str = "train") -> list[Item]:
-    """Read raw rows with their provenance through the readers `convert-dataset` uses (`beam_sft.io`).
+    """Read raw rows with their provenance through the readers `convert-dataset` uses (`beam_sft.records.files`).
 
     `source`: a .jsonl / .json / .parquet file, a glob, a directory of them, a `save_to_disk` dataset, or a hub
     id (only from the local cache when HF_HUB_OFFLINE=1). Each item keeps its file and 1-based line (JSONL) or
     0-based index; an unreadable row (malformed JSON, invalid UTF-8) is an item carrying its `RecordError`,
     which `to_beam_records` counts as a reject instead of stopping the run.
     """
-    from beam_sft.io import expand_inputs, iter_items
+    from beam_sft.records.files import expand_inputs, iter_items
 
     sources = expand_inputs([source], split)
     if Path(source).is_dir():
@@ -188,12 +188,12 @@ def to_beam_records(
     """Turn rows read by `read_rows` into validated Beam records with the project's converters.
 
     `input_format="beam"`: rows are Beam records (what `convert-dataset` writes); Arrow artefacts are undone
-    and `beam_sft.validate` checks them. Any other value goes through `beam_sft.formats.convert_record`
+    and `beam_sft.validate.rules` checks them. Any other value goes through `beam_sft.formats.convert_record`
     ("auto" detects the format per row; a Beam record reads as OpenAI-shaped and passes unchanged).
     Returns (records, rejects); each reject is a `RecordError.to_dict()` with the row's source and its line
     (JSONL) or index: records + rejects = rows, nothing is lost silently.
     """
-    from beam_sft.io import parse_line
+    from beam_sft.records.files import parse_line
 
     records: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
@@ -217,11 +217,11 @@ def to_beam_records(
 def encode_many(tokenizer, records: Sequence[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
     """(input_ids, assistant_masks) of Beam records, as the chat template renders them.
 
-    Uses `beam_sft.render`'s batched encoder when present (identical to apply_chat_template by contract,
+    Uses `beam_sft.render.encoder`'s batched encoder when present (identical to apply_chat_template by contract,
     and much faster), else `apply_chat_template(..., return_assistant_tokens_mask=True)` per record.
     """
     try:
-        from beam_sft.render import get_encoder
+        from beam_sft.render.encoder import get_encoder
     except ImportError:
         get_encoder = None
     if get_encoder is not None:

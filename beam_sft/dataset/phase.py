@@ -4,7 +4,7 @@ One flow, used by `scripts/train.py`, `beam-sft prepare` (and, for the convert s
 
     read_chunks      raw rows -> memory-mapped Arrow files of CHUNK_ROWS records (raw JSON + provenance)
     convert_source   + batched `datasets.map` (num_proc): convert / validate  -> Beam records (JSON) + rejects
-    build_prepared   per chunk: convert, then render (beam_sft.render), mask, truncate and count in a second
+    build_prepared   per chunk: convert, then render (beam_sft.render.encoder), mask, truncate and count in a second
                      batched `datasets.map`; kept rows appended to the prepared directory's Arrow files
     prepare_data     build_prepared cached under a fingerprint, once per job (main process first)
     stream_training_data  the same conversion and tokenization on the fly (an IterableDataset)
@@ -81,7 +81,7 @@ class DataSettings:
     seed: int = 0
 
     def check(self) -> None:
-        from beam_sft.train_data import TRUNCATION_POLICIES
+        from beam_sft.dataset.examples import TRUNCATION_POLICIES
 
         if self.format not in FORMATS:
             raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
@@ -113,8 +113,8 @@ def _raw_schema():
 
 
 def expand_sources(inputs: Sequence[str], split: str = "train"):
-    """`beam_sft.io` sources of the inputs; in a directory, convert-dataset's rejects files are not data."""
-    from beam_sft.io import expand_inputs
+    """`beam_sft.records.files` sources of the inputs; in a directory, convert-dataset's rejects files are not data."""
+    from beam_sft.records.files import expand_inputs
 
     out = []
     for spec in inputs:
@@ -131,7 +131,7 @@ def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None 
                 progress: bool = False, prefix: str = "raw") -> Iterator[Any]:
     """The input records of `sources`, `chunk_rows` at a time, each chunk a memory-mapped Arrow dataset.
 
-    Reads through `beam_sft.io.iter_items` (the readers `convert-dataset` uses), writing record batches as it
+    Reads through `beam_sft.records.files.iter_items` (the readers `convert-dataset` uses), writing record batches as it
     goes; a chunk's file is written completely before it is yielded, the next one after the caller is done
     with it. Unreadable rows carry their `RecordError`. At least one (maybe empty) chunk is yielded.
     """
@@ -139,7 +139,7 @@ def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None 
     from datasets import Dataset
     from tqdm import tqdm
 
-    from beam_sft.io import iter_items
+    from beam_sft.records.files import iter_items
 
     index = {s.name: i for i, s in enumerate(sources)}
     schema = _raw_schema()
@@ -206,8 +206,8 @@ def reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict
 
 def convert_one(payload: bytes, fmt: str) -> dict[str, Any]:
     """One raw record (JSON bytes) -> a validated Beam record, or `RecordError`."""
-    from beam_sft.io import parse_line
-    from beam_sft.train_data import convert_row
+    from beam_sft.records.files import parse_line
+    from beam_sft.dataset.examples import convert_row
 
     return convert_row(parse_line(payload), fmt)
 
@@ -339,8 +339,8 @@ def _procs(num_proc: int | None, n_rows: int) -> int | None:
 
 
 def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names):
-    from beam_sft.render import get_encoder
-    from beam_sft.train_data import build_example
+    from beam_sft.render.encoder import get_encoder
+    from beam_sft.dataset.examples import build_example
 
     keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return",
             "n_supervised_call")
@@ -445,7 +445,7 @@ def tokenizer_files_hash(path: str | os.PathLike | None) -> str | None:
     """A hash of a local tokenizer directory's files, or None (a hub id): lets `beam-sft prepare` see that a
     prepared directory is up to date without loading the tokenizer."""
     if path is None:
-        from beam_sft.tokenizer import DEFAULT_TOKENIZER_DIR
+        from beam_sft.template.tokenizer import DEFAULT_TOKENIZER_DIR
 
         path = DEFAULT_TOKENIZER_DIR
     directory = Path(path)
@@ -465,7 +465,7 @@ def run_fields(tokenizer, settings: DataSettings) -> dict[str, Any]:
 
 
 def fingerprint(identity: Any, tokenizer, settings: DataSettings, extra: Any = None) -> str:
-    from beam_sft.render import RENDER_VERSION
+    from beam_sft.render.encoder import RENDER_VERSION
 
     parts = {"data_version": DATA_VERSION, "render_version": RENDER_VERSION, "sources": identity,
              "settings": asdict(settings), **run_fields(tokenizer, settings), "extra": extra}
@@ -625,7 +625,7 @@ def _final_features():
 
 def _tokenize_chunk(tokenizer, converted, settings: DataSettings, names, eval_rows, num_proc, progress):
     """Tokenize one converted chunk (rejected rows pass through as empty); returns the map's Arrow table."""
-    from beam_sft.train_data import stop_token_ids
+    from beam_sft.dataset.examples import stop_token_ids
 
     mapped = converted.map(
         _tokenize_chunk_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(converted)),
@@ -719,20 +719,20 @@ def build_prepared(
     import numpy as np
     import pyarrow.compute as pc
 
-    from beam_sft.io import (
+    from beam_sft.records.files import (
         JsonlSink,
         remove_stale_temporaries,
         replace_dir,
         temporary_path,
         write_json_atomic,
     )
-    from beam_sft.train_data import PrepStats
+    from beam_sft.dataset.examples import PrepStats
 
     settings.check()
     chunk_rows = chunk_rows or CHUNK_ROWS
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Named like every other temporary output (beam_sft.io), so a run killed here is cleaned up by the next.
+    # Named like every other temporary output (beam_sft.records.files), so a run killed here is cleaned up by the next.
     remove_stale_temporaries(out)
     work = temporary_path(out, directory=True)
     started = time.time()
@@ -918,7 +918,7 @@ def prepare_data(
         if settings.eval_split_size > 0 and not eval_inputs:
             if prepared.eval is not None:
                 raise UsageError(f"{inputs[0]} already holds an eval split; drop eval_split_size")
-            from beam_sft.train_data import stop_token_ids
+            from beam_sft.dataset.examples import stop_token_ids
 
             n_eval = _split_sizes(len(prepared.train), settings.eval_split_size)
             # Indices in memory: identical on every rank (same seed) and no cache file races on shared storage.
@@ -1002,7 +1002,7 @@ def training_datasets(
     counts to `output_dir/data_stats.json`; every rank writes `output_dir/data_phase.rank<N>.json`.
     `streaming`: `stream_training_data` instead (nothing cached, rejects in `output_dir/rejects.rank<N>.jsonl`).
     """
-    from beam_sft.io import atomic_output, write_json_atomic
+    from beam_sft.records.files import atomic_output, write_json_atomic
 
     if streaming:
         train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir)
@@ -1022,7 +1022,7 @@ def training_datasets(
     if counts.get("rejected", {}).get(Reason.INTERNAL_ERROR.value):
         logger.warning("!!! %d records failed with an unexpected error (reason internal_error): a converter bug; "
                        "see rejects.jsonl", counts["rejected"][Reason.INTERNAL_ERROR.value])
-    from beam_sft.train_data import PrepStats
+    from beam_sft.dataset.examples import PrepStats
 
     for name, split in prepared.stats.items():
         if "records_in" in split:
@@ -1052,7 +1052,7 @@ def training_datasets(
 
 def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | None, names: tuple):
     """Raw rows of the given shards: shard s holds input records s, s + n_shards, s + 2 n_shards, ..."""
-    from beam_sft.io import iter_items
+    from beam_sft.records.files import iter_items
 
     index = {name: i for i, name in enumerate(names)}
     wanted = set(shard)
@@ -1113,7 +1113,7 @@ def stream_training_data(
     """
     from datasets import Features, IterableDataset, Value
 
-    from beam_sft.train_data import stop_token_ids
+    from beam_sft.dataset.examples import stop_token_ids
 
     if isinstance(inputs, str):
         inputs = [inputs]

@@ -1,0 +1,1 @@
+"""The data phase: training examples, truncation, prepared datasets, streaming."""

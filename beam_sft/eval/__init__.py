@@ -1,0 +1,1 @@
+"""Generation on held-out turns, parsing, and format metrics."""

@@ -1,0 +1,1 @@
+"""Beam records: the message type, constants, schema types, and reading and writing record files."""

@@ -1,0 +1,1 @@
+"""Rendering records to token ids and assistant masks."""

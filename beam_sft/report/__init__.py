@@ -1,0 +1,1 @@
+"""What a person reads: mask views, HTML pages, dataset statistics."""

@@ -1,0 +1,1 @@
+"""Training: trainer class, tiny model, packing, MoE."""

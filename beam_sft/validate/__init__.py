@@ -1,0 +1,1 @@
+"""Beam rules on converted records; the one per-record conversion entry."""
