@@ -85,7 +85,13 @@ def build(
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from beam_sft.template.tokenizer import EOS_TOKEN, PAD_TOKEN, PLAIN_MARKERS, install_templates, save_tokenizer
+    from beam_sft.template.tokenizer import (
+        EOS_TOKEN,
+        PAD_TOKEN,
+        PLAIN_MARKERS,
+        install_templates,
+        save_tokenizer,
+    )
 
     texts = [p.read_text(encoding="utf-8") for p in corpus_files(Path(corpus_dir))]
     reserved = len(PLAIN_MARKERS) + 2  # + EOS + pad, appended after training

@@ -294,12 +294,12 @@ def main(script_args, training_args, model_args, callbacks=None):
     from packaging.version import Version
     from transformers.trainer_utils import get_last_checkpoint
 
+    from beam_sft.dataset.examples import check_stop_tokens_trained
     from beam_sft.dataset.phase import DataSettings, training_datasets
     from beam_sft.errors import UsageError
+    from beam_sft.template.tokenizer import save_tokenizer
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.packing import ensure_exact_packing
-    from beam_sft.template.tokenizer import save_tokenizer
-    from beam_sft.dataset.examples import check_stop_tokens_trained
     from beam_sft.train.trainer import make_trainer_class
 
     _setup_logging(training_args)

@@ -21,7 +21,13 @@ import orjson
 import pytest
 
 from beam_sft.cli.convert import main
-from beam_sft.records.files import _HOST, atomic_output, remove_stale_temporaries, temporary_path, write_json_atomic
+from beam_sft.records.files import (
+    _HOST,
+    atomic_output,
+    remove_stale_temporaries,
+    temporary_path,
+    write_json_atomic,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "samples"

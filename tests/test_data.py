@@ -8,6 +8,13 @@ from pathlib import Path
 import orjson
 import pytest
 
+from beam_sft.dataset.examples import (
+    IGNORE_INDEX,
+    EmptyMaskError,
+    prepare_dataset,
+    read_rows,
+    to_beam_records,
+)
 from beam_sft.dataset.phase import (
     MANIFEST,
     REJECTS,
@@ -18,7 +25,6 @@ from beam_sft.dataset.phase import (
     prepare_data,
 )
 from beam_sft.errors import RecordError, UsageError
-from beam_sft.dataset.examples import IGNORE_INDEX, EmptyMaskError, prepare_dataset, read_rows, to_beam_records
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_sft.eval import evaluate as ev
 from beam_sft.cli import main as cli
+from beam_sft.eval import evaluate as ev
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"

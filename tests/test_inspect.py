@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from beam_sft.report import views as ins
 from beam_sft.cli import main as cli_main
 from beam_sft.errors import Reason
 from beam_sft.render.encoder import encode_record
+from beam_sft.report import views as ins
 from beam_sft.template.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

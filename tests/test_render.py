@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_sft.render import encoder as render
 from beam_sft.errors import Reason, RecordError
+from beam_sft.render import encoder as render
 from beam_sft.render.encoder import MaskedEncoder, encode_dataset, encode_record, reference_encode
 from beam_sft.template.tokenizer import MARKERS
 

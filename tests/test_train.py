@@ -340,8 +340,8 @@ def test_plain_loss_path_equals_trl_fused_lm_head(tmp_path):
     import torch
     from trl import SFTConfig
 
-    from beam_sft.template.tokenizer import load_tokenizer
     from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
+    from beam_sft.template.tokenizer import load_tokenizer
     from beam_sft.train.trainer import build_tiny_model, make_trainer_class
 
     tok = load_tokenizer()

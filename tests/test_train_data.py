@@ -9,8 +9,6 @@ import orjson
 import pytest
 import torch
 
-from beam_sft.errors import FatalError, RecordError, UsageError
-from beam_sft.template.tokenizer import load_tokenizer
 from beam_sft.dataset.examples import (
     IGNORE_INDEX,
     EmptyMaskError,
@@ -25,6 +23,8 @@ from beam_sft.dataset.examples import (
     to_beam_records,
     truncate,
 )
+from beam_sft.errors import FatalError, RecordError, UsageError
+from beam_sft.template.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"

@@ -44,8 +44,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from transformers import AutoTokenizer
 
-    from beam_sft.template import conformance
     from beam_sft.errors import FatalError, UsageError
+    from beam_sft.template import conformance
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

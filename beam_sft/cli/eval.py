@@ -68,8 +68,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft.eval import evaluate as ev
     from beam_sft.errors import UsageError
+    from beam_sft.eval import evaluate as ev
     from beam_sft.formats import FORMAT_NAMES
     from beam_sft.records.files import write_json_atomic
 

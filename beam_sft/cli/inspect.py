@@ -79,11 +79,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft.report import views as ins
     from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
     from beam_sft.errors import Reason, RecordError, UsageError, internal_error
     from beam_sft.formats import FORMAT_NAMES
     from beam_sft.render.encoder import MaskedEncoder
+    from beam_sft.report import views as ins
     from beam_sft.template.tokenizer import load_tokenizer
 
     if args.format not in (*FORMAT_NAMES, "beam"):
@@ -190,9 +190,9 @@ def _dataset_stats(args, tokenizer, encoder):
     import numpy as np
     import pyarrow.compute as pc
 
-    from beam_sft.report import views as ins
     from beam_sft.dataset.phase import convert_source
     from beam_sft.errors import Reason
+    from beam_sft.report import views as ins
 
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
         converted = convert_source(args.dataset, work, format=args.format, split=args.split,

@@ -143,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from beam_sft.dataset.phase import FORMATS
     from beam_sft.dataset.examples import TRUNCATION_POLICIES
+    from beam_sft.dataset.phase import FORMATS
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet, .txt), globs, directories, save_to_disk dirs, or "

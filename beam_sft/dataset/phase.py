@@ -206,8 +206,8 @@ def reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict
 
 def convert_one(payload: bytes, fmt: str) -> dict[str, Any]:
     """One raw record (JSON bytes) -> a validated Beam record, or `RecordError`."""
-    from beam_sft.records.files import parse_line
     from beam_sft.dataset.examples import convert_row
+    from beam_sft.records.files import parse_line
 
     return convert_row(parse_line(payload), fmt)
 
@@ -339,8 +339,8 @@ def _procs(num_proc: int | None, n_rows: int) -> int | None:
 
 
 def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names):
-    from beam_sft.render.encoder import get_encoder
     from beam_sft.dataset.examples import build_example
+    from beam_sft.render.encoder import get_encoder
 
     keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return",
             "n_supervised_call")
@@ -719,6 +719,7 @@ def build_prepared(
     import numpy as np
     import pyarrow.compute as pc
 
+    from beam_sft.dataset.examples import PrepStats
     from beam_sft.records.files import (
         JsonlSink,
         remove_stale_temporaries,
@@ -726,7 +727,6 @@ def build_prepared(
         temporary_path,
         write_json_atomic,
     )
-    from beam_sft.dataset.examples import PrepStats
 
     settings.check()
     chunk_rows = chunk_rows or CHUNK_ROWS

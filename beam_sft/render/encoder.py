@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
 from typing import Any
 
-from beam_sft.render import direct as direct_render
 from beam_sft.errors import Reason, RecordError
+from beam_sft.render import direct as direct_render
 
 # Part of the datasets cache fingerprint: bump when the output of the encoder could change.
 RENDER_VERSION = "1"
