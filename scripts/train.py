@@ -7,7 +7,7 @@ Data: Beam records written by `convert-dataset` (.jsonl / .parquet / a directory
 dataset / a hub id), or raw OpenAI, ShareGPT or Harmony files, converted on the fly by the same converters
 (`--dataset_format auto|beam|openai|sharegpt|harmony|hermes|glaive|xlam`). Masks come from the chat template's generation
 block; records longer than `--max_length` follow `--truncation_policy` (turn | drop | keep_start, see
-beam_sft/dataset/examples.py), and every cut is counted in the log. The data phase is `beam_sft.dataset.phase`: converted
+beam_sft/dataset/examples.py), and every cut is counted in the log. The data phase is `beam_sft.dataset.prepare`: converted
 and tokenized once per job (main process first) into memory-mapped Arrow, cached by fingerprint
 (`--prepared_cache_dir`), every reject in `output_dir/rejects.jsonl`; or a directory from `beam-sft prepare`.
 With packing on, the model is probed for attention across packed records before training and given explicit
@@ -295,9 +295,10 @@ def main(script_args, training_args, model_args, callbacks=None):
     from transformers.trainer_utils import get_last_checkpoint
 
     from beam_sft.dataset.examples import check_stop_tokens_trained
-    from beam_sft.dataset.phase import DataSettings, training_datasets
+    from beam_sft.dataset.settings import DataSettings
     from beam_sft.errors import UsageError
     from beam_sft.template.tokenizer import save_tokenizer
+    from beam_sft.train.data import training_datasets
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.packing import ensure_exact_packing
     from beam_sft.train.trainer import make_trainer_class
@@ -380,7 +381,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     if script_args.eval_beam:
         import tempfile
 
-        from beam_sft.dataset.phase import eval_records
+        from beam_sft.dataset.prepare import eval_records
         from beam_sft.eval.evaluate import evaluate_trainer
 
         with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:

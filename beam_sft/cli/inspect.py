@@ -182,7 +182,7 @@ if __name__ == "__main__":
 
 def _dataset_stats(args, tokenizer, encoder):
     """--stats over the whole dataset, read and converted by the data phase's convert stage
-    (`beam_sft.dataset.phase.convert_source`: memory-mapped Arrow, the same converters, rejects and `internal_error`
+    (`beam_sft.dataset.stages.convert_source`: memory-mapped Arrow, the same converters, rejects and `internal_error`
     barrier as training), records decoded batch by batch. Returns (stats, input positions of internal errors).
     """
     import tempfile
@@ -190,7 +190,7 @@ def _dataset_stats(args, tokenizer, encoder):
     import numpy as np
     import pyarrow.compute as pc
 
-    from beam_sft.dataset.phase import convert_source
+    from beam_sft.dataset.stages import convert_source
     from beam_sft.errors import Reason
     from beam_sft.report import views as ins
 

@@ -77,14 +77,14 @@ def _load_records(
     """Read `path` lazily: yields `(record, None, format)` for each Beam record, `(None, reject, format)` for
     each rejected input row (the converters' reason codes), in input order; at most `max_records` rows.
 
-    The records go through the data phase's own per-record conversion (`beam_sft.dataset.phase.convert_one`, with
+    The records go through the data phase's own per-record conversion (`beam_sft.dataset.stages.convert_one`, with
     its `internal_error` barrier and reject entries), one at a time: an evaluation reads a few hundred rows
     of what may be a large file, and stops there. `format` is the source format of the row: `fmt` when
     given, else what `beam_sft.formats.detect` says (a Beam record read under "auto" detects as "openai").
     """
     import orjson
 
-    from beam_sft.dataset.phase import convert_one, reject_entry
+    from beam_sft.dataset.stages import convert_one, reject_entry
     from beam_sft.errors import internal_error
     from beam_sft.formats import detect
     from beam_sft.records.files import expand_inputs, iter_items, parse_line

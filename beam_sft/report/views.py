@@ -549,7 +549,7 @@ def dataset_stats(
 ) -> DatasetStats:
     """Statistics over `records` (Beam records), encoded by the training encoder in batches.
 
-    `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.phase.Converted`, which decodes each batch
+    `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.stages.Converted`, which decodes each batch
     from memory-mapped Arrow only when it is encoded.
 
     A record the template rejects counts as rejected (its reason is kept), never silently dropped.
