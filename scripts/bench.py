@@ -514,8 +514,10 @@ def bench_training(tokenizer, records: list[dict], *, steps: int, max_length: in
     from transformers import TrainerCallback
     from trl import SFTConfig
 
-    from beam_sft.dataset.examples import prepare_dataset
     from beam_sft.train.trainer import make_trainer_class
+
+    sys.path.insert(0, str(REPO_DIR / "tests"))
+    from inmemory import prepare_dataset  # the in-memory reference path lives with the tests
 
     torch.set_num_threads(threads)
 
@@ -680,8 +682,9 @@ def bench_memory(target_mb: int, workdir: Path, seed: int, convert_args: list[st
 PREPARE_MB = {"full": (250, 1000), "quick": (8, 32), "smoke": (1, 4)}
 _LEGACY_PATH = (
     "import sys\n"
+    f"sys.path.insert(0, {str(REPO_DIR / 'tests')!r})\n"
     "from beam_sft.template.tokenizer import load_tokenizer\n"
-    "from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records\n"
+    "from inmemory import prepare_dataset, read_rows, to_beam_records\n"
     "records, _ = to_beam_records(read_rows(sys.argv[1]))\n"
     "prepare_dataset(load_tokenizer(sys.argv[3] or None), records, max_length=int(sys.argv[2]))\n"
 )

@@ -7,14 +7,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+from inmemory import prepare_dataset, read_rows, to_beam_records
 
-from beam_sft.dataset.examples import (
-    IGNORE_INDEX,
-    EmptyMaskError,
-    prepare_dataset,
-    read_rows,
-    to_beam_records,
-)
+from beam_sft.dataset.examples import IGNORE_INDEX, EmptyMaskError
 from beam_sft.dataset.prepare import eval_records, load_prepared, prepare_data
 from beam_sft.dataset.settings import MANIFEST, REJECTS, DataSettings
 from beam_sft.dataset.stages import convert_source

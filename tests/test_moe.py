@@ -240,9 +240,9 @@ def test_linear_routers_are_kept_out_of_all_linear(tok):
 
 def test_router_loss_is_added_once_and_equals_trls_path(tok, tmp_path):
     """Plain loss path (CPU) = TRL's fused path, both = LM loss + coef * aux_loss, and aux_loss is logged."""
+    from inmemory import prepare_dataset, read_rows, to_beam_records
     from trl import SFTConfig
 
-    from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
     from beam_sft.train.trainer import make_trainer_class
 
     records, _ = to_beam_records(read_rows(str(REPO / "data" / "samples" / "openai.jsonl"))[:4])

@@ -338,9 +338,9 @@ def test_missing_dataset_is_a_usage_error(tmp_path):
 def test_plain_loss_path_equals_trl_fused_lm_head(tmp_path):
     """The CPU loss path (model logits + cross_entropy) gives TRL's fused-LM-head loss on the same batch."""
     import torch
+    from inmemory import prepare_dataset, read_rows, to_beam_records
     from trl import SFTConfig
 
-    from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
     from beam_sft.template.tokenizer import load_tokenizer
     from beam_sft.train.trainer import build_tiny_model, make_trainer_class
 

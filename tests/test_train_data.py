@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
+from inmemory import prepare_dataset, read_rows, to_beam_records
 
 from beam_sft.dataset.examples import (
     IGNORE_INDEX,
@@ -17,10 +18,7 @@ from beam_sft.dataset.examples import (
     check_stop_tokens_trained,
     encode,
     normalize_record,
-    prepare_dataset,
-    read_rows,
     stop_token_ids,
-    to_beam_records,
     truncate,
 )
 from beam_sft.errors import FatalError, RecordError, UsageError
