@@ -382,7 +382,7 @@ def main(script_args, training_args, model_args, callbacks=None):
         import tempfile
 
         from beam_sft.dataset.prepare import eval_records
-        from beam_sft.eval.evaluate import evaluate_trainer
+        from beam_sft.eval.run import evaluate_trainer
 
         with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:
             records = list(eval_records(script_args.dataset_name, settings, work,

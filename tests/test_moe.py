@@ -108,7 +108,9 @@ def test_full_training_packed_with_explicit_masks_and_router_loss(full_run):
 def test_saved_model_loads_generates_and_parses(full_run, tok):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.eval.evaluate import TransformersBackend, _load_records, evaluate
+    from beam_sft.eval.backends import TransformersBackend
+    from beam_sft.eval.run import evaluate
+    from beam_sft.eval.turns import _load_records
 
     out, trainer = full_run
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -283,7 +285,7 @@ def test_batched_generation_with_router_logits_on(full_run, tok):
     """A model trained with the router loss keeps output_router_logits on; beam-sft eval's batched, left-padded
     generation must still run (transformers' aux-loss code fails on such batches) and leave the config as it
     was."""
-    from beam_sft.eval.evaluate import TransformersBackend
+    from beam_sft.eval.backends import TransformersBackend
 
     _, trainer = full_run
     model = trainer.model
