@@ -61,7 +61,7 @@ def _json_html(value: Any) -> str:
 def report_html(result: EvalResult, *, title: str = "beam-sft eval") -> str:
     """A self-contained page (the `beam-sft inspect --html` styles): the summary table, then every kept
     failing turn with the prompt tail, the raw generation, the parse and the reference."""
-    from beam_sft.report.views import html_document
+    from beam_sft.report.pages import html_document
 
     tables = []
     for label, groups in (("Overall and by source format", {"all": result.overall, **result.by_format}),
