@@ -200,8 +200,8 @@ def test_expert_targets_need_experts_and_missing_adapters_fail(tok):
     from peft import get_peft_model
     from trl import ModelConfig
 
+    from beam_sft.train.model import build_tiny_model
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
-    from beam_sft.train.trainer import build_tiny_model
 
     llama = build_tiny_model(tok)
     args = ModelConfig(use_peft=True, lora_target_modules=["q_proj", "v_proj"], lora_r=4)
