@@ -247,6 +247,150 @@ def _split_stats(table, mask) -> dict[str, int]:
     }
 
 
+@dataclass
+class _Chunk:
+    """One converted chunk waiting for the tokenize pass."""
+
+    files: list[Path]  # the converted Arrow files (several with num_proc)
+    names: list[str]  # source names
+    is_eval: bool  # from the separate eval data
+    n_records: int  # records converted (the rest of its rows are rejects)
+
+
+class _Tally:
+    """Records in, rejects by reason (written to the rejects file as they come), per split PrepStats sums."""
+
+    def __init__(self, rejects) -> None:
+        self.rejects = rejects
+        self.records_in = 0
+        self.rejected: Counter = Counter()
+        self.splits: dict[str, Counter] = {}
+
+    def add_rejects(self, reasons, entries) -> None:
+        self.rejected.update(_value_counts(reasons))
+        for text in entries.drop_null().to_pylist():
+            self.rejects.write(orjson.loads(text))
+
+
+def _convert_pass(inputs, eval_inputs, settings: DataSettings, work: Path, tally: _Tally, *, chunk_rows: int,
+                  num_proc, progress) -> list[_Chunk]:
+    """Pass 1: read + convert every chunk; conversion rejects go to the rejects file as they come."""
+    parts = [(inputs, settings.split, settings.max_records, False)]
+    if eval_inputs:
+        parts.append((eval_inputs, "test", None, True))
+    chunks: list[_Chunk] = []
+    for part_inputs, split, limit, is_eval in parts:
+        sources = expand_sources(part_inputs, split)
+        names = [src.name for src in sources]
+        for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
+                               prefix="eval" if is_eval else "train"):
+            converted = raw.map(
+                _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
+                fn_kwargs={"fmt": settings.format, "names": names}, remove_columns=["payload", "error"],
+                desc="converting" if progress else None, load_from_cache_file=False,
+            )
+            reasons = converted.data.column("reason")
+            tally.add_rejects(reasons, converted.data.column("reject"))
+            tally.records_in += len(raw)
+            n_records = reasons.null_count  # no reason: converted
+            kept_files = [Path(f["filename"]) for f in converted.cache_files]
+            raw_file = Path(raw.cache_files[0]["filename"])
+            del raw, converted, reasons  # closes the memory maps of this chunk
+            raw_file.unlink()
+            chunks.append(_Chunk(kept_files, names, is_eval, n_records))
+    if not any(c.n_records for c in chunks if not c.is_eval):
+        raise UsageError(f"no usable training records in {', '.join(inputs)}: {tally.records_in} read, "
+                         f"{sum(tally.rejected.values())} rejected ({dict(tally.rejected)})")
+    return chunks
+
+
+def _tokenize_pass(chunks: list[_Chunk], tokenizer, settings: DataSettings, eval_mask, writers, tally: _Tally, *,
+                   num_proc, progress) -> None:
+    """Pass 2: tokenize chunk by chunk, appending kept rows to the split files."""
+    import numpy as np
+    import pyarrow.compute as pc
+    from datasets import Dataset, concatenate_datasets
+
+    tally.splits = {name: Counter() for name in writers}
+    offset = 0
+    for chunk in chunks:
+        converted = concatenate_datasets([Dataset.from_file(str(p)) for p in chunk.files])
+        eval_rows = None
+        if eval_mask is not None:
+            has_record = pc.is_valid(converted.data.column("record")).to_numpy(zero_copy_only=False)
+            eval_rows = np.zeros(len(converted), dtype=bool)
+            eval_rows[has_record] = eval_mask[offset: offset + chunk.n_records]
+            offset += chunk.n_records
+        elif chunk.is_eval:
+            eval_rows = np.ones(len(converted), dtype=bool)
+        mapped = _tokenize_chunk(tokenizer, converted, settings, chunk.names, eval_rows, num_proc, progress)
+        table = mapped.data.table
+        tally.add_rejects(table.column("reason"), table.column("reject"))
+        for name, writer in writers.items():
+            tally.splits[name].update(_split_stats(table, pc.equal(table.column("is_eval"), name == "eval")))
+            writer.write(table, name == "eval")
+        files = [Path(f["filename"]) for f in mapped.cache_files] + chunk.files
+        del converted, mapped, table
+        for file in files:
+            file.unlink(missing_ok=True)
+
+
+def _checked_stats(tally: _Tally) -> dict[str, dict[str, int]]:
+    """PrepStats per split, after checking that every record in is kept, rejected or dropped."""
+    from beam_sft.dataset.examples import PrepStats
+
+    stats = {name: PrepStats(**{k: sums[k] for k in PrepStats().to_dict()}).to_dict()
+             for name, sums in tally.splits.items()}
+    if stats["train"]["records_kept"] == 0:
+        raise FatalError(f"the train split is empty after truncation ({stats['train']}); raise max_length")
+    dropped = sum(s["dropped_too_long"] for s in stats.values())
+    kept_total = sum(s["records_kept"] for s in stats.values())
+    rejected_total = sum(tally.rejected.values())
+    if tally.records_in != kept_total + rejected_total + dropped:
+        raise FatalError(f"bookkeeping error: {tally.records_in} records in != {kept_total} kept + "
+                         f"{rejected_total} rejected + {dropped} dropped by truncation")
+    return stats
+
+
+def _commit_splits(final: Path, writers: dict[str, _SplitWriter], fingerprint: str | None) -> None:
+    for name, writer in writers.items():
+        writer.commit(f"{fingerprint or 'prepared'}-{name}")
+    # The train split at the root (load_from_disk(DIR) is the training set), the eval split in eval/.
+    for file in (final / "train_parts").iterdir():
+        os.replace(file, final / file.name)
+    (final / "train_parts").rmdir()
+    if "eval" in writers:
+        os.replace(final / "eval_parts", final / EVAL_DIR)
+
+
+def _manifest(tokenizer, settings: DataSettings, inputs, eval_inputs, identity, fingerprint, tally: _Tally,
+              stats: dict[str, dict[str, int]]) -> dict[str, Any]:
+    return {
+        "beam_sft_prepared": DATA_VERSION,
+        "fingerprint": fingerprint,
+        **run_fields(tokenizer, settings),
+        "format": settings.format,
+        "split": settings.split,
+        "max_records": settings.max_records,
+        "eval_split_size": settings.eval_split_size if not eval_inputs else None,
+        "seed": settings.seed,
+        "inputs": list(inputs),
+        "eval_inputs": list(eval_inputs) if eval_inputs else None,
+        "sources": identity,
+        "counts": {
+            "records_in": tally.records_in,
+            "records_kept": sum(s["records_kept"] for s in stats.values()),
+            "rejected_total": sum(tally.rejected.values()),
+            "rejected": dict(sorted(tally.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "dropped_too_long": sum(s["dropped_too_long"] for s in stats.values()),
+            **{key: sum(s[key] for s in stats.values()) for key in (
+                "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
+                "supervised_call")},
+        },
+        "splits": stats,
+    }
+
+
 def build_prepared(
     inputs: Sequence[str],
     tokenizer,
@@ -272,10 +416,6 @@ def build_prepared(
     and its kept rows appended to the output files (second pass), and its memory-mapped files are closed
     and deleted before the next one, so at most one chunk's pages are ever resident.
     """
-    import numpy as np
-    import pyarrow.compute as pc
-
-    from beam_sft.dataset.examples import PrepStats
     from beam_sft.records.files import (
         JsonlSink,
         remove_stale_temporaries,
@@ -285,7 +425,6 @@ def build_prepared(
     )
 
     settings.check()
-    chunk_rows = chunk_rows or CHUNK_ROWS
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Named like every other temporary output (beam_sft.records.files), so a run killed here is cleaned up by the next.
@@ -296,118 +435,23 @@ def build_prepared(
     final.mkdir()
     rejects = JsonlSink(str(final / REJECTS))
     try:
-        # Pass 1: read + convert every chunk; conversion rejects go to the rejects file as they come.
-        parts = [(inputs, settings.split, settings.max_records, False)]
-        if eval_inputs:
-            parts.append((eval_inputs, "test", None, True))
-        # converted files (several with num_proc), source names, is eval data, records converted
-        chunks: list[tuple[list[Path], list[str], bool, int]] = []
-        records_in, rejected = 0, Counter()
-        for part_inputs, split, limit, is_eval in parts:
-            sources = expand_sources(part_inputs, split)
-            names = [src.name for src in sources]
-            for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
-                                   prefix="eval" if is_eval else "train"):
-                converted = raw.map(
-                    _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
-                    fn_kwargs={"fmt": settings.format, "names": names}, remove_columns=["payload", "error"],
-                    desc="converting" if progress else None, load_from_cache_file=False,
-                )
-                reasons = converted.data.column("reason")
-                rejected.update(_value_counts(reasons))
-                for text in converted.data.column("reject").drop_null().to_pylist():
-                    rejects.write(orjson.loads(text))
-                records_in += len(raw)
-                n_records = reasons.null_count  # no reason: converted
-                kept_files = [Path(f["filename"]) for f in converted.cache_files]
-                raw_file = Path(raw.cache_files[0]["filename"])
-                del raw, converted, reasons  # closes the memory maps of this chunk
-                raw_file.unlink()
-                chunks.append((kept_files, names, is_eval, n_records))
-        if not any(n for _, _, is_eval, n in chunks if not is_eval):
-            raise UsageError(f"no usable training records in {', '.join(inputs)}: {records_in} read, "
-                             f"{sum(rejected.values())} rejected ({dict(rejected)})")
-
+        tally = _Tally(rejects)
+        chunks = _convert_pass(inputs, eval_inputs, settings, work, tally, chunk_rows=chunk_rows or CHUNK_ROWS,
+                               num_proc=num_proc, progress=progress)
         # The eval split: a seeded choice among the converted training records (one byte per record).
         eval_mask = None
         if not eval_inputs and settings.eval_split_size > 0:
-            eval_mask = _eval_mask(sum(n for _, _, _, n in chunks), settings)
-
-        # Pass 2: tokenize chunk by chunk, appending kept rows to the split files.
-        from datasets import Dataset, concatenate_datasets
-
+            eval_mask = _eval_mask(sum(c.n_records for c in chunks), settings)
         writers = {"train": _SplitWriter(final / "train_parts")}
         if eval_inputs or eval_mask is not None:
             writers["eval"] = _SplitWriter(final / "eval_parts")
-        totals = {name: Counter() for name in writers}
-        offset = 0
-        for paths, names, is_eval, n_records in chunks:
-            converted = concatenate_datasets([Dataset.from_file(str(p)) for p in paths])
-            eval_rows = None
-            if eval_mask is not None:
-                has_record = pc.is_valid(converted.data.column("record")).to_numpy(zero_copy_only=False)
-                eval_rows = np.zeros(len(converted), dtype=bool)
-                eval_rows[has_record] = eval_mask[offset: offset + n_records]
-                offset += n_records
-            elif is_eval:
-                eval_rows = np.ones(len(converted), dtype=bool)
-            mapped = _tokenize_chunk(tokenizer, converted, settings, names, eval_rows, num_proc, progress)
-            table = mapped.data.table
-            rejected.update(_value_counts(table.column("reason")))
-            for text in table.column("reject").drop_null().to_pylist():
-                rejects.write(orjson.loads(text))
-            for name, writer in writers.items():
-                totals[name].update(_split_stats(table, pc.equal(table.column("is_eval"), name == "eval")))
-                writer.write(table, name == "eval")
-            files = [Path(f["filename"]) for f in mapped.cache_files] + paths
-            del converted, mapped, table
-            for file in files:
-                file.unlink(missing_ok=True)
-        stats = {name: PrepStats(**{k: totals[name][k] for k in PrepStats().to_dict()}).to_dict() for name in writers}
-        if stats["train"]["records_kept"] == 0:
-            raise FatalError(f"the train split is empty after truncation ({stats['train']}); raise max_length")
-        dropped = sum(s["dropped_too_long"] for s in stats.values())
-        kept_total = sum(s["records_kept"] for s in stats.values())
-        rejected_total = sum(rejected.values())
-        if records_in != kept_total + rejected_total + dropped:
-            raise FatalError(f"bookkeeping error: {records_in} records in != {kept_total} kept + {rejected_total} "
-                             f"rejected + {dropped} dropped by truncation")
+        _tokenize_pass(chunks, tokenizer, settings, eval_mask, writers, tally, num_proc=num_proc, progress=progress)
+        stats = _checked_stats(tally)
         rejects.commit()
         rejects = None
-        for name, writer in writers.items():
-            writer.commit(f"{fingerprint or 'prepared'}-{name}")
-        # The train split at the root (load_from_disk(DIR) is the training set), the eval split in eval/.
-        for file in (final / "train_parts").iterdir():
-            os.replace(file, final / file.name)
-        (final / "train_parts").rmdir()
-        if "eval" in writers:
-            os.replace(final / "eval_parts", final / EVAL_DIR)
-        manifest = {
-            "beam_sft_prepared": DATA_VERSION,
-            "fingerprint": fingerprint,
-            **run_fields(tokenizer, settings),
-            "format": settings.format,
-            "split": settings.split,
-            "max_records": settings.max_records,
-            "eval_split_size": settings.eval_split_size if not eval_inputs else None,
-            "seed": settings.seed,
-            "inputs": list(inputs),
-            "eval_inputs": list(eval_inputs) if eval_inputs else None,
-            "sources": identity,
-            "counts": {
-                "records_in": records_in,
-                "records_kept": kept_total,
-                "rejected_total": rejected_total,
-                "rejected": dict(sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
-                "dropped_too_long": dropped,
-                **{key: sum(s[key] for s in stats.values()) for key in (
-                    "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
-                    "supervised_call")},
-            },
-            "splits": stats,
-            "seconds": round(time.time() - started, 3),
-            **(extra_manifest or {}),
-        }
+        _commit_splits(final, writers, fingerprint)
+        manifest = {**_manifest(tokenizer, settings, inputs, eval_inputs, identity, fingerprint, tally, stats),
+                    "seconds": round(time.time() - started, 3), **(extra_manifest or {})}
         # Written last: a directory with a manifest is complete.
         write_json_atomic(str(final / MANIFEST), manifest)
         replace_dir(final, out)
@@ -441,6 +485,56 @@ def _record_action(record_dir: str | os.PathLike | None, rank: int, action: str,
         json.dump({"rank": rank, "action": action, "path": path, "fingerprint": fp}, f)
 
 
+def _use_prepared(path: str, tokenizer, settings: DataSettings, eval_inputs) -> Prepared:
+    """A prepared directory as the training input: checked, loaded, and split when eval_split_size asks."""
+    if settings.max_records is not None:
+        raise UsageError(f"{path} is a prepared dataset: max_records applies to raw data (prepare it with "
+                         "`beam-sft prepare --limit N`)")
+    prepared = load_prepared(path, tokenizer, settings)
+    prepared.action = "loaded"
+    if settings.eval_split_size > 0 and not eval_inputs:
+        if prepared.eval is not None:
+            raise UsageError(f"{path} already holds an eval split; drop eval_split_size")
+        from beam_sft.dataset.examples import stop_token_ids
+
+        n_eval = _split_sizes(len(prepared.train), settings.eval_split_size)
+        # Indices in memory: identical on every rank (same seed) and no cache file races on shared storage.
+        parts = prepared.train.train_test_split(test_size=n_eval, seed=settings.seed, keep_in_memory=True)
+        prepared.train, prepared.eval = parts["train"], parts["test"]
+        stops = stop_token_ids(tokenizer)
+        prepared.stats = {name: {"records_kept": len(ds), **token_counts(ds, stops)}
+                          for name, ds in (("train", prepared.train), ("eval", prepared.eval))}
+    elif eval_inputs:
+        raise UsageError("a prepared dataset trains with the eval split it was prepared with; prepare the eval "
+                         "data into it (or train from raw data)")
+    return prepared
+
+
+def _main_process_first(state, build_if_missing) -> None:
+    """`build_if_missing` on the main process first; then on each node's local main process (a cache that is
+    not on shared storage); a failure on the main process stops every rank, none hangs."""
+    failure = None
+    with state.main_process_first():
+        if state.is_main_process:
+            try:
+                build_if_missing()
+            except BaseException as err:  # noqa: BLE001 - re-raised below, after the other ranks know
+                failure = err
+    if state.num_processes > 1:
+        # The other ranks must not redo a build that failed on the main process (and must not hang).
+        from accelerate.utils import broadcast_object_list
+
+        ok = broadcast_object_list([failure is None])[0]
+        if not ok and failure is None:
+            raise FatalError("the main process failed to prepare the training data (see its error)")
+    if failure is not None:
+        raise failure
+    # Ranks on other nodes: their local main process builds it when the cache is not on shared storage.
+    with state.local_main_process_first():
+        if not state.is_main_process:
+            build_if_missing()
+
+
 def prepare_data(
     inputs: Sequence[str] | str,
     tokenizer,
@@ -466,26 +560,7 @@ def prepare_data(
         inputs = [inputs]
     state = PartialState()
     if len(inputs) == 1 and read_manifest(inputs[0]) is not None:
-        if settings.max_records is not None:
-            raise UsageError(f"{inputs[0]} is a prepared dataset: max_records applies to raw data (prepare it with "
-                             "`beam-sft prepare --limit N`)")
-        prepared = load_prepared(inputs[0], tokenizer, settings)
-        prepared.action = "loaded"
-        if settings.eval_split_size > 0 and not eval_inputs:
-            if prepared.eval is not None:
-                raise UsageError(f"{inputs[0]} already holds an eval split; drop eval_split_size")
-            from beam_sft.dataset.examples import stop_token_ids
-
-            n_eval = _split_sizes(len(prepared.train), settings.eval_split_size)
-            # Indices in memory: identical on every rank (same seed) and no cache file races on shared storage.
-            parts = prepared.train.train_test_split(test_size=n_eval, seed=settings.seed, keep_in_memory=True)
-            prepared.train, prepared.eval = parts["train"], parts["test"]
-            stops = stop_token_ids(tokenizer)
-            prepared.stats = {name: {"records_kept": len(ds), **token_counts(ds, stops)}
-                              for name, ds in (("train", prepared.train), ("eval", prepared.eval))}
-        elif eval_inputs:
-            raise UsageError("a prepared dataset trains with the eval split it was prepared with; prepare the eval "
-                             "data into it (or train from raw data)")
+        prepared = _use_prepared(inputs[0], tokenizer, settings, eval_inputs)
         _record_action(record_dir, state.process_index, "loaded", str(inputs[0]), prepared.manifest["tokenizer"])
         return prepared
 
@@ -509,26 +584,7 @@ def prepare_data(
         else:
             logger.info("loading prepared data from cache %s", path)
 
-    failure = None
-    with state.main_process_first():
-        if state.is_main_process:
-            try:
-                build_if_missing()
-            except BaseException as err:  # noqa: BLE001 - re-raised below, after the other ranks know
-                failure = err
-    if state.num_processes > 1:
-        # The other ranks must not redo a build that failed on the main process (and must not hang).
-        from accelerate.utils import broadcast_object_list
-
-        ok = broadcast_object_list([failure is None])[0]
-        if not ok and failure is None:
-            raise FatalError("the main process failed to prepare the training data (see its error)")
-    if failure is not None:
-        raise failure
-    # Ranks on other nodes: their local main process builds it when the cache is not on shared storage.
-    with state.local_main_process_first():
-        if not state.is_main_process:
-            build_if_missing()
+    _main_process_first(state, build_if_missing)
     prepared = load_prepared(path)
     prepared.action = action
     _record_action(record_dir, state.process_index, action, str(path), fp)

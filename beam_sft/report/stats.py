@@ -56,6 +56,51 @@ class DatasetStats:
         ]
 
 
+def _encode_isolated(encoder: MaskedEncoder, batch: list[dict]) -> list:
+    """The batch encoded at once, or, when that fails, record by record: each item an encoding or the
+    record's `RecordError` (an unexpected exception becomes `internal_error`)."""
+    try:
+        return encoder.encode(batch)
+    except Exception as batch_err:  # unexpected errors are isolated record by record too
+        if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
+            raise
+    encoded: list = []
+    for record in batch:  # find the culprits one by one; the rest still count
+        try:
+            encoded.append(encoder.encode([record])[0])
+        except RecordError as err:
+            encoded.append(err)
+        except Exception as exc:  # noqa: BLE001 - an encoder bug costs this record only
+            encoded.append(internal_error(exc))
+    return encoded
+
+
+def _add_record(stats: DatasetStats, index: int, full: dict, encoder: MaskedEncoder, markers, stops, side,
+                decode) -> None:
+    """Count one encoded record: lengths, trained tokens per group, empty mask, truncation, untrained stops."""
+    max_length = stats.max_length
+    stats.records += 1
+    stats.lengths.append(len(full["input_ids"]))
+    kept = encoder._truncate(full, max_length) if max_length is not None else full
+    ids, mask = kept["input_ids"], kept["assistant_masks"]
+    stats.tokens += len(ids)
+    stats.trained += sum(mask)
+    _, messages = _messages_of(ids, mask, markers, decode)
+    for message in messages:
+        entry = stats.groups.setdefault(message.group, [0, 0])
+        entry[0] += message.trained
+        entry[1] += message.tokens
+    if not any(mask):
+        stats.empty_mask.append(index)
+    truncated, inside = _cut(full["assistant_masks"], len(ids), side)
+    if truncated:
+        stats.truncated.append(index)
+        if inside:
+            stats.cut_inside_assistant.append(index)
+    if any(i in stops and not m for i, m in zip(ids, mask, strict=True)):
+        stats.stop_untrained.append(index)
+
+
 def dataset_stats(
     tokenizer,
     records: Sequence[dict],
@@ -99,21 +144,7 @@ def dataset_stats(
     for start in tqdm(
         range(0, len(records), batch_size), desc="Encoding", unit="batch", disable=len(records) < 2000
     ):
-        batch = list(records[start : start + batch_size])
-        try:
-            encoded = encoder.encode(batch)
-        except Exception as batch_err:  # unexpected errors are isolated record by record too
-            if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
-                raise
-            encoded = []
-            for record in batch:  # find the culprits one by one; the rest still count
-                try:
-                    encoded.append(encoder.encode([record])[0])
-                except RecordError as err:
-                    encoded.append(err)
-                except Exception as exc:  # noqa: BLE001 - an encoder bug costs this record only
-                    encoded.append(internal_error(exc))
-        for offset, full in enumerate(encoded):
+        for offset, full in enumerate(_encode_isolated(encoder, list(records[start : start + batch_size]))):
             index = start + offset
             if isinstance(full, RecordError):
                 stats.rejected += 1
@@ -121,28 +152,8 @@ def dataset_stats(
                 if full.code is Reason.INTERNAL_ERROR:
                     stats.internal_errors.append(index)
                 continue
-            stats.records += 1
             stats.labels.append(label_of(index))
-            n = len(full["input_ids"])
-            stats.lengths.append(n)
-            kept = encoder._truncate(full, max_length) if max_length is not None else full
-            ids, mask = kept["input_ids"], kept["assistant_masks"]
-            stats.tokens += len(ids)
-            stats.trained += sum(mask)
-            _, messages = _messages_of(ids, mask, markers, decode)
-            for message in messages:
-                entry = stats.groups.setdefault(message.group, [0, 0])
-                entry[0] += message.trained
-                entry[1] += message.tokens
-            if not any(mask):
-                stats.empty_mask.append(index)
-            truncated, inside = _cut(full["assistant_masks"], len(ids), side)
-            if truncated:
-                stats.truncated.append(index)
-                if inside:
-                    stats.cut_inside_assistant.append(index)
-            if any(i in stops and not m for i, m in zip(ids, mask, strict=True)):
-                stats.stop_untrained.append(index)
+            _add_record(stats, index, full, encoder, markers, stops, side, decode)
     return stats
 
 
