@@ -35,6 +35,7 @@ from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_DIR))
+sys.path.insert(0, str(REPO_DIR / "scripts"))  # bench_rows: the workload of scripts/bench.py
 
 # Qwen2.5-0.5B's shape (494M parameters with its 151,936-token vocabulary; the bundled tokenizer's ids all
 # fit in it, and the full-size LM head keeps the FLOP mix of the real model).
@@ -60,22 +61,16 @@ TINY = {**QWEN2_05B, "vocab_size": 6016, "hidden_size": 64, "intermediate_size":
 IGNORE_INDEX = -100
 
 
-def _load_bench_module():
-    spec = importlib.util.spec_from_file_location("beam_sft_bench", REPO_DIR / "scripts" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def prepare_examples(n: int, max_length: int, seed: int) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) of `n` generated conversations, cut to `max_length`, in random order."""
+    from bench_rows.workload import make_workload
+
     from beam_sft.render.encoder import MaskedEncoder
     from beam_sft.template.tokenizer import load_tokenizer
 
-    bench = _load_bench_module()
     tokenizer = load_tokenizer()
     encoder = MaskedEncoder(tokenizer)
-    records = bench.make_workload(n, seed)
+    records = make_workload(n, seed)
     examples = []
     for start in range(0, n, 512):
         for enc in encoder.encode(records[start:start + 512], max_length):
@@ -252,6 +247,35 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _model_config(args, tokenizer):
+    """The model's config: --config, else the tiny or Qwen2.5-0.5B shape; it must cover the tokenizer."""
+    from transformers import AutoConfig
+
+    if args.config:
+        config = AutoConfig.from_pretrained(args.config)
+    else:
+        spec = dict(TINY if args.tiny else QWEN2_05B)
+        config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    if config.vocab_size < len(tokenizer):
+        raise SystemExit(f"error: config vocab_size {config.vocab_size} < tokenizer size {len(tokenizer)}")
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    return config
+
+
+def print_table(results: dict, args) -> None:
+    print(f"| {results['device']}, {args.attn}, {args.dtype}, max_length {args.max_length} "
+          "| real tokens/s | real-token fraction | MFU | MFU incl. attention | peak memory |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for mode in ("padded", "packed"):
+        r = results[mode]
+        memory = f"{r['peak_memory_gb']:.1f} GiB" if r["peak_memory_gb"] is not None else "-"
+        print(f"| {mode} ({r['params'] / 1e6:.0f}M params, {r['steps']} steps) | {r['tokens_per_s']:,.0f} | "
+              f"{100 * r['real_token_fraction']:.1f}% | {100 * r['mfu']:.1f}% | {100 * r['mfu_with_attention']:.1f}% "
+              f"| {memory} |")
+    print(f"packed / padded real tokens/s: {results['packed_vs_padded_tokens_per_s']:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -263,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from beam_sft.template.tokenizer import load_tokenizer
 
@@ -276,15 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         has_flash = importlib.util.find_spec("flash_attn") is not None
         args.attn = "flash_attention_2" if device.type == "cuda" and has_flash else "sdpa"
     tokenizer = load_tokenizer()
-    if args.config:
-        config = AutoConfig.from_pretrained(args.config)
-    else:
-        spec = dict(TINY if args.tiny else QWEN2_05B)
-        config = AutoConfig.for_model(spec.pop("model_type"), **spec)
-    if config.vocab_size < len(tokenizer):
-        raise SystemExit(f"error: config vocab_size {config.vocab_size} < tokenizer size {len(tokenizer)}")
-    config.pad_token_id = tokenizer.pad_token_id
-    config.eos_token_id = tokenizer.eos_token_id
+    config = _model_config(args, tokenizer)
 
     # Enough conversations for both modes: ~1,000 tokens each on average in this workload.
     steps_total = args.steps + args.warmup_steps
@@ -330,16 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     results["packed_vs_padded_tokens_per_s"] = results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"]
 
-    print(f"| {results['device']}, {args.attn}, {args.dtype}, max_length {args.max_length} "
-          "| real tokens/s | real-token fraction | MFU | MFU incl. attention | peak memory |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for mode in ("padded", "packed"):
-        r = results[mode]
-        memory = f"{r['peak_memory_gb']:.1f} GiB" if r["peak_memory_gb"] is not None else "-"
-        print(f"| {mode} ({r['params'] / 1e6:.0f}M params, {r['steps']} steps) | {r['tokens_per_s']:,.0f} | "
-              f"{100 * r['real_token_fraction']:.1f}% | {100 * r['mfu']:.1f}% | {100 * r['mfu_with_attention']:.1f}% "
-              f"| {memory} |")
-    print(f"packed / padded real tokens/s: {results['packed_vs_padded_tokens_per_s']:.2f}x")
+    print_table(results, args)
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@
 2. trains the embedded tiny random model (configs/models/tiny) with the bundled tokenizer on them, as
    configured in configs/quickstart.yaml (CPU, assistant-only loss, unpacked);
 3. saves the model and the tokenizer, with the chat template and the response template;
-4. evaluates the trained model on the first turn of some training records with `beam_sft.eval.evaluate` (what
+4. evaluates the trained model on the first turn of some training records with `beam_sft.eval.run.evaluate` (what
    `beam-sft eval` runs): greedy generation stopping at `<|return|>` or `<|call|>`, `tokenizer.parse_response`,
    the parsed turns, the metrics table, and the share of well-formed Beam turns (thinking plus content or
    tool calls).
@@ -106,19 +106,22 @@ def describe(parsed: dict | None) -> str:
 
 
 def generate(model_dir: Path, out_dir: Path, num_prompts: int, max_new_tokens: int) -> float:
-    from beam_sft.eval import evaluate as ev
+    from beam_sft.eval.backends import TransformersBackend
+    from beam_sft.eval.report import summary_table
+    from beam_sft.eval.run import evaluate, load_model
+    from beam_sft.eval.turns import _load_records
 
     print(f"== 3. load {model_dir} (model + tokenizer with both templates)", flush=True)
-    model, tokenizer = ev.load_model(str(model_dir), device="cpu")
+    model, tokenizer = load_model(str(model_dir), device="cpu")
     # The training records, read from the samples step 1 converted (same converters, same order, same
     # rejects), so each keeps its source format for the per-format figures.
-    loaded = ev._load_records([str(REPO / "data" / "samples" / name) for name in SAMPLES])
+    loaded = _load_records([str(REPO / "data" / "samples" / name) for name in SAMPLES])
     chosen = pick([(record, fmt) for record, _, fmt in loaded if record is not None], num_prompts)
-    print(f"== 4. beam_sft.eval.evaluate on the first turn of {len(chosen)} training records (greedy, stop at "
+    print(f"== 4. beam_sft.eval.run.evaluate on the first turn of {len(chosen)} training records (greedy, stop at "
           f"<|return|>/<|call|>, max_new_tokens={max_new_tokens}, parse_response)", flush=True)
     results: list = []
-    backend = ev.TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens)
-    result = ev.evaluate(backend, tokenizer, chosen, on_result=results.append, total=len(chosen))
+    backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens)
+    result = evaluate(backend, tokenizer, chosen, on_result=results.append, total=len(chosen))
     results.sort(key=lambda r: r.turn.record)
     with open(out_dir / "generations.jsonl", "w", encoding="utf-8") as f:
         for r in results:
@@ -129,7 +132,7 @@ def generate(model_dir: Path, out_dir: Path, num_prompts: int, max_new_tokens: i
         ok = r.metrics["well_formed"]
         reason = "" if ok else f"  <- {r.reason}"
         print(f"   [{'ok ' if ok else 'BAD'}] #{r.turn.record:02d} {r.turn.format:8s} {describe(r.parsed)}{reason}")
-    print(ev.summary_table(result))
+    print(summary_table(result))
     good, total = result.overall.hits["well_formed"], result.overall.turns
     fraction = good / total if total else 0.0
     print(f"well-formed Beam turns: {good}/{total} = {100 * fraction:.1f}% "

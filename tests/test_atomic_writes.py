@@ -78,7 +78,7 @@ def test_every_output_gets_the_umask_permissions(tmp_path, capsys, umask, mask, 
         (tmp / "part-0.arrow").write_bytes(b"x")
     with atomic_output(tmp_path / "one.bin") as tmp:
         tmp.write_bytes(b"y")
-    from beam_sft.report.views import write_atomic
+    from beam_sft.report.pages import write_atomic
 
     write_atomic(tmp_path / "page.html", "<html></html>")
     assert _mode(tmp_path / "prepared") == dir_mode and _mode(tmp_path / "prepared" / "part-0.arrow") == file_mode

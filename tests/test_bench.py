@@ -1,4 +1,5 @@
-"""scripts/bench.py and scripts/bench_gpu.py: the workload, the goal table, and smoke runs of both scripts."""
+"""scripts/bench.py (its rows in scripts/bench_rows/) and scripts/bench_gpu.py: the workload, the goal table, and
+smoke runs of both scripts."""
 
 import importlib.util
 import json
@@ -15,15 +16,23 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZ
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_{name}", REPO / "scripts" / f"{name}.py")
+    # The rows import each other as `bench_rows.*` and the workload imports scripts/make_samples.py.
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location(f"_{name.replace('/', '_')}", REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 @pytest.fixture(scope="module")
-def bench():
-    return _load("bench")
+def workload():
+    return _load("bench_rows/workload")
+
+
+@pytest.fixture(scope="module")
+def goal_table():
+    return _load("bench_rows/goals")
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +44,10 @@ def _positive(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def test_workload_is_deterministic_and_has_reasoning_tools_and_turns(bench):
-    a, b = bench.make_workload(200, seed=7), bench.make_workload(200, seed=7)
+def test_workload_is_deterministic_and_has_reasoning_tools_and_turns(workload):
+    a, b = workload.make_workload(200, seed=7), workload.make_workload(200, seed=7)
     assert a == b
-    assert a != bench.make_workload(200, seed=8)
+    assert a != workload.make_workload(200, seed=8)
     assistants = [m for r in a for m in r["messages"] if m["role"] == "assistant"]
     assert all(m.get("reasoning_content") for m in assistants), "every assistant message reasons"
     assert sum(1 for m in assistants if m.get("tool_calls")) >= 50
@@ -46,11 +55,11 @@ def test_workload_is_deterministic_and_has_reasoning_tools_and_turns(bench):
     assert sum(1 for m in assistants for c in m.get("tool_calls") or () if len(m["tool_calls"]) == 2) >= 5
 
 
-def test_openai_rows_convert_back_to_the_generated_records(bench):
+def test_openai_rows_convert_back_to_the_generated_records(workload):
     from beam_sft.formats import convert_record
 
-    for i, record in enumerate(bench.make_workload(40, seed=3)):
-        beam = convert_record(bench.to_openai(record, i), "openai")
+    for i, record in enumerate(workload.make_workload(40, seed=3)):
+        beam = convert_record(workload.to_openai(record, i), "openai")
         for m in beam["messages"]:
             m.pop("tool_call_id", None)
             for call in m.get("tool_calls") or ():
@@ -58,9 +67,9 @@ def test_openai_rows_convert_back_to_the_generated_records(bench):
         assert beam == record, f"record {i}"
 
 
-def test_written_jsonl_reaches_the_target_size(bench, tmp_path):
+def test_written_jsonl_reaches_the_target_size(workload, tmp_path):
     path = tmp_path / "in.jsonl"
-    rows = bench.write_openai_jsonl(path, 200_000, pool_size=20)
+    rows = workload.write_openai_jsonl(path, 200_000, pool_size=20)
     lines = path.read_bytes().splitlines()
     assert len(lines) == rows
     assert 200_000 <= path.stat().st_size < 200_000 + max(map(len, lines)) + 1
@@ -89,8 +98,8 @@ def _figures(**over):
     return fig
 
 
-def test_goals_pass_at_their_thresholds(bench):
-    goals = {g["name"].strip(): g["ok"] for g in bench.evaluate_goals(_figures())}
+def test_goals_pass_at_their_thresholds(goal_table):
+    goals = {g["name"].strip(): g["ok"] for g in goal_table.evaluate_goals(_figures())}
     assert goals["masked tokenization vs TRL (1 process)"] is True  # exactly 1.5x
     assert goals["masked tokenization vs floor (1 process)"] is True  # 94%
     assert goals["encode_dataset num_proc=2"] is True
@@ -112,15 +121,15 @@ def test_goals_pass_at_their_thresholds(bench):
         ({"peak_rss_mb": 1024.0}, "peak RSS converting a 2,048 MiB JSONL"),
     ],
 )
-def test_goals_fail_just_past_their_thresholds(bench, override, goal):
-    goals = {g["name"].strip(): g["ok"] for g in bench.evaluate_goals(_figures(**override))}
+def test_goals_fail_just_past_their_thresholds(goal_table, override, goal):
+    goals = {g["name"].strip(): g["ok"] for g in goal_table.evaluate_goals(_figures(**override))}
     assert goals[goal] is False
 
 
-def test_scaling_goal_fails_below_80_percent_of_linear(bench):
+def test_scaling_goal_fails_below_80_percent_of_linear(goal_table):
     fig = _figures()
     fig["masked_tokenization"]["encode_dataset"]["2"] = {"conv_per_s": 150.0, "speedup": 1.5, "efficiency": 0.75}
-    goals = {g["name"].strip(): g["ok"] for g in bench.evaluate_goals(fig)}
+    goals = {g["name"].strip(): g["ok"] for g in goal_table.evaluate_goals(fig)}
     assert goals["encode_dataset num_proc=2"] is False
 
 

@@ -1,4 +1,4 @@
-"""beam_sft.dataset.phase and `beam-sft prepare`: the one data phase (Arrow, cached, counted) and prepared datasets."""
+"""The data phase (beam_sft.dataset: settings, stages, prepare, stream) and `beam-sft prepare`: Arrow, cached, counted."""
 
 from __future__ import annotations
 
@@ -7,23 +7,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from inmemory import prepare_dataset, read_rows, to_beam_records
 
-from beam_sft.dataset.examples import (
-    IGNORE_INDEX,
-    EmptyMaskError,
-    prepare_dataset,
-    read_rows,
-    to_beam_records,
-)
-from beam_sft.dataset.phase import (
-    MANIFEST,
-    REJECTS,
-    DataSettings,
-    convert_source,
-    eval_records,
-    load_prepared,
-    prepare_data,
-)
+from beam_sft.dataset.examples import IGNORE_INDEX, EmptyMaskError
+from beam_sft.dataset.prepare import eval_records, load_prepared, prepare_data
+from beam_sft.dataset.settings import MANIFEST, REJECTS, DataSettings
+from beam_sft.dataset.stages import convert_source
 from beam_sft.errors import RecordError, UsageError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,7 +87,7 @@ def test_chunked_build_equals_one_chunk(tok, tmp_path):
     """Chunks (what keeps memory flat) change nothing: same rows, splits, counts and rejects as one chunk."""
     from datasets import load_from_disk
 
-    from beam_sft.dataset.phase import build_prepared
+    from beam_sft.dataset.prepare import build_prepared
 
     path, _ = _hostile_file(tmp_path)
     inputs = [str(path), OPENAI, str(SAMPLES / "sharegpt.json")]
@@ -300,7 +289,7 @@ def test_prepared_dataset_trains_with_plain_trl(tok, tmp_path):
     from datasets import load_from_disk
     from trl import SFTConfig, SFTTrainer
 
-    from beam_sft.train.trainer import build_tiny_model
+    from beam_sft.train.model import build_tiny_model
 
     out = tmp_path / "prep"
     assert _prepare_cli(OPENAI, "-o", str(out), "--max-length", "512", "-q") == 0
@@ -341,7 +330,7 @@ def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
     from accelerate.data_loader import prepare_data_loader
     from torch.utils.data import DataLoader
 
-    from beam_sft.dataset.phase import stream_training_data
+    from beam_sft.dataset.stream import stream_training_data
 
     settings = DataSettings(max_length=200)
     stream = stream_training_data(OPENAI, tok, settings, world_size=2, rejects_dir=tmp_path / "rej")

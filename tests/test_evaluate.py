@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from beam_sft.cli import main as cli
-from beam_sft.eval import evaluate as ev
+from beam_sft.eval.backends import TransformersBackend
+from beam_sft.eval.metrics import METRICS
+from beam_sft.eval.run import evaluate, load_model, resolve_adapter
+from beam_sft.eval.turns import _load_records, record_turns
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"
@@ -117,10 +120,10 @@ def test_eval_beam_logs_metrics_next_to_the_loss(trained):
 def test_trained_model_every_metric(trained_eval):
     status, metrics, _ = trained_eval
     assert status == 0
-    assert list(metrics) == ["records", "turns", *ev.METRICS, "by_format", "by_effort", "rejected",
+    assert list(metrics) == ["records", "turns", *METRICS, "by_format", "by_effort", "rejected",
                              "generation_tokens", "tokens_per_second"]
     assert metrics["records"] == metrics["turns"] == 12 and metrics["rejected"] == 0
-    for name in ev.METRICS:  # every metric applies to some turn of this data (answers and calls)
+    for name in METRICS:  # every metric applies to some turn of this data (answers and calls)
         assert metrics[name] is not None, name
     assert metrics["well_formed"] >= 0.9, metrics
     assert metrics["stopped"] >= 0.9 and metrics["has_reasoning"] >= 0.9 and metrics["action_match"] >= 0.9
@@ -136,18 +139,18 @@ def test_report_page(trained_eval):
     assert page.startswith("<!DOCTYPE html>") and "<script" not in page
     assert "well_formed" in page and "Failures:" in page
     failed = page.count("fails: ")
-    any_failure = metrics["marker_leak"] > 0 or any(metrics[m] < 1 for m in ev.METRICS if m != "marker_leak")
+    any_failure = metrics["marker_leak"] > 0 or any(metrics[m] < 1 for m in METRICS if m != "marker_leak")
     assert failed <= 12 and (failed > 0) == any_failure and ("prompt tail" in page) == (failed > 0)
 
 
 def test_batched_generation_matches_one_at_a_time(trained, data_dir):
-    model, tok = ev.load_model(str(trained[0]), device="cpu")
+    model, tok = load_model(str(trained[0]), device="cpu")
     # Rows 0 (a short answer) and 3 (a tool call) of each format: prompts of different lengths, so padded.
-    records = [(r, f) for k, (r, _, f) in enumerate(ev._load_records(str(data_dir))) if k % 4 in (0, 3)]
-    prompts = [t.prompt for r, f in records for t in ev.record_turns(tok, r, 0, f, "first")]
+    records = [(r, f) for k, (r, _, f) in enumerate(_load_records(str(data_dir))) if k % 4 in (0, 3)]
+    prompts = [t.prompt for r, f in records for t in record_turns(tok, r, 0, f, "first")]
     assert len({len(p) for p in prompts}) > 1
-    one = ev.TransformersBackend(model, tok, max_new_tokens=160, batch_size=1).generate(prompts)
-    batched = ev.TransformersBackend(model, tok, max_new_tokens=160, batch_size=len(prompts)).generate(prompts)
+    one = TransformersBackend(model, tok, max_new_tokens=160, batch_size=1).generate(prompts)
+    batched = TransformersBackend(model, tok, max_new_tokens=160, batch_size=len(prompts)).generate(prompts)
     assert any(g.stop == "<|call|>" for g in one) and any(g.stop == "<|return|>" for g in one)
     assert [g.text for g in batched] == [g.text for g in one]
     assert tok.padding_side == "right"  # restored
@@ -177,12 +180,12 @@ def test_lora_adapter(trained, data_dir, tmp_path):
                     param.data.normal_(0, 0.5)
         model.save_pretrained(tmp_path / name)
     save_tokenizer(load_tokenizer(base), tmp_path / "zero")  # as scripts/train.py saves it next to an adapter
-    records = [(r, f) for r, _, f in ev._load_records(str(data_dir), max_records=3)]
+    records = [(r, f) for r, _, f in _load_records(str(data_dir), max_records=3)]
 
     def texts(adapter):
-        model, tok = ev.load_model(base, adapter=adapter, device="cpu")
+        model, tok = load_model(base, adapter=adapter, device="cpu")
         result = []
-        ev.evaluate(ev.TransformersBackend(model, tok, max_new_tokens=48), tok, records,
+        evaluate(TransformersBackend(model, tok, max_new_tokens=48), tok, records,
                     on_result=result.append, progress=False)
         return [r.generation.text for r in sorted(result, key=lambda r: r.turn.record)]
 
@@ -192,8 +195,8 @@ def test_lora_adapter(trained, data_dir, tmp_path):
     assert cli(["eval", base, "--adapter", str(tmp_path / "zero"), "--data", str(data_dir), "--max-records", "1",
                 "--max-new-tokens", "8", "--quiet"]) == 0
     # An adapter-only directory as MODEL: applied to the base model its adapter_config.json names.
-    assert ev.resolve_adapter(str(tmp_path / "random"), None) == (base, str(tmp_path / "random"))
-    assert ev.resolve_adapter(base, None) == (base, None)
+    assert resolve_adapter(str(tmp_path / "random"), None) == (base, str(tmp_path / "random"))
+    assert resolve_adapter(base, None) == (base, None)
 
 
 def test_raw_format_data_and_rejects(untrained, tmp_path):
@@ -215,8 +218,8 @@ def test_max_records_stops_reading(tmp_path):
     lines = (SAMPLES / "openai.jsonl").read_text(encoding="utf-8").splitlines()[:3]
     path = tmp_path / "d.jsonl"
     path.write_bytes(("\n".join(lines) + "\n").encode() + b"{not json\n")
-    assert [rej for _, rej, _ in ev._load_records(str(path), max_records=3)] == [None] * 3
-    rejects = [rej for _, rej, _ in ev._load_records(str(path)) if rej]
+    assert [rej for _, rej, _ in _load_records(str(path), max_records=3)] == [None] * 3
+    rejects = [rej for _, rej, _ in _load_records(str(path)) if rej]
     assert [r["reason"] for r in rejects] == ["malformed_json"] and rejects[0]["line"] == 4
 
 

@@ -1,4 +1,4 @@
-"""beam_sft.eval.evaluate's metrics on hand-built generations: each metric's edge cases, parsed by the bundled
+"""beam_sft.eval.metrics on hand-built generations: each metric's edge cases, parsed by the bundled
 tokenizer's response template exactly as `beam-sft eval` parses model output. No model involved (fast)."""
 
 from __future__ import annotations
@@ -7,7 +7,18 @@ import copy
 
 import pytest
 
-from beam_sft.eval import evaluate as ev
+from beam_sft.eval.backends import Generation
+from beam_sft.eval.metrics import (
+    METRICS,
+    EvalResult,
+    TurnResult,
+    same_json,
+    schema_errors,
+    score_turn,
+)
+from beam_sft.eval.report import summary_table
+from beam_sft.eval.run import _parse
+from beam_sft.eval.turns import Turn, assistant_indices
 from beam_sft.template.conformance import GET_WEATHER
 
 
@@ -53,10 +64,10 @@ def answer_text(content="It is 18 C in Paris.", stop="<|return|>", thinking="Eas
 def score(tok, reference, text, stop):
     """Parse `text` like the eval loop does (prefix = the prompt, tools = the record's) and score it."""
     prompt = tok.apply_chat_template(USER, tools=TOOLS, tokenize=False, add_generation_prompt=True)
-    turn = ev.Turn(0, 1, reference, TOOLS, "openai", "default", prompt)
-    parsed, error = ev._parse(tok, turn, ev.Generation(text, 0, stop))
+    turn = Turn(0, 1, reference, TOOLS, "openai", "default", prompt)
+    parsed, error = _parse(tok, turn, Generation(text, 0, stop))
     assert not error
-    return ev.score_turn(reference, parsed, stop, TOOLS)
+    return score_turn(reference, parsed, stop, TOOLS)
 
 
 def test_the_reference_itself_passes_every_metric(tok):
@@ -145,9 +156,9 @@ def test_answer_instead_of_call_and_whitespace(tok):
 
 
 def test_no_reasoning_and_unparsed():
-    metrics, reason = ev.score_turn(ANSWER_REF, {"role": "assistant", "content": "Hi"}, "<|return|>", None)
+    metrics, reason = score_turn(ANSWER_REF, {"role": "assistant", "content": "Hi"}, "<|return|>", None)
     assert metrics["has_reasoning"] is False and metrics["well_formed"] is False and reason == "no thinking"
-    metrics, reason = ev.score_turn(ANSWER_REF, None, "<|return|>", None)
+    metrics, reason = score_turn(ANSWER_REF, None, "<|return|>", None)
     assert metrics["well_formed"] is False and metrics["action_match"] is True and metrics["answer_exact"] is False
 
 
@@ -156,9 +167,9 @@ def test_parallel_calls_order_matters():
         {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "A"}}},
         {"type": "function", "function": {"name": "get_time", "arguments": {}}}]}
     swapped = {"role": "assistant", "thinking": "t", "tool_calls": list(reversed(ref["tool_calls"]))}
-    metrics, _ = ev.score_turn(ref, swapped, "<|call|>", TOOLS)
+    metrics, _ = score_turn(ref, swapped, "<|call|>", TOOLS)
     assert metrics["tool_name_accuracy"] is False and metrics["tool_args_valid"] is True
-    metrics, _ = ev.score_turn(ref, {**swapped, "tool_calls": ref["tool_calls"][:1]}, "<|call|>", TOOLS)
+    metrics, _ = score_turn(ref, {**swapped, "tool_calls": ref["tool_calls"][:1]}, "<|call|>", TOOLS)
     assert metrics["tool_name_accuracy"] is False and metrics["tool_args_exact"] is False
 
 
@@ -188,40 +199,34 @@ def test_parallel_calls_order_matters():
     ],
 )
 def test_schema_validator(value, schema, ok):
-    assert (not ev.schema_errors(value, schema)) is ok, ev.schema_errors(value, schema)
+    assert (not schema_errors(value, schema)) is ok, schema_errors(value, schema)
 
 
 def test_same_json():
-    assert ev.same_json({"a": 1, "b": [1.0]}, {"b": [1], "a": 1})
-    assert not ev.same_json({"a": True}, {"a": 1})
-    assert not ev.same_json({"a": "1"}, {"a": 1})
+    assert same_json({"a": 1, "b": [1.0]}, {"b": [1], "a": 1})
+    assert not same_json({"a": True}, {"a": 1})
+    assert not same_json({"a": "1"}, {"a": 1})
 
 
 def test_tally_rates_and_summary_keys():
-    result = ev.EvalResult()
-    turn = ev.Turn(0, 1, ANSWER_REF, None, "sharegpt", "low", "p")
+    result = EvalResult()
+    turn = Turn(0, 1, ANSWER_REF, None, "sharegpt", "low", "p")
     result.count_record("sharegpt", "low")
     for content, stop in (("It is 18 C in Paris.", "<|return|>"), ("x", None)):
-        metrics, reason = ev.score_turn(ANSWER_REF, {"thinking": "t", "content": content}, stop, None)
-        result.add(ev.TurnResult(turn, ev.Generation("", 5, stop), None, "", metrics, reason), keep=10)
+        metrics, reason = score_turn(ANSWER_REF, {"thinking": "t", "content": content}, stop, None)
+        result.add(TurnResult(turn, Generation("", 5, stop), None, "", metrics, reason), keep=10)
     summary = result.summary()
-    assert list(summary) == ["records", "turns", *ev.METRICS, "by_format", "by_effort", "rejected",
+    assert list(summary) == ["records", "turns", *METRICS, "by_format", "by_effort", "rejected",
                              "generation_tokens", "tokens_per_second"]
     assert summary["turns"] == 2 and summary["well_formed"] == 0.5 and summary["tool_args_valid"] is None
     assert summary["by_format"]["sharegpt"]["answer_exact"] == 0.5 and summary["by_effort"]["low"]["turns"] == 2
     assert summary["generation_tokens"] == 10 and result.failed_turns == 1 and len(result.failures) == 1
-    assert "well_formed" in ev.summary_table(result) and "50.0% 1/2" in ev.summary_table(result)
+    assert "well_formed" in summary_table(result) and "50.0% 1/2" in summary_table(result)
 
 
 def test_turn_selection():
     record = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}
-    assert ev.assistant_indices(record, "first") == [1]
-    assert ev.assistant_indices(record, "last") == [3]
-    assert ev.assistant_indices(record, "all") == [1, 3]
-
-
-def test_training_reexports_the_rule():
-    from beam_sft.train.trainer import is_well_formed
-
-    assert is_well_formed is ev.is_well_formed
+    assert assistant_indices(record, "first") == [1]
+    assert assistant_indices(record, "last") == [3]
+    assert assistant_indices(record, "all") == [1, 3]

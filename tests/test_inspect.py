@@ -1,4 +1,4 @@
-"""beam_sft.report.views, `beam-sft inspect`, and scripts/inspect_masks.ipynb.
+"""beam_sft.report (masks, stats, pages), `beam-sft inspect`, and scripts/inspect_masks.ipynb.
 
 The views must show exactly what trains: the token texts put back together are the rendered text, the
 trained tokens are the encoder's mask, and the statistics agree with an independent count. The notebook
@@ -20,7 +20,16 @@ import pytest
 from beam_sft.cli import main as cli_main
 from beam_sft.errors import Reason
 from beam_sft.render.encoder import encode_record
-from beam_sft.report import views as ins
+from beam_sft.report.masks import _visible, ansi_view, inspect_record, load_records, plain_view
+from beam_sft.report.pages import (
+    HTML_MARKER,
+    HTML_TRAINED,
+    HTML_TRAINED_ALT,
+    HTML_UNTRAINED,
+    HTML_UNTRAINED_ALT,
+    html_page,
+)
+from beam_sft.report.stats import dataset_stats, stats_table
 from beam_sft.template.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +42,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 @pytest.fixture(scope="module")
 def openai_samples():
-    return ins.load_records(str(SAMPLES / "openai.jsonl"))
+    return load_records(str(SAMPLES / "openai.jsonl"))
 
 
 TOOL_RECORD = {
@@ -70,7 +79,7 @@ TOOL_RECORD = {
 
 def test_load_records_loses_nothing():
     # The zh file ends with two records whose tool result has no call: rejected, with a reason.
-    loaded = ins.load_records(str(REALDATA / "sharegpt" / "llamafactory_glaive_toolcall_zh_demo.json"))
+    loaded = load_records(str(REALDATA / "sharegpt" / "llamafactory_glaive_toolcall_zh_demo.json"))
     assert loaded.total == 62
     assert len(loaded.records) + len(loaded.rejects) == loaded.total
     assert [r["index"] for r in loaded.rejects] == [60, 61]
@@ -81,7 +90,7 @@ def test_load_records_loses_nothing():
 def test_load_records_beam_format_takes_records_as_they_are(tmp_path):
     path = tmp_path / "beam.jsonl"
     path.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n[1, 2]\n', encoding="utf-8")
-    loaded = ins.load_records(str(path), format="beam")
+    loaded = load_records(str(path), format="beam")
     assert loaded.records == [{"messages": [{"role": "user", "content": "hi"}]}]
     assert loaded.rejects[0]["index"] == 1 and loaded.rejects[0]["reason"] == "not_an_object"
 
@@ -90,7 +99,7 @@ def test_load_records_beam_format_takes_records_as_they_are(tmp_path):
 
 
 def test_view_is_the_encoding(tok, encoder):
-    view = ins.inspect_record(tok, TOOL_RECORD, encoder=encoder)
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder)
     encoded = encode_record(tok, TOOL_RECORD)
     assert [t.token_id for t in view.tokens] == encoded["input_ids"]
     assert [int(t.trained) for t in view.tokens] == encoded["assistant_masks"]
@@ -103,7 +112,7 @@ def test_view_is_the_encoding(tok, encoder):
 
 
 def test_roles_and_markers(tok, encoder):
-    view = ins.inspect_record(tok, TOOL_RECORD, encoder=encoder)
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder)
     groups = view.group_counts
     assert [m.group for m in view.messages] == [
         "system",
@@ -138,37 +147,37 @@ def test_truncation_is_reported(tok, encoder):
     full = encode_record(tok, TOOL_RECORD)
     mask = full["assistant_masks"]
     inside = next(i for i in range(1, len(mask)) if mask[i - 1] and mask[i])
-    view = ins.inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=inside)
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=inside)
     assert view.truncated and view.cut_inside_assistant and view.length == len(mask)
     assert len(view.tokens) == inside
     before = mask.index(1)  # cut just before the first trained token: nothing trains, no turn is split
-    view = ins.inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=before)
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=before)
     assert view.truncated and not view.cut_inside_assistant and view.trained == 0
 
 
 def test_plain_view_brackets_exactly_the_trained_text(tok, encoder):
-    view = ins.inspect_record(tok, TOOL_RECORD, encoder=encoder)
-    out = ins.plain_view(view)
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder)
+    out = plain_view(view)
     body = [line.split("] ", 1)[1] for line in out.splitlines()[3:]]
     assert len(body) == len(view.messages)  # one line per rendered message
     trained = "".join(re.findall(r"\{\+(.*?)\+\}", "".join(body)))
-    assert trained == "".join(ins._visible(t.text) for t in view.tokens if t.trained)
+    assert trained == "".join(_visible(t.text) for t in view.tokens if t.trained)
     assert "\x1b[" not in out
     assert body[-1].startswith("{+<|start|>assistant<|channel|>final<|message|>London")
 
 
 def test_ansi_view_colours_every_token(tok, encoder):
-    view = ins.inspect_record(tok, TOOL_RECORD, encoder=encoder)
-    out = ins.ansi_view(view)
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder)
+    out = ansi_view(view)
     body = "\n".join(out.splitlines()[3:])
     green = re.findall(r"\x1b\[30;(?:42|102)m(?:\x1b\[1;35m)?([^\x1b]*)\x1b\[0m", body)
-    assert "".join(green) == "".join(ins._visible(t.text) for t in view.tokens if t.trained)
+    assert "".join(green) == "".join(_visible(t.text) for t in view.tokens if t.trained)
     assert ANSI.sub("", body).count("<|start|>") == len(view.messages)
 
 
 def test_html_page_is_self_contained(tok, encoder):
-    view = ins.inspect_record(tok, TOOL_RECORD, encoder=encoder, label="tool record")
-    page = ins.html_page([view], title="t")
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, label="tool record")
+    page = html_page([view], title="t")
     assert page.startswith("<!DOCTYPE html>")
     assert "<script" not in page and "http://" not in page and "https://" not in page
     trained_spans = re.findall(r'<span class="tok t[01][^"]*" title="id \d+, trained"', page)
@@ -184,7 +193,7 @@ def test_html_page_is_self_contained(tok, encoder):
 def test_dataset_stats_agree_with_an_independent_count(tok, encoder, openai_samples):
     records = openai_samples.records
     max_length = 120
-    stats = ins.dataset_stats(
+    stats = dataset_stats(
         tok, records, max_length=max_length, encoder=encoder, rejected=openai_samples.rejects
     )
     encoded = [encode_record(tok, r) for r in records]
@@ -207,7 +216,7 @@ def test_dataset_stats_agree_with_an_independent_count(tok, encoder, openai_samp
     assert stats.stop_untrained == []
     assert sum(c for _, _, c in stats.histogram()) == len(records)
     assert sum(t for t, _ in stats.groups.values()) == stats.trained
-    table = ins.stats_table(stats)
+    table = stats_table(stats)
     assert f"{len(stats.truncated)}: " in table and "length histogram" in table
 
 
@@ -223,12 +232,12 @@ def test_stop_tokens_outside_the_mask_are_flagged(tok):
     old = tok.chat_template
     tok.chat_template = STOP_OUTSIDE_TEMPLATE
     try:
-        stats = ins.dataset_stats(tok, [record, record])
-        view = ins.inspect_record(tok, record)
+        stats = dataset_stats(tok, [record, record])
+        view = inspect_record(tok, record)
     finally:
         tok.chat_template = old
     assert stats.stop_untrained == [0, 1]
-    assert view.stop_tokens_untrained == 1 and "stop token(s) not trained" in ins.plain_view(view)
+    assert view.stop_tokens_untrained == 1 and "stop token(s) not trained" in plain_view(view)
 
 
 def test_records_the_template_rejects_are_counted(tok, encoder):
@@ -241,7 +250,7 @@ def test_records_the_template_rejects_are_counted(tok, encoder):
             },
         ]
     }
-    stats = ins.dataset_stats(tok, [TOOL_RECORD, bad, TOOL_RECORD], encoder=encoder)
+    stats = dataset_stats(tok, [TOOL_RECORD, bad, TOOL_RECORD], encoder=encoder)
     assert stats.records == 2 and stats.rejected == 1
     assert stats.rejected_reasons == {Reason.RENDER_FAILED.value: 1}
 
@@ -266,7 +275,7 @@ def test_cli_index_color_and_errors(capsys):
 
 
 def test_cli_rejected_index_is_explained(capsys):
-    loaded = ins.load_records(str(SAMPLES / "openai.jsonl"))
+    loaded = load_records(str(SAMPLES / "openai.jsonl"))
     position = loaded.rejects[0]["index"]
     assert cli_main(["inspect", str(SAMPLES / "openai.jsonl"), "--index", str(position)]) == 0
     assert f"record {position}: rejected [{loaded.rejects[0]['reason']}]" in capsys.readouterr().err
@@ -298,7 +307,7 @@ def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypa
     from beam_sft.render.encoder import MaskedEncoder
 
     real_convert = formats.convert_record
-    total = ins.load_records(str(SAMPLES / "sharegpt.json")).total
+    total = load_records(str(SAMPLES / "sharegpt.json")).total
 
     def flaky(rec, format="auto", options=None):
         if isinstance(rec, dict) and "chat_template_kwargs" in rec:
@@ -306,7 +315,7 @@ def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypa
         return real_convert(rec, format, options)
 
     monkeypatch.setattr(formats, "convert_record", flaky)
-    loaded = ins.load_records(str(SAMPLES / "sharegpt.json"))
+    loaded = load_records(str(SAMPLES / "sharegpt.json"))
     internal = [r for r in loaded.rejects if r["reason"] == "internal_error"]
     assert internal and internal[0]["message"] == "TypeError: unhashable type: 'list'"
     assert internal[0]["source"] == str(SAMPLES / "sharegpt.json") and internal[0]["line"] == internal[0]["index"]
@@ -331,7 +340,7 @@ def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypa
     three = '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, ' \
             '{"role": "assistant", "content": "yo"}]}'
     beam.write_text(f"{short}\n{three}\n{short}\n", encoding="utf-8")
-    stats = ins.dataset_stats(load_tokenizer(), ins.load_records(str(beam), format="beam").records)
+    stats = dataset_stats(load_tokenizer(), load_records(str(beam), format="beam").records)
     assert stats.records == 2 and stats.rejected_reasons == {"internal_error": 1} and stats.internal_errors == [1]
     assert cli_main(["inspect", str(beam), "--format", "beam", "--stats", "-n", "3"]) == 3
     captured = capsys.readouterr()
@@ -385,7 +394,7 @@ def _run_notebook(tmp_path, dataset: Path, max_length: int, records: str):
 @pytest.mark.slow
 def test_notebook_runs_on_the_bundled_samples(tmp_path):
     # The samples directory: every bundled file, each through the converters.
-    loaded = ins.load_records(str(SAMPLES))
+    loaded = load_records(str(SAMPLES))
     assert loaded.total > 100 and {Path(s.rsplit(":", 1)[0]).name for s in loaded.sources} == {
         "openai.jsonl",
         "sharegpt.json",
@@ -450,12 +459,12 @@ def test_html_screenshot_shows_the_masks(tmp_path):
     page = tmp_path / "masks.html"
     assert cli_main(["inspect", str(SAMPLES / "openai.jsonl"), "-n", "3", "--html", str(page)]) == 0
     pixels = _screenshot(page, tmp_path / "masks.png")
-    trained = _count(pixels, ins.HTML_TRAINED) + _count(pixels, ins.HTML_TRAINED_ALT)
-    untrained = _count(pixels, ins.HTML_UNTRAINED) + _count(pixels, ins.HTML_UNTRAINED_ALT)
-    marker = _count(pixels, ins.HTML_MARKER, tolerance=40)
+    trained = _count(pixels, HTML_TRAINED) + _count(pixels, HTML_TRAINED_ALT)
+    untrained = _count(pixels, HTML_UNTRAINED) + _count(pixels, HTML_UNTRAINED_ALT)
+    marker = _count(pixels, HTML_MARKER, tolerance=40)
 
     # Control: the same records cut before anything trains. Only the legend's sample chip stays green.
-    first = ins.load_records(str(SAMPLES / "openai.jsonl"), limit=3).records
+    first = load_records(str(SAMPLES / "openai.jsonl"), limit=3).records
     cut = min(encode_record(load_tokenizer(), r)["assistant_masks"].index(1) for r in first)
     control = tmp_path / "control.html"
     argv = [
@@ -470,16 +479,16 @@ def test_html_screenshot_shows_the_masks(tmp_path):
     ]
     assert cli_main(argv) == 0
     control_pixels = _screenshot(control, tmp_path / "control.png")
-    control_trained = _count(control_pixels, ins.HTML_TRAINED) + _count(control_pixels, ins.HTML_TRAINED_ALT)
+    control_trained = _count(control_pixels, HTML_TRAINED) + _count(control_pixels, HTML_TRAINED_ALT)
 
     print(f"pixels: trained {trained}, untrained {untrained}, marker {marker}, control {control_trained}")
     assert untrained > 5000 and marker > 500
     assert trained > 5000 and trained > 5 * control_trained
-    assert _count(control_pixels, ins.HTML_UNTRAINED) > 5000
+    assert _count(control_pixels, HTML_UNTRAINED) > 5000
 
 
 def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
-    """`inspect --stats` reads via beam_sft.dataset.phase.convert_source (memory-mapped, batch by batch); its figures
+    """`inspect --stats` reads via beam_sft.dataset.stages.convert_source (memory-mapped, batch by batch); its figures
     and the input positions it names equal those of the in-memory path over the same file."""
     import argparse
 
@@ -489,8 +498,8 @@ def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
     path = str(SAMPLES / "openai.jsonl")
     args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300)
     stats, internal = _dataset_stats(args, tok, MaskedEncoder(tok))
-    loaded = ins.load_records(path)
-    want = ins.dataset_stats(tok, loaded.records, max_length=300, rejected=loaded.rejects)
+    loaded = load_records(path)
+    want = dataset_stats(tok, loaded.records, max_length=300, rejected=loaded.rejects)
     assert (stats.records, stats.rejected, stats.tokens, stats.trained) == \
         (want.records, want.rejected, want.tokens, want.trained)
     assert stats.rejected_reasons == want.rejected_reasons and stats.lengths == want.lengths

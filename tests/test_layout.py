@@ -1,4 +1,5 @@
-"""The package's structure as a contract: data flows one way through the layers, with no import circles.
+"""The package's structure as a contract: data flows one way through the layers, with no import circles, and
+functions stay short.
 
 Layers, lowest first; a module may import its own layer and the ones below it, never one above. Imports inside
 functions count too: a lazy import is still a dependency.
@@ -110,3 +111,21 @@ def test_no_import_circle():
     for node in sorted(edges):
         if node not in state and (cycle := visit(node)):
             pytest.fail("import circle: " + " -> ".join(cycle))
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_functions_are_short():
+    """Every function and method of the package and the scripts fits in MAX_FUNCTION_LINES lines (its
+    decorators, signature, docstring and body): a longer one is split into named steps."""
+    long = []
+    for root in (PACKAGE, PACKAGE.parent / "scripts"):
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    lines = node.end_lineno - start + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "\n".join(long)

@@ -108,7 +108,9 @@ def test_full_training_packed_with_explicit_masks_and_router_loss(full_run):
 def test_saved_model_loads_generates_and_parses(full_run, tok):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.eval.evaluate import TransformersBackend, _load_records, evaluate
+    from beam_sft.eval.backends import TransformersBackend
+    from beam_sft.eval.run import evaluate
+    from beam_sft.eval.turns import _load_records
 
     out, trainer = full_run
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -198,8 +200,8 @@ def test_expert_targets_need_experts_and_missing_adapters_fail(tok):
     from peft import get_peft_model
     from trl import ModelConfig
 
+    from beam_sft.train.model import build_tiny_model
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
-    from beam_sft.train.trainer import build_tiny_model
 
     llama = build_tiny_model(tok)
     args = ModelConfig(use_peft=True, lora_target_modules=["q_proj", "v_proj"], lora_r=4)
@@ -240,9 +242,9 @@ def test_linear_routers_are_kept_out_of_all_linear(tok):
 
 def test_router_loss_is_added_once_and_equals_trls_path(tok, tmp_path):
     """Plain loss path (CPU) = TRL's fused path, both = LM loss + coef * aux_loss, and aux_loss is logged."""
+    from inmemory import prepare_dataset, read_rows, to_beam_records
     from trl import SFTConfig
 
-    from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
     from beam_sft.train.trainer import make_trainer_class
 
     records, _ = to_beam_records(read_rows(str(REPO / "data" / "samples" / "openai.jsonl"))[:4])
@@ -283,7 +285,7 @@ def test_batched_generation_with_router_logits_on(full_run, tok):
     """A model trained with the router loss keeps output_router_logits on; beam-sft eval's batched, left-padded
     generation must still run (transformers' aux-loss code fails on such batches) and leave the config as it
     was."""
-    from beam_sft.eval.evaluate import TransformersBackend
+    from beam_sft.eval.backends import TransformersBackend
 
     _, trainer = full_run
     model = trainer.model

@@ -59,10 +59,9 @@ def packing_args(**overrides):
 @pytest.fixture(scope="module")
 def packed(tok):
     """(dataset, one packed row, its collated batch, record order in the row) for 4 real records."""
+    from inmemory import prepare_dataset, read_rows, to_beam_records
     from trl.data_utils import pack_dataset
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
-
-    from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
 
     records, _ = to_beam_records(read_rows(str(REPO / "data" / "samples" / "openai.jsonl"))[:4])
     dataset, _ = prepare_dataset(tok, records, max_length=512)

@@ -55,7 +55,7 @@ def assert_identical(tokenizer, records, encoder=None, max_length=None):
 
 def converted(path: Path) -> list[dict]:
     """Beam records from a raw file, through the readers and converters (rejected records are left out)."""
-    from beam_sft.report.views import load_records
+    from beam_sft.report.masks import load_records
 
     loaded = load_records(str(path))
     assert len(loaded.records) + len(loaded.rejects) == loaded.total

@@ -338,11 +338,12 @@ def test_missing_dataset_is_a_usage_error(tmp_path):
 def test_plain_loss_path_equals_trl_fused_lm_head(tmp_path):
     """The CPU loss path (model logits + cross_entropy) gives TRL's fused-LM-head loss on the same batch."""
     import torch
+    from inmemory import prepare_dataset, read_rows, to_beam_records
     from trl import SFTConfig
 
-    from beam_sft.dataset.examples import prepare_dataset, read_rows, to_beam_records
     from beam_sft.template.tokenizer import load_tokenizer
-    from beam_sft.train.trainer import build_tiny_model, make_trainer_class
+    from beam_sft.train.model import build_tiny_model
+    from beam_sft.train.trainer import make_trainer_class
 
     tok = load_tokenizer()
     records, _ = to_beam_records(read_rows(str(REPO / "data" / "samples" / "openai.jsonl"))[:6])
@@ -384,7 +385,7 @@ def test_checkpoint_without_beam_template_needs_beamify(tmp_path):
 
     from beam_sft.errors import UsageError
     from beam_sft.template.tokenizer import load_tokenizer
-    from beam_sft.train.trainer import build_tiny_model
+    from beam_sft.train.model import build_tiny_model
 
     tok = load_tokenizer()
     model = build_tiny_model(tok)

@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
+from inmemory import prepare_dataset, read_rows, to_beam_records
 
 from beam_sft.dataset.examples import (
     IGNORE_INDEX,
@@ -17,10 +18,7 @@ from beam_sft.dataset.examples import (
     check_stop_tokens_trained,
     encode,
     normalize_record,
-    prepare_dataset,
-    read_rows,
     stop_token_ids,
-    to_beam_records,
     truncate,
 )
 from beam_sft.errors import FatalError, RecordError, UsageError
@@ -289,7 +287,7 @@ def test_packing_keeps_masks_and_sequences_separate(tok):
     from trl.data_utils import pack_dataset
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from beam_sft.train.trainer import build_tiny_model
+    from beam_sft.train.model import build_tiny_model
 
     records = [ANSWER, TOOL_LOOP, dict(ANSWER, chat_template_kwargs={"reasoning_effort": "low"})]
     dataset, _ = prepare_dataset(tok, records, max_length=None)

@@ -26,7 +26,8 @@ import sys
 
 
 def register(subparsers) -> None:
-    from beam_sft.eval.evaluate import BACKENDS, TURN_CHOICES
+    from beam_sft.eval.backends import BACKENDS
+    from beam_sft.eval.turns import TURN_CHOICES
 
     parser = subparsers.add_parser(
         "eval",
@@ -69,7 +70,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from beam_sft.errors import UsageError
-    from beam_sft.eval import evaluate as ev
+    from beam_sft.eval.backends import TransformersBackend, VLLMBackend
+    from beam_sft.eval.metrics import METRICS
+    from beam_sft.eval.report import report_html, summary_table
+    from beam_sft.eval.run import evaluate, load_eval_tokenizer, load_model, resolve_adapter
+    from beam_sft.eval.turns import _load_records
     from beam_sft.formats import FORMAT_NAMES
     from beam_sft.records.files import write_json_atomic
 
@@ -83,19 +88,19 @@ def run(args) -> int:
     if args.min_well_formed is not None and not 0 <= args.min_well_formed <= 1:
         raise UsageError("--min-well-formed is a fraction between 0 and 1")
 
-    args.model, args.adapter = ev.resolve_adapter(args.model, args.adapter)
+    args.model, args.adapter = resolve_adapter(args.model, args.adapter)
     if args.backend == "vllm":
-        tokenizer, source = ev.load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
-        backend = ev.VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
+        tokenizer, source = load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
+        backend = VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
                                  tokenizer_path=source)
     else:
-        model, tokenizer = ev.load_model(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
-        backend = ev.TransformersBackend(model, tokenizer, max_new_tokens=args.max_new_tokens,
+        model, tokenizer = load_model(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
+        backend = TransformersBackend(model, tokenizer, max_new_tokens=args.max_new_tokens,
                                          batch_size=args.batch_size)
-    records = ev._load_records(args.data, args.format, args.split, args.max_records)
-    result = ev.evaluate(backend, tokenizer, records, turns=args.turns, progress=not args.quiet,
+    records = _load_records(args.data, args.format, args.split, args.max_records)
+    result = evaluate(backend, tokenizer, records, turns=args.turns, progress=not args.quiet,
                          chunk_size=max(64, 8 * args.batch_size), total=args.max_records)
-    print(ev.summary_table(result), file=sys.stderr)
+    print(summary_table(result), file=sys.stderr)
     for reject in result.rejects[:5]:
         print(f"rejected: {reject.get('source')}:{reject.get('line', reject.get('index'))} "
               f"[{reject.get('reason')}] {reject.get('message')}", file=sys.stderr)
@@ -106,11 +111,11 @@ def run(args) -> int:
         write_json_atomic(args.json, summary)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.report:
-        from beam_sft.report.views import write_atomic
+        from beam_sft.report.pages import write_atomic
 
-        write_atomic(args.report, ev.report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
+        write_atomic(args.report, report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
         print(f"wrote {args.report}", file=sys.stderr)
-    print(json.dumps({k: summary[k] for k in ("records", "turns", *ev.METRICS)}))
+    print(json.dumps({k: summary[k] for k in ("records", "turns", *METRICS)}))
     if result.overall.turns == 0:
         print("no assistant turn to evaluate", file=sys.stderr)
     if args.min_well_formed is not None:

@@ -83,7 +83,9 @@ def run(args) -> int:
     from beam_sft.errors import Reason, RecordError, UsageError, internal_error
     from beam_sft.formats import FORMAT_NAMES
     from beam_sft.render.encoder import MaskedEncoder
-    from beam_sft.report import views as ins
+    from beam_sft.report.masks import ansi_view, inspect_record, load_records, plain_view
+    from beam_sft.report.pages import html_page, write_atomic
+    from beam_sft.report.stats import stats_table
     from beam_sft.template.tokenizer import load_tokenizer
 
     if args.format not in (*FORMAT_NAMES, "beam"):
@@ -101,7 +103,7 @@ def run(args) -> int:
 
     # Only the records to show are read here; --stats reads the whole dataset through the data phase below.
     limit = max(args.index) + 1 if args.index else args.n
-    loaded = ins.load_records(args.dataset, format=args.format, limit=limit, split=args.split)
+    loaded = load_records(args.dataset, format=args.format, limit=limit, split=args.split)
     if args.index:
         for position in args.index:
             if position < 0 or position >= loaded.total:  # loaded.total < limit: the dataset ended first
@@ -125,7 +127,7 @@ def run(args) -> int:
             continue
         label = f"record {position} ({loaded.sources[k]})"
         try:
-            view = ins.inspect_record(
+            view = inspect_record(
                 tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label
             )
         except RecordError as err:
@@ -138,17 +140,17 @@ def run(args) -> int:
             internal.add(position)
             continue
         views.append(view)
-        print(ins.ansi_view(view) if color else ins.plain_view(view))
+        print(ansi_view(view) if color else plain_view(view))
         print()
 
     stats = None
     if args.stats:
         stats, stats_internal = _dataset_stats(args, tokenizer, encoder)
         internal.update(stats_internal)
-        print(ins.stats_table(stats))
+        print(stats_table(stats))
     if args.html:
-        ins.write_atomic(
-            args.html, ins.html_page(views, title=f"beam-sft inspect {args.dataset}", stats=stats)
+        write_atomic(
+            args.html, html_page(views, title=f"beam-sft inspect {args.dataset}", stats=stats)
         )
         print(f"wrote {args.html}", file=sys.stderr)
     if loaded.rejects and not args.stats:
@@ -182,7 +184,7 @@ if __name__ == "__main__":
 
 def _dataset_stats(args, tokenizer, encoder):
     """--stats over the whole dataset, read and converted by the data phase's convert stage
-    (`beam_sft.dataset.phase.convert_source`: memory-mapped Arrow, the same converters, rejects and `internal_error`
+    (`beam_sft.dataset.stages.convert_source`: memory-mapped Arrow, the same converters, rejects and `internal_error`
     barrier as training), records decoded batch by batch. Returns (stats, input positions of internal errors).
     """
     import tempfile
@@ -190,15 +192,15 @@ def _dataset_stats(args, tokenizer, encoder):
     import numpy as np
     import pyarrow.compute as pc
 
-    from beam_sft.dataset.phase import convert_source
+    from beam_sft.dataset.stages import convert_source
     from beam_sft.errors import Reason
-    from beam_sft.report import views as ins
+    from beam_sft.report.stats import dataset_stats
 
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
         converted = convert_source(args.dataset, work, format=args.format, split=args.split,
                                    progress=sys.stderr.isatty())
         positions = converted.positions()
-        stats = ins.dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
+        stats = dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
                                   labels=lambda i: f"record {positions[i]}")
         stats.rejected += sum(converted.rejected.values())
         stats.rejected_reasons.update(converted.rejected)

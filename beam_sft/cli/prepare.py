@@ -63,19 +63,19 @@ def table(manifest: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
-    from beam_sft.dataset.phase import (
+    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.settings import (
         DATA_VERSION,
         MANIFEST,
         REJECTS,
         DataSettings,
-        build_prepared,
-        expand_sources,
         fingerprint,
         read_manifest,
         short_hash,
         source_identity,
         tokenizer_files_hash,
     )
+    from beam_sft.dataset.stages import expand_sources
     from beam_sft.errors import Reason, UsageError
     from beam_sft.records.files import atomic_output, write_json_atomic
     from beam_sft.template.tokenizer import load_tokenizer
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.dataset.examples import TRUNCATION_POLICIES
-    from beam_sft.dataset.phase import FORMATS
+    from beam_sft.dataset.settings import FORMATS
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet, .txt), globs, directories, save_to_disk dirs, or "

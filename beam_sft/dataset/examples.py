@@ -1,8 +1,6 @@
 """The per-record rules of training data: Beam records in, `input_ids` + `labels` out, with counts.
 
-`scripts/train.py` runs them through `beam_sft.dataset.phase` (Arrow, chunked, cached, once per job). `read_rows`,
-`to_beam_records` and `prepare_dataset` are the in-memory path over Python lists: for small data, tests,
-and the benchmark's "today's path" baseline; they hold everything in memory, so don't feed them a real set.
+`scripts/train.py` runs them through `beam_sft.dataset.prepare` (Arrow, chunked, cached, once per job).
 
 The trainer gets a pre-tokenized dataset (`input_ids`, `labels`), so TRL skips its own chat-template pass
 and everything that decides what is trained happens here, where it can be tested:
@@ -28,13 +26,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError, Reason, RecordError, UsageError
-from beam_sft.records.files import Item
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +147,7 @@ def convert_row(row: Any, input_format: str = "auto") -> dict[str, Any]:
 
     `input_format="beam"`: the row is a Beam record (Arrow artefacts undone, then validated); any other value
     is a converter name or "auto" (`beam_sft.formats.convert_record`). The one per-record conversion of
-    training data: the data phase (`beam_sft.dataset.phase`) and `to_beam_records` both call it.
+    training data: the data phase (`beam_sft.dataset.stages.convert_one`) and the tests' in-memory path call it.
     """
     from beam_sft.formats import convert_record
     from beam_sft.validate.rules import validate
@@ -161,53 +157,6 @@ def convert_row(row: Any, input_format: str = "auto") -> dict[str, Any]:
             raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
         return validate(normalize_record(row))
     return normalize_record(convert_record(row, format=input_format))
-
-
-def read_rows(source: str, split: str = "train") -> list[Item]:
-    """Read raw rows with their provenance through the readers `convert-dataset` uses (`beam_sft.records.files`).
-
-    `source`: a .jsonl / .json / .parquet file, a glob, a directory of them, a `save_to_disk` dataset, or a hub
-    id (only from the local cache when HF_HUB_OFFLINE=1). Each item keeps its file and 1-based line (JSONL) or
-    0-based index; an unreadable row (malformed JSON, invalid UTF-8) is an item carrying its `RecordError`,
-    which `to_beam_records` counts as a reject instead of stopping the run.
-    """
-    from beam_sft.records.files import expand_inputs, iter_items
-
-    sources = expand_inputs([source], split)
-    if Path(source).is_dir():
-        # convert-dataset writes a rejects file next to its output; it is not training data.
-        sources = [s for s in sources if "rejects" not in Path(s.name).name]
-        if not sources:
-            raise UsageError(f"{source}: no training data in this directory (only rejects files)")
-    return list(iter_items(sources))
-
-
-def to_beam_records(
-    items: Iterable[Item], input_format: str = "auto"
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Turn rows read by `read_rows` into validated Beam records with the project's converters.
-
-    `input_format="beam"`: rows are Beam records (what `convert-dataset` writes); Arrow artefacts are undone
-    and `beam_sft.validate.rules` checks them. Any other value goes through `beam_sft.formats.convert_record`
-    ("auto" detects the format per row; a Beam record reads as OpenAI-shaped and passes unchanged).
-    Returns (records, rejects); each reject is a `RecordError.to_dict()` with the row's source and its line
-    (JSONL) or index: records + rejects = rows, nothing is lost silently.
-    """
-    from beam_sft.records.files import parse_line
-
-    records: list[dict[str, Any]] = []
-    rejects: list[dict[str, Any]] = []
-    for item in items:
-        try:
-            if item.error is not None:
-                raise item.error
-            records.append(convert_row(parse_line(item.payload) if item.raw else item.payload, input_format))
-        except RecordError as err:
-            entry = err.with_provenance(item.source, item.position).to_dict()
-            if not item.by_line:
-                entry["index"] = entry.pop("line")
-            rejects.append(entry)
-    return records, rejects
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -370,99 +319,3 @@ def check_stop_tokens_trained(tokenizer) -> None:
             f"the chat template does not train {', '.join(missing)}: the assistant mask must cover each "
             "assistant turn through its stop token, or the model never learns to stop"
         )
-
-
-def _prepare_batch(batch, tokenizer, max_length, policy, assistant_only_loss, stop_ids, offset_name):
-    out: dict[str, list] = {
-        k: []
-        for k in (
-            "input_ids",
-            "labels",
-            "keep",
-            "truncated",
-            "dropped",
-            "assistant_turns_cut",
-            "n_supervised_return",
-            "n_supervised_call",
-        )
-    }
-    records = [json.loads(raw) for raw in batch["record"]]
-    try:
-        encoded = encode_many(tokenizer, records)
-    except RecordError as err:
-        line = batch["row"][err.line] if err.line is not None and err.line < len(batch["row"]) else None
-        raise err.with_provenance(offset_name, line) from None
-    for row_index, record, enc in zip(batch["row"], records, encoded, strict=True):
-        example = build_example(
-            tokenizer,
-            record,
-            encoded=enc,
-            max_length=max_length,
-            policy=policy,
-            assistant_only_loss=assistant_only_loss,
-            stop_ids=stop_ids,
-            where=f"{offset_name} record {row_index}",
-        )
-        for key, column in out.items():
-            column.append(example[key])
-    return out
-
-
-def prepare_dataset(
-    tokenizer,
-    records: Sequence[dict[str, Any]],
-    *,
-    max_length: int | None,
-    policy: str = "turn",
-    assistant_only_loss: bool = True,
-    num_proc: int | None = None,
-    name: str = "train",
-):
-    """Tokenize Beam records into a `datasets.Dataset` with `input_ids` and `labels`; returns (dataset, stats).
-
-    Records travel through Arrow as JSON strings, so tool arguments with different keys survive intact, and
-    `num_proc` parallelises the template rendering.
-    """
-    from datasets import Dataset
-
-    if policy not in TRUNCATION_POLICIES:
-        raise UsageError(f"unknown truncation policy {policy!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
-    if not records:
-        raise UsageError(f"the {name} split has no records")
-    stop_ids = stop_token_ids(tokenizer)
-    raw = Dataset.from_dict(
-        {"row": list(range(len(records))), "record": [json.dumps(r, ensure_ascii=False) for r in records]}
-    )
-    prepared = raw.map(
-        _prepare_batch,
-        batched=True,
-        batch_size=64,
-        num_proc=num_proc if num_proc and num_proc > 1 and len(records) >= 256 else None,
-        remove_columns=["row", "record"],
-        fn_kwargs={
-            "tokenizer": tokenizer,
-            "max_length": max_length,
-            "policy": policy,
-            "assistant_only_loss": assistant_only_loss,
-            "stop_ids": stop_ids,
-            "offset_name": name,
-        },
-        desc=f"Tokenizing {name} records",
-    )
-    stats = PrepStats(records_in=len(records))
-    cols = prepared.select_columns(
-        ["keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return", "n_supervised_call"]
-    ).to_dict()
-    stats.records_kept = sum(cols["keep"])
-    stats.truncated = sum(cols["truncated"])
-    stats.dropped_too_long = sum(cols["dropped"])
-    stats.assistant_turns_cut = sum(cols["assistant_turns_cut"])
-    stats.supervised_return = sum(cols["n_supervised_return"])
-    stats.supervised_call = sum(cols["n_supervised_call"])
-    prepared = prepared.filter(lambda keep: keep, input_columns="keep").select_columns(["input_ids", "labels"])
-    for labels in prepared["labels"]:
-        stats.total_tokens += len(labels)
-        stats.supervised_tokens += sum(1 for tok in labels if tok != IGNORE_INDEX)
-    if stats.records_kept == 0:
-        raise FatalError(f"the {name} split is empty after truncation: {stats.summary(name)}; raise max_length")
-    return prepared, stats

@@ -1,54 +1,14 @@
-"""Model side of `scripts/train.py`: the embedded tiny model and the trainer.
+"""The trainer of `scripts/train.py`.
 
-* `build_tiny_model` makes the quickstart's randomly initialised causal LM from `configs/models/tiny`,
-  reproducibly (fixed seed), sized to the bundled tokenizer.
 * `BeamSFTTrainer` is TRL's `SFTTrainer` that also logs how many supervised (loss-bearing) tokens it has
   trained on, next to TRL's `num_tokens` (every token seen).
-* `is_well_formed` (whether a generation parsed into a proper Beam turn) lives in `beam_sft.eval.evaluate`, with
-  the generate-and-parse loop; it is re-exported here for older imports.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-
-from beam_sft.errors import FatalError
-from beam_sft.eval.evaluate import is_well_formed  # noqa: F401  (re-export; the rule lives in beam_sft.eval.evaluate)
 
 logger = logging.getLogger(__name__)
-
-REPO_DIR = Path(__file__).resolve().parents[2]
-TINY_MODEL_DIR = REPO_DIR / "configs" / "models" / "tiny"
-
-
-def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int = 0):
-    """A randomly initialised causal LM from `config_dir` (default configs/models/tiny), weights fixed by `seed`.
-
-    The config's vocabulary must hold every token id of `tokenizer`; its special-token ids are set from it.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config_dir = Path(config_dir) if config_dir is not None else TINY_MODEL_DIR
-    if not (config_dir / "config.json").is_file():
-        raise FatalError(f"tiny model config not found: {config_dir / 'config.json'}")
-    config = AutoConfig.from_pretrained(str(config_dir))
-    if config.vocab_size < len(tokenizer):
-        raise FatalError(
-            f"{config_dir / 'config.json'}: vocab_size {config.vocab_size} < tokenizer size {len(tokenizer)}; "
-            "the tiny model must cover every token id"
-        )
-    config.eos_token_id = tokenizer.eos_token_id
-    config.pad_token_id = tokenizer.pad_token_id
-    config.bos_token_id = tokenizer.bos_token_id
-    # fork_rng: the seed fixes the weights without moving the caller's global RNG streams.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
 
 
 def make_trainer_class():

@@ -1,0 +1,154 @@
+"""What decides a prepared dataset, and how a prepared directory says what made it.
+
+`DataSettings` (format, `max_length`, truncation policy, eval split, ...), the hashes of the tokenizer and
+chat template, the identity of the sources (path + size + mtime: known without reading them), the cache
+`fingerprint` of all of these, and the manifest (`beam_sft_manifest.json`) of a prepared directory: read,
+and checked against a run before it trains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from beam_sft.errors import FatalError, UsageError
+from beam_sft.formats import FORMAT_NAMES
+
+# Part of every cache fingerprint and manifest: bump when what the data phase writes could change.
+DATA_VERSION = "1"
+MANIFEST = "beam_sft_manifest.json"
+REJECTS = "rejects.jsonl"
+EVAL_DIR = "eval"
+# "beam": records as convert-dataset writes them (validated); the rest are beam_sft.formats' converters.
+FORMATS = ("beam", *FORMAT_NAMES)
+# Manifest fields a prepared dataset must match before it trains (field -> what the run uses).
+CHECKED_FIELDS = ("tokenizer", "chat_template", "max_length", "truncation_policy", "assistant_only_loss")
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """What decides the prepared data, besides the sources and the tokenizer."""
+
+    format: str = "auto"
+    max_length: int | None = None
+    truncation_policy: str = "turn"
+    assistant_only_loss: bool = True
+    split: str = "train"
+    max_records: int | None = None
+    eval_split_size: float = 0.0
+    seed: int = 0
+
+    def check(self) -> None:
+        from beam_sft.dataset.examples import TRUNCATION_POLICIES
+
+        if self.format not in FORMATS:
+            raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.truncation_policy not in TRUNCATION_POLICIES:
+            raise UsageError(f"unknown truncation policy {self.truncation_policy!r}; choose one of "
+                             f"{', '.join(TRUNCATION_POLICIES)}")
+        if self.max_length is not None and self.max_length < 1:
+            raise UsageError("max_length must be at least 1")
+        if self.max_records is not None and self.max_records < 0:
+            raise UsageError("max_records must be >= 0")
+        if self.eval_split_size < 0:
+            raise UsageError("eval_split_size must be >= 0")
+
+
+def short_hash(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
+
+
+def vocab_hash(tokenizer) -> str:
+    """A hash of what turns text into ids: the backend tokenizer (vocabulary, merges, added tokens) and specials."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
+    return short_hash(f"{body}|{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}")
+
+
+def template_hash(tokenizer) -> str:
+    return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
+
+
+def source_identity(sources) -> list[dict[str, Any]]:
+    """What identifies the data without reading it: path, size and mtime of every file (hub ids: name + split)."""
+    out = []
+    for src in sources:
+        if src.kind == "hub":
+            out.append({"hub": src.name, "split": src.split})
+            continue
+        path = Path(src.name)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        out.append({"path": str(path.resolve()), "split": src.split if src.kind == "disk" else None,
+                    "files": [[str(f.relative_to(path)) if path.is_dir() else f.name, f.stat().st_size,
+                               f.stat().st_mtime_ns] for f in files]})
+    return out
+
+
+def tokenizer_files_hash(path: str | os.PathLike | None) -> str | None:
+    """A hash of a local tokenizer directory's files, or None (a hub id): lets `beam-sft prepare` see that a
+    prepared directory is up to date without loading the tokenizer."""
+    if path is None:
+        from beam_sft.template.tokenizer import DEFAULT_TOKENIZER_DIR
+
+        path = DEFAULT_TOKENIZER_DIR
+    directory = Path(path)
+    if not directory.is_dir():
+        return None
+    h = hashlib.sha256()
+    for file in sorted(p for p in directory.iterdir() if p.is_file()):
+        h.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def run_fields(tokenizer, settings: DataSettings) -> dict[str, Any]:
+    """The manifest fields a prepared dataset must match to train with this tokenizer and these settings."""
+    return {"tokenizer": vocab_hash(tokenizer), "chat_template": template_hash(tokenizer),
+            "max_length": settings.max_length, "truncation_policy": settings.truncation_policy,
+            "assistant_only_loss": settings.assistant_only_loss}
+
+
+def fingerprint(identity: Any, tokenizer, settings: DataSettings, extra: Any = None) -> str:
+    from beam_sft.render.encoder import RENDER_VERSION
+
+    parts = {"data_version": DATA_VERSION, "render_version": RENDER_VERSION, "sources": identity,
+             "settings": asdict(settings), **run_fields(tokenizer, settings), "extra": extra}
+    if not settings.eval_split_size:
+        parts["settings"].pop("seed")  # the seed only matters to the eval split
+    return short_hash(json.dumps(parts, sort_keys=True, default=str))
+
+
+def default_cache_dir() -> str:
+    if os.environ.get("BEAM_SFT_PREPARED_CACHE"):
+        return os.environ["BEAM_SFT_PREPARED_CACHE"]
+    from datasets import config
+
+    return os.path.join(str(config.HF_DATASETS_CACHE), "beam_sft_prepared")
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The manifest of a prepared directory, or None when `path` is not one."""
+    file = Path(path) / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise FatalError(f"{file}: unreadable manifest: {err}") from err
+
+
+def check_manifest(manifest: dict[str, Any], tokenizer, settings: DataSettings, where: str) -> None:
+    """Fail with a message naming the first field where the prepared data and this run disagree."""
+    want = run_fields(tokenizer, settings)
+    for key in CHECKED_FIELDS:
+        have = manifest.get(key)
+        if have != want[key]:
+            what = {"tokenizer": "tokenizer vocabulary", "chat_template": "chat template"}.get(key, key)
+            raise UsageError(
+                f"{where} was prepared with a different {what}: manifest field {key!r} is {have!r}, this run has "
+                f"{want[key]!r}; run `beam-sft prepare` again with this run's settings, or match them"
+            )

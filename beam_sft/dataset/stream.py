@@ -1,0 +1,118 @@
+"""Streaming: the data phase's conversion and tokenization on the fly, for data larger than the disk."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+
+import orjson
+
+from beam_sft.dataset.settings import DataSettings
+from beam_sft.dataset.stages import (
+    _MAP_BATCH,
+    _convert_batch,
+    _tokenize_batch,
+    _tokenized_features,
+    expand_sources,
+)
+from beam_sft.errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+
+def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | None, names: tuple):
+    """Raw rows of the given shards: shard s holds input records s, s + n_shards, s + 2 n_shards, ..."""
+    from beam_sft.records.files import iter_items
+
+    index = {name: i for i, name in enumerate(names)}
+    wanted = set(shard)
+    for i, item in enumerate(iter_items(list(sources), limit=limit)):
+        if i % n_shards not in wanted:
+            continue  # another rank's record: skipped before parsing, converting or tokenizing
+        err = item.error
+        yield {"src": index[item.source], "pos": item.position, "by_line": item.by_line,
+               "payload": None if err else (item.payload if item.raw else orjson.dumps(item.payload, default=str)),
+               "error": json.dumps([err.code.value, err.message_index, err.message]) if err else None}
+
+
+class StreamRejects:
+    """Filter of a streamed dataset: keeps converted records, appends the rejected ones to a per-rank file.
+
+    The rank is read when the first batch arrives (the filter runs in the training process or its data
+    workers), so the same object serves every rank.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None, column: str = "reject") -> None:
+        self.directory = None if directory is None else os.fspath(directory)
+        self.column = column
+        # A stream is read again every epoch; each reject is written once. Rejects are few: the set stays small.
+        self.seen: set[str] = set()
+
+    def __call__(self, batch: dict[str, list]) -> list[bool]:
+        lines = [text for text in batch[self.column] if text is not None and text not in self.seen]
+        self.seen.update(lines)
+        if lines and self.directory is not None:
+            rank = os.environ.get("RANK", "0")
+            os.makedirs(self.directory, exist_ok=True)
+            with open(os.path.join(self.directory, f"rejects.rank{rank}.jsonl"), "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+        for line in lines:
+            logger.warning("rejected: %s", line)
+        return [text is None for text in batch[self.column]]
+
+
+def stream_training_data(
+    inputs: Sequence[str] | str,
+    tokenizer,
+    settings: DataSettings,
+    *,
+    world_size: int = 1,
+    shards_per_rank: int = 1,
+    rejects_dir: str | os.PathLike | None = None,
+):
+    """Raw data -> a `datasets.IterableDataset` of `input_ids` + `labels`, converted and tokenized on the fly.
+
+    Nothing is written but rejects (`rejects_dir/rejects.rank<N>.jsonl`, as they are met): for data that does
+    not fit on the disk, or to start training at once. The stream has `world_size * shards_per_rank` shards,
+    shard s holding every (world_size * shards_per_rank)-th record from s, so a split by node (what accelerate's
+    dataloader does to a `datasets.IterableDataset` with `IterableDataset.shard`, the shard path of
+    `datasets.distributed.split_dataset_by_node`) gives each rank its own records before they are parsed,
+    converted or tokenized. Each rank still reads the input bytes once. The same truncation policy, masks
+    and empty-mask error as `prepare_data`; records the template rejects are rejects too. Counts are not known
+    ahead (use `beam-sft prepare` for them), so there is no eval split and `max_steps` must be set.
+    """
+    from datasets import Features, IterableDataset, Value
+
+    from beam_sft.dataset.examples import stop_token_ids
+
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    settings.check()
+    if settings.eval_split_size:
+        raise UsageError("streaming has no eval split (eval_split_size): pass eval_dataset_name, or prepare the data")
+    sources = expand_sources(inputs, settings.split)
+    names = tuple(s.name for s in sources)
+    n_shards = max(1, world_size) * max(1, shards_per_rank)
+    raw_features = Features({"src": Value("int32"), "pos": Value("int64"), "by_line": Value("bool"),
+                             "payload": Value("large_binary"), "error": Value("string")})
+    raw = IterableDataset.from_generator(
+        _stream_rows, features=raw_features,
+        gen_kwargs={"shard": list(range(n_shards)), "sources": tuple(sources), "n_shards": n_shards,
+                    "limit": settings.max_records, "names": names},
+    )
+    converted = raw.map(_convert_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["payload", "error"],
+                        fn_kwargs={"fmt": settings.format, "names": list(names)})
+    converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
+    converted = converted.select_columns(["src", "pos", "by_line", "record"])
+    tokenized = converted.map(
+        _tokenize_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["src", "pos", "by_line", "record"],
+        features=_tokenized_features(),
+        fn_kwargs={"tokenizer": tokenizer, "max_length": settings.max_length, "policy": settings.truncation_policy,
+                   "assistant_only_loss": settings.assistant_only_loss, "stop_ids": stop_token_ids(tokenizer),
+                   "names": list(names)},
+    )
+    tokenized = tokenized.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
+    kept = tokenized.filter(lambda batch: batch["keep"], batched=True, batch_size=_MAP_BATCH)
+    return kept.select_columns(["input_ids", "labels"])

@@ -1,0 +1,157 @@
+"""Generation backends: greedy decoding that stops at `<|return|>` or `<|call|>` (transformers or vLLM)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from beam_sft.errors import UsageError
+
+RETURN, CALL = "<|return|>", "<|call|>"
+STOP_MARKERS = (RETURN, CALL)
+BACKENDS = ("transformers", "vllm")
+
+
+@dataclass
+class Generation:
+    text: str  # decoded output, stop token included, special tokens kept
+    n_tokens: int
+    stop: str | None  # "<|return|>" / "<|call|>", or None when cut at max_new_tokens
+
+
+def stop_ids(tokenizer) -> dict[int, str]:
+    """{token id: marker} of `<|return|>` and `<|call|>` (each must be one token)."""
+    from beam_sft.dataset.examples import stop_token_ids
+
+    return dict(zip(stop_token_ids(tokenizer), STOP_MARKERS, strict=True))
+
+
+def _finish(tokenizer, ids: Sequence[int], stops: dict[int, str]) -> Generation:
+    """Cut generated ids after the first stop token (what follows in a batch is padding) and decode."""
+    ids = list(ids)
+    stop = None
+    for k, token in enumerate(ids):
+        if token in stops:
+            stop, ids = stops[token], ids[: k + 1]
+            break
+    return Generation(tokenizer.decode(ids, skip_special_tokens=False), len(ids), stop)
+
+
+class TransformersBackend:
+    """`model.generate`, greedy, batched with left padding, stopping at `<|return|>` / `<|call|>`."""
+
+    name = "transformers"
+
+    def __init__(self, model, tokenizer, *, max_new_tokens: int = 256, batch_size: int = 8):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self.stops = stop_ids(tokenizer)
+        if tokenizer.pad_token_id is None:
+            raise UsageError("the tokenizer has no pad token; batched generation needs one (beamify adds <|pad|>)")
+
+    def generate(self, prompts: Sequence[str]) -> list[Generation]:
+        import torch
+
+        model, tok = self.model, self.tokenizer
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        side = tok.padding_side
+        tok.padding_side = "left"  # new tokens must follow each prompt directly
+        # MoE models trained with the router loss keep output_router_logits on in their config; generation
+        # needs no router loss, and transformers' aux-loss code fails on left-padded batches with a cache.
+        router_logits = getattr(model.config, "output_router_logits", None)
+        if router_logits:
+            model.config.output_router_logits = False
+        out: list[Generation] = []
+        try:
+            for start in range(0, len(prompts), self.batch_size):
+                batch = tok(list(prompts[start : start + self.batch_size]), add_special_tokens=False,
+                            padding=True, return_tensors="pt").to(device)
+                with torch.inference_mode():
+                    ids = model.generate(
+                        **batch,
+                        max_new_tokens=self.max_new_tokens,
+                        do_sample=False,
+                        temperature=None,
+                        top_p=None,
+                        top_k=None,
+                        eos_token_id=list(self.stops),
+                        pad_token_id=tok.pad_token_id,
+                        use_cache=True,
+                    )
+                width = batch["input_ids"].shape[1]
+                out.extend(_finish(tok, row[width:].tolist(), self.stops) for row in ids)
+        finally:
+            tok.padding_side = side
+            model.train(was_training)
+            if router_logits:
+                model.config.output_router_logits = router_logits
+        return out
+
+
+class VLLMBackend:
+    """vLLM, with the same greedy decoding, bound and stop tokens as `TransformersBackend`.
+
+    Needs vLLM installed and a CUDA GPU. Prompts go in as the HF tokenizer's token ids and outputs come back as
+    ids decoded by the same tokenizer, so both backends feed the parser the same text. NOTE: written against
+    vLLM's documented API (LLM, SamplingParams, TokensPrompt, LoRARequest) but not run in this project's CI,
+    which has neither vLLM nor a GPU.
+    """
+
+    name = "vllm"
+
+    def __init__(self, model: str, tokenizer, *, max_new_tokens: int = 256, adapter: str | None = None,
+                 tokenizer_path: str | None = None):
+        try:
+            import torch
+            from vllm import LLM, SamplingParams
+        except ImportError as err:
+            raise UsageError("--backend vllm: vLLM is not installed (pip install 'beam-sft[vllm]')") from err
+        if not torch.cuda.is_available():
+            raise UsageError("--backend vllm needs a CUDA GPU; use --backend transformers on CPU")
+        self.tokenizer = tokenizer
+        self.stops = stop_ids(tokenizer)
+        lora_rank = {}
+        if adapter is not None:
+            config = Path(adapter) / "adapter_config.json"
+            # vLLM refuses adapters above max_lora_rank (16 by default); configs/beam_lora.yaml uses r=32.
+            rank = json.loads(config.read_text()).get("r", 16) if config.is_file() else 16
+            lora_rank = {"max_lora_rank": max(16, int(rank))}
+        self.llm = LLM(model=model, tokenizer=tokenizer_path or model, enable_lora=adapter is not None,
+                       seed=0, **lora_rank)
+        self.params = SamplingParams(
+            temperature=0.0,  # greedy
+            max_tokens=max_new_tokens,
+            stop_token_ids=list(self.stops),
+            skip_special_tokens=False,
+            detokenize=False,  # decoded here, by the HF tokenizer, like the transformers backend
+        )
+        self.lora = None
+        if adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            self.lora = LoRARequest("beam-eval-adapter", 1, adapter)
+
+    def generate(self, prompts: Sequence[str]) -> list[Generation]:
+        from vllm.inputs import TokensPrompt
+
+        inputs = [TokensPrompt(prompt_token_ids=self.tokenizer(p, add_special_tokens=False)["input_ids"])
+                  for p in prompts]
+        outputs = self.llm.generate(inputs, self.params, lora_request=self.lora, use_tqdm=False)
+        result = []
+        for output in outputs:
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            # vLLM reports which stop id ended the sequence (None for the model's EOS, <|return|>); make sure
+            # it is in the ids we decode, whether or not vLLM kept it in token_ids.
+            if completion.finish_reason == "stop" and (not ids or ids[-1] not in self.stops):
+                stop_id = completion.stop_reason if isinstance(completion.stop_reason, int) else None
+                if stop_id is None and completion.stop_reason is None:
+                    stop_id = self.tokenizer.eos_token_id
+                if stop_id is not None:
+                    ids.append(stop_id)
+            result.append(_finish(self.tokenizer, ids, self.stops))
+        return result

@@ -1,0 +1,357 @@
+"""Scoring a generated turn against its reference, and the tallies of an evaluation.
+
+`score_turn` computes each metric of `METRICS` on one parsed generation; `Tally` and `EvalResult` add them up
+overall, per source format and per reasoning effort. `is_well_formed` is the rule of a proper Beam turn, which
+training's callbacks use too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from beam_sft.eval.backends import CALL, RETURN
+from beam_sft.records.messages import HARMONY_MARKERS
+
+if TYPE_CHECKING:
+    from beam_sft.eval.backends import Generation
+    from beam_sft.eval.turns import Turn
+
+
+# Key order of the summary (and of `--json`); every value is a fraction of the turns it applies to, or None.
+METRICS = (
+    "well_formed",
+    "stopped",
+    "has_reasoning",
+    "action_match",
+    "tool_name_accuracy",
+    "tool_args_exact",
+    "tool_args_valid",
+    "marker_leak",
+    "answer_exact",
+)
+# Which turns each metric is computed on (the denominator), for the table and the README.
+APPLIES_TO = {
+    "well_formed": "all turns",
+    "stopped": "all turns",
+    "has_reasoning": "all turns",
+    "action_match": "all turns",
+    "tool_name_accuracy": "turns whose reference calls tools",
+    "tool_args_exact": "turns whose reference calls tools",
+    "tool_args_valid": "turns where the model called tools",
+    "marker_leak": "all turns (lower is better)",
+    "answer_exact": "turns whose reference answers",
+}
+
+
+def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set[str] | None = None) -> tuple[bool, str]:
+    """Whether a parsed generation is a proper Beam assistant turn; (ok, reason when not).
+
+    Proper: generation stopped on `<|return|>` / `<|call|>` (not at max_new_tokens), non-empty thinking, and
+    either non-empty content or at least one tool call with a known name (when `tool_names` is given) and dict
+    arguments; no Harmony marker leaked into any text field.
+    """
+    if not stopped:
+        return False, "no stop token before max_new_tokens"
+    if not parsed:
+        return False, "nothing parsed"
+    thinking = parsed.get("thinking")
+    if not isinstance(thinking, str) or not thinking.strip():
+        return False, "no thinking"
+    content = parsed.get("content")
+    calls = parsed.get("tool_calls") or []
+    if calls:
+        for call in calls:
+            function = call.get("function") or {}
+            if not function.get("name") or not isinstance(function.get("arguments"), dict):
+                return False, "malformed tool call"
+            if tool_names is not None and function["name"] not in tool_names:
+                return False, f"unknown tool {function['name']!r}"
+    elif not isinstance(content, str) or not content.strip():
+        return False, "neither content nor tool_calls"
+    for text in (thinking, content if isinstance(content, str) else ""):
+        if any(marker in text for marker in HARMONY_MARKERS):
+            return False, "Harmony marker inside a text field"
+    return True, ""
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def has_marker_leak(parsed: dict[str, Any] | None) -> bool:
+    """A Harmony marker inside any parsed text: thinking, content, tool names, argument keys and values."""
+    if not parsed:
+        return False
+    texts = _strings([parsed.get("thinking"), parsed.get("content"),
+                      [c.get("function") for c in parsed.get("tool_calls") or [] if isinstance(c, dict)]])
+    return any(marker in text for text in texts for marker in HARMONY_MARKERS)
+
+
+def _calls(message: dict[str, Any] | None) -> list[tuple[Any, Any]]:
+    """[(name, arguments)] of a message's tool calls."""
+    out = []
+    for call in (message or {}).get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        function = function if isinstance(function, dict) else {}
+        out.append((function.get("name"), function.get("arguments")))
+    return out
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """JSON equality: 1 == 1.0, but True != 1 and "1" != 1; dict key order ignored."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _normalise(text: Any) -> str | None:
+    return " ".join(text.split()) if isinstance(text, str) else None
+
+
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
+    or (isinstance(v, float) and v.is_integer()),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def schema_errors(value: Any, schema: Any, path: str = "arguments") -> list[str]:
+    """Why `value` does not validate against `schema` (empty when it does).
+
+    Covers what tool schemas use: `type` (one or a list), `enum`, `const`, `required`, `properties`,
+    `additionalProperties`, `items`, `anyOf`/`oneOf`/`allOf`, `minimum`/`maximum`, `minLength`/`maxLength`,
+    `minItems`/`maxItems`. One rule differs from plain JSON Schema on purpose: an object schema that lists
+    `properties` accepts no other keys unless `additionalProperties` says so, because a tool-call argument
+    the tool does not declare is a made-up parameter, not a valid call.
+    """
+    if not isinstance(schema, dict) or not schema:
+        return []
+    errors: list[str] = []
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        if not any(_TYPES.get(k, lambda v: True)(value) for k in kinds):
+            return [f"{path}: expected {'/'.join(map(str, kinds))}, got {type(value).__name__} {value!r:.60}"]
+    if "enum" in schema and not any(same_json(value, option) for option in schema["enum"] or []):
+        errors.append(f"{path}: {value!r:.60} not in enum {schema['enum']!r:.80}")
+    if "const" in schema and not same_json(value, schema["const"]):
+        errors.append(f"{path}: {value!r:.60} is not {schema['const']!r:.60}")
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options and all(schema_errors(value, s, path) for s in options):
+            errors.append(f"{path}: matches none of {key}")
+    for sub in schema.get("allOf") or []:
+        errors += schema_errors(value, sub, path)
+    if isinstance(value, dict):
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        for key in schema.get("required") or []:
+            if key not in value:
+                errors.append(f"{path}: missing required {key!r}")
+        extra = schema.get("additionalProperties", None if properties else True)
+        for key, item in value.items():
+            if key in properties:
+                errors += schema_errors(item, properties[key], f"{path}.{key}")
+            elif extra is False or (extra is None and properties):
+                errors.append(f"{path}: unknown argument {key!r}")
+            elif isinstance(extra, dict):
+                errors += schema_errors(item, extra, f"{path}.{key}")
+    elif isinstance(value, list):
+        items = schema.get("items")
+        if isinstance(items, dict):
+            for k, item in enumerate(value):
+                errors += schema_errors(item, items, f"{path}[{k}]")
+        if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", math.inf):
+            errors.append(f"{path}: {len(value)} items, outside minItems/maxItems")
+    elif isinstance(value, str):
+        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", math.inf):
+            errors.append(f"{path}: length {len(value)} outside minLength/maxLength")
+    elif _TYPES["number"](value) and not schema.get("minimum", -math.inf) <= value <= schema.get("maximum", math.inf):
+        errors.append(f"{path}: {value} outside minimum/maximum")
+    return errors
+
+
+def tool_schemas(tools: Sequence[dict] | None) -> dict[str, dict]:
+    """{tool name: parameters schema} of a record's tools (OpenAI `{"type": "function", "function": ...}`)."""
+    out = {}
+    for tool in tools or []:
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            out[function["name"]] = function.get("parameters") or {}
+    return out
+
+
+def call_errors(parsed: dict[str, Any] | None, tools: Sequence[dict] | None) -> list[str]:
+    """Why the parsed tool calls are not valid calls of the record's tools (empty when all are)."""
+    schemas = tool_schemas(tools)
+    errors = []
+    for name, arguments in _calls(parsed):
+        if name not in schemas:
+            errors.append(f"unknown tool {name!r}")
+        elif not isinstance(arguments, dict):
+            errors.append(f"{name}: arguments are not an object")
+        else:
+            errors += [f"{name}: {e}" for e in schema_errors(arguments, schemas[name])]
+    return errors
+
+
+def score_turn(
+    reference: dict[str, Any],
+    parsed: dict[str, Any] | None,
+    stop: str | None,
+    tools: Sequence[dict] | None = None,
+) -> tuple[dict[str, bool | None], str]:
+    """Every metric for one generated turn against its reference: ({metric: True/False/None}, why not
+    well-formed). None means the metric does not apply to this turn (see APPLIES_TO).
+
+    * well_formed: `is_well_formed` (any stop token, thinking, content or known tool calls, no marker leak)
+    * stopped: ended on the *right* stop token: `<|call|>` when the reference calls, `<|return|>` when it answers
+    * has_reasoning: non-empty thinking
+    * action_match: called tools exactly when the reference does
+    * tool_name_accuracy: the called tool names, in order, equal the reference's
+    * tool_args_exact: names and arguments, in order, equal the reference's (JSON equality)
+    * tool_args_valid: every generated call names a declared tool and its arguments validate against its schema
+    * marker_leak: a Harmony marker inside any parsed text (lower is better)
+    * answer_exact: the final content equals the reference's, whitespace normalised
+    """
+    ref_calls = _calls(reference)
+    expects_call = bool(ref_calls)
+    gen_calls = _calls(parsed)
+    well_formed, reason = is_well_formed(parsed, stop is not None, set(tool_schemas(tools)))
+    thinking = (parsed or {}).get("thinking")
+    metrics: dict[str, bool | None] = {
+        "well_formed": well_formed,
+        "stopped": stop == (CALL if expects_call else RETURN),
+        "has_reasoning": isinstance(thinking, str) and bool(thinking.strip()),
+        "action_match": bool(gen_calls) == expects_call,
+        "tool_name_accuracy": None,
+        "tool_args_exact": None,
+        "tool_args_valid": None,
+        "marker_leak": has_marker_leak(parsed),
+        "answer_exact": None,
+    }
+    if expects_call:
+        metrics["tool_name_accuracy"] = [n for n, _ in gen_calls] == [n for n, _ in ref_calls]
+        metrics["tool_args_exact"] = len(gen_calls) == len(ref_calls) and all(
+            g[0] == r[0] and same_json(g[1], r[1]) for g, r in zip(gen_calls, ref_calls, strict=False)
+        )
+    else:
+        ref_content = _normalise(reference.get("content"))
+        metrics["answer_exact"] = ref_content is not None and _normalise((parsed or {}).get("content")) == ref_content
+    if gen_calls:
+        metrics["tool_args_valid"] = not call_errors(parsed, tools)
+    return metrics, reason
+
+
+@dataclass
+class TurnResult:
+    """One scored turn, as the report shows it."""
+
+    turn: Turn
+    generation: Generation
+    parsed: dict[str, Any] | None
+    parse_error: str
+    metrics: dict[str, bool | None]
+    reason: str
+
+    @property
+    def failed(self) -> list[str]:
+        """The metrics this turn fails (marker_leak fails when True)."""
+        bad = [m for m, v in self.metrics.items() if v is False and m != "marker_leak"]
+        return bad + (["marker_leak"] if self.metrics.get("marker_leak") else [])
+
+
+@dataclass
+class Tally:
+    records: int = 0
+    turns: int = 0
+    hits: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
+    applicable: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
+
+    def add(self, result: TurnResult) -> None:
+        self.turns += 1
+        for name, value in result.metrics.items():
+            if value is not None:
+                self.applicable[name] += 1
+                self.hits[name] += bool(value)
+
+    def rate(self, name: str) -> float | None:
+        return self.hits[name] / self.applicable[name] if self.applicable[name] else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"records": self.records, "turns": self.turns, **{m: self.rate(m) for m in METRICS}}
+
+
+@dataclass
+class EvalResult:
+    overall: Tally = field(default_factory=Tally)
+    by_format: dict[str, Tally] = field(default_factory=dict)
+    by_effort: dict[str, Tally] = field(default_factory=dict)
+    rejects: list[dict] = field(default_factory=list)  # the first `keep` rejects
+    rejected: int = 0
+    records: int = 0  # records evaluated (records with no assistant turn to prompt count here too)
+    generation_tokens: int = 0
+    generation_seconds: float = 0.0
+    failures: list[TurnResult] = field(default_factory=list)  # the first `keep` failing turns
+    failed_turns: int = 0
+    backend: str = ""
+
+    def count_record(self, source_format: str, effort: str) -> None:
+        self.records += 1
+        for tally in (self.overall, self.by_format.setdefault(source_format, Tally()),
+                      self.by_effort.setdefault(effort, Tally())):
+            tally.records += 1
+
+    def add(self, result: TurnResult, keep: int) -> None:
+        self.overall.add(result)
+        self.by_format.setdefault(result.turn.format, Tally()).add(result)
+        self.by_effort.setdefault(result.turn.effort, Tally()).add(result)
+        self.generation_tokens += result.generation.n_tokens
+        if result.failed:
+            self.failed_turns += 1
+            if len(self.failures) < keep:
+                self.failures.append(result)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.generation_tokens / self.generation_seconds if self.generation_seconds > 0 else None
+
+    def summary(self) -> dict[str, Any]:
+        """What `--json` writes: the records and turns evaluated, each metric overall (a fraction of the turns
+        it applies to, None when it applies to none), then the same per source format and per reasoning
+        effort; plus rejected records, generated tokens and tokens/s."""
+        return {
+            **self.overall.to_dict(),
+            "by_format": {k: v.to_dict() for k, v in sorted(self.by_format.items())},
+            "by_effort": {k: v.to_dict() for k, v in _by_effort(self).items()},
+            "rejected": self.rejected,
+            "generation_tokens": self.generation_tokens,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+
+def _by_effort(result: EvalResult) -> dict[str, Tally]:
+    """Integer budgets in numeric order, then the named levels."""
+    return dict(sorted(result.by_effort.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit()
+                                                                   else 0, kv[0])))

@@ -1,0 +1,197 @@
+"""Did the fine-tune learn Beam? Generate held-out assistant turns and score their format, stops and tool calls.
+
+The model (`beam_sft.eval.backends`) generates greedily until `<|return|>` or `<|call|>` or `max_new_tokens`,
+the output is parsed with `tokenizer.parse_response(generated, prefix=prompt, tools=tools)`, and the parse is
+scored against the reference turn (`beam_sft.eval.metrics.score_turn`). Work is streamed: records are read,
+generated and scored in chunks, so memory stays flat however many records there are; only failures kept for
+the report (capped) are held.
+
+    from beam_sft.eval.run import load_model, evaluate
+    from beam_sft.eval.backends import TransformersBackend
+    from beam_sft.eval.report import summary_table
+    model, tokenizer = load_model("outputs/quickstart/model")
+    result = evaluate(TransformersBackend(model, tokenizer), tokenizer, records)   # [(record, format), ...]
+    print(summary_table(result)); result.summary()["well_formed"]
+
+`beam-sft eval` (beam_sft/cli/eval.py) is the command over this module; `scripts/quickstart.py` and
+`scripts/train.py --eval_beam true` call it too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from beam_sft.errors import RecordError, UsageError
+from beam_sft.eval.backends import Generation, TransformersBackend
+from beam_sft.eval.metrics import METRICS, EvalResult, TurnResult, score_turn
+from beam_sft.eval.report import summary_table
+from beam_sft.eval.turns import TURN_CHOICES, Turn, effort_label, record_turns
+
+logger = logging.getLogger(__name__)
+
+
+def _parse(tokenizer, turn: Turn, generation: Generation) -> tuple[dict | None, str]:
+    try:
+        return tokenizer.parse_response(generation.text, prefix=turn.prompt, tools=turn.tools), ""
+    except Exception as err:  # noqa: BLE001  (a parser error is a malformed output, not a crash)
+        return None, f"parse error: {type(err).__name__}: {err}"
+
+
+def evaluate(
+    backend,
+    tokenizer,
+    records: Iterable[tuple[dict | None, dict | None, str] | tuple[dict, str]],
+    *,
+    turns: str = "first",
+    chunk_size: int = 64,
+    keep: int = 200,
+    progress: bool = True,
+    total: int | None = None,
+    on_result: Callable[[TurnResult], None] | None = None,
+) -> EvalResult:
+    """Generate and score the chosen turns of `records` with `backend` (`TransformersBackend`/`VLLMBackend`).
+
+    `records` yields `(record, format)` pairs, or `(record, reject, format)` triples as `_load_records`
+    does (rejects are counted and kept, up to `keep`). Records are processed `chunk_size` at a time, each
+    chunk's prompts sorted by length so batches pad little. At most `keep` failing turns are kept for the
+    report; `on_result` sees every scored turn (in generation order, not input order).
+    """
+    from tqdm.auto import tqdm
+
+    if getattr(tokenizer, "response_template", None) is None:
+        raise UsageError("the tokenizer has no response_template; install it with beam_sft.template.tokenizer.beamify")
+    if turns not in TURN_CHOICES:
+        raise UsageError(f"--turns must be one of {', '.join(TURN_CHOICES)}, not {turns!r}")
+    result = EvalResult(backend=getattr(backend, "name", type(backend).__name__))
+    bar = tqdm(total=total, desc="Evaluating", unit="rec", disable=not progress)
+    pending: list[Turn] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        pending.sort(key=lambda t: len(t.prompt))
+        start = time.perf_counter()
+        generations = backend.generate([t.prompt for t in pending])
+        result.generation_seconds += time.perf_counter() - start
+        for turn, generation in zip(pending, generations, strict=True):
+            parsed, error = _parse(tokenizer, turn, generation)
+            metrics, reason = score_turn(turn.reference, parsed, generation.stop, turn.tools)
+            scored = TurnResult(turn, generation, parsed, error, metrics, error or reason)
+            result.add(scored, keep)
+            if on_result is not None:
+                on_result(scored)
+        pending.clear()
+
+    n_in_chunk = 0
+    for entry in records:
+        record, reject, fmt = entry if len(entry) == 3 else (entry[0], None, entry[1])
+        bar.update(1)
+        if reject is None:
+            try:
+                pending.extend(record_turns(tokenizer, record, result.records, fmt, turns))
+            except RecordError as err:
+                reject = err.to_dict()
+            else:
+                result.count_record(fmt, effort_label(record))
+        if reject is not None:
+            result.rejected += 1
+            if len(result.rejects) < keep:
+                result.rejects.append(reject)
+            continue
+        n_in_chunk += 1
+        if n_in_chunk >= chunk_size:
+            flush()
+            n_in_chunk = 0
+    flush()
+    bar.close()
+    return result
+
+
+def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
+    """(base model, adapter): a MODEL directory that holds only a LoRA adapter (what scripts/train.py
+    --use_peft saves) is evaluated on the base model its adapter_config.json names."""
+    config = Path(model) / "adapter_config.json"
+    if adapter is not None or not config.is_file() or (Path(model) / "config.json").is_file():
+        return model, adapter
+    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UsageError(f"{model} holds a LoRA adapter whose adapter_config.json names no base model; pass the "
+                         "base model as MODEL and this directory as --adapter")
+    return base, model
+
+
+def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: str | None = None):
+    """(tokenizer, where it came from): `tokenizer`, else the adapter directory when it holds one
+    (scripts/train.py saves it there), else the model's. It must carry both Beam templates."""
+    from transformers import AutoTokenizer
+
+    source = tokenizer or (adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else model)
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load the tokenizer {source!r}: {err}") from err
+    if not tok.chat_template or getattr(tok, "response_template", None) is None:
+        raise UsageError(
+            f"{source}: the tokenizer lacks the Beam chat template or response_template "
+            "(save it with beam_sft.template.tokenizer.save_tokenizer, or beamify it)"
+        )
+    return tok, source
+
+
+def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None = None, device: str | None = None):
+    """(model, tokenizer) for evaluation: a saved directory or a hub id (the local cache when offline),
+    optionally with a LoRA adapter (peft) merged in; the tokenizer as `load_eval_tokenizer` finds it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok, _ = load_eval_tokenizer(model, tokenizer=tokenizer, adapter=adapter)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load the model {model!r}: {err}") from err
+    if adapter is not None:
+        from peft import PeftModel
+
+        try:
+            lm = PeftModel.from_pretrained(lm, adapter).merge_and_unload()
+        except (OSError, ValueError) as err:
+            raise UsageError(f"cannot load the LoRA adapter {adapter!r}: {err}") from err
+    if len(tok) > lm.get_input_embeddings().weight.shape[0]:
+        raise UsageError(f"the tokenizer has {len(tok)} tokens but the model only {lm.get_input_embeddings().weight.shape[0]} "
+                         "embeddings: wrong tokenizer for this model?")
+    return lm.to(device).eval(), tok
+
+
+def evaluate_trainer(trainer, tokenizer, records: Sequence[dict], *, max_new_tokens: int = 256,
+                     batch_size: int = 8, turns: str = "first") -> dict[str, Any] | None:
+    """`scripts/train.py --eval_beam true`: evaluate the trained model on the eval records (main process only;
+    other ranks pass no records), log the overall metrics next to the loss as `eval_beam/<metric>`, and return
+    the summary."""
+    accelerator = trainer.accelerator
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        logger.warning("--eval_beam: the model is sharded (FSDP/DeepSpeed); run `beam-sft eval %s --data ...` "
+                       "on the saved model instead", trainer.args.output_dir)
+        return None
+    summary = None
+    # Only the main process has the records (the others pass none); every rank still meets the barrier below.
+    if accelerator.is_main_process and not records:
+        logger.warning("--eval_beam: no eval split (set --eval_dataset_name or --eval_split_size); skipped")
+    elif accelerator.is_main_process:
+        model = accelerator.unwrap_model(trainer.model)
+        backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        # The records are already converted: their source format is not known here, so one group.
+        result = evaluate(backend, tokenizer, ((r, "eval_split") for r in records), turns=turns,
+                          progress=not trainer.args.disable_tqdm, total=len(records))
+        summary = result.summary()
+        logger.info("Beam eval on %d eval records:\n%s", len(records), summary_table(result))
+        trainer.log({f"eval_beam/{k}": float(v) for k in (*METRICS, "turns", "tokens_per_second")
+                     if (v := summary.get(k)) is not None})
+    accelerator.wait_for_everyone()
+    return summary

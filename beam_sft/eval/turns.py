@@ -1,0 +1,108 @@
+"""What an evaluation generates: records read and converted lazily, and their assistant turns as prompts.
+
+For each chosen assistant turn of each record, the prompt is the conversation up to that turn rendered by the
+tokenizer's chat template (with the record's `tools` and `chat_template_kwargs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from beam_sft.errors import Reason, RecordError, UsageError
+
+TURN_CHOICES = ("first", "last", "all")
+
+
+DEFAULT_EFFORT = "default"
+
+
+def _load_records(
+    path: str | Sequence[str], fmt: str = "auto", split: str = "test", max_records: int | None = None
+) -> Iterator[tuple[dict | None, dict | None, str]]:
+    """Read `path` lazily: yields `(record, None, format)` for each Beam record, `(None, reject, format)` for
+    each rejected input row (the converters' reason codes), in input order; at most `max_records` rows.
+
+    The records go through the data phase's own per-record conversion (`beam_sft.dataset.stages.convert_one`, with
+    its `internal_error` barrier and reject entries), one at a time: an evaluation reads a few hundred rows
+    of what may be a large file, and stops there. `format` is the source format of the row: `fmt` when
+    given, else what `beam_sft.formats.detect` says (a Beam record read under "auto" detects as "openai").
+    """
+    import orjson
+
+    from beam_sft.dataset.stages import convert_one, reject_entry
+    from beam_sft.errors import internal_error
+    from beam_sft.formats import detect
+    from beam_sft.records.files import expand_inputs, iter_items, parse_line
+
+    specs = [path] if isinstance(path, str) else list(path)
+    # As for training: a rejects file next to convert-dataset's output is not data.
+    sources = [s for s in expand_inputs(specs, split) if "rejects" not in Path(s.name).name or s.name in specs]
+    for item in iter_items(sources, limit=max_records):
+        source_format = fmt
+        try:
+            if item.error is not None:
+                raise item.error
+            payload = item.payload if item.raw else orjson.dumps(item.payload, default=str)
+            if fmt == "auto":
+                try:
+                    source_format = detect(parse_line(payload)) or "unknown"
+                except RecordError:
+                    source_format = "unknown"
+            yield convert_one(payload, fmt), None, source_format
+        except RecordError as err:
+            yield None, reject_entry(err, item.source, item.position, item.by_line), source_format
+        except Exception as exc:  # noqa: BLE001 - a converter bug: this row is a reject, the evaluation goes on
+            yield None, reject_entry(internal_error(exc), item.source, item.position, item.by_line), source_format
+
+
+@dataclass
+class Turn:
+    """One assistant turn to generate: the prompt is the conversation before it."""
+
+    record: int  # 0-based position of the record among the records evaluated
+    message_index: int  # index of the reference assistant message in the record
+    reference: dict[str, Any]
+    tools: list[dict] | None
+    format: str
+    effort: str
+    prompt: str = ""
+
+    @property
+    def expects_call(self) -> bool:
+        return bool(self.reference.get("tool_calls"))
+
+
+def assistant_indices(record: dict[str, Any], turns: str = "first") -> list[int]:
+    """Indices of the assistant messages to evaluate. A message at index 0 has no prompt and is skipped."""
+    if turns not in TURN_CHOICES:
+        raise UsageError(f"--turns must be one of {', '.join(TURN_CHOICES)}, not {turns!r}")
+    found = [i for i, m in enumerate(record.get("messages") or []) if m.get("role") == "assistant" and i > 0]
+    if turns == "all" or not found:
+        return found
+    return [found[0]] if turns == "first" else [found[-1]]
+
+
+def effort_label(record: dict[str, Any]) -> str:
+    effort = (record.get("chat_template_kwargs") or {}).get("reasoning_effort")
+    return DEFAULT_EFFORT if effort is None else str(effort)
+
+
+def record_turns(tokenizer, record: dict[str, Any], index: int, source_format: str, turns: str) -> list[Turn]:
+    """The record's chosen turns with their rendered prompts. A record the template cannot render raises
+    RecordError(render_failed), so the caller counts it as rejected."""
+    tools = record.get("tools") or None
+    kwargs = record.get("chat_template_kwargs") or {}
+    out = []
+    for i in assistant_indices(record, turns):
+        try:
+            prompt = tokenizer.apply_chat_template(
+                record["messages"][:i], tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        except Exception as err:  # noqa: BLE001  (a template error on one record rejects that record only)
+            raise RecordError(Reason.RENDER_FAILED, f"chat template failed on the prompt: {err}",
+                              message_index=i) from None
+        out.append(Turn(index, i, record["messages"][i], tools, source_format, effort_label(record), prompt))
+    return out

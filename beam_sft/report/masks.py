@@ -1,0 +1,372 @@
+"""See what will be trained, record by record: token-by-token mask views.
+
+Everything here goes through `beam_sft.render.encoder` (the encoder training uses), so what you see is what
+trains. Two text views of one record (the HTML one is `beam_sft.report.pages`):
+
+* `ansi_view`: the terminal, every token coloured trained (green background) or not (grey), Harmony
+  markers in bold magenta, one line per rendered message;
+* `plain_view`: the same without colours, for pipes and logs: trained text between `{+` and `+}`,
+  markers as they are, one line per rendered message.
+
+    from beam_sft.report.masks import load_records, inspect_record, ansi_view
+    loaded = load_records("data/samples/openai.jsonl")
+    print(ansi_view(inspect_record(tokenizer, loaded.records[0])))
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from beam_sft.errors import RecordError, internal_error
+from beam_sft.render.encoder import MaskedEncoder
+
+STOP_MARKERS = ("<|return|>", "<|call|>")
+START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
+
+# ANSI: trained tokens alternate two green backgrounds so token boundaries show; untrained tokens
+# alternate two greys; markers are bold magenta on either.
+_ANSI_TRAINED = ("\x1b[30;42m", "\x1b[30;102m")
+_ANSI_UNTRAINED = ("\x1b[37m", "\x1b[90m")
+_ANSI_MARKER = "\x1b[1;35m"
+_ANSI_RESET = "\x1b[0m"
+
+
+@dataclass
+class Loaded:
+    """Beam records of a dataset, where each came from, and what was rejected (nothing is lost)."""
+
+    records: list[dict]
+    positions: list[int]  # index of each record among all input records (0-based, input order)
+    sources: list[str]
+    rejects: list[dict]  # RecordError.to_dict() + "index"
+    total: int
+
+    def index_of(self, position: int) -> int | None:
+        try:
+            return self.positions.index(position)
+        except ValueError:
+            return None
+
+
+def load_records(
+    path: str, *, format: str = "auto", limit: int | None = None, split: str = "train"
+) -> Loaded:
+    """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam.
+
+    `format` is a converter name or "auto" (detect per record); "beam" takes records as they are.
+    Records the converters or the validator reject are listed in `rejects` with their reason.
+    """
+    from beam_sft.records.files import expand_inputs, iter_items, parse_line
+
+    records, positions, sources, rejects = [], [], [], []
+    total = 0
+    for position, item in enumerate(iter_items(expand_inputs([str(path)], split=split), limit=limit)):
+        total += 1
+        try:
+            if item.error is not None:
+                raise item.error
+            payload = parse_line(item.payload) if item.raw else item.payload
+            record = _to_beam(payload, format)
+        except RecordError as err:
+            reject = err.with_provenance(item.source, item.position).to_dict()
+            reject["index"] = position
+            rejects.append(reject)
+            continue
+        except Exception as exc:  # a converter bug costs this record, not the whole view
+            if os.environ.get("BEAM_SFT_DEBUG"):
+                raise
+            reject = internal_error(exc).with_provenance(item.source, item.position).to_dict()
+            reject["index"] = position
+            rejects.append(reject)
+            continue
+        records.append(record)
+        positions.append(position)
+        sources.append(f"{item.source}:{item.position}")
+    return Loaded(records, positions, sources, rejects, total)
+
+
+def _to_beam(payload: Any, format: str) -> dict:
+    if format == "beam":
+        if not isinstance(payload, dict) or "messages" not in payload:
+            from beam_sft.errors import Reason
+
+            raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
+        return payload
+    from beam_sft.formats import convert_record
+
+    return convert_record(payload, format)
+
+
+@dataclass
+class Token:
+    text: str  # the characters this token stands for in the rendered text (gaps go to the next token)
+    token_id: int
+    trained: bool
+    marker: bool
+    message: int  # index of the rendered message (one per <|start|>)
+
+
+@dataclass
+class Message:
+    header: str  # e.g. "assistant to=get_weather<|channel|>analysis <|constrain|>xml"
+    role: str  # system, developer, user, assistant, tool
+    group: (
+        str  # role, with the assistant's channel: "assistant:analysis", "assistant:final", "assistant:call"
+    )
+    tokens: int = 0
+    trained: int = 0
+
+
+@dataclass
+class RecordView:
+    tokens: list[Token]
+    messages: list[Message]
+    length: int  # tokens before truncation
+    max_length: int | None
+    trained: int
+    truncated: bool
+    cut_inside_assistant: bool
+    stop_tokens: int  # stop tokens in the (truncated) sequence
+    stop_tokens_untrained: int
+    label: str = ""
+
+    @property
+    def group_counts(self) -> dict[str, tuple[int, int]]:
+        """role group -> (trained tokens, all tokens)."""
+        out: dict[str, list[int]] = {}
+        for message in self.messages:
+            entry = out.setdefault(message.group, [0, 0])
+            entry[0] += message.trained
+            entry[1] += message.tokens
+        return {key: (a, b) for key, (a, b) in out.items()}
+
+
+def _marker_ids(tokenizer) -> dict[int, str]:
+    ids = {}
+    for token in tokenizer.get_added_vocab():
+        ids[tokenizer.convert_tokens_to_ids(token)] = token
+    return ids
+
+
+def _stop_ids(tokenizer) -> set[int]:
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[m] for m in STOP_MARKERS if m in vocab}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def _group(header: str) -> tuple[str, str]:
+    speaker, _, rest = header.partition(CHANNEL)
+    speaker = speaker.strip()
+    channel = re.match(r"\s*(\w+)", rest)
+    if speaker == "assistant" or speaker.startswith("assistant "):
+        if " to=" in f" {speaker}":
+            return "assistant", "assistant:call"
+        return "assistant", f"assistant:{channel.group(1)}" if channel else "assistant"
+    if speaker.endswith(" to=assistant"):
+        return "tool", "tool"
+    role = speaker.split(" ")[0] if speaker else "?"
+    return role, role
+
+
+def _messages_of(
+    ids: Sequence[int], mask: Sequence[int], markers: dict[int, str], decode
+) -> tuple[list[int], list[Message]]:
+    """Which rendered message each token belongs to, and the messages with their headers and counts."""
+    start_id = next((i for i, m in markers.items() if m == START), None)
+    message_id = next((i for i, m in markers.items() if m == MESSAGE), None)
+    owner: list[int] = []
+    messages: list[Message] = []
+    header_ids: list[int] | None = None
+    for token_id, bit in zip(ids, mask, strict=True):
+        if token_id == start_id:
+            if header_ids is not None:
+                messages[-1].header = decode(header_ids)
+            messages.append(Message(header="", role="?", group="?"))
+            header_ids = []
+        elif token_id == message_id and header_ids is not None:
+            messages[-1].header = decode(header_ids)
+            header_ids = None
+        elif header_ids is not None:
+            header_ids.append(token_id)
+        if not messages:  # text before the first <|start|> (a truncated head, or another template)
+            messages.append(Message(header="", role="(before first message)", group="(before first message)"))
+        owner.append(len(messages) - 1)
+        messages[-1].tokens += 1
+        messages[-1].trained += 1 if bit else 0
+    if header_ids is not None and messages:
+        messages[-1].header = decode(header_ids)
+    for message in messages:
+        if message.group == "?":
+            message.role, message.group = _group(message.header) if message.header else ("?", "(header cut)")
+    return owner, messages
+
+
+def _token_texts(tokenizer, text: str, ids: Sequence[int]) -> list[str] | None:
+    """The characters of `text` each token covers, or None if the tokenization does not line up."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None:
+        return None
+    if backend.truncation is not None or backend.padding is not None:
+        # transformers leaves the last call's truncation/padding on the shared backend: use a clean copy.
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(backend.to_str())
+        backend.no_truncation()
+        backend.no_padding()
+    encoding = backend.encode(text, add_special_tokens=False)
+    if encoding.ids != list(ids):
+        return None
+    out = []
+    done = 0
+    for _, end in encoding.offsets:
+        end = max(end, done)
+        out.append(text[done:end])
+        done = end
+    if out:
+        out[-1] += text[done:]
+    return out
+
+
+def inspect_record(
+    tokenizer,
+    record: dict,
+    *,
+    max_length: int | None = None,
+    encoder: MaskedEncoder | None = None,
+    label: str = "",
+) -> RecordView:
+    """Encode one record the way training does and annotate every token. Raises `RecordError`."""
+    encoder = encoder or MaskedEncoder(tokenizer)
+    full = encoder.encode([record])[0]
+    text, _ = encoder.render(record)
+    texts = _token_texts(tokenizer, text, full["input_ids"])
+    if texts is None:  # a tokenizer without offsets: per-token decoding (multi-byte characters may split)
+        texts = [tokenizer.decode([i]) for i in full["input_ids"]]
+    kept = encoder.encode([record], max_length)[0] if max_length is not None else full
+    return _view(tokenizer, full, kept, texts, max_length, label)
+
+
+def _kept_range(n: int, kept: int, side: str) -> range:
+    return range(n - kept, n) if side == "left" else range(kept)
+
+
+def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
+    ids, mask = kept["input_ids"], kept["assistant_masks"]
+    n = len(full["input_ids"])
+    side = tokenizer.truncation_side
+    keep = _kept_range(n, len(ids), side)
+    texts = [texts[i] for i in keep]
+    markers = _marker_ids(tokenizer)
+    owner, messages = _messages_of(ids, mask, markers, lambda h: tokenizer.decode(h))
+    tokens = [
+        Token(text=t, token_id=i, trained=bool(m), marker=i in markers, message=o)
+        for t, i, m, o in zip(texts, ids, mask, owner, strict=True)
+    ]
+    stops = _stop_ids(tokenizer)
+    truncated, inside = _cut(full["assistant_masks"], len(ids), side)
+    return RecordView(
+        tokens=tokens,
+        messages=messages,
+        length=n,
+        max_length=max_length,
+        trained=sum(mask),
+        truncated=truncated,
+        cut_inside_assistant=inside,
+        stop_tokens=sum(1 for i in ids if i in stops),
+        stop_tokens_untrained=sum(1 for i, m in zip(ids, mask, strict=True) if i in stops and not m),
+        label=label,
+    )
+
+
+def _cut(full_mask: Sequence[int], kept: int, side: str) -> tuple[bool, bool]:
+    """(truncated, the cut splits an assistant turn: trained tokens on both sides of it)."""
+    n = len(full_mask)
+    if kept >= n:
+        return False, False
+    cut = n - kept if side == "left" else kept
+    return True, bool(full_mask[cut - 1] and full_mask[cut])
+
+
+def _summary_line(view: RecordView) -> str:
+    parts = [f"{view.length} tokens", f"{view.trained} trained"]
+    if view.truncated:
+        parts.append(
+            f"truncated to {view.max_length}"
+            + (" inside an assistant turn" if view.cut_inside_assistant else "")
+        )
+    if view.stop_tokens_untrained:
+        parts.append(f"{view.stop_tokens_untrained} stop token(s) not trained")
+    if not view.trained:
+        parts.append("EMPTY MASK: nothing trains")
+    return (f"{view.label}: " if view.label else "") + ", ".join(parts)
+
+
+def _group_line(view: RecordView) -> str:
+    return "trained/total by role: " + ", ".join(
+        f"{group} {trained}/{total}" for group, (trained, total) in view.group_counts.items()
+    )
+
+
+def ansi_view(view: RecordView) -> str:
+    """Colours for a terminal: trained on green, untrained grey, markers bold magenta, a line per message."""
+    legend = (
+        f"legend: {_ANSI_TRAINED[0]} trained {_ANSI_RESET} {_ANSI_UNTRAINED[0]}not trained{_ANSI_RESET} "
+        f"{_ANSI_MARKER}<|marker|>{_ANSI_RESET}"
+    )
+    out = [f"\x1b[1m{_summary_line(view)}{_ANSI_RESET}", _group_line(view), legend]
+    line: list[str] = []
+    current = None
+    for k, token in enumerate(view.tokens):
+        if token.message != current and line:
+            out.append("".join(line) + _ANSI_RESET)
+            line = []
+        if token.message != current:
+            line.append(f"\x1b[2m[{token.message}]{_ANSI_RESET} ")
+            current = token.message
+        colour = (_ANSI_TRAINED if token.trained else _ANSI_UNTRAINED)[k % 2]
+        if token.marker:
+            colour += _ANSI_MARKER
+        line.append(f"{colour}{_visible(token.text)}{_ANSI_RESET}")
+    if line:
+        out.append("".join(line) + _ANSI_RESET)
+    return "\n".join(out)
+
+
+def plain_view(view: RecordView) -> str:
+    """No colours: trained text between `{+` and `+}`, markers as they are, a line per rendered message."""
+    out = [_summary_line(view), _group_line(view), "legend: {+trained+} not trained"]
+    line: list[str] = []
+    current = None
+    in_trained = False
+    for token in view.tokens:
+        if token.message != current:
+            if in_trained:
+                line.append("+}")
+                in_trained = False
+            if line:
+                out.append("".join(line))
+            line = [f"[{token.message}] "]
+            current = token.message
+        if token.trained and not in_trained:
+            line.append("{+")
+            in_trained = True
+        elif not token.trained and in_trained:
+            line.append("+}")
+            in_trained = False
+        line.append(_visible(token.text))
+    if in_trained:
+        line.append("+}")
+    if line:
+        out.append("".join(line))
+    return "\n".join(out)
+
+
+def _visible(text: str) -> str:
+    # One rendered message per line: line breaks inside text are shown, not obeyed.
+    return text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")

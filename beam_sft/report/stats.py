@@ -1,0 +1,214 @@
+"""Statistics of a whole dataset as training encodes it.
+
+`dataset_stats`: trained fraction, lengths (and a histogram), records with an empty mask, records cut by
+`max_length` (and whether the cut fell inside an assistant turn), records whose stop tokens (`<|return|>`,
+`<|call|>`) are not trained; `stats_table` prints them.
+
+    from beam_sft.report.stats import dataset_stats, stats_table
+    print(stats_table(dataset_stats(tokenizer, loaded.records, max_length=512)))
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from beam_sft.errors import Reason, RecordError, internal_error
+from beam_sft.render.encoder import MaskedEncoder
+from beam_sft.report.masks import _cut, _marker_ids, _messages_of, _stop_ids
+
+
+@dataclass
+class DatasetStats:
+    records: int = 0
+    rejected: int = 0
+    rejected_reasons: Counter = field(default_factory=Counter)
+    max_length: int | None = None
+    tokens: int = 0  # after truncation
+    trained: int = 0
+    lengths: list[int] = field(default_factory=list)  # before truncation
+    groups: dict[str, list[int]] = field(default_factory=dict)  # group -> [trained, tokens]
+    empty_mask: list[int] = field(default_factory=list)  # record indices
+    truncated: list[int] = field(default_factory=list)
+    cut_inside_assistant: list[int] = field(default_factory=list)
+    stop_untrained: list[int] = field(default_factory=list)
+    internal_errors: list[int] = field(default_factory=list)  # records whose encoding raised unexpectedly
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def trained_fraction(self) -> float:
+        return self.trained / self.tokens if self.tokens else 0.0
+
+    def histogram(self, bins: int = 10) -> list[tuple[int, int, int]]:
+        """[(low, high, count)] of the untruncated lengths, equal-width bins."""
+        if not self.lengths:
+            return []
+        low, high = min(self.lengths), max(self.lengths)
+        width = max(1, math.ceil((high - low + 1) / bins))
+        counts = Counter((n - low) // width for n in self.lengths)
+        return [
+            (low + b * width, low + (b + 1) * width - 1, counts.get(b, 0))
+            for b in range(bins)
+            if low + b * width <= high
+        ]
+
+
+def _encode_isolated(encoder: MaskedEncoder, batch: list[dict]) -> list:
+    """The batch encoded at once, or, when that fails, record by record: each item an encoding or the
+    record's `RecordError` (an unexpected exception becomes `internal_error`)."""
+    try:
+        return encoder.encode(batch)
+    except Exception as batch_err:  # unexpected errors are isolated record by record too
+        if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
+            raise
+    encoded: list = []
+    for record in batch:  # find the culprits one by one; the rest still count
+        try:
+            encoded.append(encoder.encode([record])[0])
+        except RecordError as err:
+            encoded.append(err)
+        except Exception as exc:  # noqa: BLE001 - an encoder bug costs this record only
+            encoded.append(internal_error(exc))
+    return encoded
+
+
+def _add_record(stats: DatasetStats, index: int, full: dict, encoder: MaskedEncoder, markers, stops, side,
+                decode) -> None:
+    """Count one encoded record: lengths, trained tokens per group, empty mask, truncation, untrained stops."""
+    max_length = stats.max_length
+    stats.records += 1
+    stats.lengths.append(len(full["input_ids"]))
+    kept = encoder._truncate(full, max_length) if max_length is not None else full
+    ids, mask = kept["input_ids"], kept["assistant_masks"]
+    stats.tokens += len(ids)
+    stats.trained += sum(mask)
+    _, messages = _messages_of(ids, mask, markers, decode)
+    for message in messages:
+        entry = stats.groups.setdefault(message.group, [0, 0])
+        entry[0] += message.trained
+        entry[1] += message.tokens
+    if not any(mask):
+        stats.empty_mask.append(index)
+    truncated, inside = _cut(full["assistant_masks"], len(ids), side)
+    if truncated:
+        stats.truncated.append(index)
+        if inside:
+            stats.cut_inside_assistant.append(index)
+    if any(i in stops and not m for i, m in zip(ids, mask, strict=True)):
+        stats.stop_untrained.append(index)
+
+
+def dataset_stats(
+    tokenizer,
+    records: Sequence[dict],
+    *,
+    max_length: int | None = None,
+    encoder: MaskedEncoder | None = None,
+    labels: Sequence[str] | Callable[[int], str] | None = None,
+    rejected: Sequence[dict] = (),
+    batch_size: int = 256,
+) -> DatasetStats:
+    """Statistics over `records` (Beam records), encoded by the training encoder in batches.
+
+    `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.stages.Converted`, which decodes each batch
+    from memory-mapped Arrow only when it is encoded.
+
+    A record the template rejects counts as rejected (its reason is kept), never silently dropped.
+    """
+    from tqdm import tqdm
+
+    encoder = encoder or MaskedEncoder(tokenizer)
+    stats = DatasetStats(max_length=max_length)
+    stats.rejected = len(rejected)
+    stats.rejected_reasons.update(r.get("reason", "?") for r in rejected)
+    markers = _marker_ids(tokenizer)
+    stops = _stop_ids(tokenizer)
+    side = tokenizer.truncation_side
+    # A callable or a sequence: for a large dataset the caller names records lazily.
+    if labels is None:
+        def label_of(i: int) -> str:
+            return f"record {i}"
+    else:
+        label_of = labels if callable(labels) else labels.__getitem__
+    decode_cache: dict[tuple[int, ...], str] = {}
+
+    def decode(header_ids):
+        key = tuple(header_ids)
+        if key not in decode_cache:
+            decode_cache[key] = tokenizer.decode(header_ids)
+        return decode_cache[key]
+
+    for start in tqdm(
+        range(0, len(records), batch_size), desc="Encoding", unit="batch", disable=len(records) < 2000
+    ):
+        for offset, full in enumerate(_encode_isolated(encoder, list(records[start : start + batch_size]))):
+            index = start + offset
+            if isinstance(full, RecordError):
+                stats.rejected += 1
+                stats.rejected_reasons[full.code.value] += 1
+                if full.code is Reason.INTERNAL_ERROR:
+                    stats.internal_errors.append(index)
+                continue
+            stats.labels.append(label_of(index))
+            _add_record(stats, index, full, encoder, markers, stops, side, decode)
+    return stats
+
+
+def _indices(values: list[int], limit: int = 12) -> str:
+    if not values:
+        return "none"
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def stats_rows(stats: DatasetStats) -> list[tuple[str, str]]:
+    rows = [
+        ("records", str(stats.records)),
+        (
+            "rejected",
+            f"{stats.rejected}"
+            + (
+                f" ({', '.join(f'{k}: {v}' for k, v in stats.rejected_reasons.most_common())})"
+                if stats.rejected
+                else ""
+            ),
+        ),
+        ("tokens (after truncation)", str(stats.tokens)),
+        ("trained tokens", f"{stats.trained} ({100 * stats.trained_fraction:.1f}%)"),
+    ]
+    if stats.lengths:
+        lengths = sorted(stats.lengths)
+        rows.append(
+            ("length min / median / max", f"{lengths[0]} / {lengths[len(lengths) // 2]} / {lengths[-1]}")
+        )
+    rows.append(("max_length", str(stats.max_length) if stats.max_length is not None else "none"))
+    for group, (trained, total) in sorted(stats.groups.items()):
+        rows.append((f"  {group}: trained / tokens", f"{trained} / {total}"))
+    rows += [
+        ("empty mask (nothing trains)", f"{len(stats.empty_mask)}: {_indices(stats.empty_mask)}"),
+        ("truncated by max_length", f"{len(stats.truncated)}: {_indices(stats.truncated)}"),
+        (
+            "  cut inside an assistant turn",
+            f"{len(stats.cut_inside_assistant)}: {_indices(stats.cut_inside_assistant)}",
+        ),
+        ("stop tokens outside the mask", f"{len(stats.stop_untrained)}: {_indices(stats.stop_untrained)}"),
+    ]
+    return rows
+
+
+def stats_table(stats: DatasetStats, *, histogram: bool = True) -> str:
+    rows = stats_rows(stats)
+    width = max(len(k) for k, _ in rows)
+    out = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    if histogram and stats.lengths:
+        out.append("length histogram (tokens before truncation):")
+        hist = stats.histogram()
+        top = max(c for _, _, c in hist) or 1
+        for low, high, count in hist:
+            out.append(
+                f"  {low:>7}-{high:<7} {count:>6} {'#' * math.ceil(40 * count / top) if count else ''}"
+            )
+    return "\n".join(out)

@@ -1,0 +1,137 @@
+"""The options of `scripts/train.py`: its own (`ScriptArguments`) and TRL's `SFTConfig` with Beam defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import SFTConfig  # BeamSFTConfig subclasses it: TRL is imported with this module
+
+from beam_sft.dataset.settings import DataSettings
+
+
+@dataclass
+class ScriptArguments:
+    """Data and model-source options of scripts/train.py (the rest is SFTConfig and ModelConfig)."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Training data: a .jsonl/.json/.parquet file, a directory of them, a save_to_disk "
+                  "dataset, a hub dataset id, or a directory written by `beam-sft prepare` (trained as is, "
+                  "after checking its manifest against this run's tokenizer and settings)."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Convert and tokenize on the fly while training (a datasets.IterableDataset; each rank "
+                  "takes its own share of the records): for data larger than the disk. Needs max_steps; no "
+                  "eval_split_size; nothing is cached."},
+    )
+    prepared_cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where raw data is kept once converted and tokenized (one directory per fingerprint of "
+                  "data, tokenizer, template and settings; a rerun loads it). Default: $BEAM_SFT_PREPARED_CACHE, "
+                  "else $HF_DATASETS_CACHE/beam_sft_prepared. Multi-node: put it on shared storage."},
+    )
+    dataset_format: str = field(
+        default="auto",
+        metadata={"help": "Format of the rows: 'beam' (convert-dataset output), 'openai', 'sharegpt', 'harmony', "
+                  "'hermes', 'glaive', 'xlam', or 'auto' (detect per row).",
+                  "choices": ["auto", "beam", "openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"]},
+    )
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to read from a hub/disk dataset."})
+    eval_dataset_name: str | None = field(
+        default=None, metadata={"help": "Separate evaluation data (same forms as dataset_name)."}
+    )
+    eval_split_size: float = field(
+        default=0.0,
+        metadata={"help": "Hold out this share (0-1) or number (>=1) of training records for evaluation when "
+                  "no eval_dataset_name is given. The split is seeded by --seed."},
+    )
+    max_records: int | None = field(default=None, metadata={"help": "Use only the first N training records."})
+    tokenizer_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer to use. Default: the model's own; data/tokenizer for the embedded model."},
+    )
+    tiny_model_config: str | None = field(
+        default=None,
+        metadata={"help": "Directory with the config.json of the embedded random model (default "
+                  "configs/models/tiny). Used when model_name_or_path is not set."},
+    )
+    beamify: bool = field(
+        default=False,
+        metadata={"help": "Add the Beam markers, pad token and both templates to a non-Beam tokenizer, and grow "
+                  "the model's embeddings to match."},
+    )
+    check_template: bool = field(
+        default=True,
+        metadata={"help": "Run the check-template conformance suite on the tokenizer first; failures are "
+                  "logged loudly but do not stop the run."},
+    )
+    eval_beam: bool = field(
+        default=False,
+        metadata={"help": "After training, generate the first assistant turn of each eval record and score it "
+                  "like `beam-sft eval` (well_formed, stopped, tool calls, ...); the metrics are logged next to "
+                  "the loss as eval_beam/<metric>. Needs an eval split."},
+    )
+    lora_target_experts: bool = field(
+        default=False,
+        metadata={"help": "MoE models: also put LoRA on the fused expert tensors (peft target_parameters, e.g. "
+                  "gpt-oss mlp.experts.gate_up_proj / down_proj); forces lora_dropout 0, which peft requires "
+                  "there. The run fails if no expert adapter is present after injection."},
+    )
+    mxfp4_dequantize: bool = field(
+        default=False,
+        metadata={"help": "Load an MXFP4-quantized checkpoint (gpt-oss) dequantized to --dtype, so it can be "
+                  "trained (transformers' Mxfp4Config(dequantize=True))."},
+    )
+
+
+@dataclass
+class BeamSFTConfig(SFTConfig):
+    """SFTConfig with Beam defaults: assistant-only loss on, bf16 only where the hardware has it."""
+
+    assistant_only_loss: bool = field(
+        default=True,
+        metadata={"help": "Train only on assistant turns (the template's generation block). On by default."},
+    )
+    truncation_policy: str = field(
+        default="turn",
+        metadata={"help": "Records longer than max_length: 'turn' cuts back to the last whole assistant turn "
+                  "(drops the record if none fits), 'drop' drops them, 'keep_start' cuts at max_length.",
+                  "choices": ["turn", "drop", "keep_start"]},
+    )
+    loss_path: str = field(
+        default="auto",
+        metadata={"help": "'fused': TRL's chunked fused LM head; 'plain': the model's logits + cross_entropy (same "
+                  "loss, ~3x faster on CPU for small models); 'auto': plain on CPU, fused elsewhere.",
+                  "choices": ["auto", "fused", "plain"]},
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
+    )
+    packing_check: str = field(
+        default="auto",
+        metadata={"help": "Padding-free packing: probe the model for attention across packed records before "
+                  "training. 'auto' gives a leaking model explicit per-record masks (and refuses if it still "
+                  "leaks), 'refuse' stops on a leak, 'skip' trusts the model (see beam_sft/train/packing.py).",
+                  "choices": ["auto", "refuse", "skip"]},
+    )
+
+    def __post_init__(self):
+        # TRL's default (checkpointing on) through the non-deprecated name, so the alias warns only when used.
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
+        if self.bf16 is None and not self.fp16:
+            import torch
+
+            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        super().__post_init__()
+
+
+def data_settings(script_args: ScriptArguments, training_args: BeamSFTConfig) -> DataSettings:
+    """What decides the prepared data, from the run's options."""
+    return DataSettings(
+        format=script_args.dataset_format, max_length=training_args.max_length,
+        truncation_policy=training_args.truncation_policy, assistant_only_loss=training_args.assistant_only_loss,
+        split=script_args.dataset_train_split, max_records=script_args.max_records,
+        eval_split_size=script_args.eval_split_size, seed=training_args.seed,
+    )

@@ -1,0 +1,132 @@
+"""The model and tokenizer a training run starts from: the embedded tiny model, a Beam checkpoint, or --beamify.
+
+* `build_tiny_model` makes the quickstart's randomly initialised causal LM from `configs/models/tiny`,
+  reproducibly (fixed seed), sized to the bundled tokenizer.
+* `load_model_and_tokenizer` picks the source from `scripts/train.py`'s options; `check_tokenizer` runs the
+  template checks a run makes before it trains.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from beam_sft.errors import FatalError
+
+logger = logging.getLogger(__name__)
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+TINY_MODEL_DIR = REPO_DIR / "configs" / "models" / "tiny"
+
+
+def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int = 0):
+    """A randomly initialised causal LM from `config_dir` (default configs/models/tiny), weights fixed by `seed`.
+
+    The config's vocabulary must hold every token id of `tokenizer`; its special-token ids are set from it.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config_dir = Path(config_dir) if config_dir is not None else TINY_MODEL_DIR
+    if not (config_dir / "config.json").is_file():
+        raise FatalError(f"tiny model config not found: {config_dir / 'config.json'}")
+    config = AutoConfig.from_pretrained(str(config_dir))
+    if config.vocab_size < len(tokenizer):
+        raise FatalError(
+            f"{config_dir / 'config.json'}: vocab_size {config.vocab_size} < tokenizer size {len(tokenizer)}; "
+            "the tiny model must cover every token id"
+        )
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    config.bos_token_id = tokenizer.bos_token_id
+    # fork_rng: the seed fixes the weights without moving the caller's global RNG streams.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def load_model_and_tokenizer(script_args, training_args, model_args):
+    """(model, tokenizer, embedded) for the three sources: embedded tiny model, Beam checkpoint, --beamify."""
+    import torch
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import get_quantization_config
+
+    from beam_sft.template.tokenizer import beamify, load_tokenizer
+
+    if model_args.model_name_or_path is None:
+        tokenizer = load_tokenizer(script_args.tokenizer_name_or_path)
+        if script_args.beamify:
+            beamify(tokenizer)
+        model = build_tiny_model(tokenizer, script_args.tiny_model_config, seed=training_args.seed)
+        return model, tokenizer, True
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        script_args.tokenizer_name_or_path or model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+    )
+    quantization_config = get_quantization_config(model_args)
+    if script_args.mxfp4_dequantize:
+        from beam_sft.errors import UsageError
+        from beam_sft.train.moe import mxfp4_dequantize_config
+
+        if quantization_config is not None:
+            raise UsageError("mxfp4_dequantize cannot be combined with load_in_4bit / load_in_8bit")
+        quantization_config = mxfp4_dequantize_config()
+    dtype = model_args.dtype
+    init_kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": dtype if dtype in (None, "auto") else getattr(torch, dtype),
+        "quantization_config": quantization_config,
+        # k-bit weights are placed at load time, one full copy per process.
+        "device_map": (
+            {"": PartialState().local_process_index}
+            if quantization_config is not None and not script_args.mxfp4_dequantize else None
+        ),
+    }
+    init_kwargs.update(training_args.model_init_kwargs or {})
+    model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **init_kwargs)
+    if script_args.beamify:
+        beamify(tokenizer, model)
+    elif not tokenizer.chat_template or getattr(tokenizer, "response_template", None) is None:
+        from beam_sft.errors import UsageError
+
+        raise UsageError(
+            f"{model_args.model_name_or_path} has no Beam chat template / response template; pass --beamify to "
+            "install them (and the markers) on this tokenizer"
+        )
+    return model, tokenizer, False
+
+
+def run_template_check(tokenizer) -> None:
+    """Run the check-template suite; log every failure loudly, never stop the run."""
+    from beam_sft.template.conformance import run_suite
+
+    failures = [r for r in run_suite(tokenizer) if not r.ok]
+    if not failures:
+        logger.info("check-template: all rules pass")
+        return
+    banner = "!" * 100
+    logger.warning(banner)
+    logger.warning("check-template: %d rule(s) FAIL; training goes on with this template as is:", len(failures))
+    for failure in failures:
+        logger.warning("  %s", failure.line())
+    logger.warning("run `beam-sft check-template` on the tokenizer for the details")
+    logger.warning(banner)
+
+
+def check_tokenizer(tokenizer, *, conformance: bool, assistant_only_loss: bool) -> None:
+    """The checks before training: the check-template suite (logged, never fatal) and, when only assistant
+    turns train, that the template trains both stop tokens (fatal)."""
+    from beam_sft.dataset.examples import check_stop_tokens_trained
+
+    if conformance:
+        run_template_check(tokenizer)
+    if assistant_only_loss:
+        check_stop_tokens_trained(tokenizer)

@@ -1,0 +1,125 @@
+"""The steps of `scripts/train.py` around TRL's trainer: checks, logging, the trainer, saving, Beam eval.
+
+Each is one call in the script's `main`, so the script reads parse -> model -> data -> trainer -> train -> save.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def setup_logging(training_args) -> None:
+    import datasets
+    import transformers
+
+    level = logging.INFO if training_args.process_index == 0 else logging.WARNING
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level, force=True)
+    logging.getLogger("beam_sft").setLevel(level)
+    transformers.utils.logging.set_verbosity(logging.WARNING)
+    datasets.utils.logging.set_verbosity(logging.WARNING)
+
+
+def check_arguments(script_args, training_args) -> None:
+    """Refuse what cannot run, before loading anything."""
+    import torch
+
+    from beam_sft.errors import UsageError
+
+    if script_args.dataset_name is None:
+        raise UsageError("--dataset_name is required (a file, a directory, or a hub dataset id)")
+    if training_args.use_liger_kernel:
+        # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
+        # to leave the assistant masks alone.
+        raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
+    if script_args.streaming and training_args.max_steps <= 0:
+        raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
+    if training_args.bf16 and not torch.cuda.is_available():
+        logger.warning("bf16 requested without a GPU: training runs in bf16 autocast on CPU")
+
+
+def resume_checkpoint(training_args):
+    """`--resume_from_checkpoint last` (or true): the newest checkpoint in output_dir, or None."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("last", "true"):
+        resume = get_last_checkpoint(training_args.output_dir)
+        if resume is None:
+            logger.info("no checkpoint in %s; starting from scratch", training_args.output_dir)
+    return resume
+
+
+def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args, model_args,
+                  callbacks=None):
+    """`BeamSFTTrainer` with LoRA (when asked), its loss path, and packing made exact (probed) before training."""
+    from beam_sft.train.moe import build_peft_config, check_expert_adapters
+    from beam_sft.train.packing import ensure_exact_packing
+    from beam_sft.train.trainer import make_trainer_class
+
+    peft_config = build_peft_config(model_args, model, target_experts=script_args.lora_target_experts)
+    plain_loss = training_args.loss_path == "plain" or (
+        training_args.loss_path == "auto" and training_args.device.type == "cpu"
+    )
+    trainer = make_trainer_class()(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=callbacks,
+        plain_loss=plain_loss,
+    )
+    if peft_config is not None:
+        check_expert_adapters(trainer.model, wanted=script_args.lora_target_experts)
+    # After the trainer is built: the model is on its device and wrapped as it will train (LoRA B = 0, so the
+    # adapters do not change the probe). Every rank probes and, if needed, hooks its own copy.
+    packing = ensure_exact_packing(trainer.model, training_args, training_args.packing_check)
+    if packing is not None and training_args.process_index == 0:
+        from beam_sft.records.files import write_json_atomic
+
+        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(str(Path(training_args.output_dir) / "packing_probe.json"), packing.to_dict())
+    return trainer
+
+
+def save(trainer, tokenizer, output_dir: str) -> None:
+    """The model, then the tokenizer with both templates (main process), and a one-line account."""
+    from beam_sft.template.tokenizer import save_tokenizer
+
+    trainer.save_model(output_dir)
+    if trainer.accelerator.is_main_process:
+        # Again, through save_tokenizer: it keeps the response template's key order (see its docstring).
+        save_tokenizer(tokenizer, output_dir)
+    trainer.accelerator.print(
+        f"trained {trainer.state.global_step} steps; tokens seen {trainer._total_train_tokens}, supervised "
+        f"{trainer._supervised_tokens} (this process's session); saved to {output_dir}"
+    )
+
+
+def eval_beam(trainer, tokenizer, script_args, settings) -> None:
+    """`--eval_beam true`: generate and score the eval split's records as `beam-sft eval` does."""
+    import tempfile
+
+    from beam_sft.dataset.prepare import eval_records
+    from beam_sft.eval.run import evaluate_trainer
+
+    with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:
+        records = list(eval_records(script_args.dataset_name, settings, work,
+                                    eval_dataset_name=script_args.eval_dataset_name)) \
+            if trainer.accelerator.is_main_process else []
+        evaluate_trainer(trainer, tokenizer, records)
+
+
+def finish(trainer) -> None:
+    import transformers
+    from packaging.version import Version
+
+    # A rank that reaches end() (which tears the process group down) while another is still saving would
+    # leave that one blocked in a collective forever.
+    trainer.accelerator.wait_for_everyone()
+    if Version(transformers.__version__) >= Version("5.18.0"):
+        trainer.end()
