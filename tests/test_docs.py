@@ -22,7 +22,7 @@ FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"\bbeam_sft(?:\.[A-Za-z_]\w*)+")
-FROM_IMPORT = re.compile(r"^\s*from (beam_sft(?:\.\w+)*) import ([\w, ()]+)", re.M)
+FROM_IMPORT = re.compile(r"^\s*from (beam_sft(?:\.\w+)*) import ([\w, ()]+)", re.MULTILINE)
 # repository paths worth checking: the package, scripts, configs and tests (data/ and outputs/ in examples are
 # often the reader's own)
 REPO_PATH = re.compile(r"(?<![\w/.-])((?:beam_sft|scripts|configs|tests)/[\w./-]*)")
@@ -179,7 +179,9 @@ def _resolves(dotted: str, names: tuple[str, ...] = ()) -> bool:
         rest = parts[cut:] + list(names)
         if len(parts) - cut > 1:
             return False
-        return all(n in _top_level_names(module) or _module_file(f"{'.'.join(parts[:cut])}.{n}") for n in rest)
+        return all(
+            n in _top_level_names(module) or _module_file(f"{'.'.join(parts[:cut])}.{n}") for n in rest
+        )
     return False
 
 
@@ -195,7 +197,9 @@ def _unresolved_names(page: Path) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_named_modules_and_functions_exist(page):
-    assert not _unresolved_names(page), f"{_rel(page)} names what beam_sft does not have: {_unresolved_names(page)}"
+    assert not _unresolved_names(page), (
+        f"{_rel(page)} names what beam_sft does not have: {_unresolved_names(page)}"
+    )
 
 
 def _missing_paths(page: Path) -> list[str]:
