@@ -11,7 +11,7 @@
    `parse_messages_from_completion_tokens`: reasoning and answers come back as gpt-oss `analysis` and `final`
    messages with the same text; a Beam tool call comes back as a message addressed to the bare tool name on
    the `analysis` channel with content type `<|constrain|>xml` (gpt-oss: `functions.NAME`, `commentary`,
-   JSON) — where the formats differ, see the README ("openai-harmony as a test oracle").
+   JSON) — where the formats differ, see docs/template.md ("openai-harmony as a test oracle").
 """
 
 from __future__ import annotations
