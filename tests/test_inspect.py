@@ -294,28 +294,28 @@ def test_cli_stats_and_html(tmp_path, capsys):
 def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypatch):
     """A converter or encoder bug on one record: that record is an internal_error reject, the others are
     shown and counted, a warning names it, and the exit status is 3."""
-    from beam_sft import formats
     from beam_sft.render.encoder import MaskedEncoder
+    from beam_sft.validate import convert as conversion
 
-    real_convert = formats.convert_record
+    real_convert = conversion.convert
     total = ins.load_records(str(SAMPLES / "sharegpt.json")).total
 
-    def flaky(rec, format="auto", options=None):
+    def flaky(rec, format="auto", options=None, counters=None):
         if isinstance(rec, dict) and "chat_template_kwargs" in rec:
             raise TypeError("unhashable type: 'list'")
-        return real_convert(rec, format, options)
+        return real_convert(rec, format, options, counters)
 
-    monkeypatch.setattr(formats, "convert_record", flaky)
+    monkeypatch.setattr(conversion, "convert", flaky)
     loaded = ins.load_records(str(SAMPLES / "sharegpt.json"))
     internal = [r for r in loaded.rejects if r["reason"] == "internal_error"]
     assert internal and internal[0]["message"] == "TypeError: unhashable type: 'list'"
-    assert internal[0]["source"] == str(SAMPLES / "sharegpt.json") and internal[0]["line"] == internal[0]["index"]
+    assert internal[0]["source"] == str(SAMPLES / "sharegpt.json") and internal[0]["index"] == internal[0]["position"]
     assert len(loaded.records) + len(loaded.rejects) == loaded.total == total
     capsys.readouterr()
     assert cli_main(["inspect", str(SAMPLES / "sharegpt.json"), "--stats"]) == 3
     err = capsys.readouterr().err
     assert f"warning: {len(internal)} record(s) hit an unexpected error" in err and "Traceback" not in err
-    monkeypatch.setattr(formats, "convert_record", real_convert)
+    monkeypatch.setattr(conversion, "convert", real_convert)
 
     # the same for an encoder failure while computing --stats (and while showing the record)
     real_encode = MaskedEncoder.encode

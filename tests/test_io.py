@@ -145,7 +145,7 @@ def test_arrow_row_is_json_strings_only_for_free_form_parts():
 
 
 def test_parquet_and_saved_dataset_inputs_round_trip(tmp_path):
-    from beam_sft.formats import convert_record
+    from beam_sft.validate.convert import convert_record
 
     out = tmp_path / "o.parquet"
     w = open_writer(str(out))

@@ -1,7 +1,7 @@
 """`beam-sft inspect DATASET`: see which tokens will be trained, before spending GPU hours on them.
 
-Records go through the converters (any supported format; Beam records pass unchanged) and the same
-render/mask code as training. In a terminal every token is coloured: trained on green, not trained grey,
+Records go through the same conversion and validation as training (any supported format; Beam records are
+validated again), the same render/mask code, and with --max-length the same truncation policy. In a terminal every token is coloured: trained on green, not trained grey,
 Harmony markers bold magenta, one line per rendered message. Piped output has no colours: trained text is
 between `{+` and `+}`.
 
@@ -66,7 +66,7 @@ def register(subparsers) -> None:
         "--format",
         default="auto",
         metavar="FMT",
-        help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam (no conversion)",
+        help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam (Beam records, validated as training validates them)",
     )
     parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
     parser.add_argument(
@@ -79,17 +79,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
-    from beam_sft.errors import Reason, RecordError, UsageError, internal_error
-    from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, RecordError, UsageError, internal_error
     from beam_sft.render.encoder import MaskedEncoder
     from beam_sft.report import views as ins
     from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.validate.convert import INPUT_FORMATS
 
-    if args.format not in (*FORMAT_NAMES, "beam"):
-        raise UsageError(
-            f"unknown --format {args.format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}"
-        )
+    if args.format not in INPUT_FORMATS:
+        raise UsageError(f"unknown --format {args.format!r}; choose from {', '.join(INPUT_FORMATS)}")
     if args.n < 0:
         raise UsageError("-n must be >= 0")
     if args.max_length is not None and args.max_length < 1:
@@ -116,11 +113,11 @@ def run(args) -> int:
     )
     views = []
     # input positions of records that hit an unexpected exception (a bug): they decide the exit status
-    internal = {r["index"] for r in loaded.rejects if r["reason"] == Reason.INTERNAL_ERROR.value}
+    internal = {r["position"] for r in loaded.rejects if r["reason"] == Reason.INTERNAL_ERROR.value}
     for position in wanted:
         k = loaded.index_of(position)
         if k is None:
-            reject = next(r for r in loaded.rejects if r["index"] == position)
+            reject = next(r for r in loaded.rejects if r["position"] == position)
             print(f"record {position}: rejected [{reject['reason']}] {reject['message']}", file=sys.stderr)
             continue
         label = f"record {position} ({loaded.sources[k]})"

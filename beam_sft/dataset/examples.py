@@ -30,10 +30,9 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from beam_sft.errors import FatalError, Reason, RecordError, UsageError
+from beam_sft.errors import FatalError, RecordError, UsageError
 from beam_sft.records.files import Item
 
 logger = logging.getLogger(__name__)
@@ -104,109 +103,39 @@ class PrepStats:
 # Records
 
 
-def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
-    """Undo what Arrow storage does to a Beam record, so the template sees the in-memory shape.
-
-    Parquet / `datasets` storage may keep `tools`, `chat_template_kwargs` and tool-call `arguments` as JSON
-    strings (heterogeneous keys do not survive struct inference) and fills absent struct fields with None.
-    """
-    out = dict(record)
-    for key in ("tools", "chat_template_kwargs"):
-        value = out.get(key)
-        if isinstance(value, str):
-            try:
-                out[key] = json.loads(value) if value else None
-            except json.JSONDecodeError as err:
-                code = Reason.BAD_TOOL_SCHEMA if key == "tools" else Reason.BAD_CONTENT
-                raise RecordError(code, f"{key} is a string but not valid JSON: {err}") from None
-        if out.get(key) is None:
-            out.pop(key, None)
-    messages = []
-    for message in out.get("messages") or []:
-        message = {k: v for k, v in message.items() if v is not None}
-        if message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                call = {k: v for k, v in call.items() if v is not None}
-                function = dict(call.get("function") or {})
-                if isinstance(function.get("arguments"), str):
-                    try:
-                        function["arguments"] = json.loads(function["arguments"])
-                    except json.JSONDecodeError as err:
-                        raise RecordError(
-                            Reason.BAD_ARGUMENTS_JSON,
-                            f"tool call arguments are not valid JSON: {err}",
-                            message_index=len(messages),
-                        ) from None
-                call["function"] = function
-                calls.append(call)
-            message["tool_calls"] = calls
-        messages.append(message)
-    out["messages"] = messages
-    return out
-
-
-def convert_row(row: Any, input_format: str = "auto") -> dict[str, Any]:
-    """One parsed row -> a validated Beam record in its in-memory shape, or `RecordError`.
-
-    `input_format="beam"`: the row is a Beam record (Arrow artefacts undone, then validated); any other value
-    is a converter name or "auto" (`beam_sft.formats.convert_record`). The one per-record conversion of
-    training data: the data phase (`beam_sft.dataset.phase`) and `to_beam_records` both call it.
-    """
-    from beam_sft.formats import convert_record
-    from beam_sft.validate.rules import validate
-
-    if input_format == "beam":
-        if not isinstance(row, dict):
-            raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
-        return validate(normalize_record(row))
-    return normalize_record(convert_record(row, format=input_format))
-
-
 def read_rows(source: str, split: str = "train") -> list[Item]:
-    """Read raw rows with their provenance through the readers `convert-dataset` uses (`beam_sft.records.files`).
+    """Read raw rows with their provenance through the reader every command uses
+    (`beam_sft.records.files.read_items`: rejects files found in a directory are not data).
 
     `source`: a .jsonl / .json / .parquet file, a glob, a directory of them, a `save_to_disk` dataset, or a hub
     id (only from the local cache when HF_HUB_OFFLINE=1). Each item keeps its file and 1-based line (JSONL) or
     0-based index; an unreadable row (malformed JSON, invalid UTF-8) is an item carrying its `RecordError`,
     which `to_beam_records` counts as a reject instead of stopping the run.
     """
-    from beam_sft.records.files import expand_inputs, iter_items
+    from beam_sft.records.files import read_items
 
-    sources = expand_inputs([source], split)
-    if Path(source).is_dir():
-        # convert-dataset writes a rejects file next to its output; it is not training data.
-        sources = [s for s in sources if "rejects" not in Path(s.name).name]
-        if not sources:
-            raise UsageError(f"{source}: no training data in this directory (only rejects files)")
-    return list(iter_items(sources))
+    return list(read_items([source], split))
 
 
 def to_beam_records(
     items: Iterable[Item], input_format: str = "auto"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Turn rows read by `read_rows` into validated Beam records with the project's converters.
+    """Turn rows read by `read_rows` into validated Beam records with the one per-record conversion
+    (`beam_sft.validate.convert`; `input_format="beam"`: rows are Beam records as `convert-dataset` writes them).
 
-    `input_format="beam"`: rows are Beam records (what `convert-dataset` writes); Arrow artefacts are undone
-    and `beam_sft.validate.rules` checks them. Any other value goes through `beam_sft.formats.convert_record`
-    ("auto" detects the format per row; a Beam record reads as OpenAI-shaped and passes unchanged).
-    Returns (records, rejects); each reject is a `RecordError.to_dict()` with the row's source and its line
-    (JSONL) or index: records + rejects = rows, nothing is lost silently.
+    Returns (records, rejects); each reject is a `beam_sft.errors.reject_entry` with the row's source and its
+    line (JSONL) or index: records + rejects = rows, nothing is lost silently.
     """
-    from beam_sft.records.files import parse_line
+    from beam_sft.validate.convert import convert_item
 
     records: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     for item in items:
-        try:
-            if item.error is not None:
-                raise item.error
-            records.append(convert_row(parse_line(item.payload) if item.raw else item.payload, input_format))
-        except RecordError as err:
-            entry = err.with_provenance(item.source, item.position).to_dict()
-            if not item.by_line:
-                entry["index"] = entry.pop("line")
-            rejects.append(entry)
+        record, _, reject = convert_item(item, input_format)
+        if reject is None:
+            records.append(record)
+        else:
+            rejects.append(reject)
     return records, rejects
 
 

@@ -46,18 +46,16 @@ from typing import Any
 
 import orjson
 
-from beam_sft.errors import FatalError, Reason, RecordError, UsageError, internal_error
-from beam_sft.formats import FORMAT_NAMES
+from beam_sft.errors import FatalError, Reason, RecordError, UsageError, internal_error, reject_entry
+from beam_sft.records.files import REJECTS, data_sources
+from beam_sft.validate.convert import INPUT_FORMATS
 
 logger = logging.getLogger(__name__)
 
 # Part of every cache fingerprint and manifest: bump when what this module writes could change.
 DATA_VERSION = "1"
 MANIFEST = "beam_sft_manifest.json"
-REJECTS = "rejects.jsonl"
 EVAL_DIR = "eval"
-# "beam": records as convert-dataset writes them (validated); the rest are beam_sft.formats' converters.
-FORMATS = ("beam", *FORMAT_NAMES)
 # Manifest fields a prepared dataset must match before it trains (field -> what the run uses).
 CHECKED_FIELDS = ("tokenizer", "chat_template", "max_length", "truncation_policy", "assistant_only_loss")
 
@@ -83,8 +81,8 @@ class DataSettings:
     def check(self) -> None:
         from beam_sft.dataset.examples import TRUNCATION_POLICIES
 
-        if self.format not in FORMATS:
-            raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.format not in INPUT_FORMATS:
+            raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(INPUT_FORMATS)}")
         if self.truncation_policy not in TRUNCATION_POLICIES:
             raise UsageError(f"unknown truncation policy {self.truncation_policy!r}; choose one of "
                              f"{', '.join(TRUNCATION_POLICIES)}")
@@ -110,21 +108,6 @@ def _raw_schema():
         ("payload", pa.large_binary()),  # the record's JSON, as read (may be invalid UTF-8: a reject later)
         ("error", pa.string()),  # a reader's RecordError as JSON [code, message_index, message], or null
     ])
-
-
-def expand_sources(inputs: Sequence[str], split: str = "train"):
-    """`beam_sft.records.files` sources of the inputs; in a directory, convert-dataset's rejects files are not data."""
-    from beam_sft.records.files import expand_inputs
-
-    out = []
-    for spec in inputs:
-        sources = expand_inputs([spec], split)
-        if Path(spec).is_dir():
-            sources = [s for s in sources if s.kind == "disk" or "rejects" not in Path(s.name).name]
-            if not sources:
-                raise UsageError(f"{spec}: no training data in this directory (only rejects files)")
-        out.extend(sources)
-    return out
 
 
 def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None = None, limit: int | None = None,
@@ -161,7 +144,7 @@ def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None 
                     cols["payload"].append(None)
                     cols["error"].append(json.dumps([err.code.value, err.message_index, err.message]))
                 else:
-                    cols["payload"].append(item.payload if item.raw else orjson.dumps(item.payload, default=str))
+                    cols["payload"].append(item.json())
                     cols["error"].append(None)
                 rows += 1
                 if len(cols["src"]) >= _RAW_BATCH:
@@ -199,36 +182,22 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 # Stage 2: convert + validate
 
 
-def reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict[str, Any]:
-    return {"source": source, ("line" if by_line else "index"): pos, "reason": err.code.value,
-            "message_index": err.message_index, "message": err.message}
-
-
-def convert_one(payload: bytes, fmt: str) -> dict[str, Any]:
-    """One raw record (JSON bytes) -> a validated Beam record, or `RecordError`."""
-    from beam_sft.dataset.examples import convert_row
-    from beam_sft.records.files import parse_line
-
-    return convert_row(parse_line(payload), fmt)
-
-
 def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[str, list]:
+    from beam_sft.validate.convert import try_convert
+
     records, reasons, rejects = [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
-        try:
-            if error is not None:
-                code, index, message = json.loads(error)
-                raise RecordError(code, message, message_index=index)
-            rec = convert_one(payload, fmt)
+        if error is not None:
+            code, index, message = json.loads(error)
+            rec, reject = None, RecordError(code, message, message_index=index)
+        else:
+            rec, _, reject = try_convert(payload, fmt, raw=True)
+        if reject is None:
             records.append(orjson.dumps(rec).decode())
             reasons.append(None)
             rejects.append(None)
             continue
-        except RecordError as err:
-            reject = err
-        except Exception as exc:  # noqa: BLE001 - a converter bug: this record is a reject, the run goes on
-            reject = internal_error(exc)
         records.append(None)
         reasons.append(reject.code.value)
         rejects.append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
@@ -310,9 +279,9 @@ def convert_source(
     """
     if isinstance(inputs, str):
         inputs = [inputs]
-    if format not in FORMATS:
-        raise UsageError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    sources = expand_sources(inputs, split)
+    if format not in INPUT_FORMATS:
+        raise UsageError(f"unknown format {format!r}; choose one of {', '.join(INPUT_FORMATS)}")
+    sources = data_sources(inputs, split)
     raw, names = read_source(sources, work_dir, limit=limit, progress=progress)
     converted = raw.map(
         _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
@@ -748,7 +717,7 @@ def build_prepared(
         chunks: list[tuple[list[Path], list[str], bool, int]] = []
         records_in, rejected = 0, Counter()
         for part_inputs, split, limit, is_eval in parts:
-            sources = expand_sources(part_inputs, split)
+            sources = data_sources(part_inputs, split)
             names = [src.name for src in sources]
             for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
                                    prefix="eval" if is_eval else "train"):
@@ -934,10 +903,10 @@ def prepare_data(
         return prepared
 
     settings.check()
-    sources = expand_sources(inputs, settings.split)
+    sources = data_sources(inputs, settings.split)
     identity = {"train": source_identity(sources)}
     if eval_inputs:
-        identity["eval"] = source_identity(expand_sources(eval_inputs, "test"))
+        identity["eval"] = source_identity(data_sources(eval_inputs, "test"))
     fp = fingerprint(identity, tokenizer, settings)
     root = Path(cache_dir or default_cache_dir())
     path = root / f"prepared-{fp}"
@@ -1120,7 +1089,7 @@ def stream_training_data(
     settings.check()
     if settings.eval_split_size:
         raise UsageError("streaming has no eval split (eval_split_size): pass eval_dataset_name, or prepare the data")
-    sources = expand_sources(inputs, settings.split)
+    sources = data_sources(inputs, settings.split)
     names = tuple(s.name for s in sources)
     n_shards = max(1, world_size) * max(1, shards_per_rank)
     raw_features = Features({"src": Value("int32"), "pos": Value("int64"), "by_line": Value("bool"),

@@ -30,7 +30,6 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from beam_sft.errors import Reason, RecordError, internal_error
 from beam_sft.render.encoder import MaskedEncoder
@@ -63,7 +62,7 @@ class Loaded:
     records: list[dict]
     positions: list[int]  # index of each record among all input records (0-based, input order)
     sources: list[str]
-    rejects: list[dict]  # RecordError.to_dict() + "index"
+    rejects: list[dict]  # `beam_sft.errors.reject_entry` + "position" (among all input records, like `positions`)
     total: int
 
     def index_of(self, position: int) -> int | None:
@@ -76,50 +75,28 @@ class Loaded:
 def load_records(
     path: str, *, format: str = "auto", limit: int | None = None, split: str = "train"
 ) -> Loaded:
-    """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam.
+    """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam, exactly as
+    training does (`beam_sft.records.files.read_items`, `beam_sft.validate.convert.convert_item`).
 
-    `format` is a converter name or "auto" (detect per record); "beam" takes records as they are.
+    `format` is a converter name, "auto" (detect per record) or "beam" (Beam records, validated again).
     Records the converters or the validator reject are listed in `rejects` with their reason.
     """
-    from beam_sft.records.files import expand_inputs, iter_items, parse_line
+    from beam_sft.records.files import read_items
+    from beam_sft.validate.convert import convert_item
 
     records, positions, sources, rejects = [], [], [], []
     total = 0
-    for position, item in enumerate(iter_items(expand_inputs([str(path)], split=split), limit=limit)):
+    for position, item in enumerate(read_items([str(path)], split, limit=limit)):
         total += 1
-        try:
-            if item.error is not None:
-                raise item.error
-            payload = parse_line(item.payload) if item.raw else item.payload
-            record = _to_beam(payload, format)
-        except RecordError as err:
-            reject = err.with_provenance(item.source, item.position).to_dict()
-            reject["index"] = position
-            rejects.append(reject)
-            continue
-        except Exception as exc:  # a converter bug costs this record, not the whole view
-            if os.environ.get("BEAM_SFT_DEBUG"):
-                raise
-            reject = internal_error(exc).with_provenance(item.source, item.position).to_dict()
-            reject["index"] = position
+        record, _, reject = convert_item(item, format)
+        if reject is not None:
+            reject["position"] = position
             rejects.append(reject)
             continue
         records.append(record)
         positions.append(position)
         sources.append(f"{item.source}:{item.position}")
     return Loaded(records, positions, sources, rejects, total)
-
-
-def _to_beam(payload: Any, format: str) -> dict:
-    if format == "beam":
-        if not isinstance(payload, dict) or "messages" not in payload:
-            from beam_sft.errors import Reason
-
-            raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
-        return payload
-    from beam_sft.formats import convert_record
-
-    return convert_record(payload, format)
 
 
 # -------------------------------------------------------------------------------------------------

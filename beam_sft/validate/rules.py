@@ -77,7 +77,8 @@ class Options:
 
 DEFAULT_OPTIONS = Options()
 _INSTRUCTION = frozenset(("system", "developer"))
-_BAD_NAME = re.compile(r"\s|<\|")
+# A tool name the Beam header can't hold: whitespace ends it, a marker breaks the header.
+BAD_TOOL_NAME = re.compile(r"\s|<\|")
 
 
 def _bump(counters: dict | None, key: str, n: int = 1) -> None:
@@ -164,7 +165,7 @@ def _check_calls(calls: Any, i: int) -> None:
         if type(fn) is not dict:
             raise RecordError(Reason.BAD_CONTENT, "tool call without a 'function' object", message_index=i)
         name = fn.get("name")
-        if type(name) is not str or not name or _BAD_NAME.search(name):
+        if type(name) is not str or not name or BAD_TOOL_NAME.search(name):
             raise RecordError(Reason.BAD_CONTENT, f"tool call name {name!r} is not a usable name", message_index=i)
         cid = call.get("id")
         if cid is not None and type(cid) is not str:
