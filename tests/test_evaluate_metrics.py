@@ -219,9 +219,3 @@ def test_turn_selection():
     assert ev.assistant_indices(record, "first") == [1]
     assert ev.assistant_indices(record, "last") == [3]
     assert ev.assistant_indices(record, "all") == [1, 3]
-
-
-def test_training_reexports_the_rule():
-    from beam_sft.train.trainer import is_well_formed
-
-    assert is_well_formed is ev.is_well_formed

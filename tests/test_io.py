@@ -84,8 +84,10 @@ def test_atomic_jsonl_writer_commit_and_abort(tmp_path):
 def test_output_kinds(tmp_path):
     with pytest.raises(UsageError):
         open_writer(str(tmp_path / "out.csv"))
-    with pytest.raises(UsageError):
-        open_writer(str(tmp_path / "missing_dir" / "out.jsonl"))
+    w = open_writer(str(tmp_path / "missing_dir" / "out.jsonl"))  # a new directory is created (issue 18)
+    w.write_raw(b'{"a":1}')
+    w.commit()
+    assert (tmp_path / "missing_dir" / "out.jsonl").read_bytes() == b'{"a":1}\n'
     assert isinstance(open_writer(str(tmp_path / "o.parquet")), ArrowWriter)
 
 

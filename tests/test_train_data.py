@@ -16,15 +16,14 @@ from beam_sft.dataset.examples import (
     build_example,
     check_stop_tokens_trained,
     encode,
-    normalize_record,
     prepare_dataset,
     read_rows,
-    stop_token_ids,
     to_beam_records,
     truncate,
 )
 from beam_sft.errors import FatalError, RecordError, UsageError
-from beam_sft.template.tokenizer import load_tokenizer
+from beam_sft.records.files import normalize_record
+from beam_sft.template.tokenizer import load_tokenizer, stop_token_ids
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"

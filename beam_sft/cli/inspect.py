@@ -80,6 +80,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, RecordError, UsageError, internal_error
+    from beam_sft.records.files import write_text_atomic
     from beam_sft.render.encoder import MaskedEncoder
     from beam_sft.report import views as ins
     from beam_sft.template.tokenizer import load_tokenizer
@@ -144,7 +145,7 @@ def run(args) -> int:
         internal.update(stats_internal)
         print(ins.stats_table(stats))
     if args.html:
-        ins.write_atomic(
+        write_text_atomic(
             args.html, ins.html_page(views, title=f"beam-sft inspect {args.dataset}", stats=stats)
         )
         print(f"wrote {args.html}", file=sys.stderr)

@@ -69,13 +69,12 @@ def run(args: argparse.Namespace) -> int:
         build_prepared,
         fingerprint,
         read_manifest,
-        short_hash,
         source_identity,
         tokenizer_files_hash,
     )
     from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
     from beam_sft.records.files import REJECTS, atomic_output, data_sources, write_json_atomic
-    from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.template.tokenizer import load_tokenizer, short_hash
 
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")

@@ -34,11 +34,12 @@ from typing import Any
 
 from beam_sft.errors import FatalError, RecordError, UsageError
 from beam_sft.records.files import Item
+from beam_sft.records.messages import STOP_MARKERS
+from beam_sft.template.tokenizer import stop_token_ids
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_POLICIES = ("turn", "drop", "keep_start")
-STOP_MARKERS = ("<|return|>", "<|call|>")
 IGNORE_INDEX = -100
 
 # A conversation that exercises both ways an assistant turn ends: a tool call (<|call|>) and an answer
@@ -269,20 +270,6 @@ def build_example(
         "n_supervised_return": supervised_stops.count(stop_ids[0]) if stop_ids else 0,
         "n_supervised_call": supervised_stops.count(stop_ids[1]) if len(stop_ids) > 1 else 0,
     }
-
-
-def stop_token_ids(tokenizer) -> tuple[int, int]:
-    """Ids of `<|return|>` and `<|call|>`; each must be a single token."""
-    ids = []
-    for marker in STOP_MARKERS:
-        encoded = tokenizer.encode(marker, add_special_tokens=False)
-        if len(encoded) != 1:
-            raise FatalError(
-                f"{marker} encodes to {len(encoded)} tokens with this tokenizer; Beam markers must be single "
-                "tokens (run beamify on it, or use --beamify)"
-            )
-        ids.append(encoded[0])
-    return ids[0], ids[1]
 
 
 def check_stop_tokens_trained(tokenizer) -> None:

@@ -48,6 +48,7 @@ import orjson
 
 from beam_sft.errors import FatalError, Reason, RecordError, UsageError, internal_error, reject_entry
 from beam_sft.records.files import REJECTS, data_sources
+from beam_sft.template.tokenizer import short_hash, stop_token_ids, template_hash, vocab_hash
 from beam_sft.validate.convert import INPUT_FORMATS
 
 logger = logging.getLogger(__name__)
@@ -379,22 +380,6 @@ def token_counts(dataset, stop_ids: Sequence[int], batch_size: int = 4096) -> di
 # Fingerprints and manifests
 
 
-def short_hash(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
-
-
-def vocab_hash(tokenizer) -> str:
-    """A hash of what turns text into ids: the backend tokenizer (vocabulary, merges, added tokens) and specials."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
-    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
-    return short_hash(f"{body}|{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}")
-
-
-def template_hash(tokenizer) -> str:
-    return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
-
-
 def source_identity(sources) -> list[dict[str, Any]]:
     """What identifies the data without reading it: path, size and mtime of every file (hub ids: name + split)."""
     out = []
@@ -594,7 +579,6 @@ def _final_features():
 
 def _tokenize_chunk(tokenizer, converted, settings: DataSettings, names, eval_rows, num_proc, progress):
     """Tokenize one converted chunk (rejected rows pass through as empty); returns the map's Arrow table."""
-    from beam_sft.dataset.examples import stop_token_ids
 
     mapped = converted.map(
         _tokenize_chunk_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(converted)),
@@ -887,7 +871,6 @@ def prepare_data(
         if settings.eval_split_size > 0 and not eval_inputs:
             if prepared.eval is not None:
                 raise UsageError(f"{inputs[0]} already holds an eval split; drop eval_split_size")
-            from beam_sft.dataset.examples import stop_token_ids
 
             n_eval = _split_sizes(len(prepared.train), settings.eval_split_size)
             # Indices in memory: identical on every rank (same seed) and no cache file races on shared storage.
@@ -1082,7 +1065,6 @@ def stream_training_data(
     """
     from datasets import Features, IterableDataset, Value
 
-    from beam_sft.dataset.examples import stop_token_ids
 
     if isinstance(inputs, str):
         inputs = [inputs]

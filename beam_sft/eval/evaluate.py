@@ -31,12 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError, UsageError
-from beam_sft.records.messages import HARMONY_MARKERS
+from beam_sft.records.messages import CALL, HARMONY_MARKERS, RETURN, STOP_MARKERS
 
 logger = logging.getLogger(__name__)
 
-RETURN, CALL = "<|return|>", "<|call|>"
-STOP_MARKERS = (RETURN, CALL)
 TURN_CHOICES = ("first", "last", "all")
 BACKENDS = ("transformers", "vllm")
 # Key order of the summary (and of `--json`); every value is a fraction of the turns it applies to, or None.
@@ -165,7 +163,7 @@ class Generation:
 
 def stop_ids(tokenizer) -> dict[int, str]:
     """{token id: marker} of `<|return|>` and `<|call|>` (each must be one token)."""
-    from beam_sft.dataset.examples import stop_token_ids
+    from beam_sft.template.tokenizer import stop_token_ids
 
     return dict(zip(stop_token_ids(tokenizer), STOP_MARKERS, strict=True))
 

@@ -56,7 +56,6 @@ from beam_sft.records.messages import record as beam_record
 
 DEFAULT_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 _EFFORTS = {"low", "medium", "high"}
-_TERMINATORS = ("<|end|>", "<|call|>", "<|return|>")
 _TERM_RE = re.compile(r"<\|(end|call|return)\|>")
 _BODY_MARKER_RE = re.compile(r"<\|(?:start|channel|constrain|message)\|>")
 _TOOL_AUTHOR_RE = re.compile(r"^[A-Za-z_][\w\-]*(?:\.[\w\-]+)*$")

@@ -451,8 +451,10 @@ def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
 
 def temporary_path(target: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Path:
     """A new, empty file (or directory) beside `target`, named as above, with the permissions any new file gets
-    under the umask (not `mkstemp`'s 0600, which would survive the rename)."""
+    under the umask (not `mkstemp`'s 0600, which would survive the rename). `target`'s directory is created
+    when missing: every command that writes an output goes through here, so none fails on a new directory."""
     target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(100):
         path = target.with_name(f".{target.name}{_TMP_TAG}{_HOST}-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
         try:
@@ -620,8 +622,6 @@ def output_kind(path: str) -> str:
 
 def open_writer(path: str):
     target = Path(path)
-    if not target.parent.exists():
-        raise UsageError(f"{path}: directory {target.parent} does not exist")
     kind = output_kind(path)
     if kind == "disk" and target.exists() and not target.is_dir():
         raise UsageError(f"{path}: exists and is not a directory")
@@ -644,6 +644,11 @@ class JsonlSink:
 
     def abort(self) -> None:
         self.w.abort()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically: an HTML page, a report."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

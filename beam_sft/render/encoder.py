@@ -45,6 +45,7 @@ from typing import Any
 from beam_sft.errors import Reason, RecordError
 from beam_sft.render import direct as direct_render
 from beam_sft.render import jinja
+from beam_sft.template.tokenizer import short_hash, template_hash, vocab_hash
 
 # Part of the datasets cache fingerprint: bump when the output of the encoder could change.
 RENDER_VERSION = "1"
@@ -148,14 +149,7 @@ def _template_text(tokenizer, tools) -> str:
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """A stable hash of everything that decides the encoder's output for this tokenizer."""
-    h = hashlib.sha256()
-    backend = getattr(tokenizer, "_tokenizer", None)
-    h.update(backend.to_str().encode() if backend is not None else repr(tokenizer.get_vocab()).encode())
-    template = tokenizer.chat_template
-    h.update(json.dumps(template, sort_keys=True).encode())
-    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
-    h.update(f"{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}".encode())
-    return h.hexdigest()[:16]
+    return short_hash(f"{vocab_hash(tokenizer)}|{template_hash(tokenizer)}")
 
 
 class MaskedEncoder:

@@ -31,10 +31,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from beam_sft.errors import Reason, RecordError, internal_error
+from beam_sft.errors import FatalError, Reason, RecordError, internal_error
 from beam_sft.render.encoder import MaskedEncoder
+from beam_sft.template.tokenizer import stop_token_ids
 
-STOP_MARKERS = ("<|return|>", "<|call|>")
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 
 # ANSI: trained tokens alternate two green backgrounds so token boundaries show; untrained tokens
@@ -155,8 +155,11 @@ def _marker_ids(tokenizer) -> dict[int, str]:
 
 
 def _stop_ids(tokenizer) -> set[int]:
-    vocab = tokenizer.get_vocab()
-    ids = {vocab[m] for m in STOP_MARKERS if m in vocab}
+    """The tokens that end a turn: `<|return|>` and `<|call|>` where they are single tokens, and EOS."""
+    try:
+        ids = set(stop_token_ids(tokenizer))
+    except FatalError:  # inspect shows any tokenizer, Beam's or not
+        ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
@@ -666,10 +669,3 @@ def stats_html(stats: DatasetStats) -> str:
         f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in stats_rows(stats)
     )
     return f"<h2>Dataset</h2><table>{rows}</table>"
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` atomically (`beam_sft.records.files.atomic_output`: umask permissions, no partial file)."""
-    from beam_sft.records.files import write_bytes_atomic
-
-    write_bytes_atomic(path, text.encode("utf-8"))

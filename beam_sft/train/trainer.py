@@ -4,8 +4,6 @@
   reproducibly (fixed seed), sized to the bundled tokenizer.
 * `BeamSFTTrainer` is TRL's `SFTTrainer` that also logs how many supervised (loss-bearing) tokens it has
   trained on, next to TRL's `num_tokens` (every token seen).
-* `is_well_formed` (whether a generation parsed into a proper Beam turn) lives in `beam_sft.eval.evaluate`, with
-  the generate-and-parse loop; it is re-exported here for older imports.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import logging
 from pathlib import Path
 
 from beam_sft.errors import FatalError
-from beam_sft.eval.evaluate import is_well_formed  # noqa: F401  (re-export; the rule lives in beam_sft.eval.evaluate)
 
 logger = logging.getLogger(__name__)
 

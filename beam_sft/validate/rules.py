@@ -76,7 +76,6 @@ class Options:
 
 
 DEFAULT_OPTIONS = Options()
-_INSTRUCTION = frozenset(("system", "developer"))
 # A tool name the Beam header can't hold: whitespace ends it, a marker breaks the header.
 BAD_TOOL_NAME = re.compile(r"\s|<\|")
 
