@@ -25,6 +25,8 @@ import sys
 
 
 def register(subparsers) -> None:
+    from beam_sft.dataset.examples import TRUNCATION_POLICIES
+
     parser = subparsers.add_parser(
         "inspect",
         help="Show which tokens of a dataset are trained (terminal colours, HTML, statistics).",
@@ -59,7 +61,15 @@ def register(subparsers) -> None:
         type=int,
         metavar="L",
         default=None,
-        help="truncate like training does and report what the cut removes",
+        help="truncate like training does (--truncation-policy) and report what the cut removes",
+    )
+    parser.add_argument(
+        "--truncation-policy",
+        choices=TRUNCATION_POLICIES,
+        default="turn",
+        help="how --max-length cuts, as in training: turn (back to the end of the last whole assistant turn; "
+        "drop the record if none fits), drop (drop longer records), keep_start (keep the first L tokens). "
+        "Default: turn, training's default",
     )
     parser.add_argument("--stats", action="store_true", help="print the dataset-level table")
     parser.add_argument(
@@ -124,7 +134,8 @@ def run(args) -> int:
         label = f"record {position} ({loaded.sources[k]})"
         try:
             view = ins.inspect_record(
-                tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label
+                tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label,
+                policy=args.truncation_policy,
             )
         except RecordError as err:
             print(f"record {position}: {err}", file=sys.stderr)
@@ -197,11 +208,12 @@ def _dataset_stats(args, tokenizer, encoder):
                                    progress=sys.stderr.isatty())
         positions = converted.positions()
         stats = ins.dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
-                                  labels=lambda i: f"record {positions[i]}")
+                                  labels=lambda i: f"record {positions[i]}", policy=args.truncation_policy)
         stats.rejected += sum(converted.rejected.values())
         stats.rejected_reasons.update(converted.rejected)
         # Indices in the table are input positions, like --index takes them.
-        for name in ("empty_mask", "truncated", "cut_inside_assistant", "stop_untrained", "internal_errors"):
+        for name in ("empty_mask", "truncated", "cut_inside_assistant", "dropped", "stop_untrained",
+                     "internal_errors"):
             setattr(stats, name, [int(positions[i]) for i in getattr(stats, name)])
         reasons = converted.rows.data.column("reason")
         internal = np.flatnonzero(pc.fill_null(pc.equal(reasons, Reason.INTERNAL_ERROR.value), False).to_numpy(

@@ -46,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from beam_sft.errors import FatalError, Reason, RecordError, UsageError, internal_error, reject_entry
+from beam_sft.errors import FatalError, Reason, RecordError, UsageError, reject_entry
 from beam_sft.records.files import REJECTS, data_sources
 from beam_sft.template.tokenizer import short_hash, stop_token_ids, template_hash, vocab_hash
 from beam_sft.validate.convert import INPUT_FORMATS
@@ -310,24 +310,13 @@ def _procs(num_proc: int | None, n_rows: int) -> int | None:
 
 def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names):
     from beam_sft.dataset.examples import build_example
-    from beam_sft.render.encoder import get_encoder
+    from beam_sft.render.encoder import encode_each, get_encoder
 
     keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return",
             "n_supervised_call")
     out: dict[str, list] = {k: [] for k in (*keys, "n_tokens", "n_supervised", "reason", "reject")}
     records = [orjson.loads(text) for text in batch["record"]]
-    encoder = get_encoder(tokenizer)
-    try:
-        encoded: list = encoder.encode(records, None)
-    except Exception:  # noqa: BLE001 - some record of the batch failed: find which, one by one
-        encoded = []
-        for record in records:  # find the culprits one by one; the others still train
-            try:
-                encoded.append(encoder.encode([record], None)[0])
-            except RecordError as err:
-                encoded.append(err)
-            except Exception as exc:  # noqa: BLE001 - the template or encoder tripping on one record: a reject
-                encoded.append(internal_error(exc))
+    encoded = encode_each(get_encoder(tokenizer), records)
     for src, pos, by_line, record, enc in zip(batch["src"], batch["pos"], batch["by_line"], records, encoded,
                                               strict=True):
         where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"

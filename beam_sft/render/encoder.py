@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
 from typing import Any
 
-from beam_sft.errors import Reason, RecordError
+from beam_sft.errors import Reason, RecordError, internal_error
 from beam_sft.render import direct as direct_render
 from beam_sft.render import jinja
 from beam_sft.template.tokenizer import short_hash, template_hash, vocab_hash
@@ -145,6 +145,27 @@ def reference_encode(tokenizer, record, max_length: int | None = None) -> dict[s
 
 def _template_text(tokenizer, tools) -> str:
     return tokenizer.get_chat_template(None, tools)
+
+
+def encode_each(encoder: MaskedEncoder, records: Sequence) -> list[dict[str, list[int]] | RecordError]:
+    """Encode a batch of records; if the batch fails, encode them one by one, so that a record the template
+    rejects (its `RecordError`) or that trips the encoder (an ``internal_error``) costs only itself.
+
+    With ``BEAM_SFT_DEBUG=1`` an unexpected exception propagates instead, with its traceback."""
+    try:
+        return encoder.encode(records)
+    except Exception as batch_err:
+        if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
+            raise
+    out: list[dict[str, list[int]] | RecordError] = []
+    for record in records:
+        try:
+            out.append(encoder.encode([record])[0])
+        except RecordError as err:
+            out.append(err)
+        except Exception as exc:  # noqa: BLE001 - the template or encoder tripping on one record: a reject
+            out.append(internal_error(exc))
+    return out
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -25,14 +25,14 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from beam_sft.errors import FatalError, Reason, RecordError, internal_error
-from beam_sft.render.encoder import MaskedEncoder
+from beam_sft.dataset.examples import truncate
+from beam_sft.errors import FatalError, Reason, RecordError
+from beam_sft.render.encoder import MaskedEncoder, encode_each
 from beam_sft.template.tokenizer import stop_token_ids
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -135,6 +135,7 @@ class RecordView:
     stop_tokens: int  # stop tokens in the (truncated) sequence
     stop_tokens_untrained: int
     label: str = ""
+    dropped: bool = False  # the truncation policy drops the whole record
 
     @property
     def group_counts(self) -> dict[str, tuple[int, int]]:
@@ -245,28 +246,39 @@ def inspect_record(
     max_length: int | None = None,
     encoder: MaskedEncoder | None = None,
     label: str = "",
+    policy: str = "turn",
 ) -> RecordView:
-    """Encode one record the way training does and annotate every token. Raises `RecordError`."""
+    """Encode one record the way training does and annotate every token. Raises `RecordError`.
+
+    With `max_length`, the record is cut by the training truncation `policy`
+    (`beam_sft.dataset.examples.truncate`); a record the policy drops shows no token."""
     encoder = encoder or MaskedEncoder(tokenizer)
     full = encoder.encode([record])[0]
     text, _ = encoder.render(record)
     texts = _token_texts(tokenizer, text, full["input_ids"])
     if texts is None:  # a tokenizer without offsets: per-token decoding (multi-byte characters may split)
         texts = [tokenizer.decode([i]) for i in full["input_ids"]]
-    kept = encoder.encode([record], max_length)[0] if max_length is not None else full
-    return _view(tokenizer, full, kept, texts, max_length, label)
+    kept = _kept(full, max_length, policy)
+    view = _view(tokenizer, full, kept or {"input_ids": [], "assistant_masks": []}, texts, max_length, label)
+    view.dropped = kept is None
+    return view
 
 
-def _kept_range(n: int, kept: int, side: str) -> range:
-    return range(n - kept, n) if side == "left" else range(kept)
+def _kept(full: dict, max_length: int | None, policy: str) -> dict | None:
+    """What training keeps of an encoded record under the truncation `policy`; None when it drops it."""
+    if max_length is None:
+        return full
+    result = truncate(full["input_ids"], full["assistant_masks"], max_length, policy)
+    if result is None:
+        return None
+    ids, mask, _ = result
+    return {"input_ids": ids, "assistant_masks": mask}
 
 
 def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
     ids, mask = kept["input_ids"], kept["assistant_masks"]
     n = len(full["input_ids"])
-    side = tokenizer.truncation_side
-    keep = _kept_range(n, len(ids), side)
-    texts = [texts[i] for i in keep]
+    texts = texts[: len(ids)]  # training truncation keeps the start
     markers = _marker_ids(tokenizer)
     owner, messages = _messages_of(ids, mask, markers, lambda h: tokenizer.decode(h))
     tokens = [
@@ -274,7 +286,7 @@ def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
         for t, i, m, o in zip(texts, ids, mask, owner, strict=True)
     ]
     stops = _stop_ids(tokenizer)
-    truncated, inside = _cut(full["assistant_masks"], len(ids), side)
+    truncated, inside = _cut(full["assistant_masks"], len(ids))
     return RecordView(
         tokens=tokens,
         messages=messages,
@@ -289,13 +301,12 @@ def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
     )
 
 
-def _cut(full_mask: Sequence[int], kept: int, side: str) -> tuple[bool, bool]:
+def _cut(full_mask: Sequence[int], kept: int) -> tuple[bool, bool]:
     """(truncated, the cut splits an assistant turn: trained tokens on both sides of it)."""
     n = len(full_mask)
     if kept >= n:
         return False, False
-    cut = n - kept if side == "left" else kept
-    return True, bool(full_mask[cut - 1] and full_mask[cut])
+    return True, bool(kept and full_mask[kept - 1] and full_mask[kept])
 
 
 # -------------------------------------------------------------------------------------------------
@@ -304,14 +315,16 @@ def _cut(full_mask: Sequence[int], kept: int, side: str) -> tuple[bool, bool]:
 
 def _summary_line(view: RecordView) -> str:
     parts = [f"{view.length} tokens", f"{view.trained} trained"]
-    if view.truncated:
+    if view.dropped:
+        parts.append(f"DROPPED: longer than {view.max_length} and the truncation policy keeps no whole turn")
+    elif view.truncated:
         parts.append(
             f"truncated to {view.max_length}"
             + (" inside an assistant turn" if view.cut_inside_assistant else "")
         )
     if view.stop_tokens_untrained:
         parts.append(f"{view.stop_tokens_untrained} stop token(s) not trained")
-    if not view.trained:
+    if not view.trained and not view.dropped:
         parts.append("EMPTY MASK: nothing trains")
     return (f"{view.label}: " if view.label else "") + ", ".join(parts)
 
@@ -488,13 +501,15 @@ class DatasetStats:
     rejected: int = 0
     rejected_reasons: Counter = field(default_factory=Counter)
     max_length: int | None = None
-    tokens: int = 0  # after truncation
+    policy: str = "turn"  # the truncation policy applied with max_length
+    tokens: int = 0  # after truncation, of the records kept
     trained: int = 0
     lengths: list[int] = field(default_factory=list)  # before truncation
     groups: dict[str, list[int]] = field(default_factory=dict)  # group -> [trained, tokens]
     empty_mask: list[int] = field(default_factory=list)  # record indices
     truncated: list[int] = field(default_factory=list)
     cut_inside_assistant: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # records the truncation policy drops
     stop_untrained: list[int] = field(default_factory=list)
     internal_errors: list[int] = field(default_factory=list)  # records whose encoding raised unexpectedly
     labels: list[str] = field(default_factory=list)
@@ -526,23 +541,24 @@ def dataset_stats(
     labels: Sequence[str] | Callable[[int], str] | None = None,
     rejected: Sequence[dict] = (),
     batch_size: int = 256,
+    policy: str = "turn",
 ) -> DatasetStats:
-    """Statistics over `records` (Beam records), encoded by the training encoder in batches.
+    """Statistics over `records` (Beam records), encoded by the training encoder in batches and, with
+    `max_length`, cut by the training truncation `policy` (`beam_sft.dataset.examples.truncate`).
 
     `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.phase.Converted`, which decodes each batch
     from memory-mapped Arrow only when it is encoded.
 
-    A record the template rejects counts as rejected (its reason is kept), never silently dropped.
+    A record the template rejects counts as rejected (its reason is kept), never silently dropped; a record
+    the truncation policy drops is counted in `dropped` (its length too, not its tokens).
     """
     from tqdm import tqdm
 
     encoder = encoder or MaskedEncoder(tokenizer)
-    stats = DatasetStats(max_length=max_length)
+    stats = DatasetStats(max_length=max_length, policy=policy)
     stats.rejected = len(rejected)
     stats.rejected_reasons.update(r.get("reason", "?") for r in rejected)
-    markers = _marker_ids(tokenizer)
-    stops = _stop_ids(tokenizer)
-    side = tokenizer.truncation_side
+    markers, stops = _marker_ids(tokenizer), _stop_ids(tokenizer)
     # A callable or a sequence: for a large dataset the caller names records lazily.
     if labels is None:
         def label_of(i: int) -> str:
@@ -560,22 +576,8 @@ def dataset_stats(
     for start in tqdm(
         range(0, len(records), batch_size), desc="Encoding", unit="batch", disable=len(records) < 2000
     ):
-        batch = list(records[start : start + batch_size])
-        try:
-            encoded = encoder.encode(batch)
-        except Exception as batch_err:  # unexpected errors are isolated record by record too
-            if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
-                raise
-            encoded = []
-            for record in batch:  # find the culprits one by one; the rest still count
-                try:
-                    encoded.append(encoder.encode([record])[0])
-                except RecordError as err:
-                    encoded.append(err)
-                except Exception as exc:  # noqa: BLE001 - an encoder bug costs this record only
-                    encoded.append(internal_error(exc))
-        for offset, full in enumerate(encoded):
-            index = start + offset
+        encoded = encode_each(encoder, list(records[start : start + batch_size]))
+        for index, full in enumerate(encoded, start):
             if isinstance(full, RecordError):
                 stats.rejected += 1
                 stats.rejected_reasons[full.code.value] += 1
@@ -584,27 +586,34 @@ def dataset_stats(
                 continue
             stats.records += 1
             stats.labels.append(label_of(index))
-            n = len(full["input_ids"])
-            stats.lengths.append(n)
-            kept = encoder._truncate(full, max_length) if max_length is not None else full
-            ids, mask = kept["input_ids"], kept["assistant_masks"]
-            stats.tokens += len(ids)
-            stats.trained += sum(mask)
-            _, messages = _messages_of(ids, mask, markers, decode)
-            for message in messages:
-                entry = stats.groups.setdefault(message.group, [0, 0])
-                entry[0] += message.trained
-                entry[1] += message.tokens
-            if not any(mask):
-                stats.empty_mask.append(index)
-            truncated, inside = _cut(full["assistant_masks"], len(ids), side)
-            if truncated:
-                stats.truncated.append(index)
-                if inside:
-                    stats.cut_inside_assistant.append(index)
-            if any(i in stops and not m for i, m in zip(ids, mask, strict=True)):
-                stats.stop_untrained.append(index)
+            stats.lengths.append(len(full["input_ids"]))
+            kept = _kept(full, max_length, policy)
+            if kept is None:
+                stats.dropped.append(index)
+                continue
+            _count_kept(stats, index, full["assistant_masks"], kept, markers, stops, decode)
     return stats
+
+
+def _count_kept(stats: DatasetStats, index: int, full_mask, kept: dict, markers, stops, decode) -> None:
+    """Add what training keeps of one record to `stats`."""
+    ids, mask = kept["input_ids"], kept["assistant_masks"]
+    stats.tokens += len(ids)
+    stats.trained += sum(mask)
+    _, messages = _messages_of(ids, mask, markers, decode)
+    for message in messages:
+        entry = stats.groups.setdefault(message.group, [0, 0])
+        entry[0] += message.trained
+        entry[1] += message.tokens
+    if not any(mask):
+        stats.empty_mask.append(index)
+    truncated, inside = _cut(full_mask, len(ids))
+    if truncated:
+        stats.truncated.append(index)
+        if inside:
+            stats.cut_inside_assistant.append(index)
+    if any(i in stops and not m for i, m in zip(ids, mask, strict=True)):
+        stats.stop_untrained.append(index)
 
 
 def _indices(values: list[int], limit: int = 12) -> str:
@@ -634,7 +643,8 @@ def stats_rows(stats: DatasetStats) -> list[tuple[str, str]]:
         rows.append(
             ("length min / median / max", f"{lengths[0]} / {lengths[len(lengths) // 2]} / {lengths[-1]}")
         )
-    rows.append(("max_length", str(stats.max_length) if stats.max_length is not None else "none"))
+    rows.append(("max_length", f"{stats.max_length} (truncation policy {stats.policy})"
+                 if stats.max_length is not None else "none"))
     for group, (trained, total) in sorted(stats.groups.items()):
         rows.append((f"  {group}: trained / tokens", f"{trained} / {total}"))
     rows += [
@@ -644,6 +654,8 @@ def stats_rows(stats: DatasetStats) -> list[tuple[str, str]]:
             "  cut inside an assistant turn",
             f"{len(stats.cut_inside_assistant)}: {_indices(stats.cut_inside_assistant)}",
         ),
+        *((("dropped by the truncation policy", f"{len(stats.dropped)}: {_indices(stats.dropped)}"),)
+          if stats.max_length is not None else ()),
         ("stop tokens outside the mask", f"{len(stats.stop_untrained)}: {_indices(stats.stop_untrained)}"),
     ]
     return rows
