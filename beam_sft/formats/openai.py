@@ -243,13 +243,20 @@ def _v1_tools_part(content: list, tools: list | None) -> tuple[list | None, list
     return tools, parts
 
 
-def convert(rec: Any) -> dict:
-    """One OpenAI-style record → a Beam record (not yet validated)."""
-    if isinstance(rec, list):  # a bare list of messages is one conversation
-        rec = {"messages": rec}
+def record_object(rec: Any, key: str) -> dict:
+    """The record as an object: a bare list of messages is one conversation (under `key`); anything else that
+    is not an object, and record-level shapes no format converts, are rejected."""
+    if isinstance(rec, list):
+        rec = {key: rec}
     if not isinstance(rec, dict):
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
     reject_unsupported_record(rec)
+    return rec
+
+
+def convert(rec: Any) -> dict:
+    """One OpenAI-style record → a Beam record (not yet validated)."""
+    rec = record_object(rec, "messages")
     msgs = rec.get("messages")
     if msgs is None:
         msgs = rec.get("history")
@@ -259,6 +266,13 @@ def convert(rec: Any) -> dict:
     if tools is None and rec.get("functions"):
         tools = normalize_tools(rec["functions"])
     messages, tools, src = convert_messages(msgs, tools)
+    return finish(rec, messages, tools, src)
+
+
+def finish(rec: dict, messages: list[dict], tools: list | None, src: list | None) -> dict:
+    """The unvalidated Beam record of `rec`'s converted messages and tools: Hermes / Qwen tags lifted into calls, results and
+    tools, and the notes `validate` reads (`_src`: the source message of each message, for error indexes;
+    `_no_markup`: no text holds tool markup; `_format`: "hermes" when tags were lifted)."""
     markup, hermes = scan(messages)
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
         messages, tools, src = lift(messages, tools, src)
