@@ -243,6 +243,25 @@ def _results(chunks, args, init_args):
             yield (p, *res.get())
 
 
+def _check_args(args: argparse.Namespace) -> str | None:
+    """Usage errors of the command line; returns the text of --chat-template, if given."""
+    from beam_sft.errors import UsageError
+
+    if args.num_proc < 1:
+        raise UsageError("--num-proc must be at least 1")
+    if args.limit is not None and args.limit < 0:
+        raise UsageError("--limit must be >= 0")
+    if args.max_record_bytes is not None and args.max_record_bytes < 1:
+        raise UsageError("--max-record-bytes must be positive")
+    if not args.chat_template:
+        return None
+    try:
+        with open(args.chat_template, encoding="utf-8") as f:
+            return f.read()
+    except OSError as err:
+        raise UsageError(f"--chat-template {args.chat_template}: {err.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from beam_sft.errors import (
         EXIT_INTERNAL_ERRORS,
@@ -255,19 +274,7 @@ def run(args: argparse.Namespace) -> int:
     from beam_sft.records.files import JsonlSink, data_sources, iter_items, open_writer, write_json_atomic
 
     INTERNAL = Reason.INTERNAL_ERROR.value
-    if args.num_proc < 1:
-        raise UsageError("--num-proc must be at least 1")
-    if args.limit is not None and args.limit < 0:
-        raise UsageError("--limit must be >= 0")
-    if args.max_record_bytes is not None and args.max_record_bytes < 1:
-        raise UsageError("--max-record-bytes must be positive")
-    chat_template = None
-    if args.chat_template:
-        try:
-            with open(args.chat_template, encoding="utf-8") as f:
-                chat_template = f.read()
-        except OSError as err:
-            raise UsageError(f"--chat-template {args.chat_template}: {err.strerror}") from None
+    chat_template = _check_args(args)
     sources = data_sources(args.inputs, split=args.split)
     out_abs = os.path.abspath(args.output)
     for src in sources:

@@ -89,7 +89,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, RecordError, UsageError, internal_error
+    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
     from beam_sft.records.files import write_text_atomic
     from beam_sft.render.encoder import MaskedEncoder
     from beam_sft.report import views as ins
@@ -119,36 +119,9 @@ def run(args) -> int:
         wanted = loaded.positions[: args.n]
 
     encoder = MaskedEncoder(tokenizer)
-    color = args.color == "always" or (
-        args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    )
-    views = []
     # input positions of records that hit an unexpected exception (a bug): they decide the exit status
     internal = {r["position"] for r in loaded.rejects if r["reason"] == Reason.INTERNAL_ERROR.value}
-    for position in wanted:
-        k = loaded.index_of(position)
-        if k is None:
-            reject = next(r for r in loaded.rejects if r["position"] == position)
-            print(f"record {position}: rejected [{reject['reason']}] {reject['message']}", file=sys.stderr)
-            continue
-        label = f"record {position} ({loaded.sources[k]})"
-        try:
-            view = ins.inspect_record(
-                tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label,
-                policy=args.truncation_policy,
-            )
-        except RecordError as err:
-            print(f"record {position}: {err}", file=sys.stderr)
-            continue
-        except Exception as exc:  # one record's bug must not hide the others
-            if os.environ.get("BEAM_SFT_DEBUG"):
-                raise
-            print(f"record {position}: {internal_error(exc)}", file=sys.stderr)
-            internal.add(position)
-            continue
-        views.append(view)
-        print(ins.ansi_view(view) if color else ins.plain_view(view))
-        print()
+    views = _show(args, tokenizer, encoder, loaded, wanted, internal)
 
     stats = None
     if args.stats:
@@ -174,6 +147,43 @@ def run(args) -> int:
         )
         return EXIT_INTERNAL_ERRORS
     return 0
+
+
+def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
+    """Print the records at input positions `wanted`; returns their views. A record that hits an unexpected
+    exception is reported and its position added to `internal`."""
+    from beam_sft.errors import RecordError, internal_error
+    from beam_sft.report import views as ins
+
+    color = args.color == "always" or (
+        args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    )
+    views = []
+    for position in wanted:
+        k = loaded.index_of(position)
+        if k is None:
+            reject = next(r for r in loaded.rejects if r["position"] == position)
+            print(f"record {position}: rejected [{reject['reason']}] {reject['message']}", file=sys.stderr)
+            continue
+        label = f"record {position} ({loaded.sources[k]})"
+        try:
+            view = ins.inspect_record(
+                tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label,
+                policy=args.truncation_policy,
+            )
+        except RecordError as err:
+            print(f"record {position}: {err}", file=sys.stderr)
+            continue
+        except Exception as exc:  # one record's bug must not hide the others
+            if os.environ.get("BEAM_SFT_DEBUG"):
+                raise
+            print(f"record {position}: {internal_error(exc)}", file=sys.stderr)
+            internal.add(position)
+            continue
+        views.append(view)
+        print(ins.ansi_view(view) if color else ins.plain_view(view))
+        print()
+    return views
 
 
 def main(argv: list[str] | None = None) -> int:

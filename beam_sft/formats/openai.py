@@ -147,6 +147,39 @@ def _split_result_list(text: str, pending: int) -> list[str] | None:
     return out
 
 
+def _assistant_message(m: dict, content: Any, i: int) -> dict:
+    """One OpenAI assistant message → a Beam assistant message (reasoning from its fields or a <think> block,
+    calls from `tool_calls`, v1 parts or the legacy `function_call`)."""
+    calls: list = []
+    if type(content) is str:
+        text = content
+    elif _has_part(content, _V1_ASSISTANT_PARTS):
+        reasoning, text, calls = _v1_assistant_parts(content, i)
+        if reasoning:
+            m = {**m, "reasoning_content": _reasoning_field(m, i) or reasoning}
+    else:
+        text = text_of(content, message_index=i)
+    reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
+    if reasoning is not None and type(reasoning) is not str:
+        reasoning = _reasoning_field(m, i)
+    if not reasoning and text and "<" in text:
+        reasoning, text = split_think(text, message_index=i)
+    raw_calls = m.get("tool_calls")
+    if raw_calls:
+        if type(raw_calls) is not list:
+            raise RecordError(Reason.BAD_CONTENT, "tool_calls is not a list", message_index=i)
+        for c in raw_calls:
+            calls.append(openai_tool_call(c, message_index=i))
+    fc = m.get("function_call")
+    if fc:
+        if type(fc) is not dict:
+            raise RecordError(Reason.BAD_CONTENT, "function_call is not an object", message_index=i)
+        calls.append(tool_call(fc.get("name"), fc.get("arguments"), message_index=i))
+    if calls:
+        return {"role": "assistant", "reasoning_content": reasoning or "", "content": text, "tool_calls": calls}
+    return {"role": "assistant", "reasoning_content": reasoning or "", "content": text}
+
+
 def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | None, list[int] | None]:
     """Messages → Beam messages, the record's tools, and (when a message became several) the map from Beam
     message index to input message index, for error messages."""
@@ -162,37 +195,9 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
         role = m.get("role")
         content = m.get("content")
         if role == "assistant":
-            calls: list = []
-            if type(content) is str:
-                text = content
-            elif _has_part(content, _V1_ASSISTANT_PARTS):
-                reasoning, text, calls = _v1_assistant_parts(content, i)
-                if reasoning:
-                    m = {**m, "reasoning_content": _reasoning_field(m, i) or reasoning}
-            else:
-                text = text_of(content, message_index=i)
-            reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
-            if reasoning is not None and type(reasoning) is not str:
-                reasoning = _reasoning_field(m, i)
-            if not reasoning and text and "<" in text:
-                reasoning, text = split_think(text, message_index=i)
-            raw_calls = m.get("tool_calls")
-            if raw_calls:
-                if type(raw_calls) is not list:
-                    raise RecordError(Reason.BAD_CONTENT, "tool_calls is not a list", message_index=i)
-                for c in raw_calls:
-                    calls.append(openai_tool_call(c, message_index=i))
-            fc = m.get("function_call")
-            if fc:
-                if type(fc) is not dict:
-                    raise RecordError(Reason.BAD_CONTENT, "function_call is not an object", message_index=i)
-                calls.append(tool_call(fc.get("name"), fc.get("arguments"), message_index=i))
-            if calls:
-                append({"role": "assistant", "reasoning_content": reasoning or "", "content": text,
-                        "tool_calls": calls})
-            else:
-                append({"role": "assistant", "reasoning_content": reasoning or "", "content": text})
-            pending = len(calls)
+            message = _assistant_message(m, content, i)
+            append(message)
+            pending = len(message.get("tool_calls", ()))
         elif role == "user" or role == "system" or role == "developer":
             if type(content) is not str:
                 if role != "user" and _has_part(content, ("tools",)):

@@ -322,6 +322,34 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     msgs = rec.get("messages")
     if type(msgs) is not list or not msgs:
         raise RecordError(Reason.EMPTY_CONVERSATION, "no messages")
+    out = _messages(msgs, src, opts, counters)
+    if not no_markup:
+        _check_markup(out, msgs, src)
+    result: dict[str, Any] = {"messages": out}
+    tools = rec.get("tools")
+    if tools:
+        tools, blob = checked_tools(tools)
+        if b"<|" in blob:
+            marker = find_marker(blob.decode())
+            if marker:
+                raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"tool schemas contain the Harmony marker {marker}")
+        result["tools"] = tools
+    kwargs = rec.get("chat_template_kwargs")
+    if kwargs:
+        _check_kwargs(kwargs)
+        result["chat_template_kwargs"] = kwargs
+    if opts.render_check is not None:
+        try:
+            opts.render_check(result)
+        except RecordError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the template's own error text is the most precise message
+            raise RecordError(Reason.RENDER_FAILED, f"{type(err).__name__}: {err}") from None
+    return result
+
+
+def _messages(msgs: list, src, opts: Options, counters: dict | None) -> list[dict]:
+    """The checked Beam messages: turns merged, results paired, late instructions moved or rejected."""
     out: list[dict] = []
     late: list[dict] = []
     n_head = 0  # instructions at the start
@@ -333,56 +361,9 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
         m = msgs[i]
         role = m.get("role") if type(m) is dict else None
         if role == "assistant":
-            j = i + 1
-            while j < n and type(msgs[j]) is dict and msgs[j].get("role") == "assistant":
-                j += 1
-            if j - i > 1:
-                m = _merge_run(msgs, i, j, src, counters)
-                at = _idx(src, j - 1)
-            else:
-                at = _idx(src, i)
-                if m.get("reasoning_content") is None or m.get("content") is None:
-                    # a Beam record from elsewhere: the template's other reasoning fields, absent content
-                    m = {"role": "assistant", "reasoning_content": m.get("reasoning_content") or m.get("thinking")
-                         or m.get("reasoning") or "", "content": m.get("content") or "",
-                         **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+            i = _assistant(msgs, i, src, opts, counters, out)
             seen_other = True
             n_assistant += 1
-            reasoning, content, calls = m["reasoning_content"], m["content"], m.get("tool_calls")
-            if type(reasoning) is not str or "<" in reasoning:
-                err = _text_error(reasoning, "reasoning", at)
-                if err:
-                    raise err
-            if type(content) is not str or "<" in content:
-                err = _text_error(content, "assistant content", at)
-                if err:
-                    raise err
-            if calls:
-                _check_calls(calls, at)
-                if content:
-                    m["reasoning_content"] = reasoning = f"{reasoning}\n\n{content}" if reasoning else content
-                    _bump(counters, "folded_content")
-                del m["content"]
-            elif not content:
-                raise RecordError(Reason.BAD_CONTENT, "assistant message with neither content nor tool calls",
-                                  message_index=at)
-            if not reasoning:
-                if opts.missing_reasoning == "reject":
-                    raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning",
-                                      message_index=at)
-                _bump(counters, "missing_reasoning")
-            out.append(m)
-            i = j
-            if calls:
-                k = j
-                while k < n and type(msgs[k]) is dict and msgs[k].get("role") == "tool":
-                    k += 1
-                if k > j:
-                    out.extend(_pair_results(calls, msgs, j, k, src, j - 1))
-                elif k < n:
-                    raise RecordError(Reason.CALL_WITHOUT_RESULT, f"call {calls[0]['function']['name']!r} has no "
-                                      "result", message_index=at)
-                i = k
             continue
         if role == "user" or role == "system" or role == "developer":
             content = m.get("content")
@@ -413,30 +394,61 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     if late:
         out[n_head:n_head] = late
         _bump(counters, "moved_system", len(late))
-    if not no_markup:
-        _check_markup(out, msgs, src)
+    return out
 
-    result: dict[str, Any] = {"messages": out}
-    tools = rec.get("tools")
-    if tools:
-        tools, blob = checked_tools(tools)
-        if b"<|" in blob:
-            marker = find_marker(blob.decode())
-            if marker:
-                raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"tool schemas contain the Harmony marker {marker}")
-        result["tools"] = tools
-    kwargs = rec.get("chat_template_kwargs")
-    if kwargs:
-        _check_kwargs(kwargs)
-        result["chat_template_kwargs"] = kwargs
-    if opts.render_check is not None:
-        try:
-            opts.render_check(result)
-        except RecordError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the template's own error text is the most precise message
-            raise RecordError(Reason.RENDER_FAILED, f"{type(err).__name__}: {err}") from None
-    return result
+
+def _assistant(msgs: list, i: int, src, opts: Options, counters: dict | None, out: list[dict]) -> int:
+    """The assistant turn starting at msgs[i] (consecutive assistant messages merged) and the results of its
+    calls, appended to `out`; returns the index of the next message."""
+    n = len(msgs)
+    m = msgs[i]
+    j = i + 1
+    while j < n and type(msgs[j]) is dict and msgs[j].get("role") == "assistant":
+        j += 1
+    if j - i > 1:
+        m = _merge_run(msgs, i, j, src, counters)
+        at = _idx(src, j - 1)
+    else:
+        at = _idx(src, i)
+        if m.get("reasoning_content") is None or m.get("content") is None:
+            # a Beam record from elsewhere: the template's other reasoning fields, absent content
+            m = {"role": "assistant", "reasoning_content": m.get("reasoning_content") or m.get("thinking")
+                 or m.get("reasoning") or "", "content": m.get("content") or "",
+                 **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+    reasoning, content, calls = m["reasoning_content"], m["content"], m.get("tool_calls")
+    if type(reasoning) is not str or "<" in reasoning:
+        err = _text_error(reasoning, "reasoning", at)
+        if err:
+            raise err
+    if type(content) is not str or "<" in content:
+        err = _text_error(content, "assistant content", at)
+        if err:
+            raise err
+    if calls:
+        _check_calls(calls, at)
+        if content:
+            m["reasoning_content"] = reasoning = f"{reasoning}\n\n{content}" if reasoning else content
+            _bump(counters, "folded_content")
+        del m["content"]
+    elif not content:
+        raise RecordError(Reason.BAD_CONTENT, "assistant message with neither content nor tool calls",
+                          message_index=at)
+    if not reasoning:
+        if opts.missing_reasoning == "reject":
+            raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning", message_index=at)
+        _bump(counters, "missing_reasoning")
+    out.append(m)
+    if not calls:
+        return j
+    k = j
+    while k < n and type(msgs[k]) is dict and msgs[k].get("role") == "tool":
+        k += 1
+    if k > j:
+        out.extend(_pair_results(calls, msgs, j, k, src, j - 1))
+    elif k < n:
+        raise RecordError(Reason.CALL_WITHOUT_RESULT, f"call {calls[0]['function']['name']!r} has no result",
+                          message_index=at)
+    return k
 
 
 def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -> Callable[[dict], str]:
