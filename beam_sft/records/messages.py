@@ -28,8 +28,6 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.records.schema_types import is_xlam_map, parameters_schema, standardize
 
-INSTRUCTION_ROLES = frozenset(("system", "developer"))
-
 # The seven markers of the format, plus the other special tokens of the gpt-oss family that a text must not
 # carry either: any of them inside a message would be tokenized as structure, not text.
 HARMONY_MARKERS: tuple[str, ...] = (

@@ -31,7 +31,6 @@ from beam_sft.template.tokenizer import MARKERS, TEMPLATES_DIR
 
 _SCALARS = (str, int, float, bool, type(None))
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliasing order
-_CONVERSATION_ROLES = ("user", "assistant", "tool", "system", "developer")
 
 
 def _plain_json(value: Any) -> bool:
