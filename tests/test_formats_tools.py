@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import FORMATS, convert_raw, detect
-from beam_sft.formats.toolmarkup import find_markup
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
+from beam_sft.records.markup import find_markup
 from beam_sft.records.schema_types import json_type, standardize
 from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import make_render_check

@@ -89,7 +89,7 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
     if out is None:
         return None
     # Every text at once: any "<" (tags, markers), and the tool markup that has none (```tool fences, glaive's
-    # FUNCTION RESPONSE:), gated by one-character searches (toolmarkup.may_have_markup says why). One search
+    # FUNCTION RESPONSE:), gated by one-character searches (records.markup.may_have_markup says why). One search
     # over the joined texts costs less than one per text; a match made across two texts only costs the general
     # path, which checks each text on its own.
     joined = "".join(texts)

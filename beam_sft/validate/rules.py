@@ -18,7 +18,7 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
    Calls that end the conversation need no results (a trajectory cut at the call trains the call itself).
 6. **Text**: tool-call or result markup still in a text (``<tool_call>``, ``<tool_response>``, ``<tools>``,
    ``<functioncall>``, ``FUNCTION RESPONSE:``, a ```` ```tool_call ```` fence) that is not quoted in prose →
-   ``tool_markup_in_text`` (the rule: `beam_sft.formats.toolmarkup`); any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
+   ``tool_markup_in_text`` (the rule: `beam_sft.records.markup`); any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
    ``harmony_marker_in_text``; ``</rfl:parameter>`` inside an argument value →
    ``parameter_close_tag_in_argument``; arguments that are not an object → ``arguments_not_object``; an
    argument name the XML attribute can't hold (``"``, ``<``, ``>``), or an argument nested deeper than
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.toolmarkup import find_markup, may_have_markup
+from beam_sft.records.markup import find_markup, may_have_markup
 from beam_sft.records.messages import (
     EFFORT_LABELS,
     MAX_JSON_DEPTH,
@@ -102,7 +102,7 @@ def _text_error(text: Any, where: str, i: int) -> RecordError | None:
 
 def _check_markup(out: list[dict], msgs: list, src) -> None:
     """Tool-call or result markup left in a text after conversion: trained on, it would teach the model to
-    write fake calls as text. Tags quoted in prose are allowed (`beam_sft.formats.toolmarkup`).
+    write fake calls as text. Tags quoted in prose are allowed (`beam_sft.records.markup`).
 
     One cheap search over all texts of the record; only when it finds a candidate are the input messages
     searched one by one, to name the message (a candidate made across two texts is no match)."""
