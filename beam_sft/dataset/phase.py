@@ -1002,7 +1002,7 @@ def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | N
             continue  # another rank's record: skipped before parsing, converting or tokenizing
         err = item.error
         yield {"src": index[item.source], "pos": item.position, "by_line": item.by_line,
-               "payload": None if err else (item.payload if item.raw else orjson.dumps(item.payload, default=str)),
+               "payload": None if err else item.json(),
                "error": json.dumps([err.code.value, err.message_index, err.message]) if err else None}
 
 
