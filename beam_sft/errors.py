@@ -2,7 +2,8 @@
 
 `RecordError` carries where a record came from (file, line or row index) and a stable reason code, so a
 rejects file can be grepped and counted. Everything else the CLI reports goes through `UsageError`
-(exit 2) or `FatalError` (exit 1); `beam_sft.cli` maps them to one clean line on stderr.
+(exit 2) or `FatalError` (exit 1); `beam_sft.cli` maps them to one clean line on stderr. A run that finished
+but rejected some records as `internal_error` exits with `EXIT_INTERNAL_ERRORS` (3).
 """
 
 from __future__ import annotations
@@ -62,10 +63,6 @@ class FatalError(BeamSFTError):
     exit_code = 1
 
 
-class TemplateConformanceError(BeamSFTError):
-    """A tokenizer's chat or response template breaks a Beam format rule."""
-
-
 class RecordError(ValueError):
     """A record that cannot become a Beam record.
 
@@ -102,13 +99,21 @@ class RecordError(ValueError):
         return f"{where}[{self.code.value}] {at}{self.message}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "line": self.line,
-            "reason": self.code.value,
-            "message_index": self.message_index,
-            "message": self.message,
-        }
+        return reject_entry(self, self.source, self.line)
+
+
+def reject_entry(err: RecordError, source: str | None, position: int | None, by_line: bool = True) -> dict[str, Any]:
+    """One line of a rejects file: where the record came from (its file and 1-based ``line`` for JSONL, or
+    0-based ``index`` otherwise), the reason code, the offending message and what is wrong. Every rejects
+    file and list is made of these."""
+    return {"source": source, ("line" if by_line else "index"): position, "reason": err.code.value,
+            "message_index": err.message_index, "message": err.message}
+
+
+# Exit status of a command that finished with complete outputs, but some records hit an unexpected exception
+# (a bug in beam-sft) and were rejected as `internal_error`. Not 0, so a pipeline notices; not 1, which means
+# "no output".
+EXIT_INTERNAL_ERRORS = 3
 
 
 def internal_error(exc: BaseException) -> RecordError:

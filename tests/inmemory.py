@@ -1,7 +1,7 @@
 """The in-memory training-data path over Python lists, kept for tests and the benchmark's baseline.
 
 `read_rows` + `to_beam_records` + `prepare_dataset`: the same per-record rules as the data phase
-(`beam_sft.dataset.examples.convert_row`, `build_example`) but every record held in memory, so it is for small
+(`beam_sft.validate.convert`, `build_example`) but every record held in memory, so it is for small
 data only. `scripts/train.py` never uses it: it runs `beam_sft.dataset.prepare` (Arrow, chunked, cached).
 Tests compare the two; `scripts/bench.py`'s prepare row runs this path as its in-memory reference.
 """
@@ -17,54 +17,46 @@ from beam_sft.dataset.examples import (
     TRUNCATION_POLICIES,
     PrepStats,
     build_example,
-    convert_row,
     encode_many,
-    stop_token_ids,
 )
 from beam_sft.errors import FatalError, RecordError, UsageError
 from beam_sft.records.files import Item
+from beam_sft.template.tokenizer import stop_token_ids
 
 
 def read_rows(source: str, split: str = "train") -> list[Item]:
-    """Read raw rows with their provenance through the readers `convert-dataset` uses (`beam_sft.records.files`).
+    """Read raw rows with their provenance through the reader every command uses
+    (`beam_sft.records.files.read_items`: rejects files found in a directory are not data).
 
     `source`: a .jsonl / .json / .parquet file, a glob, a directory of them, a `save_to_disk` dataset, or a hub
     id (only from the local cache when HF_HUB_OFFLINE=1). Each item keeps its file and 1-based line (JSONL) or
     0-based index; an unreadable row (malformed JSON, invalid UTF-8) is an item carrying its `RecordError`,
     which `to_beam_records` counts as a reject instead of stopping the run.
     """
-    from beam_sft.dataset.stages import expand_sources
-    from beam_sft.records.files import iter_items
+    from beam_sft.records.files import read_items
 
-    sources = expand_sources([source], split)
-    return list(iter_items(sources))
+    return list(read_items([source], split))
 
 
 def to_beam_records(
     items: Iterable[Item], input_format: str = "auto"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Turn rows read by `read_rows` into validated Beam records with the project's converters.
+    """Turn rows read by `read_rows` into validated Beam records with the one per-record conversion
+    (`beam_sft.validate.convert`; `input_format="beam"`: rows are Beam records as `convert-dataset` writes them).
 
-    `input_format="beam"`: rows are Beam records (what `convert-dataset` writes); Arrow artefacts are undone
-    and `beam_sft.validate.rules` checks them. Any other value goes through `beam_sft.formats.convert_record`
-    ("auto" detects the format per row; a Beam record reads as OpenAI-shaped and passes unchanged).
-    Returns (records, rejects); each reject is a `RecordError.to_dict()` with the row's source and its line
-    (JSONL) or index: records + rejects = rows, nothing is lost silently.
+    Returns (records, rejects); each reject is a `beam_sft.errors.reject_entry` with the row's source and its
+    line (JSONL) or index: records + rejects = rows, nothing is lost silently.
     """
-    from beam_sft.records.files import parse_line
+    from beam_sft.validate.convert import convert_item
 
     records: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     for item in items:
-        try:
-            if item.error is not None:
-                raise item.error
-            records.append(convert_row(parse_line(item.payload) if item.raw else item.payload, input_format))
-        except RecordError as err:
-            entry = err.with_provenance(item.source, item.position).to_dict()
-            if not item.by_line:
-                entry["index"] = entry.pop("line")
-            rejects.append(entry)
+        record, _, reject = convert_item(item, input_format)
+        if reject is None:
+            records.append(record)
+        else:
+            rejects.append(reject)
     return records, rejects
 
 

@@ -78,9 +78,9 @@ def test_every_output_gets_the_umask_permissions(tmp_path, capsys, umask, mask, 
         (tmp / "part-0.arrow").write_bytes(b"x")
     with atomic_output(tmp_path / "one.bin") as tmp:
         tmp.write_bytes(b"y")
-    from beam_sft.report.pages import write_atomic
+    from beam_sft.records.files import write_text_atomic
 
-    write_atomic(tmp_path / "page.html", "<html></html>")
+    write_text_atomic(tmp_path / "page.html", "<html></html>")
     assert _mode(tmp_path / "prepared") == dir_mode and _mode(tmp_path / "prepared" / "part-0.arrow") == file_mode
     assert _mode(tmp_path / "one.bin") == file_mode and _mode(tmp_path / "page.html") == file_mode
     assert _temporaries(tmp_path) == []
@@ -165,3 +165,21 @@ def test_kill_9_mid_run_then_rerun(tmp_path):
     n_out = len(out.read_bytes().splitlines())
     n_rej = len(rej.read_bytes().splitlines())
     assert n_out + n_rej == n and n_out > 0
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ""])
+def test_every_output_creates_its_parent_directory(tmp_path, suffix):
+    """`convert-dataset -o new/dir/x.jsonl` (and its --rejects, --stats) creates new/dir, like `prepare` does;
+    the atomic writer does it, so every command that writes through it does too."""
+    out = tmp_path / "new" / "dir" / f"beam{suffix or '_ds'}"
+    rejects, stats = tmp_path / "r" / "rejects.jsonl", tmp_path / "s" / "deep" / "stats.json"
+    code = main([str(SAMPLES / "openai.jsonl"), "-o", str(out), "--rejects", str(rejects), "--stats", str(stats),
+                 "-q", "--render-check", "none"])
+    assert code == 0 and out.exists() and rejects.is_file() and stats.is_file()
+    assert orjson.loads(stats.read_bytes())["records_out"] > 0
+    write_json_atomic(str(tmp_path / "a" / "b" / "c.json"), {"x": 1})
+    assert orjson.loads((tmp_path / "a" / "b" / "c.json").read_bytes()) == {"x": 1}
+    with atomic_output(tmp_path / "d" / "e" / "f", directory=True) as tmp:
+        (tmp / "part").write_bytes(b"x")
+    assert (tmp_path / "d" / "e" / "f" / "part").read_bytes() == b"x"
+    assert not [p for p in tmp_path.rglob("*") if ".beam-tmp-" in p.name]

@@ -106,16 +106,16 @@ def test_chunked_build_equals_one_chunk(tok, tmp_path):
 
 
 def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tmp_path, monkeypatch):
-    from beam_sft import formats
+    from beam_sft.validate import convert as conversion
 
-    real = formats.convert_record
+    real = conversion.convert
 
-    def flaky(rec, format="auto", options=None):
+    def flaky(rec, format="auto", options=None, counters=None):
         if "7" in json.dumps(rec):  # some records, not all
             raise ZeroDivisionError("boom")
-        return real(rec, format, options)
+        return real(rec, format, options, counters)
 
-    monkeypatch.setattr(formats, "convert_record", flaky)
+    monkeypatch.setattr(conversion, "convert", flaky)
     conv = convert_source(OPENAI, tmp_path, format="auto")
     internal = [r for r in conv.iter_rejects() if r["reason"] == "internal_error"]
     assert internal and all(r["message"] == "ZeroDivisionError: boom" and r["line"] for r in internal)

@@ -16,7 +16,8 @@ from test_render import conversations, text
 
 from beam_sft.render import encoder as render
 from beam_sft.render.direct import BeamTemplateRenderer, for_template
-from beam_sft.render.encoder import _tracked_render, record_inputs
+from beam_sft.render.encoder import record_inputs
+from beam_sft.render.jinja import tracked_render
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def rendered_both(tok, direct, record):
     messages, tools, kwargs = record_inputs(record)
     template_kwargs = {**tok.special_tokens_map, **kwargs}
     try:
-        expected = _tracked_render(tok.chat_template, messages, tools, template_kwargs)
+        expected = tracked_render(tok.chat_template, messages, tools, template_kwargs)
     except Exception as err:  # noqa: BLE001 - the template's error is the expected outcome here
         expected = err
     return direct(messages, tools, template_kwargs), expected
@@ -179,7 +180,7 @@ def test_prefix_cache_is_bounded_and_reused(tok):
     template_kwargs = dict(tok.special_tokens_map)
     for k in range(6):
         messages = [{"role": "system", "content": f"S{k}"}, U, {"role": "assistant", "content": "a"}]
-        assert renderer(messages, None, template_kwargs) == _tracked_render(
+        assert renderer(messages, None, template_kwargs) == tracked_render(
             tok.chat_template, messages, None, template_kwargs)
     assert len(renderer._prefixes) == 3
 

@@ -9,8 +9,9 @@ import orjson
 import pytest
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import convert_record, detect
+from beam_sft.formats import detect
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
+from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import Options, make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata" / "openai"
@@ -238,8 +239,9 @@ def test_real_ollama_bare_message_list_is_one_conversation():
 def test_registry_works_inside_datasets_map(tmp_path):
     import datasets
 
-    from beam_sft.formats import FORMATS, to_row, try_convert
+    from beam_sft.formats import FORMATS, to_row
     from beam_sft.records.files import beam_features
+    from beam_sft.validate.convert import try_convert
 
     assert set(FORMATS) == {"openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"}
     rows = [{"messages": [{"role": "user", "content": "q"},
@@ -248,7 +250,7 @@ def test_registry_works_inside_datasets_map(tmp_path):
             for args, tools in [({"a": 1}, None), ({"b": {"c": [1]}}, [{"name": "f", "parameters": {}}])]]
     rows.append({"messages": [{"role": "user", "content": "no answer"}]})
     ds = datasets.Dataset.from_list([{"raw": json.dumps(r)} for r in rows])
-    kept = ds.filter(lambda r: try_convert(json.loads(r["raw"]), "openai")[1] is None)
+    kept = ds.filter(lambda r: try_convert(json.loads(r["raw"]), "openai")[2] is None)
     out = kept.map(lambda r: to_row(convert_record(json.loads(r["raw"]), "openai")), remove_columns=["raw"],
                    features=beam_features(), cache_file_name=str(tmp_path / "c.arrow"))
     assert len(out) == 2
@@ -294,7 +296,7 @@ def test_fast_path_equals_the_general_path_or_defers_to_it():
     import copy
 
     from beam_sft.formats import convert_raw
-    from beam_sft.formats.openai import fast_convert
+    from beam_sft.validate.fast_openai import fast_convert
     from beam_sft.validate.rules import validate
 
     used = 0
@@ -312,7 +314,7 @@ def test_fast_path_equals_the_general_path_or_defers_to_it():
 
 
 def test_fast_path_defers_on_everything_that_needs_a_decision():
-    from beam_sft.formats.openai import fast_convert
+    from beam_sft.validate.fast_openai import fast_convert
 
     base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}]
     assert fast_convert({"messages": base}) == {"messages": base}
@@ -335,7 +337,7 @@ def test_fast_path_defers_on_everything_that_needs_a_decision():
 def test_fast_path_leaves_records_of_other_formats_to_detection():
     """`auto` tries the fast path before `detect`, so it must refuse anything detect would not call openai."""
     from beam_sft.formats import detect
-    from beam_sft.formats.openai import fast_convert
+    from beam_sft.validate.fast_openai import fast_convert
 
     harmony_like = {"messages": [{"role": "user", "content": "hi"},
                                  {"role": "assistant", "channel": "final", "reasoning_content": "r", "content": "x"}]}

@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import FORMATS, convert_raw, convert_record, detect
-from beam_sft.formats.toolmarkup import find_markup
+from beam_sft.formats import FORMATS, convert_raw, detect
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
+from beam_sft.records.markup import find_markup
 from beam_sft.records.schema_types import json_type, standardize
+from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata"
@@ -532,7 +533,7 @@ PLAIN = {"messages": [{"role": "user", "content": "Hi"},
     ("assistant", "```tool_call\n{\"name\": \"f\", \"arguments\": {}}\n```"),
 ])
 def test_fast_path_defers_on_tool_markup_without_angle_brackets(where, text):
-    from beam_sft.formats.openai import fast_convert
+    from beam_sft.validate.fast_openai import fast_convert
 
     rec = json.loads(json.dumps(PLAIN))
     rec["messages"][0 if where == "user" else 1]["content"] = text
@@ -544,7 +545,7 @@ def test_fast_path_defers_on_tool_markup_without_angle_brackets(where, text):
 
 
 def test_python_type_names_in_openai_schemas_are_mapped_on_both_paths():
-    from beam_sft.formats.openai import fast_convert
+    from beam_sft.validate.fast_openai import fast_convert
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "dict", "properties": {"n": {"type": "int"}, "xs": {"type": "List[str]"}}, "required": ["n"]}}}
@@ -578,7 +579,7 @@ def test_validate_alone_names_the_message_with_markup_and_ignores_matches_across
 
 
 def test_required_next_to_parameters_moves_inside_on_both_paths():
-    from beam_sft.formats.openai import fast_convert
+    from beam_sft.validate.fast_openai import fast_convert
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"q": {"type": "string"}}}, "required": ["q"]}}

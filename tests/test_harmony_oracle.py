@@ -34,7 +34,7 @@ from openai_harmony import (
     load_harmony_encoding,
 )
 
-from beam_sft.formats import convert_record
+from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import make_render_check
 
 N_CONVERSATIONS = 150

@@ -9,6 +9,7 @@ by headless Chromium, shows the trained and untrained colours.
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import shutil
@@ -87,12 +88,17 @@ def test_load_records_loses_nothing():
     assert loaded.index_of(60) is None and loaded.index_of(59) == 59
 
 
-def test_load_records_beam_format_takes_records_as_they_are(tmp_path):
+def test_load_records_beam_format_validates_like_training(tmp_path):
+    """`--format beam` no longer takes records as they are: what training rejects, inspect rejects (issue 18)."""
     path = tmp_path / "beam.jsonl"
-    path.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n[1, 2]\n', encoding="utf-8")
+    good = {"messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "reasoning_content": "r", "content": "yo"}]}
+    path.write_text(json.dumps(good) + '\n{"messages": [{"role": "user", "content": "hi"}]}\n[1, 2]\n',
+                    encoding="utf-8")
     loaded = load_records(str(path), format="beam")
-    assert loaded.records == [{"messages": [{"role": "user", "content": "hi"}]}]
-    assert loaded.rejects[0]["index"] == 1 and loaded.rejects[0]["reason"] == "not_an_object"
+    assert loaded.records == [good] and loaded.positions == [0]
+    assert [(r["line"], r["position"], r["reason"]) for r in loaded.rejects] == \
+        [(2, 1, "no_assistant_turn"), (3, 2, "not_an_object")]
 
 
 # ---------- one record ----------
@@ -147,12 +153,20 @@ def test_truncation_is_reported(tok, encoder):
     full = encode_record(tok, TOOL_RECORD)
     mask = full["assistant_masks"]
     inside = next(i for i in range(1, len(mask)) if mask[i - 1] and mask[i])
-    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=inside)
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=inside, policy="keep_start")
     assert view.truncated and view.cut_inside_assistant and view.length == len(mask)
     assert len(view.tokens) == inside
     before = mask.index(1)  # cut just before the first trained token: nothing trains, no turn is split
-    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=before)
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=before, policy="keep_start")
     assert view.truncated and not view.cut_inside_assistant and view.trained == 0
+    # the default is training's default, "turn": back to the end of the last whole assistant turn
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=inside)
+    first_end = next(i for i in range(inside, len(mask)) if not mask[i])
+    turn_ends = [e for e in range(1, inside + 1) if mask[e - 1] and (e == len(mask) or not mask[e])]
+    assert view.truncated and not view.cut_inside_assistant
+    assert len(view.tokens) == (turn_ends[-1] if turn_ends else 0) and first_end > inside
+    view = inspect_record(tok, TOOL_RECORD, encoder=encoder, max_length=before)
+    assert view.dropped and view.tokens == [] and "DROPPED" in plain_view(view)
 
 
 def test_plain_view_brackets_exactly_the_trained_text(tok, encoder):
@@ -194,7 +208,7 @@ def test_dataset_stats_agree_with_an_independent_count(tok, encoder, openai_samp
     records = openai_samples.records
     max_length = 120
     stats = dataset_stats(
-        tok, records, max_length=max_length, encoder=encoder, rejected=openai_samples.rejects
+        tok, records, max_length=max_length, encoder=encoder, rejected=openai_samples.rejects, policy="keep_start"
     )
     encoded = [encode_record(tok, r) for r in records]
     assert stats.records == len(records) and stats.rejected == len(openai_samples.rejects)
@@ -218,6 +232,24 @@ def test_dataset_stats_agree_with_an_independent_count(tok, encoder, openai_samp
     assert sum(t for t, _ in stats.groups.values()) == stats.trained
     table = stats_table(stats)
     assert f"{len(stats.truncated)}: " in table and "length histogram" in table
+
+
+@pytest.mark.parametrize("policy", ["turn", "drop", "keep_start"])
+def test_dataset_stats_count_what_training_trains(tok, encoder, openai_samples, policy):
+    """With --max-length, inspect cuts as training does (`build_example`, the data phase's per-record rule):
+    the same records dropped, the same tokens kept, the same tokens trained."""
+    from beam_sft.dataset.examples import IGNORE_INDEX, build_example
+
+    records, max_length = openai_samples.records, 120
+    stats = dataset_stats(tok, records, max_length=max_length, encoder=encoder, policy=policy)
+    examples = [build_example(tok, r, max_length=max_length, policy=policy) for r in records]
+    kept = [e for e in examples if e["keep"]]
+    assert stats.dropped == [i for i, e in enumerate(examples) if not e["keep"]]
+    assert stats.truncated == [i for i, e in enumerate(examples) if e["truncated"]]
+    assert stats.tokens == sum(len(e["input_ids"]) for e in kept)
+    assert stats.trained == sum(sum(t != IGNORE_INDEX for t in e["labels"]) for e in kept)
+    assert stats.records == len(records) and (stats.dropped or policy == "keep_start")
+    assert ("dropped by the truncation policy" in stats_table(stats)) and f"policy {policy}" in stats_table(stats)
 
 
 STOP_OUTSIDE_TEMPLATE = (
@@ -276,7 +308,7 @@ def test_cli_index_color_and_errors(capsys):
 
 def test_cli_rejected_index_is_explained(capsys):
     loaded = load_records(str(SAMPLES / "openai.jsonl"))
-    position = loaded.rejects[0]["index"]
+    position = loaded.rejects[0]["position"]
     assert cli_main(["inspect", str(SAMPLES / "openai.jsonl"), "--index", str(position)]) == 0
     assert f"record {position}: rejected [{loaded.rejects[0]['reason']}]" in capsys.readouterr().err
 
@@ -303,28 +335,28 @@ def test_cli_stats_and_html(tmp_path, capsys):
 def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypatch):
     """A converter or encoder bug on one record: that record is an internal_error reject, the others are
     shown and counted, a warning names it, and the exit status is 3."""
-    from beam_sft import formats
     from beam_sft.render.encoder import MaskedEncoder
+    from beam_sft.validate import convert as conversion
 
-    real_convert = formats.convert_record
+    real_convert = conversion.convert
     total = load_records(str(SAMPLES / "sharegpt.json")).total
 
-    def flaky(rec, format="auto", options=None):
+    def flaky(rec, format="auto", options=None, counters=None):
         if isinstance(rec, dict) and "chat_template_kwargs" in rec:
             raise TypeError("unhashable type: 'list'")
-        return real_convert(rec, format, options)
+        return real_convert(rec, format, options, counters)
 
-    monkeypatch.setattr(formats, "convert_record", flaky)
+    monkeypatch.setattr(conversion, "convert", flaky)
     loaded = load_records(str(SAMPLES / "sharegpt.json"))
     internal = [r for r in loaded.rejects if r["reason"] == "internal_error"]
     assert internal and internal[0]["message"] == "TypeError: unhashable type: 'list'"
-    assert internal[0]["source"] == str(SAMPLES / "sharegpt.json") and internal[0]["line"] == internal[0]["index"]
+    assert internal[0]["source"] == str(SAMPLES / "sharegpt.json") and internal[0]["index"] == internal[0]["position"]
     assert len(loaded.records) + len(loaded.rejects) == loaded.total == total
     capsys.readouterr()
     assert cli_main(["inspect", str(SAMPLES / "sharegpt.json"), "--stats"]) == 3
     err = capsys.readouterr().err
     assert f"warning: {len(internal)} record(s) hit an unexpected error" in err and "Traceback" not in err
-    monkeypatch.setattr(formats, "convert_record", real_convert)
+    monkeypatch.setattr(conversion, "convert", real_convert)
 
     # the same for an encoder failure while computing --stats (and while showing the record)
     real_encode = MaskedEncoder.encode
@@ -496,7 +528,7 @@ def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
     from beam_sft.render.encoder import MaskedEncoder
 
     path = str(SAMPLES / "openai.jsonl")
-    args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300)
+    args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300, truncation_policy="turn")
     stats, internal = _dataset_stats(args, tok, MaskedEncoder(tok))
     loaded = load_records(path)
     want = dataset_stats(tok, loaded.records, max_length=300, rejected=loaded.rejects)

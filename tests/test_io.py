@@ -84,8 +84,10 @@ def test_atomic_jsonl_writer_commit_and_abort(tmp_path):
 def test_output_kinds(tmp_path):
     with pytest.raises(UsageError):
         open_writer(str(tmp_path / "out.csv"))
-    with pytest.raises(UsageError):
-        open_writer(str(tmp_path / "missing_dir" / "out.jsonl"))
+    w = open_writer(str(tmp_path / "missing_dir" / "out.jsonl"))  # a new directory is created (issue 18)
+    w.write_raw(b'{"a":1}')
+    w.commit()
+    assert (tmp_path / "missing_dir" / "out.jsonl").read_bytes() == b'{"a":1}\n'
     assert isinstance(open_writer(str(tmp_path / "o.parquet")), ArrowWriter)
 
 
@@ -145,7 +147,7 @@ def test_arrow_row_is_json_strings_only_for_free_form_parts():
 
 
 def test_parquet_and_saved_dataset_inputs_round_trip(tmp_path):
-    from beam_sft.formats import convert_record
+    from beam_sft.validate.convert import convert_record
 
     out = tmp_path / "o.parquet"
     w = open_writer(str(out))

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.render import encoder as render
+from beam_sft.render import jinja
 from beam_sft.render.encoder import MaskedEncoder, encode_dataset, encode_record, reference_encode
 from beam_sft.template.tokenizer import MARKERS
 
@@ -43,7 +44,7 @@ def assert_identical(tokenizer, records, encoder=None, max_length=None):
         # The fast renderer's text and spans are transformers' own, character for character (masks alone
         # would hide an off-by-one: a token overlapping a span by one character is trained either way).
         messages, tools, kwargs = render.record_inputs(record)
-        tracked = render._tracked_render(
+        tracked = jinja.tracked_render(
             tokenizer.get_chat_template(None, tools),
             messages,
             tools,
@@ -313,7 +314,7 @@ def test_beam_template_uses_the_fast_renderer(tok, encoder):
     # The bundled template is rendered by plain Python (beam_sft.render.direct); the compiled-template
     # renderer stays ready for the records it declines.
     assert render._DIRECT_RENDERERS[tok.chat_template] is not None
-    assert render._SentinelRenderer.build(tok.chat_template) is not None
+    assert jinja.SentinelRenderer.build(tok.chat_template) is not None
 
 
 def test_noncharacters_in_text_render_the_tracked_way(tok, encoder):
@@ -325,7 +326,7 @@ def test_noncharacters_in_text_render_the_tracked_way(tok, encoder):
             {"role": "assistant", "reasoning_content": "\ufdd1 think \ufdd0", "content": "x\ufdd0y"},
         ]
     }
-    renderer = render._RENDERERS.get(tok.chat_template) or render._SentinelRenderer.build(tok.chat_template)
+    renderer = jinja.sentinel_renderer(tok.chat_template)
     messages, tools, kwargs = render.record_inputs(record)
     assert renderer(messages, tools, {**tok.special_tokens_map, **kwargs}) is None
     assert_identical(tok, [record], encoder=encoder)
@@ -335,7 +336,7 @@ def test_nested_spans_fall_back_per_record(tok_with_template):
     tokenizer = tok_with_template(NESTED_SPAN_TEMPLATE)
     record = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "yo"}]}
     encoder = MaskedEncoder(tokenizer)
-    assert render._SentinelRenderer.build(NESTED_SPAN_TEMPLATE) is None  # not at the top level
+    assert jinja.SentinelRenderer.build(NESTED_SPAN_TEMPLATE) is None  # not at the top level
     _, spans = encoder.render(record)
     assert not render._sorted_disjoint(spans)
     assert encoder.encode([record]) == [reference_encode(tokenizer, record)]

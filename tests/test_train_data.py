@@ -17,12 +17,11 @@ from beam_sft.dataset.examples import (
     build_example,
     check_stop_tokens_trained,
     encode,
-    normalize_record,
-    stop_token_ids,
     truncate,
 )
 from beam_sft.errors import FatalError, RecordError, UsageError
-from beam_sft.template.tokenizer import load_tokenizer
+from beam_sft.records.files import normalize_record
+from beam_sft.template.tokenizer import load_tokenizer, stop_token_ids
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"

@@ -34,9 +34,6 @@ from typing import Any
 CHUNK = 256
 RENDER_CHECK_CHOICES = ("all", "sample", "none")
 SAMPLE_HEAD, SAMPLE_EVERY = 1000, 100
-# The run finished and its outputs are complete, but some records hit an unexpected exception (a converter
-# bug) and were rejected as `internal_error`. Not 0, so a pipeline notices; not 1, which means "no output".
-EXIT_INTERNAL_ERRORS = 3
 
 
 class Stats:
@@ -165,11 +162,10 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
     so the sample is the same with any --num-proc)."""
     import orjson
 
-    from beam_sft.errors import RecordError, internal_error
-    from beam_sft.formats import convert_raw, detect, to_row
-    from beam_sft.formats.openai import fast_convert
+    from beam_sft.errors import RecordError
+    from beam_sft.formats import detect, to_row
     from beam_sft.records.files import parse_line
-    from beam_sft.validate.rules import validate
+    from beam_sft.validate.convert import try_convert
 
     fmt, plain, rendering = _WORKER["fmt"], _WORKER["opts"], _WORKER["opts_render"]
     auto = fmt == "auto"
@@ -180,33 +176,26 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
             stats.add_reject(preset[0])
             out.append((False, preset))
             continue
-        try:
-            rec = parse_line(payload) if raw else payload
-            name = fmt
-            if auto:
-                name = detect(rec)
-                stats.detected[name or "unrecognized"] += 1
-            opts = rendering if _render_this(seq) else plain
-            counters: dict = {}
-            result = fast_convert(rec, opts) if name == "openai" else None
-            if result is not None:
-                used = "openai"
+        rec, name = payload, fmt
+        if auto:  # detected here too, for the report of what each source held
+            try:
+                rec, raw = parse_line(payload) if raw else payload, False
+            except RecordError as err:
+                rec = err
             else:
-                beam, used = convert_raw(rec, name or "auto")
-                result = validate(beam, opts, counters)
-            # The on-disk row shape (README, "Beam records on disk"): all three keys on every row, so that
-            # `load_dataset("json")` infers one schema and TRL can spread `chat_template_kwargs` with **.
-            out.append((True, orjson.dumps(to_row(result), option=orjson.OPT_APPEND_NEWLINE)))
-            stats.add_ok(result, used, counters)
-        except RecordError as err:
+                found = detect(rec)
+                stats.detected[found or "unrecognized"] += 1
+                name = found or "auto"
+        counters: dict = {}
+        result, used, err = try_convert(rec, name, rendering if _render_this(seq) else plain, counters, raw=raw)
+        if err is not None:
             stats.add_reject(err.code.value)
             out.append((False, (err.code.value, err.message_index, err.message)))
-        except Exception as err:  # a converter bug must cost one record, not the run
-            if os.environ.get("BEAM_SFT_DEBUG"):
-                raise
-            rej = internal_error(err)
-            stats.add_reject(rej.code.value)
-            out.append((False, (rej.code.value, None, rej.message)))
+            continue
+        # The on-disk row shape (README, "Beam records on disk"): all three keys on every row, so that
+        # `load_dataset("json")` infers one schema and TRL can spread `chat_template_kwargs` with **.
+        out.append((True, orjson.dumps(to_row(result), option=orjson.OPT_APPEND_NEWLINE)))
+        stats.add_ok(result, used, counters)
     return out, stats
 
 
@@ -254,25 +243,39 @@ def _results(chunks, args, init_args):
             yield (p, *res.get())
 
 
-def run(args: argparse.Namespace) -> int:
-    from beam_sft.errors import FatalError, Reason, UsageError
-    from beam_sft.records.files import JsonlSink, expand_inputs, iter_items, open_writer, write_json_atomic
+def _check_args(args: argparse.Namespace) -> str | None:
+    """Usage errors of the command line; returns the text of --chat-template, if given."""
+    from beam_sft.errors import UsageError
 
-    INTERNAL = Reason.INTERNAL_ERROR.value
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")
     if args.limit is not None and args.limit < 0:
         raise UsageError("--limit must be >= 0")
     if args.max_record_bytes is not None and args.max_record_bytes < 1:
         raise UsageError("--max-record-bytes must be positive")
-    chat_template = None
-    if args.chat_template:
-        try:
-            with open(args.chat_template, encoding="utf-8") as f:
-                chat_template = f.read()
-        except OSError as err:
-            raise UsageError(f"--chat-template {args.chat_template}: {err.strerror}") from None
-    sources = expand_inputs(args.inputs, split=args.split)
+    if not args.chat_template:
+        return None
+    try:
+        with open(args.chat_template, encoding="utf-8") as f:
+            return f.read()
+    except OSError as err:
+        raise UsageError(f"--chat-template {args.chat_template}: {err.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from beam_sft.errors import (
+        EXIT_INTERNAL_ERRORS,
+        FatalError,
+        Reason,
+        RecordError,
+        UsageError,
+        reject_entry,
+    )
+    from beam_sft.records.files import JsonlSink, data_sources, iter_items, open_writer, write_json_atomic
+
+    INTERNAL = Reason.INTERNAL_ERROR.value
+    chat_template = _check_args(args)
+    sources = data_sources(args.inputs, split=args.split)
     out_abs = os.path.abspath(args.output)
     for src in sources:
         if os.path.abspath(src.name) == out_abs:
@@ -301,9 +304,7 @@ def run(args: argparse.Namespace) -> int:
                     first_internal.append(f"{where}: {payload[2]}")
                 if rejects is not None:
                     code, index, message = payload
-                    entry: dict[str, Any] = {"source": source, ("line" if by_line else "index"): pos,
-                                             "reason": code, "message_index": index, "message": message}
-                    rejects.write(entry)
+                    rejects.write(reject_entry(RecordError(code, message, message_index=index), source, pos, by_line))
             bar.update(len(results))
         bar.close()
         rejected = sum(total.rejected.values())

@@ -111,9 +111,9 @@ def run(args) -> int:
         write_json_atomic(args.json, summary)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.report:
-        from beam_sft.report.pages import write_atomic
+        from beam_sft.records.files import write_text_atomic
 
-        write_atomic(args.report, report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
+        write_text_atomic(args.report, report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
         print(f"wrote {args.report}", file=sys.stderr)
     print(json.dumps({k: summary[k] for k in ("records", "turns", *METRICS)}))
     if result.overall.turns == 0:

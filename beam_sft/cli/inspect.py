@@ -1,7 +1,7 @@
 """`beam-sft inspect DATASET`: see which tokens will be trained, before spending GPU hours on them.
 
-Records go through the converters (any supported format; Beam records pass unchanged) and the same
-render/mask code as training. In a terminal every token is coloured: trained on green, not trained grey,
+Records go through the same conversion and validation as training (any supported format; Beam records are
+validated again), the same render/mask code, and with --max-length the same truncation policy. In a terminal every token is coloured: trained on green, not trained grey,
 Harmony markers bold magenta, one line per rendered message. Piped output has no colours: trained text is
 between `{+` and `+}`.
 
@@ -25,6 +25,8 @@ import sys
 
 
 def register(subparsers) -> None:
+    from beam_sft.dataset.examples import TRUNCATION_POLICIES
+
     parser = subparsers.add_parser(
         "inspect",
         help="Show which tokens of a dataset are trained (terminal colours, HTML, statistics).",
@@ -59,14 +61,22 @@ def register(subparsers) -> None:
         type=int,
         metavar="L",
         default=None,
-        help="truncate like training does and report what the cut removes",
+        help="truncate like training does (--truncation-policy) and report what the cut removes",
+    )
+    parser.add_argument(
+        "--truncation-policy",
+        choices=TRUNCATION_POLICIES,
+        default="turn",
+        help="how --max-length cuts, as in training: turn (back to the end of the last whole assistant turn; "
+        "drop the record if none fits), drop (drop longer records), keep_start (keep the first L tokens). "
+        "Default: turn, training's default",
     )
     parser.add_argument("--stats", action="store_true", help="print the dataset-level table")
     parser.add_argument(
         "--format",
         default="auto",
         metavar="FMT",
-        help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam (no conversion)",
+        help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam (Beam records, validated as training validates them)",
     )
     parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
     parser.add_argument(
@@ -79,19 +89,17 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
-    from beam_sft.errors import Reason, RecordError, UsageError, internal_error
-    from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
+    from beam_sft.records.files import write_text_atomic
     from beam_sft.render.encoder import MaskedEncoder
-    from beam_sft.report.masks import ansi_view, inspect_record, load_records, plain_view
-    from beam_sft.report.pages import html_page, write_atomic
+    from beam_sft.report.masks import load_records
+    from beam_sft.report.pages import html_page
     from beam_sft.report.stats import stats_table
     from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.validate.convert import INPUT_FORMATS
 
-    if args.format not in (*FORMAT_NAMES, "beam"):
-        raise UsageError(
-            f"unknown --format {args.format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}"
-        )
+    if args.format not in INPUT_FORMATS:
+        raise UsageError(f"unknown --format {args.format!r}; choose from {', '.join(INPUT_FORMATS)}")
     if args.n < 0:
         raise UsageError("-n must be >= 0")
     if args.max_length is not None and args.max_length < 1:
@@ -113,35 +121,9 @@ def run(args) -> int:
         wanted = loaded.positions[: args.n]
 
     encoder = MaskedEncoder(tokenizer)
-    color = args.color == "always" or (
-        args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    )
-    views = []
     # input positions of records that hit an unexpected exception (a bug): they decide the exit status
-    internal = {r["index"] for r in loaded.rejects if r["reason"] == Reason.INTERNAL_ERROR.value}
-    for position in wanted:
-        k = loaded.index_of(position)
-        if k is None:
-            reject = next(r for r in loaded.rejects if r["index"] == position)
-            print(f"record {position}: rejected [{reject['reason']}] {reject['message']}", file=sys.stderr)
-            continue
-        label = f"record {position} ({loaded.sources[k]})"
-        try:
-            view = inspect_record(
-                tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label
-            )
-        except RecordError as err:
-            print(f"record {position}: {err}", file=sys.stderr)
-            continue
-        except Exception as exc:  # one record's bug must not hide the others
-            if os.environ.get("BEAM_SFT_DEBUG"):
-                raise
-            print(f"record {position}: {internal_error(exc)}", file=sys.stderr)
-            internal.add(position)
-            continue
-        views.append(view)
-        print(ansi_view(view) if color else plain_view(view))
-        print()
+    internal = {r["position"] for r in loaded.rejects if r["reason"] == Reason.INTERNAL_ERROR.value}
+    views = _show(args, tokenizer, encoder, loaded, wanted, internal)
 
     stats = None
     if args.stats:
@@ -149,7 +131,7 @@ def run(args) -> int:
         internal.update(stats_internal)
         print(stats_table(stats))
     if args.html:
-        write_atomic(
+        write_text_atomic(
             args.html, html_page(views, title=f"beam-sft inspect {args.dataset}", stats=stats)
         )
         print(f"wrote {args.html}", file=sys.stderr)
@@ -167,6 +149,43 @@ def run(args) -> int:
         )
         return EXIT_INTERNAL_ERRORS
     return 0
+
+
+def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
+    """Print the records at input positions `wanted`; returns their views. A record that hits an unexpected
+    exception is reported and its position added to `internal`."""
+    from beam_sft.errors import RecordError, internal_error
+    from beam_sft.report.masks import ansi_view, inspect_record, plain_view
+
+    color = args.color == "always" or (
+        args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    )
+    views = []
+    for position in wanted:
+        k = loaded.index_of(position)
+        if k is None:
+            reject = next(r for r in loaded.rejects if r["position"] == position)
+            print(f"record {position}: rejected [{reject['reason']}] {reject['message']}", file=sys.stderr)
+            continue
+        label = f"record {position} ({loaded.sources[k]})"
+        try:
+            view = inspect_record(
+                tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label,
+                policy=args.truncation_policy,
+            )
+        except RecordError as err:
+            print(f"record {position}: {err}", file=sys.stderr)
+            continue
+        except Exception as exc:  # one record's bug must not hide the others
+            if os.environ.get("BEAM_SFT_DEBUG"):
+                raise
+            print(f"record {position}: {internal_error(exc)}", file=sys.stderr)
+            internal.add(position)
+            continue
+        views.append(view)
+        print(ansi_view(view) if color else plain_view(view))
+        print()
+    return views
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,11 +220,12 @@ def _dataset_stats(args, tokenizer, encoder):
                                    progress=sys.stderr.isatty())
         positions = converted.positions()
         stats = dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
-                                  labels=lambda i: f"record {positions[i]}")
+                                  labels=lambda i: f"record {positions[i]}", policy=args.truncation_policy)
         stats.rejected += sum(converted.rejected.values())
         stats.rejected_reasons.update(converted.rejected)
         # Indices in the table are input positions, like --index takes them.
-        for name in ("empty_mask", "truncated", "cut_inside_assistant", "stop_untrained", "internal_errors"):
+        for name in ("empty_mask", "truncated", "cut_inside_assistant", "dropped", "stop_untrained",
+                     "internal_errors"):
             setattr(stats, name, [int(positions[i]) for i in getattr(stats, name)])
         reasons = converted.rows.data.column("reason")
         internal = np.flatnonzero(pc.fill_null(pc.equal(reasons, Reason.INTERNAL_ERROR.value), False).to_numpy(

@@ -62,23 +62,19 @@ def table(manifest: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from beam_sft.cli.convert import EXIT_INTERNAL_ERRORS
     from beam_sft.dataset.prepare import build_prepared
     from beam_sft.dataset.settings import (
         DATA_VERSION,
         MANIFEST,
-        REJECTS,
         DataSettings,
         fingerprint,
         read_manifest,
-        short_hash,
         source_identity,
         tokenizer_files_hash,
     )
-    from beam_sft.dataset.stages import expand_sources
-    from beam_sft.errors import Reason, UsageError
-    from beam_sft.records.files import atomic_output, write_json_atomic
-    from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
+    from beam_sft.records.files import REJECTS, atomic_output, data_sources, write_json_atomic
+    from beam_sft.template.tokenizer import load_tokenizer, short_hash
 
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")
@@ -91,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(
             os.path.join(out, MANIFEST)))):
         raise UsageError(f"{args.output}: exists and is not a prepared dataset; refusing to replace it")
-    sources = expand_sources(args.inputs, args.split)
+    sources = data_sources(args.inputs, args.split)
     for src in sources:
         if os.path.abspath(src.name) == out:
             raise UsageError(f"{args.output}: output is also an input")
@@ -144,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.dataset.examples import TRUNCATION_POLICIES
-    from beam_sft.dataset.settings import FORMATS
+    from beam_sft.validate.convert import INPUT_FORMATS
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet, .txt), globs, directories, save_to_disk dirs, or "
@@ -154,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", metavar="PATH_OR_ID", default=None,
                         help="tokenizer with the Beam templates, the one training will use (default: the bundled "
                              "data/tokenizer)")
-    parser.add_argument("--format", choices=FORMATS, default="auto",
+    parser.add_argument("--format", choices=INPUT_FORMATS, default="auto",
                         help="input format: beam (convert-dataset output), a converter's name, or auto (detect "
                              "per record) (default: auto)")
     parser.add_argument("--max-length", type=int, default=1024, metavar="N",

@@ -24,18 +24,18 @@ Truncation policies (records that fit are never touched):
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from beam_sft.errors import FatalError, Reason, RecordError, UsageError
+from beam_sft.errors import FatalError, UsageError
+from beam_sft.records.messages import STOP_MARKERS
+from beam_sft.template.tokenizer import stop_token_ids
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_POLICIES = ("turn", "drop", "keep_start")
-STOP_MARKERS = ("<|return|>", "<|call|>")
 IGNORE_INDEX = -100
 
 # A conversation that exercises both ways an assistant turn ends: a tool call (<|call|>) and an answer
@@ -100,63 +100,6 @@ class PrepStats:
 # Records
 
 
-def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
-    """Undo what Arrow storage does to a Beam record, so the template sees the in-memory shape.
-
-    Parquet / `datasets` storage may keep `tools`, `chat_template_kwargs` and tool-call `arguments` as JSON
-    strings (heterogeneous keys do not survive struct inference) and fills absent struct fields with None.
-    """
-    out = dict(record)
-    for key in ("tools", "chat_template_kwargs"):
-        value = out.get(key)
-        if isinstance(value, str):
-            try:
-                out[key] = json.loads(value) if value else None
-            except json.JSONDecodeError as err:
-                code = Reason.BAD_TOOL_SCHEMA if key == "tools" else Reason.BAD_CONTENT
-                raise RecordError(code, f"{key} is a string but not valid JSON: {err}") from None
-        if out.get(key) is None:
-            out.pop(key, None)
-    messages = []
-    for message in out.get("messages") or []:
-        message = {k: v for k, v in message.items() if v is not None}
-        if message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                call = {k: v for k, v in call.items() if v is not None}
-                function = dict(call.get("function") or {})
-                if isinstance(function.get("arguments"), str):
-                    try:
-                        function["arguments"] = json.loads(function["arguments"])
-                    except json.JSONDecodeError as err:
-                        raise RecordError(
-                            Reason.BAD_ARGUMENTS_JSON,
-                            f"tool call arguments are not valid JSON: {err}",
-                            message_index=len(messages),
-                        ) from None
-                call["function"] = function
-                calls.append(call)
-            message["tool_calls"] = calls
-        messages.append(message)
-    out["messages"] = messages
-    return out
-
-
-def convert_row(row: Any, input_format: str = "auto") -> dict[str, Any]:
-    """One parsed row -> a validated Beam record in its in-memory shape, or `RecordError`.
-
-    `input_format="beam"`: the row is a Beam record (Arrow artefacts undone, then validated); any other value
-    is a converter name or "auto" (`beam_sft.formats.convert_record`). The one per-record conversion of
-    training data: the data phase (`beam_sft.dataset.stages.convert_one`) and the tests' in-memory path call it.
-    """
-    from beam_sft.formats import convert_record
-    from beam_sft.validate.rules import validate
-
-    if input_format == "beam":
-        if not isinstance(row, dict):
-            raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
-        return validate(normalize_record(row))
-    return normalize_record(convert_record(row, format=input_format))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -289,20 +232,6 @@ def build_example(
         "n_supervised_return": supervised_stops.count(stop_ids[0]) if stop_ids else 0,
         "n_supervised_call": supervised_stops.count(stop_ids[1]) if len(stop_ids) > 1 else 0,
     }
-
-
-def stop_token_ids(tokenizer) -> tuple[int, int]:
-    """Ids of `<|return|>` and `<|call|>`; each must be a single token."""
-    ids = []
-    for marker in STOP_MARKERS:
-        encoded = tokenizer.encode(marker, add_special_tokens=False)
-        if len(encoded) != 1:
-            raise FatalError(
-                f"{marker} encodes to {len(encoded)} tokens with this tokenizer; Beam markers must be single "
-                "tokens (run beamify on it, or use --beamify)"
-            )
-        ids.append(encoded[0])
-    return ids[0], ids[1]
 
 
 def check_stop_tokens_trained(tokenizer) -> None:

@@ -57,11 +57,11 @@ from beam_sft.dataset.stages import (
     _tokenized_features,
     _value_counts,
     convert_source,
-    expand_sources,
     read_chunks,
     token_counts,
 )
 from beam_sft.errors import FatalError, UsageError
+from beam_sft.records.files import data_sources
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def _final_features():
 
 def _tokenize_chunk(tokenizer, converted, settings: DataSettings, names, eval_rows, num_proc, progress):
     """Tokenize one converted chunk (rejected rows pass through as empty); returns the map's Arrow table."""
-    from beam_sft.dataset.examples import stop_token_ids
+    from beam_sft.template.tokenizer import stop_token_ids
 
     mapped = converted.map(
         _tokenize_chunk_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(converted)),
@@ -280,7 +280,7 @@ def _convert_pass(inputs, eval_inputs, settings: DataSettings, work: Path, tally
         parts.append((eval_inputs, "test", None, True))
     chunks: list[_Chunk] = []
     for part_inputs, split, limit, is_eval in parts:
-        sources = expand_sources(part_inputs, split)
+        sources = data_sources(part_inputs, split)
         names = [src.name for src in sources]
         for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
                                prefix="eval" if is_eval else "train"):
@@ -495,7 +495,7 @@ def _use_prepared(path: str, tokenizer, settings: DataSettings, eval_inputs) -> 
     if settings.eval_split_size > 0 and not eval_inputs:
         if prepared.eval is not None:
             raise UsageError(f"{path} already holds an eval split; drop eval_split_size")
-        from beam_sft.dataset.examples import stop_token_ids
+        from beam_sft.template.tokenizer import stop_token_ids
 
         n_eval = _split_sizes(len(prepared.train), settings.eval_split_size)
         # Indices in memory: identical on every rank (same seed) and no cache file races on shared storage.
@@ -565,10 +565,10 @@ def prepare_data(
         return prepared
 
     settings.check()
-    sources = expand_sources(inputs, settings.split)
+    sources = data_sources(inputs, settings.split)
     identity = {"train": source_identity(sources)}
     if eval_inputs:
-        identity["eval"] = source_identity(expand_sources(eval_inputs, "test"))
+        identity["eval"] = source_identity(data_sources(eval_inputs, "test"))
     fp = fingerprint(identity, tokenizer, settings)
     root = Path(cache_dir or default_cache_dir())
     path = root / f"prepared-{fp}"

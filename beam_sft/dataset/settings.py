@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
-from beam_sft.formats import FORMAT_NAMES
+from beam_sft.records.files import REJECTS  # noqa: F401  (the prepared dir's rejects file)
+from beam_sft.template.tokenizer import short_hash, template_hash, vocab_hash
+from beam_sft.validate.convert import INPUT_FORMATS
 
 # Part of every cache fingerprint and manifest: bump when what the data phase writes could change.
 DATA_VERSION = "1"
 MANIFEST = "beam_sft_manifest.json"
-REJECTS = "rejects.jsonl"
 EVAL_DIR = "eval"
-# "beam": records as convert-dataset writes them (validated); the rest are beam_sft.formats' converters.
-FORMATS = ("beam", *FORMAT_NAMES)
 # Manifest fields a prepared dataset must match before it trains (field -> what the run uses).
 CHECKED_FIELDS = ("tokenizer", "chat_template", "max_length", "truncation_policy", "assistant_only_loss")
 
@@ -45,8 +44,8 @@ class DataSettings:
     def check(self) -> None:
         from beam_sft.dataset.examples import TRUNCATION_POLICIES
 
-        if self.format not in FORMATS:
-            raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.format not in INPUT_FORMATS:
+            raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(INPUT_FORMATS)}")
         if self.truncation_policy not in TRUNCATION_POLICIES:
             raise UsageError(f"unknown truncation policy {self.truncation_policy!r}; choose one of "
                              f"{', '.join(TRUNCATION_POLICIES)}")
@@ -56,22 +55,6 @@ class DataSettings:
             raise UsageError("max_records must be >= 0")
         if self.eval_split_size < 0:
             raise UsageError("eval_split_size must be >= 0")
-
-
-def short_hash(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
-
-
-def vocab_hash(tokenizer) -> str:
-    """A hash of what turns text into ids: the backend tokenizer (vocabulary, merges, added tokens) and specials."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
-    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
-    return short_hash(f"{body}|{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}")
-
-
-def template_hash(tokenizer) -> str:
-    return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
 
 
 def source_identity(sources) -> list[dict[str, Any]]:

@@ -17,13 +17,13 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from beam_sft.dataset.settings import FORMATS
-from beam_sft.errors import FatalError, RecordError, UsageError, internal_error
+from beam_sft.errors import FatalError, RecordError, UsageError, reject_entry
+from beam_sft.records.files import data_sources
+from beam_sft.validate.convert import INPUT_FORMATS
 
 _RAW_BATCH = 2000  # rows per Arrow record batch while reading: a few MB in flight
 # Records per chunk of `build_prepared`: the most that is ever memory-mapped at once (tens of MB of JSON).
@@ -42,20 +42,6 @@ def _raw_schema():
         ("error", pa.string()),  # a reader's RecordError as JSON [code, message_index, message], or null
     ])
 
-
-def expand_sources(inputs: Sequence[str], split: str = "train"):
-    """`beam_sft.records.files` sources of the inputs; in a directory, convert-dataset's rejects files are not data."""
-    from beam_sft.records.files import expand_inputs
-
-    out = []
-    for spec in inputs:
-        sources = expand_inputs([spec], split)
-        if Path(spec).is_dir():
-            sources = [s for s in sources if s.kind == "disk" or "rejects" not in Path(s.name).name]
-            if not sources:
-                raise UsageError(f"{spec}: no training data in this directory (only rejects files)")
-        out.extend(sources)
-    return out
 
 
 def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None = None, limit: int | None = None,
@@ -92,7 +78,7 @@ def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None 
                     cols["payload"].append(None)
                     cols["error"].append(json.dumps([err.code.value, err.message_index, err.message]))
                 else:
-                    cols["payload"].append(item.payload if item.raw else orjson.dumps(item.payload, default=str))
+                    cols["payload"].append(item.json())
                     cols["error"].append(None)
                 rows += 1
                 if len(cols["src"]) >= _RAW_BATCH:
@@ -126,36 +112,23 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
     return next(read_chunks(sources, work_dir, limit=limit, progress=progress)), [s.name for s in sources]
 
 
-def reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict[str, Any]:
-    return {"source": source, ("line" if by_line else "index"): pos, "reason": err.code.value,
-            "message_index": err.message_index, "message": err.message}
-
-
-def convert_one(payload: bytes, fmt: str) -> dict[str, Any]:
-    """One raw record (JSON bytes) -> a validated Beam record, or `RecordError`."""
-    from beam_sft.dataset.examples import convert_row
-    from beam_sft.records.files import parse_line
-
-    return convert_row(parse_line(payload), fmt)
-
 
 def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[str, list]:
+    from beam_sft.validate.convert import try_convert
+
     records, reasons, rejects = [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
-        try:
-            if error is not None:
-                code, index, message = json.loads(error)
-                raise RecordError(code, message, message_index=index)
-            rec = convert_one(payload, fmt)
+        if error is not None:
+            code, index, message = json.loads(error)
+            rec, reject = None, RecordError(code, message, message_index=index)
+        else:
+            rec, _, reject = try_convert(payload, fmt, raw=True)
+        if reject is None:
             records.append(orjson.dumps(rec).decode())
             reasons.append(None)
             rejects.append(None)
             continue
-        except RecordError as err:
-            reject = err
-        except Exception as exc:  # noqa: BLE001 - a converter bug: this record is a reject, the run goes on
-            reject = internal_error(exc)
         records.append(None)
         reasons.append(reject.code.value)
         rejects.append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
@@ -237,9 +210,9 @@ def convert_source(
     """
     if isinstance(inputs, str):
         inputs = [inputs]
-    if format not in FORMATS:
-        raise UsageError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    sources = expand_sources(inputs, split)
+    if format not in INPUT_FORMATS:
+        raise UsageError(f"unknown format {format!r}; choose one of {', '.join(INPUT_FORMATS)}")
+    sources = data_sources(inputs, split)
     raw, names = read_source(sources, work_dir, limit=limit, progress=progress)
     converted = raw.map(
         _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
@@ -263,24 +236,13 @@ def _procs(num_proc: int | None, n_rows: int) -> int | None:
 
 def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names):
     from beam_sft.dataset.examples import build_example
-    from beam_sft.render.encoder import get_encoder
+    from beam_sft.render.encoder import encode_each, get_encoder
 
     keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return",
             "n_supervised_call")
     out: dict[str, list] = {k: [] for k in (*keys, "n_tokens", "n_supervised", "reason", "reject")}
     records = [orjson.loads(text) for text in batch["record"]]
-    encoder = get_encoder(tokenizer)
-    try:
-        encoded: list = encoder.encode(records, None)
-    except Exception:  # noqa: BLE001 - some record of the batch failed: find which, one by one
-        encoded = []
-        for record in records:  # find the culprits one by one; the others still train
-            try:
-                encoded.append(encoder.encode([record], None)[0])
-            except RecordError as err:
-                encoded.append(err)
-            except Exception as exc:  # noqa: BLE001 - the template or encoder tripping on one record: a reject
-                encoded.append(internal_error(exc))
+    encoded = encode_each(get_encoder(tokenizer), records)
     for src, pos, by_line, record, enc in zip(batch["src"], batch["pos"], batch["by_line"], records, encoded,
                                               strict=True):
         where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"

@@ -7,17 +7,15 @@ import logging
 import os
 from collections.abc import Sequence
 
-import orjson
-
 from beam_sft.dataset.settings import DataSettings
 from beam_sft.dataset.stages import (
     _MAP_BATCH,
     _convert_batch,
     _tokenize_batch,
     _tokenized_features,
-    expand_sources,
 )
 from beam_sft.errors import UsageError
+from beam_sft.records.files import data_sources
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +31,7 @@ def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | N
             continue  # another rank's record: skipped before parsing, converting or tokenizing
         err = item.error
         yield {"src": index[item.source], "pos": item.position, "by_line": item.by_line,
-               "payload": None if err else (item.payload if item.raw else orjson.dumps(item.payload, default=str)),
+               "payload": None if err else (item.json()),
                "error": json.dumps([err.code.value, err.message_index, err.message]) if err else None}
 
 
@@ -85,14 +83,14 @@ def stream_training_data(
     """
     from datasets import Features, IterableDataset, Value
 
-    from beam_sft.dataset.examples import stop_token_ids
+    from beam_sft.template.tokenizer import stop_token_ids
 
     if isinstance(inputs, str):
         inputs = [inputs]
     settings.check()
     if settings.eval_split_size:
         raise UsageError("streaming has no eval split (eval_split_size): pass eval_dataset_name, or prepare the data")
-    sources = expand_sources(inputs, settings.split)
+    sources = data_sources(inputs, settings.split)
     names = tuple(s.name for s in sources)
     n_shards = max(1, world_size) * max(1, shards_per_rank)
     raw_features = Features({"src": Value("int32"), "pos": Value("int64"), "by_line": Value("bool"),

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from beam_sft.errors import UsageError
+from beam_sft.records.messages import STOP_MARKERS
 
-RETURN, CALL = "<|return|>", "<|call|>"
-STOP_MARKERS = (RETURN, CALL)
 BACKENDS = ("transformers", "vllm")
 
 
@@ -23,7 +22,7 @@ class Generation:
 
 def stop_ids(tokenizer) -> dict[int, str]:
     """{token id: marker} of `<|return|>` and `<|call|>` (each must be one token)."""
-    from beam_sft.dataset.examples import stop_token_ids
+    from beam_sft.template.tokenizer import stop_token_ids
 
     return dict(zip(stop_token_ids(tokenizer), STOP_MARKERS, strict=True))
 

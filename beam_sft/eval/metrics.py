@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from beam_sft.eval.backends import CALL, RETURN
-from beam_sft.records.messages import HARMONY_MARKERS
+from beam_sft.records.messages import CALL, HARMONY_MARKERS, RETURN
 
 if TYPE_CHECKING:
     from beam_sft.eval.backends import Generation

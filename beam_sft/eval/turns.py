@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError, UsageError
@@ -25,37 +24,25 @@ def _load_records(
     """Read `path` lazily: yields `(record, None, format)` for each Beam record, `(None, reject, format)` for
     each rejected input row (the converters' reason codes), in input order; at most `max_records` rows.
 
-    The records go through the data phase's own per-record conversion (`beam_sft.dataset.stages.convert_one`, with
-    its `internal_error` barrier and reject entries), one at a time: an evaluation reads a few hundred rows
-    of what may be a large file, and stops there. `format` is the source format of the row: `fmt` when
-    given, else what `beam_sft.formats.detect` says (a Beam record read under "auto" detects as "openai").
+    The records go through the one per-record conversion (`beam_sft.validate.convert`, with its
+    `internal_error` barrier and reject entries), one at a time: an evaluation reads a few hundred rows of what
+    may be a large file, and stops there. `format` is the source format of the row: `fmt` when given, else what
+    `beam_sft.formats.detect` says (a Beam record read under "auto" detects as "openai").
     """
-    import orjson
-
-    from beam_sft.dataset.stages import convert_one, reject_entry
-    from beam_sft.errors import internal_error
     from beam_sft.formats import detect
-    from beam_sft.records.files import expand_inputs, iter_items, parse_line
+    from beam_sft.records.files import parse_line, read_items
+    from beam_sft.validate.convert import convert_item
 
     specs = [path] if isinstance(path, str) else list(path)
-    # As for training: a rejects file next to convert-dataset's output is not data.
-    sources = [s for s in expand_inputs(specs, split) if "rejects" not in Path(s.name).name or s.name in specs]
-    for item in iter_items(sources, limit=max_records):
+    for item in read_items(specs, split, limit=max_records):
         source_format = fmt
-        try:
-            if item.error is not None:
-                raise item.error
-            payload = item.payload if item.raw else orjson.dumps(item.payload, default=str)
-            if fmt == "auto":
-                try:
-                    source_format = detect(parse_line(payload)) or "unknown"
-                except RecordError:
-                    source_format = "unknown"
-            yield convert_one(payload, fmt), None, source_format
-        except RecordError as err:
-            yield None, reject_entry(err, item.source, item.position, item.by_line), source_format
-        except Exception as exc:  # noqa: BLE001 - a converter bug: this row is a reject, the evaluation goes on
-            yield None, reject_entry(internal_error(exc), item.source, item.position, item.by_line), source_format
+        if fmt == "auto" and item.error is None:
+            try:
+                source_format = detect(parse_line(item.json())) or "unknown"
+            except (RecordError, TypeError):  # unparsable, or nested deeper than orjson writes
+                source_format = "unknown"
+        record, _, reject = convert_item(item, fmt)
+        yield record, reject, source_format
 
 
 @dataclass

@@ -1,22 +1,11 @@
 """Dataset converters: raw records in OpenAI, ShareGPT, gpt-oss Harmony, Hermes/Qwen-tag, glaive-v2 or xLAM
 shape → Beam records.
 
-Each converter is a pure function ``record -> beam record`` that raises `RecordError` (with a reason code
-and the offending message index) for a record it cannot convert. They sit in `FORMATS`, keyed by name;
-`convert_record` runs one (or detects which) and then `beam_sft.validate.rules.validate`, so what it returns is a
-checked Beam record::
-
-    from beam_sft.formats import convert_record, FORMATS, detect
-    beam = convert_record({"messages": [...]}, format="openai")
-
-    # with datasets: `to_row` gives every row the same keys, and `beam_features()` stores arguments,
-    # tools and template kwargs as Json, so heterogeneous records don't become null-padded structs.
-    # A bad record raises RecordError; filter first with `try_convert` to skip rejects instead.
-    from beam_sft.records.files import beam_features
-    ds = ds.map(lambda r: to_row(convert_record(r, "sharegpt")), remove_columns=ds.column_names,
-                features=beam_features())
-
-`beam-sft convert` / `convert-dataset` is a thin shell over these functions.
+Each converter is a pure function ``record -> unvalidated beam record`` that raises `RecordError` (with a
+reason code and the offending message index) for a record it cannot convert. They sit in `FORMATS`, keyed by
+name; `convert_raw` runs one (or detects which). Converters never validate: the one conversion entry,
+`beam_sft.validate.convert.convert_record`, runs a converter and then the Beam rules, and is what
+`convert-dataset`, the data phase, `inspect` and `eval` call.
 """
 
 from __future__ import annotations
@@ -131,32 +120,10 @@ def convert_raw(rec: Any, format: str = "auto") -> tuple[dict, str]:
     return beam, name
 
 
-def convert_record(rec: Any, format: str = "auto", options: Any = None) -> dict:
-    """One raw record → a validated Beam record, or `RecordError`. `options` is a `validate.Options`."""
-    from beam_sft.validate.rules import validate
-
-    if format == "openai" or format == "auto":
-        # The fast path accepts only plain OpenAI rows (no key or field of another format), so under `auto`
-        # it can run before detection, which would cost it a tenth of its time.
-        fast = openai.fast_convert(rec, options)
-        if fast is not None:
-            return fast
-    beam, _ = convert_raw(rec, format)
-    return validate(beam, options)
-
-
-def try_convert(rec: Any, format: str = "auto", options: Any = None) -> tuple[dict | None, RecordError | None]:
-    """Like `convert_record`, but returns ``(record, None)`` or ``(None, error)`` instead of raising."""
-    try:
-        return convert_record(rec, format, options), None
-    except RecordError as err:
-        return None, err
-
-
 def to_row(beam: dict) -> dict:
     """A Beam record with all three columns present (for `datasets.map` with `beam_sft.records.files.beam_features()`)."""
     return {"messages": beam["messages"], "tools": beam.get("tools"),
             "chat_template_kwargs": beam.get("chat_template_kwargs") or {}}
 
 
-__all__ = ["FORMATS", "FORMAT_NAMES", "convert_raw", "convert_record", "detect", "to_row", "try_convert"]
+__all__ = ["FORMATS", "FORMAT_NAMES", "convert_raw", "detect", "to_row"]

@@ -56,7 +56,6 @@ from beam_sft.records.messages import record as beam_record
 
 DEFAULT_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 _EFFORTS = {"low", "medium", "high"}
-_TERMINATORS = ("<|end|>", "<|call|>", "<|return|>")
 _TERM_RE = re.compile(r"<\|(end|call|return)\|>")
 _BODY_MARKER_RE = re.compile(r"<\|(?:start|channel|constrain|message)\|>")
 _TOOL_AUTHOR_RE = re.compile(r"^[A-Za-z_][\w\-]*(?:\.[\w\-]+)*$")
@@ -370,7 +369,25 @@ def _strip_ns(name: str) -> str:
     return name.removeprefix("functions.")
 
 
+def _call(m: HMsg, recipient: str) -> dict:
+    """An assistant message addressed to a tool → its Beam tool call."""
+    k = m.index
+    if m.terminator is None:
+        raise RecordError(Reason.UNTERMINATED_CALL, f"call to {recipient} is cut off before <|call|>", message_index=k)
+    if m.terminator == "<|return|>":
+        raise RecordError(Reason.BAD_HARMONY, f"call to {recipient} ends with <|return|>", message_index=k)
+    name = _strip_ns(recipient)
+    if name == "python" or name.startswith("python."):
+        args = {"code": m.body}
+    else:
+        args = parse_arguments(m.body.strip(), message_index=k, name=name)
+    return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
 def assemble(hmsgs: list[HMsg]) -> dict:
+    """Parsed Harmony messages → an unvalidated Beam record: analysis/commentary into reasoning, final into
+    content, messages to a tool into calls, tool authors into results, system/developer into kwargs, tools and
+    instructions."""
     out: list[dict] = []
     src: list[int] = []
     kwargs: dict = {}
@@ -409,21 +426,10 @@ def assemble(hmsgs: list[HMsg]) -> dict:
         if author == "assistant":
             recipient = m.recipient
             if recipient and recipient != "assistant" and recipient != "user":
-                if m.terminator is None:
-                    raise RecordError(Reason.UNTERMINATED_CALL, f"call to {recipient} is cut off before <|call|>",
-                                      message_index=k)
-                if m.terminator == "<|return|>":
-                    raise RecordError(Reason.BAD_HARMONY, f"call to {recipient} ends with <|return|>",
-                                      message_index=k)
-                name = _strip_ns(recipient)
-                if name == "python" or name.startswith("python."):
-                    args = {"code": m.body}
-                else:
-                    args = parse_arguments(m.body.strip(), message_index=k, name=name)
+                call = _call(m, recipient)
                 if cur is None or cur["content"]:
                     cur = new_assistant(k)
-                cur.setdefault("tool_calls", []).append({"type": "function",
-                                                         "function": {"name": name, "arguments": args}})
+                cur.setdefault("tool_calls", []).append(call)
                 continue
             channel = m.channel
             if m.terminator is None:

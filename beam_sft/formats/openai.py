@@ -24,7 +24,6 @@ calls into the reasoning happen in `beam_sft.validate.rules`, shared by every fo
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -32,23 +31,18 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.toolmarkup import lift, scan
 from beam_sft.records.messages import (
-    EFFORT_LABELS,
-    MAX_JSON_DEPTH,
-    nests_deeper,
     normalize_tools,
     openai_tool_call,
     split_think,
     text_of,
     tool_call,
     tool_content,
-    tools_json,
 )
 from beam_sft.records.messages import (
     record as beam_record,
 )
 
 _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-_BAD_CALL_NAME = re.compile(r"\s|<\|")
 _MEDIA_KEYS = ("images", "videos", "audios")
 _V1_ASSISTANT_PARTS = ("reasoning", "tool_call", "tool_calls")
 # Record keys that need a closer look before converting (one set intersection in the common case).
@@ -153,6 +147,39 @@ def _split_result_list(text: str, pending: int) -> list[str] | None:
     return out
 
 
+def _assistant_message(m: dict, content: Any, i: int) -> dict:
+    """One OpenAI assistant message → a Beam assistant message (reasoning from its fields or a <think> block,
+    calls from `tool_calls`, v1 parts or the legacy `function_call`)."""
+    calls: list = []
+    if type(content) is str:
+        text = content
+    elif _has_part(content, _V1_ASSISTANT_PARTS):
+        reasoning, text, calls = _v1_assistant_parts(content, i)
+        if reasoning:
+            m = {**m, "reasoning_content": _reasoning_field(m, i) or reasoning}
+    else:
+        text = text_of(content, message_index=i)
+    reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
+    if reasoning is not None and type(reasoning) is not str:
+        reasoning = _reasoning_field(m, i)
+    if not reasoning and text and "<" in text:
+        reasoning, text = split_think(text, message_index=i)
+    raw_calls = m.get("tool_calls")
+    if raw_calls:
+        if type(raw_calls) is not list:
+            raise RecordError(Reason.BAD_CONTENT, "tool_calls is not a list", message_index=i)
+        for c in raw_calls:
+            calls.append(openai_tool_call(c, message_index=i))
+    fc = m.get("function_call")
+    if fc:
+        if type(fc) is not dict:
+            raise RecordError(Reason.BAD_CONTENT, "function_call is not an object", message_index=i)
+        calls.append(tool_call(fc.get("name"), fc.get("arguments"), message_index=i))
+    if calls:
+        return {"role": "assistant", "reasoning_content": reasoning or "", "content": text, "tool_calls": calls}
+    return {"role": "assistant", "reasoning_content": reasoning or "", "content": text}
+
+
 def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | None, list[int] | None]:
     """Messages → Beam messages, the record's tools, and (when a message became several) the map from Beam
     message index to input message index, for error messages."""
@@ -168,37 +195,9 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
         role = m.get("role")
         content = m.get("content")
         if role == "assistant":
-            calls: list = []
-            if type(content) is str:
-                text = content
-            elif _has_part(content, _V1_ASSISTANT_PARTS):
-                reasoning, text, calls = _v1_assistant_parts(content, i)
-                if reasoning:
-                    m = {**m, "reasoning_content": _reasoning_field(m, i) or reasoning}
-            else:
-                text = text_of(content, message_index=i)
-            reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
-            if reasoning is not None and type(reasoning) is not str:
-                reasoning = _reasoning_field(m, i)
-            if not reasoning and text and "<" in text:
-                reasoning, text = split_think(text, message_index=i)
-            raw_calls = m.get("tool_calls")
-            if raw_calls:
-                if type(raw_calls) is not list:
-                    raise RecordError(Reason.BAD_CONTENT, "tool_calls is not a list", message_index=i)
-                for c in raw_calls:
-                    calls.append(openai_tool_call(c, message_index=i))
-            fc = m.get("function_call")
-            if fc:
-                if type(fc) is not dict:
-                    raise RecordError(Reason.BAD_CONTENT, "function_call is not an object", message_index=i)
-                calls.append(tool_call(fc.get("name"), fc.get("arguments"), message_index=i))
-            if calls:
-                append({"role": "assistant", "reasoning_content": reasoning or "", "content": text,
-                        "tool_calls": calls})
-            else:
-                append({"role": "assistant", "reasoning_content": reasoning or "", "content": text})
-            pending = len(calls)
+            message = _assistant_message(m, content, i)
+            append(message)
+            pending = len(message.get("tool_calls", ()))
         elif role == "user" or role == "system" or role == "developer":
             if type(content) is not str:
                 if role != "user" and _has_part(content, ("tools",)):
@@ -249,13 +248,20 @@ def _v1_tools_part(content: list, tools: list | None) -> tuple[list | None, list
     return tools, parts
 
 
-def convert(rec: Any) -> dict:
-    """One OpenAI-style record → a Beam record (not yet validated)."""
-    if isinstance(rec, list):  # a bare list of messages is one conversation
-        rec = {"messages": rec}
+def record_object(rec: Any, key: str) -> dict:
+    """The record as an object: a bare list of messages is one conversation (under `key`); anything else that
+    is not an object, and record-level shapes no format converts, are rejected."""
+    if isinstance(rec, list):
+        rec = {key: rec}
     if not isinstance(rec, dict):
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
     reject_unsupported_record(rec)
+    return rec
+
+
+def convert(rec: Any) -> dict:
+    """One OpenAI-style record → a Beam record (not yet validated)."""
+    rec = record_object(rec, "messages")
     msgs = rec.get("messages")
     if msgs is None:
         msgs = rec.get("history")
@@ -265,6 +271,13 @@ def convert(rec: Any) -> dict:
     if tools is None and rec.get("functions"):
         tools = normalize_tools(rec["functions"])
     messages, tools, src = convert_messages(msgs, tools)
+    return finish(rec, messages, tools, src)
+
+
+def finish(rec: dict, messages: list[dict], tools: list | None, src: list | None) -> dict:
+    """The unvalidated Beam record of `rec`'s converted messages and tools: Hermes / Qwen tags lifted into calls, results and
+    tools, and the notes `validate` reads (`_src`: the source message of each message, for error indexes;
+    `_no_markup`: no text holds tool markup; `_format`: "hermes" when tags were lifted)."""
     markup, hermes = scan(messages)
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
         messages, tools, src = lift(messages, tools, src)
@@ -276,227 +289,3 @@ def convert(rec: Any) -> dict:
     elif not markup:
         beam["_no_markup"] = True  # validate need not search again
     return beam
-
-
-# --- fast path ---------------------------------------------------------------------------------------------
-#
-# Most OpenAI rows are already nearly Beam-shaped. `fast_convert` handles exactly those in one pass and
-# gives up (returns None) on anything that needs a decision — a rejection, a merge, a fold, a reorder,
-# missing reasoning, any "<" in text, tool markup without "<" (```tool fences, glaive's FUNCTION RESPONSE:) —
-# so the general path (`convert` + `validate`) produces the result or the error. Its output equals the general path's (tests/test_formats_openai.py checks this on every
-# sample and real record); it exists because conversion speed is measured against orjson.
-
-_FAST_RECORD_KEYS = frozenset(("messages", "tools", "chat_template_kwargs", "reasoning_effort",
-                               "parallel_tool_calls", "id"))
-_FAST_USER_ROLES = frozenset(("user", "system", "developer"))
-# A "type" that is not a JSON Schema type ("int", "dict"): the general path maps it (beam_sft.records.schema_types).
-_NONSTANDARD_TYPE = re.compile(rb'"type":"(?!(?:function|string|integer|number|boolean|array|object|null)")')
-# Most datasets repeat a few tool lists, so the verdict is kept per serialized list (bounded: cleared when full).
-_TYPES_SEEN: dict[bytes, bool] = {}
-_TYPES_SEEN_MAX, _TYPES_SEEN_MAX_BYTES = 1024, 16384
-
-
-def _standard_types(blob: bytes) -> bool:
-    ok = _TYPES_SEEN.get(blob)
-    if ok is None:
-        ok = _NONSTANDARD_TYPE.search(blob) is None
-        if len(blob) <= _TYPES_SEEN_MAX_BYTES:
-            if len(_TYPES_SEEN) >= _TYPES_SEEN_MAX:
-                _TYPES_SEEN.clear()
-            _TYPES_SEEN[blob] = ok
-    return ok
-
-
-def _fast_args(args: Any) -> dict | None:
-    if type(args) is str:
-        try:
-            args = orjson.loads(args)
-        except orjson.JSONDecodeError:
-            return None
-    if type(args) is not dict:
-        return None
-    for key, value in args.items():
-        if '"' in key or "<" in key or ">" in key:
-            return None
-        t = type(value)
-        if t is str:
-            if "<" in value:
-                return None
-        elif (t is dict or t is list) and not _fast_clean(value, 2):
-            return None
-    return args
-
-
-def _fast_clean(value: Any, depth: int) -> bool:
-    """No "<" in any string or key of a nested argument value, and not nested too deep (else the general path
-    checks it)."""
-    if type(value) is str:
-        return "<" not in value
-    if depth > MAX_JSON_DEPTH:
-        return type(value) is not list and type(value) is not dict
-    if type(value) is list:
-        return all(_fast_clean(v, depth + 1) for v in value)
-    if type(value) is dict:
-        return all(type(k) is str and "<" not in k and _fast_clean(v, depth + 1) for k, v in value.items())
-    return True
-
-
-def fast_convert(rec: Any, options: Any = None) -> dict | None:
-    """A validated Beam record for a plain OpenAI row, or None when the general path must decide."""
-    if type(rec) is not dict or not _FAST_RECORD_KEYS.issuperset(rec):
-        return None
-    msgs = rec.get("messages")
-    if type(msgs) is not list or not msgs:
-        return None
-    out: list[dict] = []
-    append = out.append
-    texts: list[str] = []
-    add_text = texts.append
-    n = len(msgs)
-    i = 0
-    seen_other = False
-    n_assistant = 0
-    while i < n:
-        m = msgs[i]
-        # Harmony-JSON fields mean another format (see formats.detect): `auto` tries this path first.
-        if type(m) is not dict or "channel" in m or "recipient" in m or "content_type" in m:
-            return None
-        role = m.get("role")
-        if type(role) is str and role in _FAST_USER_ROLES:
-            content = m.get("content")
-            if type(content) is not str:
-                return None
-            add_text(content)
-            if role == "user":
-                seen_other = True
-            elif seen_other:
-                return None
-            append({"role": role, "content": content})
-            i += 1
-            continue
-        if role != "assistant" or "function_call" in m:
-            return None
-        if out and out[-1]["role"] == "assistant":
-            return None
-        seen_other = True
-        n_assistant += 1
-        reasoning = m.get("reasoning_content")
-        if type(reasoning) is not str or not reasoning:
-            return None
-        add_text(reasoning)
-        content = m.get("content")
-        if content is None:
-            content = ""
-        elif type(content) is not str:
-            return None
-        add_text(content)
-        raw_calls = m.get("tool_calls")
-        if not raw_calls:
-            if not content:
-                return None
-            append({"role": "assistant", "reasoning_content": reasoning, "content": content})
-            i += 1
-            continue
-        if content or type(raw_calls) is not list:
-            return None
-        calls = []
-        for c in raw_calls:
-            fn = c.get("function") if type(c) is dict else None
-            if type(fn) is not dict:
-                return None
-            name = fn.get("name")
-            if type(name) is not str or not name or (not name.isidentifier() and _BAD_CALL_NAME.search(name)):
-                return None
-            args = _fast_args(fn.get("arguments"))
-            if args is None:
-                return None
-            cid = c.get("id")
-            if cid is None or cid == "":
-                calls.append({"type": "function", "function": {"name": name, "arguments": args}})
-            elif type(cid) is str:
-                calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": args}})
-            else:
-                return None
-        append({"role": "assistant", "reasoning_content": reasoning, "tool_calls": calls})
-        i += 1
-        k = i
-        while k < n and type(msgs[k]) is dict and msgs[k].get("role") == "tool":
-            k += 1
-        if k == i:
-            if k < n:
-                return None
-            continue
-        if k - i != len(calls):
-            return None
-        for call, t in zip(calls, msgs[i:k], strict=True):
-            content = t.get("content")
-            if type(content) is not str:
-                return None
-            add_text(content)
-            cid, rid = call.get("id"), t.get("tool_call_id")
-            name = call["function"]["name"]
-            if cid is None:
-                if rid is not None or len(calls) != 1 or (t.get("name") and t["name"] != name):
-                    return None
-                append({"role": "tool", "name": name, "content": content})
-            else:
-                if rid != cid:
-                    return None
-                append({"role": "tool", "name": name, "tool_call_id": cid, "content": content})
-        i = k
-    if not n_assistant:
-        return None
-    # Every text at once: any "<" (tags, markers), and the tool markup that has none (```tool fences, glaive's
-    # FUNCTION RESPONSE:), gated by one-character searches (toolmarkup.may_have_markup says why). One search
-    # over the joined texts costs less than one per text; a match made across two texts only costs the general
-    # path, which checks each text on its own.
-    joined = "".join(texts)
-    if "<" in joined or ("`" in joined and "```tool" in joined) or ("U" in joined and "FUNCTION RESPONSE:" in joined):
-        return None
-    result: dict[str, Any] = {"messages": out}
-    tools = rec.get("tools")
-    if tools is not None:
-        if type(tools) is not list:
-            return None
-        if tools:
-            for t in tools:
-                if type(t) is not dict or t.get("type") != "function":
-                    return None
-                fn = t.get("function")
-                if type(fn) is not dict or type(fn.get("name")) is not str or not fn["name"] or "required" in fn:
-                    return None
-                params = fn.get("parameters")
-                if params is not None and (type(params) is not dict
-                                           or (params and "type" not in params and "properties" not in params)):
-                    return None  # an xLAM parameter map: the general path converts it
-                desc = fn.get("description")
-                if desc is not None and type(desc) is not str:
-                    return None
-            try:
-                blob = tools_json(tools)
-            except RecordError:
-                return None
-            if b"<" in blob:
-                return None
-            if not _standard_types(blob):
-                return None  # a type name outside JSON Schema ("int", "dict"): the general path maps it
-            result["tools"] = tools
-    ck = rec.get("chat_template_kwargs")
-    if ck is not None and type(ck) is not dict:
-        return None
-    kwargs = record_kwargs(rec) if ck or "reasoning_effort" in rec else None
-    if kwargs:
-        if type(kwargs) is not dict:
-            return None
-        effort = kwargs.get("reasoning_effort")
-        if not (effort is None or type(effort) is int or (type(effort) is str and effort in EFFORT_LABELS)):
-            return None
-        if nests_deeper(kwargs):
-            return None
-        result["chat_template_kwargs"] = kwargs
-    if options is not None and options.render_check is not None:
-        try:
-            options.render_check(result)
-        except Exception as err:  # noqa: BLE001 - the same safety net as validate()
-            raise RecordError(Reason.RENDER_FAILED, f"{type(err).__name__}: {err}") from None
-    return result

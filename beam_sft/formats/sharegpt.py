@@ -28,10 +28,8 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.openai import _reasoning_field, record_kwargs, reject_unsupported_record
-from beam_sft.formats.toolmarkup import lift, scan
+from beam_sft.formats.openai import _reasoning_field, finish, record_object
 from beam_sft.records.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
-from beam_sft.records.messages import record as beam_record
 
 USER_ROLES = frozenset(("human", "user", "prompter", "usr"))
 ASSISTANT_ROLES = frozenset(("gpt", "assistant", "model", "chatgpt", "bing", "bard", "claude", "bot", "ai"))
@@ -64,11 +62,7 @@ def _calls(value: Any, i: int) -> list[dict]:
 
 def convert(rec: Any) -> dict:
     """One ShareGPT record → a Beam record (not yet validated)."""
-    if isinstance(rec, list):  # a bare list of turns is one conversation
-        rec = {"conversations": rec}
-    if not isinstance(rec, dict):
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
-    reject_unsupported_record(rec)
+    rec = record_object(rec, "conversations")
     conv = rec.get("conversations")
     if conv is None:
         conv = rec.get("messages")
@@ -107,15 +101,5 @@ def convert(rec: Any) -> dict:
         else:
             raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=i)
     src = [None, *range(len(conv))] if system else None
-    tools = normalize_tools(rec.get("tools"))
-    markup, hermes = scan(out)
-    if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
-        out, tools, src = lift(out, tools, src)
-    beam = beam_record(out, tools, record_kwargs(rec))
-    if src is not None:  # errors name turns of `conversations`, which a record-level system prompt is not part of
-        beam["_src"] = src
-    if hermes:
-        beam["_format"] = "hermes"
-    elif not markup:
-        beam["_no_markup"] = True  # validate need not search again
-    return beam
+    # errors name turns of `conversations`, which a record-level system prompt is not part of
+    return finish(rec, out, normalize_tools(rec.get("tools")), src)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import gzip
+import json
 import os
 import re
 import secrets
@@ -47,6 +48,7 @@ JSON_SUFFIXES = (".json", ".traj")
 TEXT_SUFFIXES = (".txt",)
 PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + TEXT_SUFFIXES + PARQUET_SUFFIXES
+REJECTS = "rejects.jsonl"  # the rejects file the data phase writes beside its output
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -60,6 +62,13 @@ class Item:
     payload: Any
     raw: bool = False
     error: RecordError | None = None
+
+    def json(self) -> bytes:
+        """The record as JSON: a JSONL line as read, any other record through orjson (values JSON has no type
+        for, such as Parquet timestamps, as text). The form the data phase stores and every reader converts,
+        so a record reads the same whichever command reads it. Raises `orjson.JSONEncodeError` for a record
+        nested deeper than orjson writes."""
+        return self.payload if self.raw else orjson.dumps(self.payload, default=str)
 
 
 def _suffix(path: Path) -> str:
@@ -107,6 +116,33 @@ def expand_inputs(specs: list[str], split: str = "train") -> list[Source]:
         else:
             raise UsageError(f"{spec}: no such file or directory")
     return out
+
+
+def is_rejects_file(name: str) -> bool:
+    """A rejects file (``rejects.jsonl``, ``rejects.rank0.jsonl``, ``x.rejects.jsonl``...) that convert-dataset or
+    the data phase wrote beside its output: not data."""
+    return "rejects" in Path(name).name
+
+
+def data_sources(specs: list[str], split: str = "train") -> list[Source]:
+    """`expand_inputs`, without the rejects files a directory or glob turns up: convert-dataset and the data
+    phase write them beside their outputs, and they are not data. A rejects file named on its own is read.
+    Every reader of data (convert-dataset, the data phase, inspect, eval) starts here."""
+    out: list[Source] = []
+    for spec in specs:
+        sources = expand_inputs([spec], split)
+        if not Path(spec).is_file():  # a directory or a glob found these files
+            sources = [s for s in sources if s.kind in ("disk", "hub") or not is_rejects_file(s.name)]
+            if not sources:
+                raise UsageError(f"{spec}: no data here (only rejects files)")
+        out.extend(sources)
+    return out
+
+
+def read_items(specs: list[str], split: str = "train", *, max_bytes: int | None = None,
+               limit: int | None = None) -> Iterator[Item]:
+    """Every input record of `specs` (`data_sources`), in order, with its provenance (`iter_items`)."""
+    return iter_items(data_sources(specs, split), max_bytes=max_bytes, limit=limit)
 
 
 def _file_source(path: Path) -> Source:
@@ -327,6 +363,48 @@ def arrow_row(rec: dict) -> dict:
             "chat_template_kwargs": orjson.dumps(rec.get("chat_template_kwargs") or {}).decode()}
 
 
+def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
+    """Undo what Arrow storage does to a Beam record, so the template sees the in-memory shape.
+
+    Parquet / `datasets` storage may keep `tools`, `chat_template_kwargs` and tool-call `arguments` as JSON
+    strings (heterogeneous keys do not survive struct inference) and fills absent struct fields with None.
+    """
+    out = dict(record)
+    for key in ("tools", "chat_template_kwargs"):
+        value = out.get(key)
+        if isinstance(value, str):
+            try:
+                out[key] = json.loads(value) if value else None
+            except json.JSONDecodeError as err:
+                code = Reason.BAD_TOOL_SCHEMA if key == "tools" else Reason.BAD_CONTENT
+                raise RecordError(code, f"{key} is a string but not valid JSON: {err}") from None
+        if out.get(key) is None:
+            out.pop(key, None)
+    messages = []
+    for message in out.get("messages") or []:
+        message = {k: v for k, v in message.items() if v is not None}
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                call = {k: v for k, v in call.items() if v is not None}
+                function = dict(call.get("function") or {})
+                if isinstance(function.get("arguments"), str):
+                    try:
+                        function["arguments"] = json.loads(function["arguments"])
+                    except json.JSONDecodeError as err:
+                        raise RecordError(
+                            Reason.BAD_ARGUMENTS_JSON,
+                            f"tool call arguments are not valid JSON: {err}",
+                            message_index=len(messages),
+                        ) from None
+                call["function"] = function
+                calls.append(call)
+            message["tool_calls"] = calls
+        messages.append(message)
+    out["messages"] = messages
+    return out
+
+
 # --- writers -----------------------------------------------------------------------------------------------
 
 
@@ -373,8 +451,10 @@ def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
 
 def temporary_path(target: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Path:
     """A new, empty file (or directory) beside `target`, named as above, with the permissions any new file gets
-    under the umask (not `mkstemp`'s 0600, which would survive the rename)."""
+    under the umask (not `mkstemp`'s 0600, which would survive the rename). `target`'s directory is created
+    when missing: every command that writes an output goes through here, so none fails on a new directory."""
     target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(100):
         path = target.with_name(f".{target.name}{_TMP_TAG}{_HOST}-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
         try:
@@ -542,8 +622,6 @@ def output_kind(path: str) -> str:
 
 def open_writer(path: str):
     target = Path(path)
-    if not target.parent.exists():
-        raise UsageError(f"{path}: directory {target.parent} does not exist")
     kind = output_kind(path)
     if kind == "disk" and target.exists() and not target.is_dir():
         raise UsageError(f"{path}: exists and is not a directory")
@@ -566,6 +644,11 @@ class JsonlSink:
 
     def abort(self) -> None:
         self.w.abort()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically: an HTML page, a report."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

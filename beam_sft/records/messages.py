@@ -11,7 +11,7 @@ A Beam record is a TRL conversational row::
 * ``assistant``: ``{"role", "reasoning_content": str, "content": str}`` or, for a tool-call turn,
   ``{"role", "reasoning_content": str, "tool_calls": [{"id"?, "type": "function",
   "function": {"name": str, "arguments": dict}}]}``. ``reasoning_content`` is always present (``""`` when
-  the source had none), and a tool-call message carries no ``content`` (see `fold_content_into_reasoning`).
+  the source had none), and a tool-call message carries no ``content`` (`beam_sft.validate.rules` folds it into the reasoning).
 * ``tool``: ``{"role", "name": str, "tool_call_id"?: str, "content": str}``
 
 Converters build these dicts directly (no copies of the input beyond what they keep), so the helpers here
@@ -28,9 +28,6 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.records.schema_types import is_xlam_map, parameters_schema, standardize
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-INSTRUCTION_ROLES = frozenset(("system", "developer"))
-
 # The seven markers of the format, plus the other special tokens of the gpt-oss family that a text must not
 # carry either: any of them inside a message would be tokenized as structure, not text.
 HARMONY_MARKERS: tuple[str, ...] = (
@@ -42,6 +39,10 @@ HARMONY_MARKERS: tuple[str, ...] = (
     "<|call|>",
     "<|return|>",
 )
+# How an assistant turn ends: an answer (<|return|>, also the EOS token) or a tool call (<|call|>). Training
+# must put both inside the assistant mask; generation stops at either.
+RETURN, CALL = "<|return|>", "<|call|>"
+STOP_MARKERS: tuple[str, str] = (RETURN, CALL)
 _MARKER_RE = re.compile(
     r"<\|(?:start|channel|constrain|message|end|call|return|endoftext|startoftext|refusal|endofprompt"
     r"|reserved_\d+)\|>"
@@ -323,21 +324,6 @@ def _standard_types(tool: dict) -> dict:
         new = {**new, "required": required}
         fn = {k: v for k, v in fn.items() if k != "required"}
     return tool if new is params else {**tool, "function": {**fn, "parameters": new}}
-
-
-def fold_content_into_reasoning(message: dict) -> bool:
-    """Move an assistant tool-call message's content into its reasoning (``reasoning + "\\n\\n" + content``).
-
-    Beam writes no preambles and a final message ends the turn, so text said before calls can only live in
-    the analysis message; the Beam template folds it the same way (templates/DECISIONS.md). Returns True when
-    something was folded, so the statistics can count it.
-    """
-    content = message.pop("content", None)
-    if not content:
-        return False
-    reasoning = message.get("reasoning_content") or ""
-    message["reasoning_content"] = f"{reasoning}\n\n{content}" if reasoning else content
-    return True
 
 
 def record(messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None) -> dict:

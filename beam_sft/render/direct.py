@@ -31,7 +31,6 @@ from beam_sft.template.tokenizer import MARKERS, TEMPLATES_DIR
 
 _SCALARS = (str, int, float, bool, type(None))
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliasing order
-_CONVERSATION_ROLES = ("user", "assistant", "tool", "system", "developer")
 
 
 def _plain_json(value: Any) -> bool:
@@ -124,15 +123,10 @@ class BeamTemplateRenderer:
 
     def _jinja(self, messages: list, tools, template_kwargs: dict) -> str | None:
         """The template's own rendering of a prefix (no generation blocks), or None if it raises."""
-        from beam_sft.render import encoder as render
+        from beam_sft.render import jinja
 
         try:
-            if self.template not in render._RENDERERS:
-                render._RENDERERS[self.template] = render._SentinelRenderer.build(self.template)
-            sentinel = render._RENDERERS[self.template]
-            result = sentinel(messages, tools, template_kwargs) if sentinel is not None else None
-            if result is None:
-                result = render._tracked_render(self.template, messages, tools, template_kwargs)
+            result = jinja.render(self.template, messages, tools, template_kwargs)
         except Exception:  # noqa: BLE001 - whatever the template raises, the full render raises it again
             return None
         text, spans = result

@@ -9,7 +9,7 @@ This module produces the same ids and masks, faster:
 
 * Rendering uses transformers' own compiled chat template and input preparation, so the text and the
   generation spans are the reference's; the spans are read off noncharacter sentinels instead of being
-  measured block by block, and the sandbox's attribute checks are memoised (`_SentinelRenderer`).
+  measured block by block, and the sandbox's attribute checks are memoised (`beam_sft.render.jinja`).
 * The text is cut at added tokens (the Harmony markers). The backend tokenizer extracts added tokens
   before anything else, so the text between two markers tokenizes on its own, and a marker is one known
   id. Each piece is tokenized right after a marker, as it sits in the text (some tokenizers treat the
@@ -42,8 +42,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, chain
 from typing import Any
 
-from beam_sft.errors import Reason, RecordError
+from beam_sft.errors import Reason, RecordError, internal_error
 from beam_sft.render import direct as direct_render
+from beam_sft.render import jinja
+from beam_sft.template.tokenizer import short_hash, template_hash, vocab_hash
 
 # Part of the datasets cache fingerprint: bump when the output of the encoder could change.
 RENDER_VERSION = "1"
@@ -145,16 +147,30 @@ def _template_text(tokenizer, tools) -> str:
     return tokenizer.get_chat_template(None, tools)
 
 
+def encode_each(encoder: MaskedEncoder, records: Sequence) -> list[dict[str, list[int]] | RecordError]:
+    """Encode a batch of records; if the batch fails, encode them one by one, so that a record the template
+    rejects (its `RecordError`) or that trips the encoder (an ``internal_error``) costs only itself.
+
+    With ``BEAM_SFT_DEBUG=1`` an unexpected exception propagates instead, with its traceback."""
+    try:
+        return encoder.encode(records)
+    except Exception as batch_err:
+        if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
+            raise
+    out: list[dict[str, list[int]] | RecordError] = []
+    for record in records:
+        try:
+            out.append(encoder.encode([record])[0])
+        except RecordError as err:
+            out.append(err)
+        except Exception as exc:  # noqa: BLE001 - the template or encoder tripping on one record: a reject
+            out.append(internal_error(exc))
+    return out
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """A stable hash of everything that decides the encoder's output for this tokenizer."""
-    h = hashlib.sha256()
-    backend = getattr(tokenizer, "_tokenizer", None)
-    h.update(backend.to_str().encode() if backend is not None else repr(tokenizer.get_vocab()).encode())
-    template = tokenizer.chat_template
-    h.update(json.dumps(template, sort_keys=True).encode())
-    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
-    h.update(f"{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}".encode())
-    return h.hexdigest()[:16]
+    return short_hash(f"{vocab_hash(tokenizer)}|{template_hash(tokenizer)}")
 
 
 class MaskedEncoder:
@@ -296,16 +312,15 @@ class MaskedEncoder:
             template = _template_text(self.tokenizer, tools)
             template_kwargs = {**self.tokenizer.special_tokens_map, **kwargs}
             if all(isinstance(tool, Mapping) for tool in tools or ()):
-                # The fastest renderer this template has first; each returns None for what it declines.
-                for renderers, build in ((_DIRECT_RENDERERS, direct_render.for_template),
-                                         (_RENDERERS, _SentinelRenderer.build)):
-                    if template not in renderers:
-                        renderers[template] = build(template)
-                    renderer = renderers[template]
-                    result = renderer(messages, tools, template_kwargs) if renderer is not None else None
-                    if result is not None:
-                        return result
-            return _tracked_render(template, messages, tools, template_kwargs)
+                # The fastest renderer this template has first; it returns None for what it declines.
+                if template not in _DIRECT_RENDERERS:
+                    _DIRECT_RENDERERS[template] = direct_render.for_template(template)
+                direct = _DIRECT_RENDERERS[template]
+                result = direct(messages, tools, template_kwargs) if direct is not None else None
+                if result is not None:
+                    return result
+                return jinja.render(template, messages, tools, template_kwargs)
+            return jinja.tracked_render(template, messages, tools, template_kwargs)
         except RecordError:
             raise
         except Exception as err:
@@ -519,151 +534,8 @@ def _tiktoken_pieces(serialized: str) -> tuple[Any, str | None]:
     return _TIKTOKEN_PIECES[key]
 
 
-def _tracked_render(template: str, messages, tools, template_kwargs) -> tuple[str, list[tuple[int, int]]]:
-    """transformers' own rendering with generation tracking (what apply_chat_template does)."""
-    from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
-
-    rendered, spans = render_jinja_template(
-        conversations=[_normalize_chat_messages(messages)],
-        tools=tools,
-        chat_template=template,
-        return_assistant_tokens_mask=True,
-        add_generation_prompt=False,
-        **template_kwargs,
-    )
-    return rendered[0], spans[0]
-
-
-# Unicode noncharacters, reserved for a program's internal use: they mark where generation blocks open
-# and close in the rendered text.
-_OPEN, _CLOSE = "\ufdd0", "\ufdd1"
-# template source -> its renderer (None: render the tracked way); per process, compiled on first use.
-_RENDERERS: dict[str, _SentinelRenderer | None] = {}
 # template source -> the direct renderer of the bundled Beam template, when it is that template.
 _DIRECT_RENDERERS: dict[str, direct_render.BeamTemplateRenderer | None] = {}
-_SENTINELS = re.compile(f"[{_OPEN}{_CLOSE}]")
-
-
-class _SentinelRenderer:
-    """Renders with transformers' own compiled template, faster, with the same text and spans.
-
-    transformers tracks a generation block by joining everything yielded so far each time a block
-    closes; here the block instead wraps its output in two noncharacters and the spans are read off
-    the finished text. That is the same thing exactly when every generation block sits at the top level
-    of the template (not in a macro, call block, filter block, block `set` or recursive loop, where
-    transformers would measure something else), which `build` checks on the template's syntax tree. A
-    record whose own text contains the noncharacters is rendered the tracked way instead.
-
-    The sandbox's attribute check is memoised per (type, attribute name): that is all it depends on,
-    and it is the bulk of the rendering time.
-    """
-
-    def __init__(self, template, counter: list[int]) -> None:
-        self.template = template
-        self.counter = counter
-        from transformers.utils.chat_template_utils import (
-            _alias_reasoning_fields,
-            _normalize_chat_messages,
-            _plain_template_data,
-        )
-
-        self._alias, self._normalize, self._plain = (
-            _alias_reasoning_fields,
-            _normalize_chat_messages,
-            _plain_template_data,
-        )
-
-    @classmethod
-    def build(cls, source: str) -> _SentinelRenderer | None:
-        try:
-            import jinja2
-            from transformers.utils import chat_template_utils as ctu
-
-            compile_fresh = ctu._cached_compile_jinja_template  # not the lru-cached one: we patch it
-            ctu._alias_reasoning_fields, ctu._normalize_chat_messages, ctu._plain_template_data  # noqa: B018
-        except (ImportError, AttributeError):  # pragma: no cover - another transformers layout
-            return None
-        template = compile_fresh(source)
-        env = template.environment
-        trackers = [ext for ext in env.extensions.values() if hasattr(ext, "_generation_support")]
-        if len(trackers) != 1 or not _generation_blocks_at_top_level(env.parse(source)):
-            return None
-        counter = [0]
-
-        @jinja2.pass_eval_context
-        def generation(eval_ctx, caller):
-            counter[0] += 1
-            return _OPEN + caller() + _CLOSE
-
-        trackers[0]._generation_support = generation
-        check = env.is_safe_attribute
-        verdicts: dict[tuple[type, str], bool] = {}
-
-        def is_safe_attribute(obj, attr, value):
-            key = (type(obj), attr)
-            verdict = verdicts.get(key)
-            if verdict is None:
-                verdict = verdicts[key] = check(obj, attr, value)
-            return verdict
-
-        env.is_safe_attribute = is_safe_attribute
-        return cls(template, counter)
-
-    def __call__(self, messages, tools, template_kwargs) -> tuple[str, list[tuple[int, int]]] | None:
-        plain = self._plain
-        chat = self._alias(plain(self._normalize(messages)))
-        self.counter[0] = 0
-        text = self.template.render(
-            messages=chat,
-            tools=plain(tools),
-            documents=None,
-            add_generation_prompt=False,
-            **plain(template_kwargs),
-        )
-        blocks = self.counter[0]
-        if text.count(_OPEN) != blocks or text.count(_CLOSE) != blocks:
-            return None  # the record itself contains a noncharacter
-        if not blocks:
-            return text, []
-        spans = []
-        start = -1
-        for removed, found in enumerate(_SENTINELS.finditer(text)):
-            position = found.start() - removed
-            if found.group() == _OPEN:
-                if start >= 0:
-                    return None  # nested blocks: let transformers say what it makes of them
-                start = position
-            else:
-                spans.append((start, position))
-                start = -1
-        return text.replace(_OPEN, "").replace(_CLOSE, ""), spans
-
-
-def _generation_blocks_at_top_level(tree) -> bool:
-    from jinja2 import nodes
-
-    def is_generation(node) -> bool:
-        return (
-            isinstance(node, nodes.CallBlock)
-            and isinstance(node.call, nodes.Call)
-            and isinstance(node.call.node, nodes.ExtensionAttribute)
-            and node.call.node.name == "_generation_support"
-        )
-
-    def walk(node, top_level: bool) -> bool:
-        for child in node.iter_child_nodes():
-            if is_generation(child):
-                if not top_level or not walk(child, False):
-                    return False
-                continue
-            nested = isinstance(
-                child, (nodes.Macro, nodes.CallBlock, nodes.FilterBlock, nodes.AssignBlock)
-            ) or (isinstance(child, nodes.For) and child.recursive)
-            if not walk(child, top_level and not nested):
-                return False
-        return True
-
-    return walk(tree, True)
 
 
 _EMPTY: list[int] = []

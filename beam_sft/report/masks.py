@@ -15,16 +15,15 @@ trains. Two text views of one record (the HTML one is `beam_sft.report.pages`):
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from beam_sft.errors import RecordError, internal_error
+from beam_sft.dataset.examples import truncate
+from beam_sft.errors import FatalError
 from beam_sft.render.encoder import MaskedEncoder
+from beam_sft.template.tokenizer import stop_token_ids
 
-STOP_MARKERS = ("<|return|>", "<|call|>")
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 
 # ANSI: trained tokens alternate two green backgrounds so token boundaries show; untrained tokens
@@ -42,7 +41,7 @@ class Loaded:
     records: list[dict]
     positions: list[int]  # index of each record among all input records (0-based, input order)
     sources: list[str]
-    rejects: list[dict]  # RecordError.to_dict() + "index"
+    rejects: list[dict]  # `beam_sft.errors.reject_entry` + "position" (among all input records, like `positions`)
     total: int
 
     def index_of(self, position: int) -> int | None:
@@ -55,50 +54,28 @@ class Loaded:
 def load_records(
     path: str, *, format: str = "auto", limit: int | None = None, split: str = "train"
 ) -> Loaded:
-    """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam.
+    """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam, exactly as
+    training does (`beam_sft.records.files.read_items`, `beam_sft.validate.convert.convert_item`).
 
-    `format` is a converter name or "auto" (detect per record); "beam" takes records as they are.
+    `format` is a converter name, "auto" (detect per record) or "beam" (Beam records, validated again).
     Records the converters or the validator reject are listed in `rejects` with their reason.
     """
-    from beam_sft.records.files import expand_inputs, iter_items, parse_line
+    from beam_sft.records.files import read_items
+    from beam_sft.validate.convert import convert_item
 
     records, positions, sources, rejects = [], [], [], []
     total = 0
-    for position, item in enumerate(iter_items(expand_inputs([str(path)], split=split), limit=limit)):
+    for position, item in enumerate(read_items([str(path)], split, limit=limit)):
         total += 1
-        try:
-            if item.error is not None:
-                raise item.error
-            payload = parse_line(item.payload) if item.raw else item.payload
-            record = _to_beam(payload, format)
-        except RecordError as err:
-            reject = err.with_provenance(item.source, item.position).to_dict()
-            reject["index"] = position
-            rejects.append(reject)
-            continue
-        except Exception as exc:  # a converter bug costs this record, not the whole view
-            if os.environ.get("BEAM_SFT_DEBUG"):
-                raise
-            reject = internal_error(exc).with_provenance(item.source, item.position).to_dict()
-            reject["index"] = position
+        record, _, reject = convert_item(item, format)
+        if reject is not None:
+            reject["position"] = position
             rejects.append(reject)
             continue
         records.append(record)
         positions.append(position)
         sources.append(f"{item.source}:{item.position}")
     return Loaded(records, positions, sources, rejects, total)
-
-
-def _to_beam(payload: Any, format: str) -> dict:
-    if format == "beam":
-        if not isinstance(payload, dict) or "messages" not in payload:
-            from beam_sft.errors import Reason
-
-            raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
-        return payload
-    from beam_sft.formats import convert_record
-
-    return convert_record(payload, format)
 
 
 @dataclass
@@ -133,6 +110,7 @@ class RecordView:
     stop_tokens: int  # stop tokens in the (truncated) sequence
     stop_tokens_untrained: int
     label: str = ""
+    dropped: bool = False  # the truncation policy drops the whole record
 
     @property
     def group_counts(self) -> dict[str, tuple[int, int]]:
@@ -153,8 +131,11 @@ def _marker_ids(tokenizer) -> dict[int, str]:
 
 
 def _stop_ids(tokenizer) -> set[int]:
-    vocab = tokenizer.get_vocab()
-    ids = {vocab[m] for m in STOP_MARKERS if m in vocab}
+    """The tokens that end a turn: `<|return|>` and `<|call|>` where they are single tokens, and EOS."""
+    try:
+        ids = set(stop_token_ids(tokenizer))
+    except FatalError:  # inspect shows any tokenizer, Beam's or not
+        ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
@@ -240,28 +221,39 @@ def inspect_record(
     max_length: int | None = None,
     encoder: MaskedEncoder | None = None,
     label: str = "",
+    policy: str = "turn",
 ) -> RecordView:
-    """Encode one record the way training does and annotate every token. Raises `RecordError`."""
+    """Encode one record the way training does and annotate every token. Raises `RecordError`.
+
+    With `max_length`, the record is cut by the training truncation `policy`
+    (`beam_sft.dataset.examples.truncate`); a record the policy drops shows no token."""
     encoder = encoder or MaskedEncoder(tokenizer)
     full = encoder.encode([record])[0]
     text, _ = encoder.render(record)
     texts = _token_texts(tokenizer, text, full["input_ids"])
     if texts is None:  # a tokenizer without offsets: per-token decoding (multi-byte characters may split)
         texts = [tokenizer.decode([i]) for i in full["input_ids"]]
-    kept = encoder.encode([record], max_length)[0] if max_length is not None else full
-    return _view(tokenizer, full, kept, texts, max_length, label)
+    kept = _kept(full, max_length, policy)
+    view = _view(tokenizer, full, kept or {"input_ids": [], "assistant_masks": []}, texts, max_length, label)
+    view.dropped = kept is None
+    return view
 
 
-def _kept_range(n: int, kept: int, side: str) -> range:
-    return range(n - kept, n) if side == "left" else range(kept)
+def _kept(full: dict, max_length: int | None, policy: str) -> dict | None:
+    """What training keeps of an encoded record under the truncation `policy`; None when it drops it."""
+    if max_length is None:
+        return full
+    result = truncate(full["input_ids"], full["assistant_masks"], max_length, policy)
+    if result is None:
+        return None
+    ids, mask, _ = result
+    return {"input_ids": ids, "assistant_masks": mask}
 
 
 def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
     ids, mask = kept["input_ids"], kept["assistant_masks"]
     n = len(full["input_ids"])
-    side = tokenizer.truncation_side
-    keep = _kept_range(n, len(ids), side)
-    texts = [texts[i] for i in keep]
+    texts = texts[: len(ids)]  # training truncation keeps the start
     markers = _marker_ids(tokenizer)
     owner, messages = _messages_of(ids, mask, markers, lambda h: tokenizer.decode(h))
     tokens = [
@@ -269,7 +261,7 @@ def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
         for t, i, m, o in zip(texts, ids, mask, owner, strict=True)
     ]
     stops = _stop_ids(tokenizer)
-    truncated, inside = _cut(full["assistant_masks"], len(ids), side)
+    truncated, inside = _cut(full["assistant_masks"], len(ids))
     return RecordView(
         tokens=tokens,
         messages=messages,
@@ -284,25 +276,26 @@ def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
     )
 
 
-def _cut(full_mask: Sequence[int], kept: int, side: str) -> tuple[bool, bool]:
+def _cut(full_mask: Sequence[int], kept: int) -> tuple[bool, bool]:
     """(truncated, the cut splits an assistant turn: trained tokens on both sides of it)."""
     n = len(full_mask)
     if kept >= n:
         return False, False
-    cut = n - kept if side == "left" else kept
-    return True, bool(full_mask[cut - 1] and full_mask[cut])
+    return True, bool(kept and full_mask[kept - 1] and full_mask[kept])
 
 
 def _summary_line(view: RecordView) -> str:
     parts = [f"{view.length} tokens", f"{view.trained} trained"]
-    if view.truncated:
+    if view.dropped:
+        parts.append(f"DROPPED: longer than {view.max_length} and the truncation policy keeps no whole turn")
+    elif view.truncated:
         parts.append(
             f"truncated to {view.max_length}"
             + (" inside an assistant turn" if view.cut_inside_assistant else "")
         )
     if view.stop_tokens_untrained:
         parts.append(f"{view.stop_tokens_untrained} stop token(s) not trained")
-    if not view.trained:
+    if not view.trained and not view.dropped:
         parts.append("EMPTY MASK: nothing trains")
     return (f"{view.label}: " if view.label else "") + ", ".join(parts)
 

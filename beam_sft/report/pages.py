@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import os
 from collections.abc import Sequence
 
 from beam_sft.report.masks import RecordView, _summary_line
@@ -126,8 +125,3 @@ def stats_html(stats: DatasetStats) -> str:
     return f"<h2>Dataset</h2><table>{rows}</table>"
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` atomically (`beam_sft.records.files.atomic_output`: umask permissions, no partial file)."""
-    from beam_sft.records.files import write_bytes_atomic
-
-    write_bytes_atomic(path, text.encode("utf-8"))

@@ -11,14 +11,13 @@
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from beam_sft.errors import Reason, RecordError, internal_error
-from beam_sft.render.encoder import MaskedEncoder
-from beam_sft.report.masks import _cut, _marker_ids, _messages_of, _stop_ids
+from beam_sft.errors import Reason, RecordError
+from beam_sft.render.encoder import MaskedEncoder, encode_each
+from beam_sft.report.masks import _cut, _kept, _marker_ids, _messages_of, _stop_ids
 
 
 @dataclass
@@ -27,13 +26,15 @@ class DatasetStats:
     rejected: int = 0
     rejected_reasons: Counter = field(default_factory=Counter)
     max_length: int | None = None
-    tokens: int = 0  # after truncation
+    policy: str = "turn"  # the truncation policy applied with max_length
+    tokens: int = 0  # after truncation, of the records kept
     trained: int = 0
     lengths: list[int] = field(default_factory=list)  # before truncation
     groups: dict[str, list[int]] = field(default_factory=dict)  # group -> [trained, tokens]
     empty_mask: list[int] = field(default_factory=list)  # record indices
     truncated: list[int] = field(default_factory=list)
     cut_inside_assistant: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # records the truncation policy drops
     stop_untrained: list[int] = field(default_factory=list)
     internal_errors: list[int] = field(default_factory=list)  # records whose encoding raised unexpectedly
     labels: list[str] = field(default_factory=list)
@@ -56,32 +57,8 @@ class DatasetStats:
         ]
 
 
-def _encode_isolated(encoder: MaskedEncoder, batch: list[dict]) -> list:
-    """The batch encoded at once, or, when that fails, record by record: each item an encoding or the
-    record's `RecordError` (an unexpected exception becomes `internal_error`)."""
-    try:
-        return encoder.encode(batch)
-    except Exception as batch_err:  # unexpected errors are isolated record by record too
-        if os.environ.get("BEAM_SFT_DEBUG") and not isinstance(batch_err, RecordError):
-            raise
-    encoded: list = []
-    for record in batch:  # find the culprits one by one; the rest still count
-        try:
-            encoded.append(encoder.encode([record])[0])
-        except RecordError as err:
-            encoded.append(err)
-        except Exception as exc:  # noqa: BLE001 - an encoder bug costs this record only
-            encoded.append(internal_error(exc))
-    return encoded
-
-
-def _add_record(stats: DatasetStats, index: int, full: dict, encoder: MaskedEncoder, markers, stops, side,
-                decode) -> None:
-    """Count one encoded record: lengths, trained tokens per group, empty mask, truncation, untrained stops."""
-    max_length = stats.max_length
-    stats.records += 1
-    stats.lengths.append(len(full["input_ids"]))
-    kept = encoder._truncate(full, max_length) if max_length is not None else full
+def _count_kept(stats: DatasetStats, index: int, full_mask, kept: dict, markers, stops, decode) -> None:
+    """Add what training keeps of one record to `stats`."""
     ids, mask = kept["input_ids"], kept["assistant_masks"]
     stats.tokens += len(ids)
     stats.trained += sum(mask)
@@ -92,13 +69,25 @@ def _add_record(stats: DatasetStats, index: int, full: dict, encoder: MaskedEnco
         entry[1] += message.tokens
     if not any(mask):
         stats.empty_mask.append(index)
-    truncated, inside = _cut(full["assistant_masks"], len(ids), side)
+    truncated, inside = _cut(full_mask, len(ids))
     if truncated:
         stats.truncated.append(index)
         if inside:
             stats.cut_inside_assistant.append(index)
     if any(i in stops and not m for i, m in zip(ids, mask, strict=True)):
         stats.stop_untrained.append(index)
+
+
+def _add_record(stats: DatasetStats, index: int, full: dict, markers, stops, decode) -> None:
+    """Count one encoded record, cut as training cuts it: lengths, trained tokens per group, empty mask,
+    truncation, untrained stops; a record the truncation policy drops only in `dropped`."""
+    stats.records += 1
+    stats.lengths.append(len(full["input_ids"]))
+    kept = _kept(full, stats.max_length, stats.policy)
+    if kept is None:
+        stats.dropped.append(index)
+        return
+    _count_kept(stats, index, full["assistant_masks"], kept, markers, stops, decode)
 
 
 def dataset_stats(
@@ -110,23 +99,24 @@ def dataset_stats(
     labels: Sequence[str] | Callable[[int], str] | None = None,
     rejected: Sequence[dict] = (),
     batch_size: int = 256,
+    policy: str = "turn",
 ) -> DatasetStats:
-    """Statistics over `records` (Beam records), encoded by the training encoder in batches.
+    """Statistics over `records` (Beam records), encoded by the training encoder in batches and, with
+    `max_length`, cut by the training truncation `policy` (`beam_sft.dataset.examples.truncate`).
 
     `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.stages.Converted`, which decodes each batch
     from memory-mapped Arrow only when it is encoded.
 
-    A record the template rejects counts as rejected (its reason is kept), never silently dropped.
+    A record the template rejects counts as rejected (its reason is kept), never silently dropped; a record
+    the truncation policy drops is counted in `dropped` (its length too, not its tokens).
     """
     from tqdm import tqdm
 
     encoder = encoder or MaskedEncoder(tokenizer)
-    stats = DatasetStats(max_length=max_length)
+    stats = DatasetStats(max_length=max_length, policy=policy)
     stats.rejected = len(rejected)
     stats.rejected_reasons.update(r.get("reason", "?") for r in rejected)
-    markers = _marker_ids(tokenizer)
-    stops = _stop_ids(tokenizer)
-    side = tokenizer.truncation_side
+    markers, stops = _marker_ids(tokenizer), _stop_ids(tokenizer)
     # A callable or a sequence: for a large dataset the caller names records lazily.
     if labels is None:
         def label_of(i: int) -> str:
@@ -144,8 +134,8 @@ def dataset_stats(
     for start in tqdm(
         range(0, len(records), batch_size), desc="Encoding", unit="batch", disable=len(records) < 2000
     ):
-        for offset, full in enumerate(_encode_isolated(encoder, list(records[start : start + batch_size]))):
-            index = start + offset
+        encoded = encode_each(encoder, list(records[start : start + batch_size]))
+        for index, full in enumerate(encoded, start):
             if isinstance(full, RecordError):
                 stats.rejected += 1
                 stats.rejected_reasons[full.code.value] += 1
@@ -153,7 +143,7 @@ def dataset_stats(
                     stats.internal_errors.append(index)
                 continue
             stats.labels.append(label_of(index))
-            _add_record(stats, index, full, encoder, markers, stops, side, decode)
+            _add_record(stats, index, full, markers, stops, decode)
     return stats
 
 
@@ -184,7 +174,8 @@ def stats_rows(stats: DatasetStats) -> list[tuple[str, str]]:
         rows.append(
             ("length min / median / max", f"{lengths[0]} / {lengths[len(lengths) // 2]} / {lengths[-1]}")
         )
-    rows.append(("max_length", str(stats.max_length) if stats.max_length is not None else "none"))
+    rows.append(("max_length", f"{stats.max_length} (truncation policy {stats.policy})"
+                 if stats.max_length is not None else "none"))
     for group, (trained, total) in sorted(stats.groups.items()):
         rows.append((f"  {group}: trained / tokens", f"{trained} / {total}"))
     rows += [
@@ -194,6 +185,8 @@ def stats_rows(stats: DatasetStats) -> list[tuple[str, str]]:
             "  cut inside an assistant turn",
             f"{len(stats.cut_inside_assistant)}: {_indices(stats.cut_inside_assistant)}",
         ),
+        *((("dropped by the truncation policy", f"{len(stats.dropped)}: {_indices(stats.dropped)}"),)
+          if stats.max_length is not None else ()),
         ("stop tokens outside the mask", f"{len(stats.stop_untrained)}: {_indices(stats.stop_untrained)}"),
     ]
     return rows

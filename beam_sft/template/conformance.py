@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beam_sft.records.messages import STOP_MARKERS
 from beam_sft.template.tokenizer import EOS_TOKEN, MARKERS, save_tokenizer
 
 SPEC_PATH = Path(__file__).resolve().parent / "spec" / "beam-harmony-format.md"
@@ -510,7 +511,7 @@ def _mask_spans(tokenizer) -> str | None:
 
 @rule("mask-stop-tokens")
 def _mask_stop_tokens(tokenizer) -> str | None:
-    stop_ids = {_ids(tokenizer, m)[0]: m for m in ("<|return|>", "<|call|>")}
+    stop_ids = {_ids(tokenizer, m)[0]: m for m in STOP_MARKERS}
     seen = set()
     for name, (messages, tools) in CONVERSATIONS.items():
         _, ids, mask, _ = _masked_tokens(tokenizer, messages, tools)

@@ -39,13 +39,16 @@ Beam template writes no BOS. Run `beam-sft check-template` on the result: rules 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+from beam_sft.errors import FatalError
 from beam_sft.records.messages import HARMONY_MARKERS as MARKERS
+from beam_sft.records.messages import RETURN, STOP_MARKERS
 
-EOS_TOKEN = "<|return|>"
+EOS_TOKEN = RETURN
 # Distinct from EOS on purpose (see module docstring); special so decode(skip_special_tokens=True) drops it.
 PAD_TOKEN = "<|pad|>"
 PLAIN_MARKERS: tuple[str, ...] = tuple(m for m in MARKERS if m != EOS_TOKEN)
@@ -57,6 +60,37 @@ RESPONSE_TEMPLATE_FILE = "response_template.json"
 # The repo's data/tokenizer. An installed (non-editable) package has no repo around it; load_tokenizer then
 # says so instead of guessing.
 DEFAULT_TOKENIZER_DIR = PACKAGE_DIR.parent / "data" / "tokenizer"
+
+
+def stop_token_ids(tokenizer) -> tuple[int, int]:
+    """Ids of `<|return|>` and `<|call|>` (`STOP_MARKERS`); each must be a single token."""
+    ids = []
+    for marker in STOP_MARKERS:
+        encoded = tokenizer.encode(marker, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise FatalError(
+                f"{marker} encodes to {len(encoded)} tokens with this tokenizer; Beam markers must be single "
+                "tokens (run beamify on it, or use --beamify)"
+            )
+        ids.append(encoded[0])
+    return ids[0], ids[1]
+
+
+def short_hash(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
+
+
+def vocab_hash(tokenizer) -> str:
+    """A hash of what turns text into ids: the backend tokenizer (vocabulary, merges, added tokens) and specials."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
+    return short_hash(f"{body}|{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}")
+
+
+def template_hash(tokenizer) -> str:
+    """A hash of the tokenizer's chat template(s)."""
+    return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
 
 
 def read_templates(template_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
    Calls that end the conversation need no results (a trajectory cut at the call trains the call itself).
 6. **Text**: tool-call or result markup still in a text (``<tool_call>``, ``<tool_response>``, ``<tools>``,
    ``<functioncall>``, ``FUNCTION RESPONSE:``, a ```` ```tool_call ```` fence) that is not quoted in prose →
-   ``tool_markup_in_text`` (the rule: `beam_sft.formats.toolmarkup`); any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
+   ``tool_markup_in_text`` (the rule: `beam_sft.records.markup`); any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
    ``harmony_marker_in_text``; ``</rfl:parameter>`` inside an argument value →
    ``parameter_close_tag_in_argument``; arguments that are not an object → ``arguments_not_object``; an
    argument name the XML attribute can't hold (``"``, ``<``, ``>``), or an argument nested deeper than
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.toolmarkup import find_markup, may_have_markup
+from beam_sft.records.markup import find_markup, may_have_markup
 from beam_sft.records.messages import (
     EFFORT_LABELS,
     MAX_JSON_DEPTH,
@@ -76,8 +76,8 @@ class Options:
 
 
 DEFAULT_OPTIONS = Options()
-_INSTRUCTION = frozenset(("system", "developer"))
-_BAD_NAME = re.compile(r"\s|<\|")
+# A tool name the Beam header can't hold: whitespace ends it, a marker breaks the header.
+BAD_TOOL_NAME = re.compile(r"\s|<\|")
 
 
 def _bump(counters: dict | None, key: str, n: int = 1) -> None:
@@ -102,7 +102,7 @@ def _text_error(text: Any, where: str, i: int) -> RecordError | None:
 
 def _check_markup(out: list[dict], msgs: list, src) -> None:
     """Tool-call or result markup left in a text after conversion: trained on, it would teach the model to
-    write fake calls as text. Tags quoted in prose are allowed (`beam_sft.formats.toolmarkup`).
+    write fake calls as text. Tags quoted in prose are allowed (`beam_sft.records.markup`).
 
     One cheap search over all texts of the record; only when it finds a candidate are the input messages
     searched one by one, to name the message (a candidate made across two texts is no match)."""
@@ -164,7 +164,7 @@ def _check_calls(calls: Any, i: int) -> None:
         if type(fn) is not dict:
             raise RecordError(Reason.BAD_CONTENT, "tool call without a 'function' object", message_index=i)
         name = fn.get("name")
-        if type(name) is not str or not name or _BAD_NAME.search(name):
+        if type(name) is not str or not name or BAD_TOOL_NAME.search(name):
             raise RecordError(Reason.BAD_CONTENT, f"tool call name {name!r} is not a usable name", message_index=i)
         cid = call.get("id")
         if cid is not None and type(cid) is not str:
@@ -322,6 +322,34 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     msgs = rec.get("messages")
     if type(msgs) is not list or not msgs:
         raise RecordError(Reason.EMPTY_CONVERSATION, "no messages")
+    out = _messages(msgs, src, opts, counters)
+    if not no_markup:
+        _check_markup(out, msgs, src)
+    result: dict[str, Any] = {"messages": out}
+    tools = rec.get("tools")
+    if tools:
+        tools, blob = checked_tools(tools)
+        if b"<|" in blob:
+            marker = find_marker(blob.decode())
+            if marker:
+                raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"tool schemas contain the Harmony marker {marker}")
+        result["tools"] = tools
+    kwargs = rec.get("chat_template_kwargs")
+    if kwargs:
+        _check_kwargs(kwargs)
+        result["chat_template_kwargs"] = kwargs
+    if opts.render_check is not None:
+        try:
+            opts.render_check(result)
+        except RecordError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the template's own error text is the most precise message
+            raise RecordError(Reason.RENDER_FAILED, f"{type(err).__name__}: {err}") from None
+    return result
+
+
+def _messages(msgs: list, src, opts: Options, counters: dict | None) -> list[dict]:
+    """The checked Beam messages: turns merged, results paired, late instructions moved or rejected."""
     out: list[dict] = []
     late: list[dict] = []
     n_head = 0  # instructions at the start
@@ -333,56 +361,9 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
         m = msgs[i]
         role = m.get("role") if type(m) is dict else None
         if role == "assistant":
-            j = i + 1
-            while j < n and type(msgs[j]) is dict and msgs[j].get("role") == "assistant":
-                j += 1
-            if j - i > 1:
-                m = _merge_run(msgs, i, j, src, counters)
-                at = _idx(src, j - 1)
-            else:
-                at = _idx(src, i)
-                if m.get("reasoning_content") is None or m.get("content") is None:
-                    # a Beam record from elsewhere: the template's other reasoning fields, absent content
-                    m = {"role": "assistant", "reasoning_content": m.get("reasoning_content") or m.get("thinking")
-                         or m.get("reasoning") or "", "content": m.get("content") or "",
-                         **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+            i = _assistant(msgs, i, src, opts, counters, out)
             seen_other = True
             n_assistant += 1
-            reasoning, content, calls = m["reasoning_content"], m["content"], m.get("tool_calls")
-            if type(reasoning) is not str or "<" in reasoning:
-                err = _text_error(reasoning, "reasoning", at)
-                if err:
-                    raise err
-            if type(content) is not str or "<" in content:
-                err = _text_error(content, "assistant content", at)
-                if err:
-                    raise err
-            if calls:
-                _check_calls(calls, at)
-                if content:
-                    m["reasoning_content"] = reasoning = f"{reasoning}\n\n{content}" if reasoning else content
-                    _bump(counters, "folded_content")
-                del m["content"]
-            elif not content:
-                raise RecordError(Reason.BAD_CONTENT, "assistant message with neither content nor tool calls",
-                                  message_index=at)
-            if not reasoning:
-                if opts.missing_reasoning == "reject":
-                    raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning",
-                                      message_index=at)
-                _bump(counters, "missing_reasoning")
-            out.append(m)
-            i = j
-            if calls:
-                k = j
-                while k < n and type(msgs[k]) is dict and msgs[k].get("role") == "tool":
-                    k += 1
-                if k > j:
-                    out.extend(_pair_results(calls, msgs, j, k, src, j - 1))
-                elif k < n:
-                    raise RecordError(Reason.CALL_WITHOUT_RESULT, f"call {calls[0]['function']['name']!r} has no "
-                                      "result", message_index=at)
-                i = k
             continue
         if role == "user" or role == "system" or role == "developer":
             content = m.get("content")
@@ -413,30 +394,61 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     if late:
         out[n_head:n_head] = late
         _bump(counters, "moved_system", len(late))
-    if not no_markup:
-        _check_markup(out, msgs, src)
+    return out
 
-    result: dict[str, Any] = {"messages": out}
-    tools = rec.get("tools")
-    if tools:
-        tools, blob = checked_tools(tools)
-        if b"<|" in blob:
-            marker = find_marker(blob.decode())
-            if marker:
-                raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"tool schemas contain the Harmony marker {marker}")
-        result["tools"] = tools
-    kwargs = rec.get("chat_template_kwargs")
-    if kwargs:
-        _check_kwargs(kwargs)
-        result["chat_template_kwargs"] = kwargs
-    if opts.render_check is not None:
-        try:
-            opts.render_check(result)
-        except RecordError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the template's own error text is the most precise message
-            raise RecordError(Reason.RENDER_FAILED, f"{type(err).__name__}: {err}") from None
-    return result
+
+def _assistant(msgs: list, i: int, src, opts: Options, counters: dict | None, out: list[dict]) -> int:
+    """The assistant turn starting at msgs[i] (consecutive assistant messages merged) and the results of its
+    calls, appended to `out`; returns the index of the next message."""
+    n = len(msgs)
+    m = msgs[i]
+    j = i + 1
+    while j < n and type(msgs[j]) is dict and msgs[j].get("role") == "assistant":
+        j += 1
+    if j - i > 1:
+        m = _merge_run(msgs, i, j, src, counters)
+        at = _idx(src, j - 1)
+    else:
+        at = _idx(src, i)
+        if m.get("reasoning_content") is None or m.get("content") is None:
+            # a Beam record from elsewhere: the template's other reasoning fields, absent content
+            m = {"role": "assistant", "reasoning_content": m.get("reasoning_content") or m.get("thinking")
+                 or m.get("reasoning") or "", "content": m.get("content") or "",
+                 **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+    reasoning, content, calls = m["reasoning_content"], m["content"], m.get("tool_calls")
+    if type(reasoning) is not str or "<" in reasoning:
+        err = _text_error(reasoning, "reasoning", at)
+        if err:
+            raise err
+    if type(content) is not str or "<" in content:
+        err = _text_error(content, "assistant content", at)
+        if err:
+            raise err
+    if calls:
+        _check_calls(calls, at)
+        if content:
+            m["reasoning_content"] = reasoning = f"{reasoning}\n\n{content}" if reasoning else content
+            _bump(counters, "folded_content")
+        del m["content"]
+    elif not content:
+        raise RecordError(Reason.BAD_CONTENT, "assistant message with neither content nor tool calls",
+                          message_index=at)
+    if not reasoning:
+        if opts.missing_reasoning == "reject":
+            raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning", message_index=at)
+        _bump(counters, "missing_reasoning")
+    out.append(m)
+    if not calls:
+        return j
+    k = j
+    while k < n and type(msgs[k]) is dict and msgs[k].get("role") == "tool":
+        k += 1
+    if k > j:
+        out.extend(_pair_results(calls, msgs, j, k, src, j - 1))
+    elif k < n:
+        raise RecordError(Reason.CALL_WITHOUT_RESULT, f"call {calls[0]['function']['name']!r} has no result",
+                          message_index=at)
+    return k
 
 
 def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -> Callable[[dict], str]:

@@ -11,7 +11,7 @@ def bench_conversion(records: list[dict]) -> dict:
     import orjson
 
     from beam_sft.errors import RecordError
-    from beam_sft.formats import convert_record
+    from beam_sft.validate.convert import convert_record
 
     lines = [orjson.dumps(to_openai(r, i)) for i, r in enumerate(records)]
     n = len(lines)
