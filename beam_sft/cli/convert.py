@@ -37,6 +37,7 @@ SAMPLE_HEAD, SAMPLE_EVERY = 1000, 100
 # The run finished and its outputs are complete, but some records hit an unexpected exception (a converter
 # bug) and were rejected as `internal_error`. Not 0, so a pipeline notices; not 1, which means "no output".
 EXIT_INTERNAL_ERRORS = 3
+STRIPPED_PREFIX = "stripped_tool_prompt:"  # beam_sft.validate.rules.STRIPPED_PREFIX, without importing it here
 
 
 class Stats:
@@ -59,6 +60,8 @@ class Stats:
         self.records_with_tools = 0
         self.efforts: Counter[str] = Counter()
         self.policy: Counter[str] = Counter()
+        # foreign call-syntax instructions removed from prompts, per pattern (beam_sft.formats.toolmarkup)
+        self.stripped_tool_prompt: Counter[str] = Counter()
 
     def add_ok(self, rec: dict, fmt: str, counters: dict) -> None:
         self.records_in += 1
@@ -90,7 +93,11 @@ class Stats:
         if kwargs and "reasoning_effort" in kwargs:
             self.efforts[str(kwargs["reasoning_effort"])] += 1
         if counters:
-            self.policy.update(counters)
+            for key, n in counters.items():
+                if key.startswith(STRIPPED_PREFIX):
+                    self.stripped_tool_prompt[key[len(STRIPPED_PREFIX):]] += n
+                else:
+                    self.policy[key] += n
 
     def add_reject(self, code: str) -> None:
         self.records_in += 1
@@ -132,6 +139,7 @@ class Stats:
             ("content folded to reasoning", self.policy["folded_content"]),
             ("late system moved", self.policy["moved_system"]),
             ("kept without reasoning", self.policy["missing_reasoning"]),
+            ("tool prompt removed", counts(self.stripped_tool_prompt)),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

@@ -266,13 +266,16 @@ def convert(rec: Any) -> dict:
         tools = normalize_tools(rec["functions"])
     messages, tools, src = convert_messages(msgs, tools)
     markup, hermes = scan(messages)
+    stripped: dict = {}
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
-        messages, tools, src = lift(messages, tools, src)
+        messages, tools, src = lift(messages, tools, src, stripped)
     beam = beam_record(messages, tools, record_kwargs(rec))
     if src is not None:
         beam["_src"] = src
     if hermes:
         beam["_format"] = "hermes"
+        if stripped:
+            beam["_stripped"] = stripped  # counted by beam_sft.validate.rules as stripped_tool_prompt
     elif not markup:
         beam["_no_markup"] = True  # validate need not search again
     return beam

@@ -16,6 +16,11 @@ Hermes and axolotl data:
   ``ipython``
 
 A leading ``<think>…</think>`` (or ``<thinking>``, ``<reasoning>``) block in an assistant turn is its reasoning.
+An assistant turn whose whole text is a JSON list (or one object) of OpenAI-style calls (``[{"id", "function":
+{"name", "arguments", "type"?}, "type"?}]``, as data-genie writes them) is those calls, and a result turn that
+is an OpenAI tool message as JSON text (``{"tool_call_id", "name", "content"}``) is unwrapped; JSON that only
+looks similar stays text (`beam_sft.formats.toolmarkup.json_calls` / `result_wrapper`).
+
 A call turn becomes an assistant message of its own; the assistant turn right before it (typically the
 reasoning, glaive's "I'll look that up") is merged with it by `beam_sft.validate.rules`, which also pairs results
 with calls by position.
@@ -29,7 +34,7 @@ import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import _reasoning_field, record_kwargs, reject_unsupported_record
-from beam_sft.formats.toolmarkup import lift, scan
+from beam_sft.formats.toolmarkup import json_calls, lift, result_wrapper, scan
 from beam_sft.records.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
 from beam_sft.records.messages import record as beam_record
 
@@ -88,6 +93,10 @@ def convert(rec: Any) -> dict:
             out.append({"role": "user", "content": text_of(value, message_index=i)})
         elif role in ASSISTANT_ROLES:
             text = text_of(value, message_index=i)
+            calls = json_calls(text, i) if "function" in text else None
+            if calls:  # data-genie: the turn is a JSON list of OpenAI-style calls
+                out.append({"role": "assistant", "reasoning_content": "", "content": "", "tool_calls": calls})
+                continue
             reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
             if reasoning is not None and type(reasoning) is not str:
                 reasoning = _reasoning_field(m, i)  # text parts are fine, other types are bad_content
@@ -101,6 +110,13 @@ def convert(rec: Any) -> dict:
             msg = {"role": "tool", "content": tool_content(value, message_index=i)}
             if isinstance(m.get("name"), str) and m["name"]:
                 msg["name"] = m["name"]
+            wrapped = result_wrapper(msg["content"]) if type(value) is str else None
+            if wrapped:  # data-genie: the turn is an OpenAI tool message as JSON text
+                msg["content"], name, call_id = wrapped
+                if name:
+                    msg["name"] = name
+                if call_id:
+                    msg["tool_call_id"] = call_id
             out.append(msg)
         elif role in ("system", "developer"):
             out.append({"role": role, "content": text_of(value, message_index=i)})
@@ -109,13 +125,16 @@ def convert(rec: Any) -> dict:
     src = [None, *range(len(conv))] if system else None
     tools = normalize_tools(rec.get("tools"))
     markup, hermes = scan(out)
+    stripped: dict = {}
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
-        out, tools, src = lift(out, tools, src)
+        out, tools, src = lift(out, tools, src, stripped)
     beam = beam_record(out, tools, record_kwargs(rec))
     if src is not None:  # errors name turns of `conversations`, which a record-level system prompt is not part of
         beam["_src"] = src
     if hermes:
         beam["_format"] = "hermes"
+        if stripped:
+            beam["_stripped"] = stripped  # counted by beam_sft.validate.rules as stripped_tool_prompt
     elif not markup:
         beam["_no_markup"] = True  # validate need not search again
     return beam
