@@ -3,11 +3,13 @@
 Two jobs, shared by the OpenAI and ShareGPT converters (and so by `--format hermes`):
 
 * `lift` turns markup into structure: a ``<tools>`` block (or a ```` ```tools ```` fence) in a system
-  message → the record's ``tools``, with the prompt boilerplate around it dropped; ``<tool_call>`` blocks in
-  an assistant message → its ``tool_calls`` (text beside them → reasoning); ``<tool_response>`` blocks in a
-  tool or user message → tool messages, ``{"name", "content"}`` wrappers unwrapped.
+  message → the record's ``tools``, with the instructions for the dataset's own call syntax around it dropped
+  (`strip_tool_prompt`, counted per pattern); ``<tool_call>`` blocks in an assistant message → its
+  ``tool_calls`` (text beside them → reasoning); ``<tool_response>`` blocks in a tool or user message → tool
+  messages, ``{"name", "content"}`` wrappers unwrapped.
 * `find_markup` finds call or result markup that is still in a text after conversion, for the
   ``tool_markup_in_text`` rule of `beam_sft.validate.rules`.
+* `json_calls` / `result_wrapper` read OpenAI-style calls and tool messages written as JSON text (data-genie).
 
 **Markup vs a tag quoted in prose.** A tag is markup when a model or tool would have written it as
 structure: it starts a line (only whitespace before it), or JSON follows it (``{`` or ``[``, after
@@ -254,25 +256,26 @@ def _results(bodies: list[str]) -> list[tuple[str, str | None]]:
 # any other sentence is the dataset's own instruction and stays. Texts: tests/data/tool_prompts/SOURCES.md.
 
 _I = re.IGNORECASE
-# Each pattern takes the blanks after it, so that removing a sentence from a line leaves the line's other sentences
-# spaced as they were.
-PROMPT_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(f"(?:{p})[ \t]*", flags)) for name, p, flags in (
+_PROMPT_SOURCES = (
     ("hermes_role", r"You are a function calling AI model\.?", _I),
     ("tools_intro", r"You are provided with function signatures within <tools>\s*</tools> XML tags[.:]?", _I),
     ("tools_intro", r"Here are the available tools:", _I),
     ("may_call", r"You may call one or more functions to assist with the user query\.?", _I),
     ("no_assumptions", r"Don'?t make assumptions about what values to plug into functions\.?", _I),
-    ("results_format", r"After calling (?:&|and) executing the functions, you will be provided with function results "
-     r"within <tool_response>\s*</tool_response> XML tags\.?", _I),
-    ("call_format", r"For each function call,? return a json object,? with function name and arguments within "
-     r"<tool_call>\s*</tool_call> (?:XML )?tags(?: as follows| with the following schema)?[.:]?", _I),
+    ("results_format", (r"After calling (?:&|and) executing the functions, you will be provided with function results "
+     r"within <tool_response>\s*</tool_response> XML tags\.?"), _I),
+    ("call_format", (r"For each function call,? return a json object,? with function name and arguments within "
+     r"<tool_call>\s*</tool_call> (?:XML )?tags(?: as follows| with the following schema)?[.:]?"), _I),
     ("call_format", r"Each function call should be enclosed within <tool_call>\s*</tool_call> XML tags\.?", _I),
     # a format example: placeholders (<function-name>, <args-dict>, {tool_call}) instead of a call
     ("call_template", r"<tool_call>\s*(?:\{[^\n]*<[\w-]+>[^\n]*\}|\{\{?[\w-]+\}?\})\s*</tool_call>", 0),
     ("qwen_header", r"^#[ \t]*Tools[ \t]*$", re.MULTILINE),
-    ("glaive_preamble", r"You are an? helpful assistant,? (?:with|who has) access to (?:the following )?functions"
-     r"(?:\.?[ \t]*Use them if required|,? to help the user, you can use the functions if needed)?[ \t]*-?", _I),
-))
+    ("glaive_preamble", (r"You are an? helpful assistant,? (?:with|who has) access to (?:the following )?functions"
+     r"(?:\.?[ \t]*Use them if required|,? to help the user, you can use the functions if needed)?[ \t]*-?"), _I),
+)
+PROMPT_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
+    # each takes the blanks after it: removing a sentence leaves the line's other sentences spaced as they were
+    (name, re.compile(f"(?:{source})[ \t]*", flags)) for name, source, flags in _PROMPT_SOURCES)
 # The pydantic FunctionCall schema of Hermes 2 Pro / Hermes 3 prompts: the lead-in, then a balanced {...}.
 _PYDANTIC = re.compile(r"(?:Use the following pydantic model json schema for each tool call you will make|For each "
                        r"function call return a JSON object, with the following pydantic model json schema):\s*", _I)
