@@ -8,7 +8,8 @@ Accepted shapes (one record):
 * content as a string, ``null``, or a list of parts: text parts (``text`` / ``input_text`` /
   ``output_text``, text under ``text`` or ``value``) are joined with no separator; any other part
   (image, audio, file) rejects the record (`unsupported_content_part`);
-* assistant ``tool_calls`` with JSON-string or object ``arguments``; legacy ``function_call``; role
+* assistant ``tool_calls`` with JSON-string or object ``arguments``; an assistant text that is, whole, a JSON
+  list of OpenAI-style calls (data-genie; `beam_sft.formats.toolmarkup.json_calls`); legacy ``function_call``; role
   ``function`` results; reasoning in ``reasoning_content``, ``reasoning`` or ``thinking`` (first non-empty),
   else a leading ``<think>…</think>`` block of the content;
 * LLaMA-Factory "v1" content parts: ``reasoning``, ``tool_call`` (one JSON call), ``tool_calls`` (a JSON list),
@@ -30,7 +31,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.toolmarkup import lift, scan
+from beam_sft.formats.toolmarkup import json_calls, lift, scan
 from beam_sft.records.messages import (
     EFFORT_LABELS,
     MAX_JSON_DEPTH,
@@ -193,6 +194,10 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
                 if type(fc) is not dict:
                     raise RecordError(Reason.BAD_CONTENT, "function_call is not an object", message_index=i)
                 calls.append(tool_call(fc.get("name"), fc.get("arguments"), message_index=i))
+            if not calls and text and "function" in text:
+                calls = json_calls(text, i) or calls  # data-genie: the text is a JSON list of OpenAI-style calls
+                if calls:
+                    text = ""
             if calls:
                 append({"role": "assistant", "reasoning_content": reasoning or "", "content": text,
                         "tool_calls": calls})
@@ -395,8 +400,8 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         add_text(content)
         raw_calls = m.get("tool_calls")
         if not raw_calls:
-            if not content:
-                return None
+            if not content or (content.lstrip()[:1] in ("[", "{") and "function" in content):
+                return None  # (the second: maybe a JSON list of calls, formats.toolmarkup.json_calls)
             append({"role": "assistant", "reasoning_content": reasoning, "content": content})
             i += 1
             continue
