@@ -377,3 +377,5 @@ def test_a_json_call_list_in_an_openai_assistant_message_is_calls_on_both_paths(
     assert out["messages"][1] == {"role": "assistant", "reasoning_content": "Look it up.", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}
     assert out["messages"][2] == {"role": "tool", "name": "get_weather", "tool_call_id": "c1", "content": "9 C"}
+    rec["messages"][1]["content"] = "\n " + said  # blanks around the list: still the whole text
+    assert fast_convert(rec) is None and converted(rec, "openai")[0] == out

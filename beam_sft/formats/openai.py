@@ -400,8 +400,11 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         add_text(content)
         raw_calls = m.get("tool_calls")
         if not raw_calls:
-            if not content or (content.lstrip()[:1] in ("[", "{") and "function" in content):
-                return None  # (the second: maybe a JSON list of calls, formats.toolmarkup.json_calls)
+            if not content:
+                return None
+            first = content[0]
+            if (first == "[" or first == "{" or first.isspace()) and "function" in content:
+                return None  # maybe a JSON list of calls (formats.toolmarkup.json_calls)
             append({"role": "assistant", "reasoning_content": reasoning, "content": content})
             i += 1
             continue
