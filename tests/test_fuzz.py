@@ -315,7 +315,7 @@ def test_typescript_tool_declarations(src):
 
 # --- tool-calling data: no call syntax survives as text --------------------------------------------------------
 #
-# Rows built the way Hermes, Qwen, glaive and data-genie data is: the real prompt templates of
+# Rows built the way Hermes, Qwen, glaive, xLAM and data-genie data is: the real prompt templates of
 # tests/data/tool_prompts/ (the dataset's own instructions around them), tagged or JSON calls, results in tool or
 # user turns. Every such row must convert, and nothing in what comes out may still hold the other syntax's tags.
 
@@ -345,13 +345,16 @@ own_instructions = st.lists(plain, max_size=3).map(" ".join)
 def tool_rows(draw):
     template = draw(st.sampled_from(["hermes2pro_function_calling.txt", "hermes3_tool_use.txt", "qwen2_5_rendered.txt",
                                      "qwen2_5_rendered_no_system.txt", "qwen3_rendered_no_system.txt", "few_shot",
-                                     "glaive"]))
+                                     "glaive", "xlam"]))
     before, after = draw(own_instructions), draw(own_instructions)
     n = draw(st.integers(1, 3))
     calls = [{"name": draw(st.sampled_from(["get_weather", "get_time"])),
               "arguments": draw(st.fixed_dictionaries({"city": plain}, optional={"days": st.integers(0, 9)}))}
              for _ in range(n)]
     results = [draw(plain) for _ in range(n)]
+    if template == "xlam":  # no prompt of its own: the row trains the calls
+        return {"query": draw(plain), "tools": json.dumps([t["function"] for t in _FUZZ_TOOLS]),
+                "answers": json.dumps(calls)}
     if template == "glaive":
         funcs = "\n".join(json.dumps(t["function"], indent=4) for t in _FUZZ_TOOLS)
         chat = f"USER: {draw(plain)}\n\n\nASSISTANT: <functioncall> " + json.dumps(
@@ -397,10 +400,11 @@ def _strings(value) -> list[str]:
 @fuzz_settings(ci=300, long=20_000)
 @given(tool_rows(), st.sampled_from(["auto", "hermes", "native"]))
 def test_tool_rows_convert_without_foreign_call_syntax_in_any_text(rec, fmt):
+    own = "glaive" if "chat" in rec else "xlam" if "query" in rec else None
     if fmt == "native":
-        fmt = "glaive" if "chat" in rec else "sharegpt" if "conversations" in rec else "openai"
-    elif fmt == "hermes" and "chat" in rec:
-        fmt = "glaive"
+        fmt = own or ("sharegpt" if "conversations" in rec else "openai")
+    elif fmt == "hermes" and own:
+        fmt = own
     beam = convert_record(copy.deepcopy(rec), fmt)
     _accepted(beam, fmt)
     left = [(t, tag) for t in _strings(beam) for tag in FOREIGN_TAGS if tag in t]
