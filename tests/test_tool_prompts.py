@@ -379,3 +379,16 @@ def test_a_json_call_list_in_an_openai_assistant_message_is_calls_on_both_paths(
     assert out["messages"][2] == {"role": "tool", "name": "get_weather", "tool_call_id": "c1", "content": "9 C"}
     rec["messages"][1]["content"] = "\n " + said  # blanks around the list: still the whole text
     assert fast_convert(rec) is None and converted(rec, "openai")[0] == out
+
+
+def test_a_json_call_turn_keeps_its_reasoning_field_and_validate_ignores_a_foreign_stripped_key():
+    rec = {"conversations": [{"from": "human", "value": "q"},
+                             {"from": "gpt", "reasoning_content": "Call f.",
+                              "value": '[{"function": {"name": "f", "arguments": {}}}]'}]}
+    assert convert_record(rec)["messages"][1] == {"role": "assistant", "reasoning_content": "Call f.", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {}}}]}
+    counters: dict = {}
+    beam = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            "_stripped": ["not", "a", "dict"]}
+    assert validate(beam, None, counters)["messages"][1]["content"] == "a"
+    assert not any(k.startswith(STRIPPED_PREFIX) for k in counters)

@@ -93,13 +93,14 @@ def convert(rec: Any) -> dict:
             out.append({"role": "user", "content": text_of(value, message_index=i)})
         elif role in ASSISTANT_ROLES:
             text = text_of(value, message_index=i)
-            calls = json_calls(text, i) if "function" in text else None
-            if calls:  # data-genie: the turn is a JSON list of OpenAI-style calls
-                out.append({"role": "assistant", "reasoning_content": "", "content": "", "tool_calls": calls})
-                continue
             reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
             if reasoning is not None and type(reasoning) is not str:
                 reasoning = _reasoning_field(m, i)  # text parts are fine, other types are bad_content
+            calls = json_calls(text, i) if "function" in text else None
+            if calls:  # data-genie: the turn is a JSON list of OpenAI-style calls
+                out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": "",
+                            "tool_calls": calls})
+                continue
             if not reasoning:
                 reasoning, text = split_think(text, message_index=i)
             out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": text})

@@ -440,9 +440,10 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
             raise
         except Exception as err:  # noqa: BLE001 - the template's own error text is the most precise message
             raise RecordError(Reason.RENDER_FAILED, f"{type(err).__name__}: {err}") from None
-    if stripped and counters is not None:  # counted only for a record that is kept
+    if type(stripped) is dict and counters is not None:  # counted only for a record that is kept
         for name, n in stripped.items():
-            _bump(counters, f"{STRIPPED_PREFIX}{name}", n)
+            if type(name) is str and type(n) is int:  # a record from elsewhere may carry anything here
+                _bump(counters, f"{STRIPPED_PREFIX}{name}", n)
     return result
 
 
