@@ -287,9 +287,11 @@ def _all_openai_shaped_records():
     spec = importlib.util.spec_from_file_location("_bench", Path(__file__).parents[1] / "scripts" / "bench.py")
     if spec is not None and spec.loader is not None and Path(spec.origin).exists():
         bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-        for i, r in enumerate(bench.make_workload(300, seed=5)):
-            yield f"bench:{i}", bench.to_openai(r, i)
+        spec.loader.exec_module(bench)  # puts scripts/ on the path, where the rows live
+        from bench_rows.workload import make_workload, to_openai
+
+        for i, r in enumerate(make_workload(300, seed=5)):
+            yield f"bench:{i}", to_openai(r, i)
 
 
 def test_fast_path_equals_the_general_path_or_defers_to_it():

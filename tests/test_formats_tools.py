@@ -444,19 +444,19 @@ def test_real_hermes_folder(tok):
     assert {(k, fmt) for k, fmt, _ in ok} == {
         ("data-genie__sharegpt_new_format.json:0", "hermes"),  # ```tools / ```tool_call / ```tool_response fences
         ("data-genie__weather_api_example.json:0", "openai"),
+        # the calls are a JSON list of OpenAI-style calls in the gpt text (tests/test_tool_prompts.py)
+        ("data-genie__sharegpt_example.json:0", "hermes"),
+        ("data-genie__sharegpt_example.json:1", "hermes"),
     }
     assert rejects == {
         # a prompt asset, not a record: {"example": "```\nSYSTEM: ... ASSISTANT: <tool_call>...```"}
         "NousResearch_Hermes-Function-Calling__few_shot.json:0": "unknown_format",
         "NousResearch_Hermes-Function-Calling__few_shot.json:1": "unknown_format",
-        # the calls are an untagged JSON list in the gpt text, so the tool turns answer no call
-        "data-genie__sharegpt_example.json:0": "tool_result_without_call",
-        "data-genie__sharegpt_example.json:1": "tool_result_without_call",
     }
     fenced = {k: out for k, _, out in ok}["data-genie__sharegpt_new_format.json:0"]
     assert [t["function"]["name"] for t in fenced["tools"]] == ["deploy_smart_contract", "execute_contract_automation"]
     assert [m["role"] for m in fenced["messages"]] == ["user", "assistant", "tool", "tool", "assistant"]
-    assert sum(_round_trip(tok, out) for _, _, out in ok) == 2
+    assert sum(_round_trip(tok, out) for _, _, out in ok) == 4
 
 
 def test_real_xlam_like_folder(tok):

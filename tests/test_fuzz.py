@@ -317,6 +317,105 @@ def test_typescript_tool_declarations(src):
     orjson.dumps(tools)
 
 
+# --- tool-calling data: no call syntax survives as text --------------------------------------------------------
+#
+# Rows built the way Hermes, Qwen, glaive, xLAM and data-genie data is: the real prompt templates of
+# tests/data/tool_prompts/ (the dataset's own instructions around them), tagged or JSON calls, results in tool or
+# user turns. Every such row must convert, and nothing in what comes out may still hold the other syntax's tags.
+
+PROMPTS = ROOT / "tests" / "data" / "tool_prompts"
+FOREIGN_TAGS = ("<tool_call>", "<tools>", "<functioncall>", "<tool_response>")
+_FUZZ_TOOLS = [{"type": "function", "function": {"name": n, "description": f"{n} for a city.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+    for n in ("get_weather", "get_time")]
+_README_TOOLS = ("[{'type': 'function', 'function': {'name': 'get_stock_fundamentals', 'description': 'Get fundamental "
+                 "data for a given stock symbol using yfinance API.', 'parameters': {'type': 'object', 'properties': "
+                 "{'symbol': {'type': 'string'}}, 'required': ['symbol']}}}]")
+
+
+def _tool_prompt(name: str, tools: list) -> str:
+    """A system prompt template with `tools` declared in it, as the dataset writes them."""
+    text = (PROMPTS / name).read_text(encoding="utf-8")
+    if name.startswith("hermes"):
+        return text.replace(_README_TOOLS, repr(tools))
+    return text  # the Qwen renders already declare _FUZZ_TOOLS
+
+
+plain = st.text(alphabet="abcdefghij KLMNOP.,!?-0123456789", min_size=1, max_size=30).map(lambda t: t.strip() or "ok")
+own_instructions = st.lists(plain, max_size=3).map(" ".join)
+
+
+@st.composite
+def tool_rows(draw):
+    template = draw(st.sampled_from(["hermes2pro_function_calling.txt", "hermes3_tool_use.txt", "qwen2_5_rendered.txt",
+                                     "qwen2_5_rendered_no_system.txt", "qwen3_rendered_no_system.txt", "few_shot",
+                                     "glaive", "xlam"]))
+    before, after = draw(own_instructions), draw(own_instructions)
+    n = draw(st.integers(1, 3))
+    calls = [{"name": draw(st.sampled_from(["get_weather", "get_time"])),
+              "arguments": draw(st.fixed_dictionaries({"city": plain}, optional={"days": st.integers(0, 9)}))}
+             for _ in range(n)]
+    results = [draw(plain) for _ in range(n)]
+    if template == "xlam":  # no prompt of its own: the row trains the calls
+        return {"query": draw(plain), "tools": json.dumps([t["function"] for t in _FUZZ_TOOLS]),
+                "answers": json.dumps(calls)}
+    if template == "glaive":
+        funcs = "\n".join(json.dumps(t["function"], indent=4) for t in _FUZZ_TOOLS)
+        chat = f"USER: {draw(plain)}\n\n\nASSISTANT: <functioncall> " + json.dumps(
+            {"name": calls[0]["name"], "arguments": json.dumps(calls[0]["arguments"])}) + " <|endoftext|>\n\n\n" \
+            f"FUNCTION RESPONSE: {results[0]}\n\n\nASSISTANT: {draw(plain)} <|endoftext|>"
+        return {"system": f"SYSTEM: You are a helpful assistant with access to the following functions. Use them if "
+                          f"required - {before}\n{funcs}\n", "chat": chat}
+    if template == "few_shot":
+        prompt = f"You are a helpful assistant who has access to functions. Use them if required\n<tools>" \
+                 f"{json.dumps([t['function'] for t in _FUZZ_TOOLS], indent=1)}\n\n</tools>"
+    else:
+        prompt = _tool_prompt(template, _FUZZ_TOOLS)
+    system = "\n\n".join(p for p in (before, prompt, after) if p)
+    style = draw(st.sampled_from(["json", "python", "data-genie"]))
+    if style == "data-genie":
+        said = json.dumps([{"id": f"call_{k}", "function": {**c, "type": "function"}} for k, c in enumerate(calls)])
+        answers = [("tool", json.dumps({"tool_call_id": f"call_{k}", "name": c["name"], "content": {"r": r}}))
+                   for k, (c, r) in enumerate(zip(calls, results))]
+    else:
+        dump = json.dumps if style == "json" else repr
+        said = draw(st.sampled_from(["", "Let me check.\n"])) + "\n".join(
+            f"<tool_call>\n{dump(c)}\n</tool_call>" for c in calls)
+        blocks = [f"<tool_response>\n{dump({'name': c['name'], 'content': r})}\n</tool_response>"
+                  for c, r in zip(calls, results)]
+        answers = [("tool", b) for b in blocks] if draw(st.booleans()) else [("user", "\n".join(blocks))]
+    turns = [("system", system), ("user", draw(plain)), ("assistant", said), *answers, ("assistant", draw(plain))]
+    if draw(st.booleans()):
+        names = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
+        return {"conversations": [{"from": names[r], "value": t} for r, t in turns]}
+    return {"messages": [{"role": r, "content": t} for r, t in turns]}
+
+
+def _strings(value) -> list[str]:
+    if type(value) is str:
+        return [value]
+    if type(value) is dict:
+        return [s for k, v in value.items() for s in (k, *_strings(v))]
+    if type(value) is list:
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+@fuzz_settings(ci=300, long=20_000)
+@given(tool_rows(), st.sampled_from(["auto", "hermes", "native"]))
+def test_tool_rows_convert_without_foreign_call_syntax_in_any_text(rec, fmt):
+    own = "glaive" if "chat" in rec else "xlam" if "query" in rec else None
+    if fmt == "native":
+        fmt = own or ("sharegpt" if "conversations" in rec else "openai")
+    elif fmt == "hermes" and own:
+        fmt = own
+    beam = convert_record(copy.deepcopy(rec), fmt)
+    _accepted(beam, fmt)
+    left = [(t, tag) for t in _strings(beam) for tag in FOREIGN_TAGS if tag in t]
+    assert not left, left
+    assert any(m.get("tool_calls") for m in beam["messages"]) and beam["tools"]
+
+
 # --- the known shapes, so a regression is caught without relying on the search ------------------------------
 
 KNOWN = {

@@ -29,6 +29,8 @@ import sys
 from collections import Counter, deque
 from typing import Any
 
+from beam_sft.validate.rules import STRIPPED_PREFIX
+
 # Records per task: big enough that pickling and scheduling vanish next to conversion, small enough that
 # the in-flight window (a few chunks per worker) stays a few MB.
 CHUNK = 256
@@ -56,6 +58,8 @@ class Stats:
         self.records_with_tools = 0
         self.efforts: Counter[str] = Counter()
         self.policy: Counter[str] = Counter()
+        # foreign call-syntax instructions removed from prompts, per pattern (beam_sft.formats.toolmarkup)
+        self.stripped_tool_prompt: Counter[str] = Counter()
 
     def add_ok(self, rec: dict, fmt: str, counters: dict) -> None:
         self.records_in += 1
@@ -87,7 +91,11 @@ class Stats:
         if kwargs and "reasoning_effort" in kwargs:
             self.efforts[str(kwargs["reasoning_effort"])] += 1
         if counters:
-            self.policy.update(counters)
+            for key, n in counters.items():
+                if key.startswith(STRIPPED_PREFIX):
+                    self.stripped_tool_prompt[key[len(STRIPPED_PREFIX):]] += n
+                else:
+                    self.policy[key] += n
 
     def add_reject(self, code: str) -> None:
         self.records_in += 1
@@ -129,6 +137,7 @@ class Stats:
             ("content folded to reasoning", self.policy["folded_content"]),
             ("late system moved", self.policy["moved_system"]),
             ("kept without reasoning", self.policy["missing_reasoning"]),
+            ("tool prompt removed", counts(self.stripped_tool_prompt)),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

@@ -5,8 +5,9 @@ One row is two strings::
     {"system": "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -\\n{\\n  \\"name\\": ...}\\n\\n{...}\\n",
      "chat": "USER: ...\\n\\n\\nASSISTANT: <functioncall> {\\"name\\": \\"f\\", \\"arguments\\": '{\\"a\\": 1}'} <|endoftext|>\\n\\n\\nFUNCTION RESPONSE: {...}\\n\\n\\nASSISTANT: ... <|endoftext|>"}
 
-* the functions are the pretty-printed JSON objects after the system text (zero or more); the boilerplate
-  sentence that introduces them is dropped, any other system text is kept;
+* the functions are the pretty-printed JSON objects after the system text (zero or more); the preamble that
+  introduces them ("… Use them if required -") is dropped (`beam_sft.formats.toolmarkup.strip_tool_prompt`),
+  any other system text is kept;
 * ``chat`` is split on the role markers ``USER:``, ``ASSISTANT:``, ``FUNCTION RESPONSE:`` (at the start of
   the text or of a line); ``<|endoftext|>`` is dropped;
 * ``<functioncall> {...}`` → a call; its ``arguments`` is a single-quoted JSON string (a Python literal, not
@@ -22,7 +23,7 @@ from typing import Any
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import reject_unsupported_record
-from beam_sft.formats.toolmarkup import call_from_value, loads_lenient, strip_boilerplate
+from beam_sft.formats.toolmarkup import call_from_value, loads_lenient, strip_tool_prompt
 from beam_sft.records.messages import normalize_tools, record
 
 _ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
@@ -86,7 +87,8 @@ def convert(rec: Any) -> dict:
     system = system.strip()
     system = system.removeprefix("SYSTEM:")
     funcs, instructions = _functions(system)
-    instructions = strip_boilerplate(instructions)
+    stripped: dict = {"tool_list": 1} if funcs else {}
+    instructions = strip_tool_prompt(instructions, stripped).strip()
     messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
     parts = _ROLE.split(chat.replace(_EOT, ""))
     if parts[0].strip():
@@ -110,4 +112,6 @@ def convert(rec: Any) -> dict:
     beam = record(messages, normalize_tools(funcs) if funcs else None)
     if instructions:  # message indexes in errors count the turns of `chat`
         beam["_src"] = [None, *range(len(messages) - 1)]
+    if stripped:
+        beam["_stripped"] = stripped  # counted by beam_sft.validate.rules as stripped_tool_prompt
     return beam

@@ -8,7 +8,8 @@ Accepted shapes (one record):
 * content as a string, ``null``, or a list of parts: text parts (``text`` / ``input_text`` /
   ``output_text``, text under ``text`` or ``value``) are joined with no separator; any other part
   (image, audio, file) rejects the record (`unsupported_content_part`);
-* assistant ``tool_calls`` with JSON-string or object ``arguments``; legacy ``function_call``; role
+* assistant ``tool_calls`` with JSON-string or object ``arguments``; an assistant text that is, whole, a JSON
+  list of OpenAI-style calls (data-genie; `beam_sft.formats.toolmarkup.json_calls`); legacy ``function_call``; role
   ``function`` results; reasoning in ``reasoning_content``, ``reasoning`` or ``thinking`` (first non-empty),
   else a leading ``<think>…</think>`` block of the content;
 * LLaMA-Factory "v1" content parts: ``reasoning``, ``tool_call`` (one JSON call), ``tool_calls`` (a JSON list),
@@ -29,7 +30,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.toolmarkup import lift, scan
+from beam_sft.formats.toolmarkup import json_calls, lift, scan
 from beam_sft.records.messages import (
     normalize_tools,
     openai_tool_call,
@@ -175,6 +176,10 @@ def _assistant_message(m: dict, content: Any, i: int) -> dict:
         if type(fc) is not dict:
             raise RecordError(Reason.BAD_CONTENT, "function_call is not an object", message_index=i)
         calls.append(tool_call(fc.get("name"), fc.get("arguments"), message_index=i))
+    if not calls and text and "function" in text:
+        calls = json_calls(text, i) or calls  # data-genie: the text is a JSON list of OpenAI-style calls
+        if calls:
+            text = ""
     if calls:
         return {"role": "assistant", "reasoning_content": reasoning or "", "content": text, "tool_calls": calls}
     return {"role": "assistant", "reasoning_content": reasoning or "", "content": text}
@@ -279,13 +284,16 @@ def finish(rec: dict, messages: list[dict], tools: list | None, src: list | None
     tools, and the notes `validate` reads (`_src`: the source message of each message, for error indexes;
     `_no_markup`: no text holds tool markup; `_format`: "hermes" when tags were lifted)."""
     markup, hermes = scan(messages)
+    stripped: dict = {}
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
-        messages, tools, src = lift(messages, tools, src)
+        messages, tools, src = lift(messages, tools, src, stripped)
     beam = beam_record(messages, tools, record_kwargs(rec))
     if src is not None:
         beam["_src"] = src
     if hermes:
         beam["_format"] = "hermes"
+        if stripped:
+            beam["_stripped"] = stripped  # counted by beam_sft.validate.rules as stripped_tool_prompt
     elif not markup:
         beam["_no_markup"] = True  # validate need not search again
     return beam

@@ -16,6 +16,11 @@ Hermes and axolotl data:
   ``ipython``
 
 A leading ``<think>…</think>`` (or ``<thinking>``, ``<reasoning>``) block in an assistant turn is its reasoning.
+An assistant turn whose whole text is a JSON list (or one object) of OpenAI-style calls (``[{"id", "function":
+{"name", "arguments", "type"?}, "type"?}]``, as data-genie writes them) is those calls, and a result turn that
+is an OpenAI tool message as JSON text (``{"tool_call_id", "name", "content"}``) is unwrapped; JSON that only
+looks similar stays text (`beam_sft.formats.toolmarkup.json_calls` / `result_wrapper`).
+
 A call turn becomes an assistant message of its own; the assistant turn right before it (typically the
 reasoning, glaive's "I'll look that up") is merged with it by `beam_sft.validate.rules`, which also pairs results
 with calls by position.
@@ -29,6 +34,7 @@ import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import _reasoning_field, finish, record_object
+from beam_sft.formats.toolmarkup import json_calls, result_wrapper
 from beam_sft.records.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
 
 USER_ROLES = frozenset(("human", "user", "prompter", "usr"))
@@ -85,6 +91,11 @@ def convert(rec: Any) -> dict:
             reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
             if reasoning is not None and type(reasoning) is not str:
                 reasoning = _reasoning_field(m, i)  # text parts are fine, other types are bad_content
+            calls = json_calls(text, i) if "function" in text else None
+            if calls:  # data-genie: the turn is a JSON list of OpenAI-style calls
+                out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": "",
+                            "tool_calls": calls})
+                continue
             if not reasoning:
                 reasoning, text = split_think(text, message_index=i)
             out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": text})
@@ -95,6 +106,13 @@ def convert(rec: Any) -> dict:
             msg = {"role": "tool", "content": tool_content(value, message_index=i)}
             if isinstance(m.get("name"), str) and m["name"]:
                 msg["name"] = m["name"]
+            wrapped = result_wrapper(msg["content"]) if type(value) is str else None
+            if wrapped:  # data-genie: the turn is an OpenAI tool message as JSON text
+                msg["content"], name, call_id = wrapped
+                if name:
+                    msg["name"] = name
+                if call_id:
+                    msg["tool_call_id"] = call_id
             out.append(msg)
         elif role in ("system", "developer"):
             out.append({"role": role, "content": text_of(value, message_index=i)})

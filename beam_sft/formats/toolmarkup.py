@@ -3,11 +3,13 @@
 Two jobs, shared by the OpenAI and ShareGPT converters (and so by `--format hermes`):
 
 * `lift` turns markup into structure: a ``<tools>`` block (or a ```` ```tools ```` fence) in a system
-  message → the record's ``tools``, with the prompt boilerplate around it dropped; ``<tool_call>`` blocks in
-  an assistant message → its ``tool_calls`` (text beside them → reasoning); ``<tool_response>`` blocks in a
-  tool or user message → tool messages, ``{"name", "content"}`` wrappers unwrapped.
+  message → the record's ``tools``, with the instructions for the dataset's own call syntax around it dropped
+  (`strip_tool_prompt`, counted per pattern); ``<tool_call>`` blocks in an assistant message → its
+  ``tool_calls`` (text beside them → reasoning); ``<tool_response>`` blocks in a tool or user message → tool
+  messages, ``{"name", "content"}`` wrappers unwrapped.
 * `beam_sft.records.markup.find_markup` (the rule below, used by `beam_sft.validate.rules` as
   ``tool_markup_in_text``) finds call or result markup still in a text after conversion.
+* `json_calls` / `result_wrapper` read OpenAI-style calls and tool messages written as JSON text (data-genie).
 
 **Markup vs a tag quoted in prose.** A tag is markup when a model or tool would have written it as
 structure: it starts a line (only whitespace before it), or JSON follows it (``{`` or ``[``, after
@@ -175,21 +177,40 @@ def _results(bodies: list[str]) -> list[tuple[str, str | None]]:
 
 
 # --- system prompt -------------------------------------------------------------------------------------------------
+#
+# The instructions Hermes, Qwen and glaive prompts wrap around their tools describe *their* call syntax ("return a
+# json object … within <tool_call></tool_call> XML tags"). Beam's template declares the tools itself and the
+# trained answer uses Beam's call syntax, so kept, these paragraphs would contradict the answer (and their literal
+# <tool_call> templates would get the record rejected as markup). Each is removed, under a name that the
+# ``stripped_tool_prompt`` counts use, from a system/developer text whose tools the converter has taken out;
+# any other sentence is the dataset's own instruction and stays. Texts: tests/data/tool_prompts/SOURCES.md.
 
-_BOILERPLATE = [re.compile(p, re.IGNORECASE) for p in (
-    r"You are a function calling AI model\.?",
-    r"You are provided with function signatures within <tools>\s*</tools> XML tags[.:]?",
-    r"You may call one or more functions to assist with the user query\.?",
-    r"Don'?t make assumptions about what values to plug into functions\.?",
-    (r"You are a helpful assistant,? (?:with|who has) access to (?:the following )?functions\.?"
-    r"(?:\s*Use them if required\s*-?)?"),
-    (r"For each function call,? return a json object with function name and arguments within "
-    r"<tool_call>\s*</tool_call> XML tags(?: as follows)?[.:]?"),
-    # the format example that follows it, with placeholders instead of values
-    r"<tool_call>\s*\{[^\n]*<(?:function-name|args-dict|args-json-object)>[^\n]*\}\s*</tool_call>",
-)] + [re.compile(r"^#\s*Tools[ \t]*$", re.MULTILINE)]
-_PYDANTIC = re.compile(r"Use the following pydantic model json schema for each tool call you will make:\s*",
-                       re.IGNORECASE)
+_I = re.IGNORECASE
+_PROMPT_SOURCES = (
+    ("hermes_role", r"You are a function calling AI model\.?", _I),
+    ("tools_intro", r"You are provided with function signatures within <tools>\s*</tools> XML tags[.:]?", _I),
+    ("tools_intro", r"Here are the available tools:", _I),
+    ("may_call", r"You may call one or more functions to assist with the user query\.?", _I),
+    ("no_assumptions", r"Don'?t make assumptions about what values to plug into functions\.?", _I),
+    ("results_format", (r"After calling (?:&|and) executing the functions, you will be provided with function results "
+     r"within <tool_response>\s*</tool_response> XML tags\.?"), _I),
+    ("call_format", (r"For each function call,? return a json object,? with function name and arguments within "
+     r"<tool_call>\s*</tool_call> (?:XML )?tags(?: as follows| with the following schema)?[.:]?"), _I),
+    ("call_format", r"Each function call should be enclosed within <tool_call>\s*</tool_call> XML tags\.?", _I),
+    # a format example: placeholders (<function-name>, <args-dict>, {tool_call}) instead of a call
+    ("call_template", r"<tool_call>\s*(?:\{[^\n]*<[\w-]+>[^\n]*\}|\{\{?[\w-]+\}?\})\s*</tool_call>", 0),
+    ("qwen_header", r"^#[ \t]*Tools[ \t]*$", re.MULTILINE),
+    ("glaive_preamble", (r"You are an? helpful assistant,? (?:with|who has) access to (?:the following )?functions"
+     r"(?:\.?[ \t]*Use them if required|,? to help the user, you can use the functions if needed)?[ \t]*-?"), _I),
+)
+PROMPT_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
+    # each takes the blanks after it: removing a sentence leaves the line's other sentences spaced as they were
+    (name, re.compile(f"(?:{source})[ \t]*", flags)) for name, source, flags in _PROMPT_SOURCES)
+# The pydantic FunctionCall schema of Hermes 2 Pro / Hermes 3 prompts: the lead-in, then a balanced {...}.
+_PYDANTIC = re.compile(r"(?:Use the following pydantic model json schema for each tool call you will make|For each "
+                       r"function call return a JSON object, with the following pydantic model json schema):\s*", _I)
+# Cheap gate: a text none of whose patterns can match is returned untouched without running them.
+_PROMPT_HINTS = ("<tool", "function", "Tools", "tools")
 
 
 def _skip_braces(text: str, pos: int) -> int:
@@ -206,6 +227,34 @@ def _skip_braces(text: str, pos: int) -> int:
             if depth == 0:
                 return k + 1
     return pos
+
+
+def _bump(counts: dict | None, name: str, n: int = 1) -> None:
+    if counts is not None and n:
+        counts[name] = counts.get(name, 0) + n
+
+
+def strip_tool_prompt(text: str, counts: dict | None = None) -> str:
+    """`text` without the known foreign call-syntax paragraphs (`PROMPT_PATTERNS`, the pydantic schema);
+    `counts` (pattern name → times removed) is updated. Whitespace is tidied only where something was removed."""
+    if not any(h in text for h in _PROMPT_HINTS):
+        return text
+    removed = 0
+    m = _PYDANTIC.search(text)
+    while m:
+        end = _skip_braces(text, m.end())
+        text = text[:m.start()] + text[end:].lstrip(" \t")
+        _bump(counts, "pydantic_schema")
+        removed += 1
+        m = _PYDANTIC.search(text, m.start())
+    for name, pattern in PROMPT_PATTERNS:
+        text, n = pattern.subn("", text)
+        _bump(counts, name, n)
+        removed += n
+    if not removed:
+        return text
+    lines = [ln.rstrip() for ln in text.split("\n")]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
 def _tools_from_body(body: str) -> list:
@@ -228,8 +277,8 @@ def _tools_from_body(body: str) -> list:
     return value if type(value) is list else [value]
 
 
-def _system_tools(text: str, i: int) -> tuple[list, str] | None:
-    """Tools declared in a system prompt, and the prompt without them and their boilerplate."""
+def _system_tools(text: str, i: int, counts: dict | None = None) -> tuple[list, str] | None:
+    """Tools declared in a system prompt, and the prompt without them and their call-syntax instructions."""
     found = _blocks(text, "tools", i)
     if found is None:
         return None
@@ -237,17 +286,76 @@ def _system_tools(text: str, i: int) -> tuple[list, str] | None:
     tools: list = []
     for body in bodies:
         tools.extend(_tools_from_body(body))
-    return tools, strip_boilerplate(rest)
+    _bump(counts, "tool_list", len(bodies))
+    return tools, strip_tool_prompt(rest, counts)
 
 
-def strip_boilerplate(text: str) -> str:
-    """A system prompt without the tool-calling boilerplate Hermes, Qwen and glaive put around the tools."""
-    for pattern in _BOILERPLATE:
-        text = pattern.sub("", text)
-    m = _PYDANTIC.search(text)
-    if m:
-        text = text[:m.start()] + text[_skip_braces(text, m.end()):]
-    return re.sub(r"\n{3,}", "\n\n", text).strip()
+# --- OpenAI-style calls written as JSON text -----------------------------------------------------------------------
+
+_CALL_KEYS = frozenset(("id", "type", "function", "index"))
+_FUNCTION_KEYS = frozenset(("name", "arguments", "type"))
+
+
+def _is_openai_call(item: Any) -> bool:
+    """``{"id"?, "type"?: "function", "function": {"name", "arguments", "type"?}}`` and nothing else."""
+    if type(item) is not dict or not _CALL_KEYS.issuperset(item) or item.get("type", "function") != "function":
+        return False
+    fn = item.get("function")
+    return type(fn) is dict and _FUNCTION_KEYS.issuperset(fn) and fn.get("type", "function") == "function" \
+        and type(fn.get("name")) is str and bool(fn["name"]) and type(fn.get("arguments")) in (dict, str)
+
+
+def json_calls(text: str, i: int | None) -> list[dict] | None:
+    """The calls of an assistant text that is, whole, a JSON list (or one object) of OpenAI-style tool calls,
+    as data-genie writes them; None for any other text, including JSON that only looks similar."""
+    body = text.strip()
+    if not body or (body[0], body[-1]) not in (("[", "]"), ("{", "}")) or "function" not in body:
+        return None
+    try:
+        value = loads_lenient(body)
+    except ValueError:
+        return None
+    items = value if type(value) is list else [value]
+    if not items or not all(_is_openai_call(c) for c in items):
+        return None
+    return [tool_call(c["function"]["name"], c["function"]["arguments"],
+                      c["id"] if type(c.get("id")) is str else None, message_index=i) for c in items]
+
+
+# data-genie's tool turns: an OpenAI tool message as JSON text, {"tool_call_id", "name", "content"}; its files miss
+# the quote that closes the id ("call_ur6F46uLbvxHgpOuoSMqURF9, "name": ...), which this reads as well.
+_RESULT_WRAPPER = re.compile(r'^\{\s*"tool_call_id"\s*:\s*"([^"\\,]*)"?\s*,\s*"name"\s*:\s*"([^"\\]*)"\s*,'
+                             r'\s*"content"\s*:\s*(.*)\}\s*$', re.DOTALL)
+
+
+def result_wrapper(text: str) -> tuple[str, str | None, str | None] | None:
+    """(content, name, tool_call_id) of a tool result written as an OpenAI tool message in JSON text, or None."""
+    body = text.strip()
+    if not body.startswith("{") or '"tool_call_id"' not in body:
+        return None
+    try:
+        value = loads_lenient(body)
+    except ValueError:
+        value = None
+    if type(value) is dict:
+        if "content" not in value or not set(value) <= {"tool_call_id", "name", "content"}:
+            return None
+        content, name, cid = value["content"], value.get("name"), value.get("tool_call_id")
+    else:
+        m = _RESULT_WRAPPER.match(body)
+        if not m:
+            return None
+        cid, name, raw = m.group(1), m.group(2), m.group(3).strip()
+        try:
+            content = loads_lenient(raw)
+        except ValueError:
+            content = raw
+    if type(content) is not str:
+        try:
+            content = orjson.dumps(content).decode()
+        except orjson.JSONEncodeError:
+            return None
+    return content, (name if type(name) is str and name else None), (cid if type(cid) is str and cid else None)
 
 
 # --- lift ----------------------------------------------------------------------------------------------------------
@@ -272,12 +380,14 @@ def scan(messages: list[dict]) -> tuple[bool, bool]:
     return True, ("<" in joined and "<tool" in joined) or ("`" in joined and "```tool" in joined)
 
 
-def lift(messages: list[dict], tools: list | None, src: list | None = None
+def lift(messages: list[dict], tools: list | None, src: list | None = None, counts: dict | None = None
          ) -> tuple[list[dict], list | None, list | None]:
     """Turn tag markup in converted (not yet validated) Beam messages into calls, results and tools.
 
     `src` maps message index → the caller's message index (for errors); returns the new messages, tools and
-    map. Messages without markup are passed through untouched.
+    map. Messages without markup are passed through untouched. A system/developer message loses its foreign
+    call-syntax instructions (`strip_tool_prompt`) when it declared tools, or when the record has tools from
+    elsewhere; one left empty is dropped. `counts` gets what was removed, per pattern.
     """
     out: list[dict] = []
     out_src: list = []
@@ -291,7 +401,9 @@ def lift(messages: list[dict], tools: list | None, src: list | None = None
             out_src.append(i)
             continue
         if role in ("system", "developer"):
-            got = _system_tools(text, i)
+            got = _system_tools(text, i, counts)
+            if got is None and (tools or found_tools):
+                got = [], strip_tool_prompt(text, counts)
             if got is not None:
                 declared, rest = got
                 found_tools.extend(declared)

@@ -188,6 +188,9 @@ def _fast_assistant(m: dict, texts: list[str]) -> dict | None:
     if not raw_calls:
         if not content:
             return None
+        first = content[0]
+        if (first == "[" or first == "{" or first.isspace()) and "function" in content:
+            return None  # maybe a JSON list of calls (formats.toolmarkup.json_calls)
         return {"role": "assistant", "reasoning_content": reasoning, "content": content}
     if content or type(raw_calls) is not list:
         return None

@@ -59,6 +59,8 @@ from beam_sft.records.messages import (
 )
 
 LATE_SYSTEM_CHOICES = ("reject", "move")
+# Counter keys for the foreign call-syntax instructions a converter removed: stripped_tool_prompt:<pattern name>.
+STRIPPED_PREFIX = "stripped_tool_prompt:"
 MISSING_REASONING_CHOICES = ("keep", "reject")
 
 
@@ -312,13 +314,15 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
 
     The record's message dicts are reused (converters build fresh ones). `counters`, when given, is
     incremented for what was changed or kept by policy: ``merged_assistant``, ``folded_content``,
-    ``moved_system``, ``missing_reasoning``.
+    ``moved_system``, ``missing_reasoning``, and ``stripped_tool_prompt:<pattern>`` for the call-syntax
+    instructions the converter removed from the prompt (its ``_stripped``; `beam_sft.formats.toolmarkup`).
     """
     opts = options or DEFAULT_OPTIONS
     if type(rec) is not dict:
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
     src = rec.pop("_src", None)
     no_markup = rec.pop("_no_markup", False)  # the converter already searched every text for tool markup
+    stripped = rec.pop("_stripped", None)  # foreign call-syntax instructions the converter removed, per pattern
     msgs = rec.get("messages")
     if type(msgs) is not list or not msgs:
         raise RecordError(Reason.EMPTY_CONVERSATION, "no messages")
@@ -345,6 +349,10 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
             raise
         except Exception as err:  # noqa: BLE001 - the template's own error text is the most precise message
             raise RecordError(Reason.RENDER_FAILED, f"{type(err).__name__}: {err}") from None
+    if type(stripped) is dict and counters is not None:  # counted only for a record that is kept
+        for name, n in stripped.items():
+            if type(name) is str and type(n) is int:  # a record from elsewhere may carry anything here
+                _bump(counters, f"{STRIPPED_PREFIX}{name}", n)
     return result
 
 
