@@ -298,6 +298,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     from beam_sft.dataset.phase import DataSettings, training_datasets
     from beam_sft.errors import UsageError
     from beam_sft.template.tokenizer import save_tokenizer
+    from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report, save_final_model
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.packing import ensure_exact_packing
     from beam_sft.train.trainer import make_trainer_class
@@ -347,6 +348,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     plain_loss = training_args.loss_path == "plain" or (
         training_args.loss_path == "auto" and training_args.device.type == "cpu"
     )
+    allow_fsdp_on_cpu()  # opt-in (BEAM_SFT_FSDP_ON_CPU=1): FSDP2 over CPU processes, see docs/fsdp.md
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(
         model=model,
@@ -358,6 +360,8 @@ def main(script_args, training_args, model_args, callbacks=None):
         callbacks=callbacks,
         plain_loss=plain_loss,
     )
+    if trainer.is_fsdp_enabled:
+        trainer.add_callback(make_sharding_report())
     if peft_config is not None:
         check_expert_adapters(trainer.model, wanted=script_args.lora_target_experts)
     # After the trainer is built: the model is on its device and wrapped as it will train (LoRA B = 0, so the
@@ -369,7 +373,8 @@ def main(script_args, training_args, model_args, callbacks=None):
         Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
         write_json_atomic(str(Path(training_args.output_dir) / "packing_probe.json"), packing.to_dict())
     trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(training_args.output_dir)
+    # Under FSDP: the full model gathered to rank 0, whatever state_dict_type the checkpoints use.
+    save_final_model(trainer, training_args.output_dir)
     if trainer.accelerator.is_main_process:
         # Again, through save_tokenizer: it keeps the response template's key order (see its docstring).
         save_tokenizer(tokenizer, training_args.output_dir)
