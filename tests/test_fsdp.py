@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_train import TRAIN, free_port, losses
 
 REPO = Path(__file__).resolve().parent.parent
@@ -246,33 +245,67 @@ def test_lora_under_fsdp2_with_full_state_dict_checkpoints(tmp_path):
 
 
 def test_tiny_gpt_oss_experts_and_sinks_shard(tmp_path):
-    """The tiny gpt-oss of configs/quickstart_gpt_oss.yaml (vocabulary cut to the bundled tokenizer's): fused
-    expert tensors and attention sinks are sharded, trained, gathered and saved whole."""
+    """The tiny gpt-oss of configs/quickstart_gpt_oss.yaml (vocabulary cut to the bundled tokenizer's), loaded
+    from a checkpoint directory as a user's run would (with fsdp2.yaml's cpu_ram_efficient_loading accelerate
+    broadcasts rank 0's weights into the shards) and trained packed: fused expert tensors and attention sinks
+    are sharded, trained, gathered and saved whole."""
     import torch
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
+
+    from beam_sft.template.tokenizer import load_tokenizer, save_tokenizer
+    from beam_sft.train.trainer import build_tiny_model
 
     config = json.loads((REPO / "configs" / "models" / "tiny_gpt_oss" / "config.json").read_text())
     config["vocab_size"] = 6000  # the 201k o200k vocabulary would make this test minutes long, not seconds
     (tmp_path / "tiny_gpt_oss").mkdir()
     (tmp_path / "tiny_gpt_oss" / "config.json").write_text(json.dumps(config))
+    tok = load_tokenizer()
+    base = build_tiny_model(tok, tmp_path / "tiny_gpt_oss", seed=0)
+    base.save_pretrained(tmp_path / "base")
+    save_tokenizer(tok, tmp_path / "base")
     out = tmp_path / "gpt_oss"
-    argv = [*COMMON, "--max_steps", "2", "--tiny_model_config", str(tmp_path / "tiny_gpt_oss"),
+    argv = [*COMMON, "--max_steps", "2", "--model_name_or_path", str(tmp_path / "base"), "--packing", "true",
             "--output_dir", str(out), "--prepared_cache_dir", str(tmp_path / "cache")]
-    launch(TRAIN, argv)
+    log = launch(TRAIN, argv)
+    assert "check-template: all rules pass" in log.stderr
     report = assert_sharded_in_halves(out)
     for rank in (0, 1):
         shards = report[rank]["shards"]
         assert shards["model.layers.0.mlp.experts.gate_up_proj"]["local_shape"] == [2, 128, 256]  # 2 of 4 experts
         assert shards["model.layers.1.self_attn.sinks"]["local_shape"] == [2]  # 2 of 4 heads' sinks
+    assert json.loads((out / "packing_probe.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(out)
     assert type(model).__name__ == "GptOssForCausalLM"
-    experts = model.model.layers[0].mlp.experts
-    assert experts.gate_up_proj.shape[0] == 4 and experts.down_proj.shape[0] == 4
-    assert model.model.layers[0].self_attn.sinks.shape == (4,)
     assert sum(p.numel() for p in model.parameters()) == report[0]["full_numel"]
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         names = set(f.keys())
     assert "model.layers.1.self_attn.sinks" in names and "model.layers.1.mlp.experts.gate_up_proj" in names
+    for layer in (0, 1):  # every shard of them was trained, and came back
+        trained, before = model.model.layers[layer], base.model.layers[layer]
+        for name in ("gate_up_proj", "down_proj"):
+            t, b = getattr(trained.mlp.experts, name), getattr(before.mlp.experts, name)
+            assert t.shape == b.shape and not torch.equal(t[:2], b[:2]) and not torch.equal(t[2:], b[2:]), name
+        assert not torch.equal(trained.self_attn.sinks, before.self_attn.sinks)
     history = losses(out)
     assert sorted(history) == [1, 2] and all(torch.isfinite(torch.tensor(v)) for v in history.values())
+
+
+def test_fsdp_on_cpu_without_the_opt_in_warns_and_leaves_accelerate_alone(monkeypatch, caplog):
+    """Without BEAM_SFT_FSDP_ON_CPU, a CPU launch that asked for FSDP is told it trains DDP; nothing is patched."""
+    import torch
+    from accelerate.state import AcceleratorState
+
+    from beam_sft.train import fsdp
+
+    before = AcceleratorState.__init__
+    monkeypatch.delenv(fsdp.CPU_FSDP_ENV, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level("WARNING", logger="beam_sft.train.fsdp"):
+        assert fsdp.allow_fsdp_on_cpu() is False
+    assert "accelerate trains DDP here" in caplog.text and fsdp.CPU_FSDP_ENV in caplog.text
+    assert AcceleratorState.__init__ is before
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
+    caplog.clear()
+    assert fsdp.allow_fsdp_on_cpu() is False and not caplog.text
