@@ -309,3 +309,16 @@ def test_fsdp_on_cpu_without_the_opt_in_warns_and_leaves_accelerate_alone(monkey
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
     caplog.clear()
     assert fsdp.allow_fsdp_on_cpu() is False and not caplog.text
+
+
+def test_last_sharded_checkpoint_merges_into_the_final_model(llama_run, tmp_path):
+    """checkpoint-4 (the last step) merged offline by accelerate holds exactly the weights of the final save."""
+    from accelerate.utils import merge_fsdp_weights
+    from safetensors.torch import load_file
+
+    out, _, _, _ = llama_run
+    merge_fsdp_weights(str(out / "checkpoint-4" / "pytorch_model_fsdp_0"), str(tmp_path / "merged"))
+    merged, final = load_file(str(tmp_path / "merged" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert sorted(merged) == sorted(final)
+    for name, tensor in final.items():
+        assert merged[name].equal(tensor), name
