@@ -122,13 +122,19 @@ def save_final_model(trainer, output_dir: str) -> None:
     if not getattr(trainer, "is_fsdp_enabled", False):
         trainer.save_model(output_dir)
         return
+    import torch
+    from transformers.trainer import TRAINING_ARGS_NAME
+
     accelerator = trainer.accelerator
-    # accelerate's FSDP2 full state dict: gathered on every rank's CPU, broadcast from rank 0 (a collective).
+    # accelerate's full state dict (FSDP2: get_model_state_dict, full_state_dict + cpu_offload): every rank takes
+    # part in the all-gathers, only rank 0 keeps the tensors, in CPU memory.
     state_dict = accelerator.get_state_dict(trainer.model)
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
         n_tensors = len(state_dict)  # save_pretrained consumes the dict
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        # As Trainer._save does after a non-FSDP run, so both kinds of output directory hold the same files.
+        torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
         logger.info("FSDP: full model gathered to rank 0 and saved to %s (%d tensors)", output_dir, n_tensors)
     accelerator.wait_for_everyone()
