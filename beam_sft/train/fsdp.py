@@ -9,12 +9,14 @@
   is slow and saves no memory a real job needs. Without the opt-in a CPU launch that asked for FSDP is
   warned that it is training DDP.
 * `ShardingReport`: at the start of training every rank writes `fsdp_sharding.rank<r>.json` (how many
-  parameters are DTensors, local vs full element counts), so a run shows that it sharded.
+  parameters are DTensors, local vs full element counts, each parameter's full and local shape and
+  placement), so a run shows that it sharded.
 * `save_final_model`: under FSDP the Trainer's `save_model` writes weights only when the plugin's
   `state_dict_type` is FULL_STATE_DICT; with SHARDED_STATE_DICT (what configs/accelerate/fsdp2.yaml uses, so
   checkpoints stay sharded and fast) the output directory gets no model at all. The final save here always
   gathers the full state dict to rank 0 and writes a `from_pretrained`-loadable model (safetensors,
-  config, generation config), or the LoRA adapter for a peft model, whatever the checkpoints use.
+  config, generation config, training_args.bin), or the LoRA adapter for a peft model, whatever the
+  checkpoints use.
 """
 
 from __future__ import annotations
