@@ -26,6 +26,13 @@ accelerate launch --config_file configs/accelerate/cpu_ddp.yaml scripts/train.py
     --config configs/quickstart.yaml --output_dir outputs/quickstart-ddp
 ```
 
+# FSDP2 on two CPU processes (gloo): test-only path, accelerate alone would train DDP (docs/fsdp.md)
+```bash
+BEAM_SFT_FSDP_ON_CPU=1 accelerate launch --config_file configs/accelerate/fsdp2.yaml --num_processes 2 \
+    --mixed_precision no scripts/train.py --config configs/quickstart.yaml --output_dir outputs/quickstart-fsdp2 \
+    --per_device_train_batch_size 4
+```
+
 # Full fine-tuning of a Beam checkpoint on converted data, 8 GPUs
 ```bash
 convert-dataset data/samples/openai.jsonl -o data/converted/train.jsonl

@@ -55,6 +55,7 @@ def resume_checkpoint(training_args):
 def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args, model_args,
                   callbacks=None):
     """`BeamSFTTrainer` with LoRA (when asked), its loss path, and packing made exact (probed) before training."""
+    from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.packing import ensure_exact_packing
     from beam_sft.train.trainer import make_trainer_class
@@ -63,6 +64,7 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
     plain_loss = training_args.loss_path == "plain" or (
         training_args.loss_path == "auto" and training_args.device.type == "cpu"
     )
+    allow_fsdp_on_cpu()  # opt-in (BEAM_SFT_FSDP_ON_CPU=1): FSDP2 over CPU processes, see docs/fsdp.md
     trainer = make_trainer_class()(
         model=model,
         args=training_args,
@@ -73,6 +75,8 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
         callbacks=callbacks,
         plain_loss=plain_loss,
     )
+    if trainer.is_fsdp_enabled:
+        trainer.add_callback(make_sharding_report())
     if peft_config is not None:
         check_expert_adapters(trainer.model, wanted=script_args.lora_target_experts)
     # After the trainer is built: the model is on its device and wrapped as it will train (LoRA B = 0, so the
@@ -89,8 +93,10 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
 def save(trainer, tokenizer, output_dir: str) -> None:
     """The model, then the tokenizer with both templates (main process), and a one-line account."""
     from beam_sft.template.tokenizer import save_tokenizer
+    from beam_sft.train.fsdp import save_final_model
 
-    trainer.save_model(output_dir)
+    # Under FSDP: the full model gathered to rank 0, whatever state_dict_type the checkpoints use.
+    save_final_model(trainer, output_dir)
     if trainer.accelerator.is_main_process:
         # Again, through save_tokenizer: it keeps the response template's key order (see its docstring).
         save_tokenizer(tokenizer, output_dir)

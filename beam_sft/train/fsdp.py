@@ -1,0 +1,142 @@
+"""FSDP2 in `scripts/train.py`: sharding on CPU (gloo) for tests, a sharding report, a whole final model.
+
+* CPU FSDP2. accelerate 1.15 applies its FSDP plugin only over a multi-accelerator distributed type; over
+  several CPU processes (`MULTI_CPU`, gloo) it drops the plugin without a word and trains DDP. torch's FSDP2
+  (`fully_shard`) itself runs on a CPU mesh over gloo, so `allow_fsdp_on_cpu()` makes accelerate take the
+  same branch it takes on GPUs: distributed type FSDP, the plugin from the launcher's settings (e.g.
+  configs/accelerate/fsdp2.yaml), and from there accelerate's and the Trainer's own FSDP2 code (wrapping,
+  sharded checkpoints, resume). It is opt-in (`BEAM_SFT_FSDP_ON_CPU=1`) and meant for tests and CI: CPU FSDP
+  is slow and saves no memory a real job needs. Without the opt-in a CPU launch that asked for FSDP is
+  warned that it is training DDP.
+* `ShardingReport`: at the start of training every rank writes `fsdp_sharding.rank<r>.json` (how many
+  parameters are DTensors, local vs full element counts, each parameter's full and local shape and
+  placement), so a run shows that it sharded.
+* `save_final_model`: under FSDP the Trainer's `save_model` writes weights only when the plugin's
+  `state_dict_type` is FULL_STATE_DICT; with SHARDED_STATE_DICT (what configs/accelerate/fsdp2.yaml uses, so
+  checkpoints stay sharded and fast) the output directory gets no model at all. The final save here always
+  gathers the full state dict to rank 0 and writes a `from_pretrained`-loadable model (safetensors,
+  config, generation config, training_args.bin), or the LoRA adapter for a peft model, whatever the
+  checkpoints use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+CPU_FSDP_ENV = "BEAM_SFT_FSDP_ON_CPU"
+
+
+def fsdp_requested() -> bool:
+    """Whether the launcher asked for FSDP (accelerate launch with distributed_type FSDP sets this)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def allow_fsdp_on_cpu() -> bool:
+    """Let accelerate apply an FSDP plugin over CPU processes (gloo) when `BEAM_SFT_FSDP_ON_CPU=1`.
+
+    Returns whether the opt-in is active. Call before the Trainer (hence the Accelerator) is built. Idempotent.
+    """
+    if not fsdp_requested():
+        return False
+    if os.environ.get(CPU_FSDP_ENV, "") not in ("1", "true", "True"):
+        import torch
+
+        if not torch.cuda.is_available():
+            logger.warning(
+                "FSDP was requested (ACCELERATE_USE_FSDP) on a machine without GPUs: accelerate trains DDP here and "
+                "ignores the FSDP settings. Set %s=1 to shard over CPU processes (gloo; for tests, see docs/fsdp.md)",
+                CPU_FSDP_ENV,
+            )
+        return False
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+    if getattr(original, "_beam_fsdp_on_cpu", False):
+        return True
+
+    def __init__(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is None or self.distributed_type != DistributedType.MULTI_CPU:
+            return
+        # What accelerate does for a multi-accelerator type (AcceleratorState.__init__), applied to MULTI_CPU.
+        self.distributed_type = DistributedType.FSDP
+        if self._mixed_precision != "no":
+            fsdp_plugin.set_mixed_precision(self._mixed_precision)
+        self.fsdp_plugin = fsdp_plugin
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    __init__._beam_fsdp_on_cpu = True
+    AcceleratorState.__init__ = __init__
+    return True
+
+
+def sharding_summary(model) -> dict:
+    """How `model`'s parameters are held on this rank: DTensor count, local and full element counts, and each
+    sharded parameter's full and local shape and placements."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.named_parameters())
+    shards = {
+        name: {"shape": list(p.shape), "local_shape": list(p.to_local().shape),
+               "placements": [str(x) for x in p.placements], "mesh": p.device_mesh.device_type}
+        for name, p in params if isinstance(p, DTensor)
+    }
+    return {
+        "parameters": len(params),
+        "dtensor_parameters": len(shards),
+        "trainable_dtensor_parameters": sum(1 for n, p in params if n in shards and p.requires_grad),
+        "local_numel": sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for _, p in params),
+        "full_numel": sum(p.numel() for _, p in params),
+        "shards": shards,
+    }
+
+
+def make_sharding_report():
+    """A TrainerCallback that writes `fsdp_sharding.rank<r>.json` into output_dir when training starts."""
+    from transformers import TrainerCallback
+
+    from beam_sft.records.files import write_json_atomic
+
+    class ShardingReport(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            summary = {"rank": args.process_index, "world_size": args.world_size, **sharding_summary(model)}
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(str(Path(args.output_dir) / f"fsdp_sharding.rank{args.process_index}.json"), summary)
+            if args.process_index == 0:
+                logger.info("FSDP: %d of %d parameters sharded; this rank holds %d of %d elements",
+                            summary["dtensor_parameters"], summary["parameters"], summary["local_numel"],
+                            summary["full_numel"])
+
+    return ShardingReport()
+
+
+def save_final_model(trainer, output_dir: str) -> None:
+    """`trainer.save_model(output_dir)`, except that under FSDP the full model is always gathered and written.
+
+    Every rank must call it (the gather is a collective). Rank 0 writes the model (or the peft adapter) with
+    safetensors; the tokenizer is the caller's (save_tokenizer keeps both templates).
+    """
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        trainer.save_model(output_dir)
+        return
+    import torch
+    from transformers.trainer import TRAINING_ARGS_NAME
+
+    accelerator = trainer.accelerator
+    # accelerate's full state dict (FSDP2: get_model_state_dict, full_state_dict + cpu_offload): every rank takes
+    # part in the all-gathers, only rank 0 keeps the tensors, in CPU memory.
+    state_dict = accelerator.get_state_dict(trainer.model)
+    if accelerator.is_main_process:
+        model = accelerator.unwrap_model(trainer.model)
+        n_tensors = len(state_dict)  # save_pretrained consumes the dict
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        # As Trainer._save does after a non-FSDP run, so both kinds of output directory hold the same files.
+        torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+        logger.info("FSDP: full model gathered to rank 0 and saved to %s (%d tensors)", output_dir, n_tensors)
+    accelerator.wait_for_everyone()
