@@ -373,6 +373,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     if trainer.accelerator.is_main_process:
         # Again, through save_tokenizer: it keeps the response template's key order (see its docstring).
         save_tokenizer(tokenizer, training_args.output_dir)
+        __import__("beam_sft.serve.servable").serve.servable.make_servable(training_args.output_dir, tokenizer)
     trainer.accelerator.print(
         f"trained {trainer.state.global_step} steps; tokens seen {trainer._total_train_tokens}, supervised "
         f"{trainer._supervised_tokens} (this process's session); saved to {training_args.output_dir}"

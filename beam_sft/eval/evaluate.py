@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 RETURN, CALL = "<|return|>", "<|call|>"
 STOP_MARKERS = (RETURN, CALL)
 TURN_CHOICES = ("first", "last", "all")
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "openai")  # openai: beam_sft.eval.openai_backend
 # Key order of the summary (and of `--json`); every value is a fraction of the turns it applies to, or None.
 METRICS = (
     "well_formed",
@@ -125,6 +125,10 @@ class Turn:
     format: str
     effort: str
     prompt: str = ""
+    # The conversation before the turn and the record's chat_template_kwargs, for backends that send
+    # conversations to a server instead of rendered prompts (beam_sft.eval.openai_backend).
+    messages: list[dict] = field(default_factory=list)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def expects_call(self) -> bool:
@@ -160,7 +164,8 @@ def record_turns(tokenizer, record: dict[str, Any], index: int, source_format: s
         except Exception as err:  # noqa: BLE001  (a template error on one record rejects that record only)
             raise RecordError(Reason.RENDER_FAILED, f"chat template failed on the prompt: {err}",
                               message_index=i) from None
-        out.append(Turn(index, i, record["messages"][i], tools, source_format, effort_label(record), prompt))
+        out.append(Turn(index, i, record["messages"][i], tools, source_format, effort_label(record), prompt,
+                        record["messages"][:i], kwargs))
     return out
 
 
@@ -631,6 +636,10 @@ class EvalResult:
 
 
 def _parse(tokenizer, turn: Turn, generation: Generation) -> tuple[dict | None, str]:
+    if getattr(generation, "error", ""):  # a served turn the server refused
+        return None, generation.error
+    if getattr(generation, "parsed", None) is not None:  # parsed by the server's own parsers
+        return generation.parsed, ""
     try:
         return tokenizer.parse_response(generation.text, prefix=turn.prompt, tools=turn.tools), ""
     except Exception as err:  # noqa: BLE001  (a parser error is a malformed output, not a crash)
@@ -671,7 +680,8 @@ def evaluate(
             return
         pending.sort(key=lambda t: len(t.prompt))
         start = time.perf_counter()
-        generations = backend.generate([t.prompt for t in pending])
+        generations = (backend.generate_turns(pending) if hasattr(backend, "generate_turns")
+                       else backend.generate([t.prompt for t in pending]))
         result.generation_seconds += time.perf_counter() - start
         for turn, generation in zip(pending, generations, strict=True):
             parsed, error = _parse(tokenizer, turn, generation)
