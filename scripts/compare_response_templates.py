@@ -152,7 +152,7 @@ def run_tests(paths: list[str], sink: list[dict]) -> int:
     import pytest
 
     with recording_parses(sink):
-        return int(pytest.main(["-q", "-x", "-p", "no:cacheprovider", *paths]))
+        return int(pytest.main(["-q", "-p", "no:cacheprovider", *paths]))
 
 
 def make_parser() -> argparse.ArgumentParser:
