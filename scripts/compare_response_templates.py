@@ -5,7 +5,9 @@ place: `thinking` lost `repeats: true, join: "\\n\\n"`, which vLLM's serving sub
 This script parses a corpus with both and compares every result:
 
 * every `parse_response` / streaming parse made while the given test files run (recorded in-process: each
-  parser's prefix, tools and fed text), the check-template suite and the format page's examples included;
+  parser's prefix, tools and fed text), the check-template suite and the format page's examples included
+  (parses inside a subprocess a test starts, e.g. the `beam-sft check-template` command, are not seen; the
+  same suite runs in-process in tests/test_conformance.py and tests/test_serve.py);
 * every assistant turn of the bundled samples and the real third-party samples, rendered by the chat
   template (prompt and continuation, as a generation would be parsed);
 * the raw real Harmony transcripts, parsed whole.

@@ -194,16 +194,27 @@ def wait_ready(server: subprocess.Popen, port: int, timeout: float, log_path: Pa
     raise SystemExit(f"the server did not come up in {timeout:.0f} s:\n{log_path.read_text()[-5000:]}")
 
 
-def stop_server(server: subprocess.Popen) -> None:
-    if server.poll() is not None:
-        return
-    os.killpg(server.pid, signal.SIGTERM)
+def _group_alive(pgid: int) -> bool:
     try:
-        server.wait(timeout=60)
-    except subprocess.TimeoutExpired:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (its pid: it leads the group), then wait until every process
+    of the group (vLLM's engine workers too) is gone; SIGKILL what is left after 60 s."""
+    if _group_alive(server.pid):
+        os.killpg(server.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while _group_alive(server.pid) and time.monotonic() < deadline:
+        server.poll()  # reap the leader, so a finished one does not keep the group alive as a zombie
+        time.sleep(0.5)
+    if _group_alive(server.pid):
         os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-    print(f"== server (pid {server.pid}) stopped: exit {server.returncode}", flush=True)
+    server.wait(timeout=30)
+    print(f"== server (pid {server.pid}) stopped: exit {server.returncode}; its process group is empty", flush=True)
 
 
 def _served(client, turn, max_tokens: int, *, stream: bool):
