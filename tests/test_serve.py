@@ -217,6 +217,31 @@ def test_export_refuses_an_unmerged_adapter_and_leaves_nothing(saved_model, tmp_
     assert "--merge" in capsys.readouterr().err and not out.exists()
 
 
+def test_export_merges_a_lora_only_output_into_its_base(saved_model, tmp_path, tok):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from beam_sft.template.tokenizer import save_tokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(saved_model)
+    peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapter = tmp_path / "lora-out"  # what train.py --use_peft saves: the adapter and the tokenizer
+    peft_model.save_pretrained(adapter)
+    save_tokenizer(tok, adapter)
+    ids = torch.tensor([tok("<|start|>user<|message|>Hi<|end|>", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        want = peft_model(ids).logits
+    out = tmp_path / "merged"
+    assert cli(["export", str(adapter), "-o", str(out), "--merge"]) == 0
+    assert not (out / "adapter_config.json").exists() and servable.servable_problems(out) == []
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(out)(ids).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(AutoModelForCausalLM.from_pretrained(saved_model)(ids).logits, want, atol=1e-3)
+
+
 def test_gpt_oss_serve_commands_say_what_vllm_does():
     from beam_sft.serve.export import serve_commands
 
