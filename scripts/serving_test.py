@@ -75,7 +75,7 @@ def step(text: str) -> None:
 
 
 def vllm_venv() -> Path:
-    step("vLLM CPU venv (scripts/setup_vllm_cpu.sh; cached)")
+    step("vLLM CPU venv (scripts/setup_vllm_cpu.sh: built once, then reused)")
     start = time.monotonic()
     result = subprocess.run(["bash", str(REPO / "scripts" / "setup_vllm_cpu.sh")], check=False, capture_output=True,
                             text=True)
