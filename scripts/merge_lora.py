@@ -46,6 +46,7 @@ def main(args: MergeArguments) -> Path:
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from beam_sft.template.servable import make_servable
     from beam_sft.template.tokenizer import save_tokenizer
     from beam_sft.train.moe import count_expert_adapters, mxfp4_dequantize_config
 
@@ -63,6 +64,7 @@ def main(args: MergeArguments) -> Path:
     merged = model.merge_and_unload()
     merged.save_pretrained(args.output_dir)
     save_tokenizer(tokenizer, args.output_dir)
+    make_servable(args.output_dir, tokenizer)  # EOS lists, serving-form template, file modes
     print(f"merged {args.adapter_path} into {base} ({experts} expert adapters) -> {args.output_dir}")
     return Path(args.output_dir)
 

@@ -25,6 +25,7 @@ LAYERS = (
     "report",  # mask views, HTML pages, statistics
     "eval",  # generation, parsing, metrics
     "train",  # trainer, models, packing, MoE
+    "serve",  # servable model directories, export
     "cli",  # one module per command
 )
 

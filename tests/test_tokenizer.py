@@ -235,6 +235,7 @@ def test_beamify_resizes_model_with_mean_rows(tie):
     model = tiny_causal_lm(old_len, tie_word_embeddings=tie)
     old_in = model.get_input_embeddings().weight.detach().clone()
     old_out = model.get_output_embeddings().weight.detach().clone()
+    model.generation_config.eos_token_id = base_eos = 7  # the base model's own EOS
     beamify(tokenizer, model)
     new_len = len(tokenizer)
     assert new_len == old_len + len(MARKERS) + 1  # + <|pad|>
@@ -246,7 +247,9 @@ def test_beamify_resizes_model_with_mean_rows(tie):
     assert torch.equal(new_out[old_len:], old_out.mean(dim=0).expand(new_len - old_len, -1))
     assert (model.get_input_embeddings().weight is model.get_output_embeddings().weight) == tie
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    assert model.config.eos_token_id == model.generation_config.eos_token_id == eos
+    assert model.config.eos_token_id == eos
+    # Generation stops at either stop token, and still where the base model would have.
+    assert model.generation_config.eos_token_id == [eos, tokenizer.convert_tokens_to_ids("<|call|>"), base_eos]
     assert model.config.pad_token_id == model.generation_config.pad_token_id == tokenizer.pad_token_id
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hi"}], add_generation_prompt=True, return_dict=True

@@ -9,6 +9,8 @@ the tokenizer's response template and scored against the reference turn.
         --json eval.json --report eval.html
     beam-sft eval ./base-model --adapter ./lora-out --data held_out.jsonl --min-well-formed 0.9
     beam-sft eval my-org/beam-ft --data my-org/chats --split test --backend vllm --batch-size 64
+    beam-sft eval --backend openai --base-url http://127.0.0.1:8000/v1 --model beam \
+        --tokenizer outputs/quickstart/served --data data/samples/openai.jsonl     # a running server
 
 Metrics (each a share of the turns it applies to): well_formed, stopped (on the right stop token),
 has_reasoning, action_match (call vs answer), tool_name_accuracy, tool_args_exact, tool_args_valid (JSON
@@ -36,10 +38,11 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(__doc__.split("\n\n")[2:]),
     )
-    parser.add_argument("model", metavar="MODEL",
+    parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
                         help="a saved model directory (scripts/train.py output; a LoRA-only output is applied to "
                              "the base model its adapter_config.json names), a base model for --adapter, or a hub "
-                             "id (read from the local cache when HF_HUB_OFFLINE=1)")
+                             "id (read from the local cache when HF_HUB_OFFLINE=1); with --backend openai, the "
+                             "directory the server loaded (for its tokenizer) unless --tokenizer is given")
     parser.add_argument("--data", required=True, metavar="PATH",
                         help="Beam records or raw OpenAI/ShareGPT/Harmony data: a .jsonl/.json/.parquet file, a "
                              "glob, a directory, a save_to_disk dataset or a hub dataset id")
@@ -55,9 +58,18 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
                         help="generation bound per turn (default: 256)")
     parser.add_argument("--batch-size", type=int, default=8, metavar="N",
-                        help="prompts per generate call, left-padded (default: 8)")
+                        help="prompts per generate call, left-padded; with --backend openai, requests in flight "
+                             "(default: 8)")
     parser.add_argument("--backend", choices=BACKENDS, default="transformers",
-                        help="transformers (CPU or GPU; default) or vllm (needs vLLM and a CUDA GPU)")
+                        help="transformers (CPU or GPU; default), vllm (needs vLLM and a CUDA GPU), or openai "
+                             "(a running OpenAI-compatible server: --base-url, --model; scored on what its parsers "
+                             "return)")
+    parser.add_argument("--base-url", metavar="URL", default=None,
+                        help="--backend openai: the server's API root, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", dest="served_model", metavar="NAME", default=None,
+                        help="--backend openai: the served model name (default: MODEL)")
+    parser.add_argument("--api-key", default=None,
+                        help="--backend openai: API key (default: $OPENAI_API_KEY, else 'EMPTY')")
     parser.add_argument("--adapter", metavar="PATH", default=None, help="a LoRA adapter (peft) to apply to MODEL")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the metrics as JSON")
     parser.add_argument("--report", metavar="PATH.html", default=None,
@@ -88,12 +100,23 @@ def run(args) -> int:
     if args.min_well_formed is not None and not 0 <= args.min_well_formed <= 1:
         raise UsageError("--min-well-formed is a fraction between 0 and 1")
 
-    args.model, args.adapter = resolve_adapter(args.model, args.adapter)
+    if args.backend == "openai":
+        from beam_sft.eval.openai_backend import backend_from_args
+
+        if not (args.tokenizer or args.model):
+            raise UsageError("--backend openai needs --tokenizer (or MODEL): the served model's tokenizer directory")
+        tokenizer, _ = load_eval_tokenizer(args.tokenizer or args.model)
+        backend = backend_from_args(args, tokenizer)
+        args.model = args.served_model or args.model
+    elif args.model is None:
+        raise UsageError("MODEL is required (a model directory or hub id)")
+    else:
+        args.model, args.adapter = resolve_adapter(args.model, args.adapter)
     if args.backend == "vllm":
         tokenizer, source = load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
         backend = VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
                                  tokenizer_path=source)
-    else:
+    elif args.backend == "transformers":
         model, tokenizer = load_model(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
         backend = TransformersBackend(model, tokenizer, max_new_tokens=args.max_new_tokens,
                                          batch_size=args.batch_size)

@@ -10,7 +10,7 @@ from pathlib import Path
 from beam_sft.errors import UsageError
 from beam_sft.records.messages import STOP_MARKERS
 
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "openai")  # openai: beam_sft.eval.openai_backend
 
 
 @dataclass

@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 
 def _parse(tokenizer, turn: Turn, generation: Generation) -> tuple[dict | None, str]:
+    if getattr(generation, "error", ""):  # a served turn the server refused
+        return None, generation.error
+    if getattr(generation, "parsed", None) is not None:  # parsed by the server's own parsers
+        return generation.parsed, ""
     try:
         return tokenizer.parse_response(generation.text, prefix=turn.prompt, tools=turn.tools), ""
     except Exception as err:  # noqa: BLE001  (a parser error is a malformed output, not a crash)
@@ -76,7 +80,8 @@ def evaluate(
             return
         pending.sort(key=lambda t: len(t.prompt))
         start = time.perf_counter()
-        generations = backend.generate([t.prompt for t in pending])
+        generations = (backend.generate_turns(pending) if hasattr(backend, "generate_turns")
+                       else backend.generate([t.prompt for t in pending]))
         result.generation_seconds += time.perf_counter() - start
         for turn, generation in zip(pending, generations, strict=True):
             parsed, error = _parse(tokenizer, turn, generation)

@@ -7,7 +7,7 @@ tokenizer's chat template (with the record's `tools` and `chat_template_kwargs`)
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError, UsageError
@@ -56,6 +56,10 @@ class Turn:
     format: str
     effort: str
     prompt: str = ""
+    # The conversation before the turn and the record's chat_template_kwargs, for backends that send
+    # conversations to a server instead of rendered prompts (beam_sft.eval.openai_backend).
+    messages: list[dict] = field(default_factory=list)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def expects_call(self) -> bool:
@@ -91,5 +95,6 @@ def record_turns(tokenizer, record: dict[str, Any], index: int, source_format: s
         except Exception as err:  # noqa: BLE001  (a template error on one record rejects that record only)
             raise RecordError(Reason.RENDER_FAILED, f"chat template failed on the prompt: {err}",
                               message_index=i) from None
-        out.append(Turn(index, i, record["messages"][i], tools, source_format, effort_label(record), prompt))
+        out.append(Turn(index, i, record["messages"][i], tools, source_format, effort_label(record), prompt,
+                        record["messages"][:i], kwargs))
     return out

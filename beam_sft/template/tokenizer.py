@@ -257,8 +257,8 @@ def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fi
     it is a marker, and both templates. With `model`, grows the embedding matrices to `len(tokenizer)`,
     initialises every row of a newly added token to the mean of the pre-existing rows (input embeddings,
     and the output projection when it is not tied), and sets eos/pad ids on `model.config` and
-    `model.generation_config`. Both are modified in place; returns `tokenizer`. `fix_prefix_space`: see
-    the module docstring. Calling it again is a no-op.
+    `model.generation_config` (there EOS is `[<|return|>, <|call|>, base EOS...]`). Both are modified in
+    place; returns `tokenizer`. `fix_prefix_space`: see the module docstring. Calling it again is a no-op.
     """
     old_len = len(tokenizer)
     _install_markers(tokenizer, fix_prefix_space)
@@ -276,7 +276,12 @@ def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fi
     model.config.pad_token_id = pad_id
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
-        generation_config.eos_token_id = eos_id
+        # Generation stops at either stop token; the base model's own EOS stays after them, so a server that
+        # reads generation_config.json also stops where the base model would have.
+        call_id = tokenizer.convert_tokens_to_ids("<|call|>")
+        base_eos = generation_config.eos_token_id
+        base_eos = list(base_eos) if isinstance(base_eos, (list, tuple)) else [] if base_eos is None else [base_eos]
+        generation_config.eos_token_id = [eos_id, call_id, *(i for i in base_eos if i not in (eos_id, call_id))]
         generation_config.pad_token_id = pad_id
     return tokenizer
 

@@ -43,7 +43,8 @@ def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    # Both stop tokens end generation (a tool call ends at <|call|>); a checkpoint saves this file as is.
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|call|>")]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
 

