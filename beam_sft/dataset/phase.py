@@ -562,46 +562,27 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
 
 
 class _SplitWriter:
-    """The kept rows of one split, written chunk by chunk as the Arrow files of a `save_to_disk` directory.
-
-    Each chunk's rows go straight to their own file, so nothing is read back (or memory-mapped) to save it.
-    """
+    """The kept rows of one split: the chunks' shard files (written by `beam_sft.dataset.workers`), in chunk
+    order, committed as the Arrow files of a `save_to_disk` directory. Nothing is read back to save it."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True)
         self.files: list[Path] = []
-        self.rows = 0
 
-    def write(self, table, is_eval: bool | None = None) -> None:
-        """Append the kept rows of `table` (of the split `is_eval` says, when given), a slice at a time."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        schema = _final_features().arrow_schema
-        path = self.dir / f"part-{len(self.files):05d}.arrow"
-        rows = 0
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-            for batch in table.to_batches(max_chunksize=1000):
-                if is_eval is not None:
-                    keep = batch.column("keep") if "keep" in batch.schema.names else None
-                    mask = pc.equal(batch.column("is_eval"), is_eval)
-                    batch = batch.filter(pc.and_(mask, keep))
-                if batch.num_rows:
-                    writer.write_batch(pa.RecordBatch.from_arrays([batch.column(n) for n in schema.names],
-                                                                  schema=schema))
-                    rows += batch.num_rows
-        if rows == 0 and self.files:
-            path.unlink()
-            return
-        self.files.append(path)
-        self.rows += rows
+    def add(self, shard: str | os.PathLike) -> None:
+        self.files.append(Path(shard))
 
     def commit(self, fingerprint: str) -> None:
+        import pyarrow as pa
         from datasets import Dataset
 
         if not self.files:
-            self.write(_final_features().arrow_schema.empty_table())
+            path = self.dir / "part-empty.arrow"
+            schema = _final_features().arrow_schema
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema):
+                pass
+            self.files.append(path)
         names = []
         for i, file in enumerate(self.files):
             names.append(f"data-{i:05d}-of-{len(self.files):05d}.arrow")
@@ -621,74 +602,6 @@ def _final_features():
     from datasets import Features, List, Value
 
     return Features({"input_ids": List(Value("int32")), "labels": List(Value("int32"))})
-
-
-def _tokenize_chunk(tokenizer, converted, settings: DataSettings, names, eval_rows, num_proc, progress):
-    """Tokenize one converted chunk (rejected rows pass through as empty); returns the map's Arrow table."""
-    from beam_sft.dataset.examples import stop_token_ids
-
-    mapped = converted.map(
-        _tokenize_chunk_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(converted)),
-        with_indices=True, remove_columns=converted.column_names, features=_chunk_features(),
-        fn_kwargs={"tokenizer": tokenizer, "max_length": settings.max_length, "policy": settings.truncation_policy,
-                   "assistant_only_loss": settings.assistant_only_loss, "stop_ids": stop_token_ids(tokenizer),
-                   "names": names, "eval_rows": eval_rows},
-        desc="tokenizing" if progress else None, load_from_cache_file=False,
-    )
-    return mapped
-
-
-def _chunk_features():
-    from datasets import Value
-
-    features = _tokenized_features()
-    features["converted"] = Value("bool")
-    features["is_eval"] = Value("bool")
-    return features
-
-
-def _tokenize_chunk_batch(batch, indices, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names,
-                          eval_rows):
-    present = [i for i, text in enumerate(batch["record"]) if text is not None]
-    sub = {k: [batch[k][i] for i in present] for k in ("src", "pos", "by_line", "record")}
-    done = _tokenize_batch(sub, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names) if present \
-        else {k: [] for k in _tokenized_features()}
-    n = len(batch["record"])
-    out: dict[str, list] = {k: [None] * n for k in _tokenized_features()}
-    for j, i in enumerate(present):
-        for k, column in out.items():
-            column[i] = done[k][j]
-    for i in range(n):
-        if out["keep"][i] is None:  # a conversion reject (already in the rejects file): no row, no count
-            for k, column in out.items():
-                column[i] = [] if k in ("input_ids", "labels") else False if k == "keep" else None if k in (
-                    "reason", "reject") else 0
-    out["converted"] = [text is not None for text in batch["record"]]
-    out["is_eval"] = [bool(eval_rows is not None and eval_rows[i]) for i in indices]
-    return out
-
-
-def _split_stats(table, mask) -> dict[str, int]:
-    """PrepStats fields of the rows of `table` selected by `mask`: sums of the map's count columns."""
-    import pyarrow.compute as pc
-
-    part = table.select(["converted", "reason", "keep", "dropped", "truncated", "assistant_turns_cut", "n_tokens",
-                         "n_supervised", "n_supervised_return", "n_supervised_call"]).filter(mask)
-
-    def total(column) -> int:
-        return int(pc.sum(part.column(column)).as_py() or 0)
-
-    return {
-        "records_in": int(pc.sum(pc.and_(part.column("converted"), pc.is_null(part.column("reason")))).as_py() or 0),
-        "records_kept": total("keep"),
-        "dropped_too_long": total("dropped"),
-        "truncated": total("truncated"),
-        "assistant_turns_cut": total("assistant_turns_cut"),
-        "total_tokens": total("n_tokens"),
-        "supervised_tokens": total("n_supervised"),
-        "supervised_return": total("n_supervised_return"),
-        "supervised_call": total("n_supervised_call"),
-    }
 
 
 def build_prepared(
@@ -712,9 +625,11 @@ def build_prepared(
     reject in `out_dir/rejects.jsonl`.
 
     Memory stays flat as the data grows: the input is cut into chunks of `chunk_rows` records (default
-    `CHUNK_ROWS`); each chunk is converted (first pass, all chunks: that fixes the eval split), then tokenized
-    and its kept rows appended to the output files (second pass), and its memory-mapped files are closed
-    and deleted before the next one, so at most one chunk's pages are ever resident.
+    `CHUNK_ROWS`); each chunk is converted and tokenized by one task of `beam_sft.dataset.workers` (in
+    `num_proc` long-lived processes, or this one when it is None or 1), which writes the chunk's kept rows
+    to its own shard of the output. When an eval split is drawn among the converted records, every chunk is
+    converted first (that fixes the split) and tokenized in a second pass. The output is the same bytes
+    whatever `num_proc` is.
     """
     import numpy as np
     import pyarrow.compute as pc
@@ -740,73 +655,91 @@ def build_prepared(
     final.mkdir()
     rejects = JsonlSink(str(final / REJECTS))
     try:
-        # Pass 1: read + convert every chunk; conversion rejects go to the rejects file as they come.
+        # --- worker pool (beam_sft.dataset.workers): begin ---
+        from beam_sft.dataset import workers
+        from beam_sft.dataset.examples import stop_token_ids
+
+        job = workers.Job(tokenizer, settings.format, settings.max_length, settings.truncation_policy,
+                          settings.assistant_only_loss, list(stop_token_ids(tokenizer)))
         parts = [(inputs, settings.split, settings.max_records, False)]
         if eval_inputs:
             parts.append((eval_inputs, "test", None, True))
-        # converted files (several with num_proc), source names, is eval data, records converted
-        chunks: list[tuple[list[Path], list[str], bool, int]] = []
+        draw_eval = not eval_inputs and settings.eval_split_size > 0
+        writers = {"train": _SplitWriter(final / "train_parts")}
+        if eval_inputs or draw_eval:
+            writers["eval"] = _SplitWriter(final / "eval_parts")
+        totals = {name: Counter() for name in writers}
         records_in, rejected = 0, Counter()
-        for part_inputs, split, limit, is_eval in parts:
-            sources = expand_sources(part_inputs, split)
-            names = [src.name for src in sources]
-            for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
-                                   prefix="eval" if is_eval else "train"):
-                converted = raw.map(
-                    _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
-                    fn_kwargs={"fmt": settings.format, "names": names}, remove_columns=["payload", "error"],
-                    desc="converting" if progress else None, load_from_cache_file=False,
-                )
-                reasons = converted.data.column("reason")
-                rejected.update(_value_counts(reasons))
-                for text in converted.data.column("reject").drop_null().to_pylist():
-                    rejects.write(orjson.loads(text))
-                records_in += len(raw)
-                n_records = reasons.null_count  # no reason: converted
-                kept_files = [Path(f["filename"]) for f in converted.cache_files]
-                raw_file = Path(raw.cache_files[0]["filename"])
-                del raw, converted, reasons  # closes the memory maps of this chunk
-                raw_file.unlink()
-                chunks.append((kept_files, names, is_eval, n_records))
-        if not any(n for _, _, is_eval, n in chunks if not is_eval):
+        # One entry per chunk, in input order: (raw file, converted file or None, names, is eval data).
+        chunks: list[list] = []
+
+        def raw_tasks():
+            """Pass 1 tasks as the input is read: convert + tokenize, or (when an eval split is to be drawn
+            among the converted records) convert only."""
+            for part_inputs, split, limit, is_eval in parts:
+                sources = expand_sources(part_inputs, split)
+                names = [src.name for src in sources]
+                for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
+                                       prefix="eval" if is_eval else "train"):
+                    raw_path = raw.cache_files[0]["filename"]
+                    del raw  # its memory map: the worker opens the file itself
+                    i = len(chunks)
+                    if draw_eval:
+                        converted = str(work / f"converted-{i:05d}.arrow")
+                        chunks.append([raw_path, converted, names, is_eval])
+                        yield workers.Task(i, names, raw=raw_path, convert_to=converted, tokenize=False)
+                    else:
+                        chunks.append([raw_path, None, names, is_eval])
+                        split_name = "eval" if is_eval else "train"
+                        yield workers.Task(i, names, raw=raw_path, all_eval=is_eval,
+                                           shards={split_name: workers.shard_path(writers[split_name].dir, i)})
+
+        def take(result, bar) -> None:
+            rejected.update(result.rejected)
+            for entry in workers.result_rejects(result):
+                rejects.write(entry)
+            for name, counts in result.stats.items():
+                totals[name].update(counts)
+            for name, shard in result.shards.items():
+                writers[name].add(shard)
+            bar.update(result.records_in or sum(c["records_in"] for c in result.stats.values()))
+
+        from tqdm import tqdm
+
+        n_converted = []  # records converted, per chunk
+        with tqdm(desc="converting" if draw_eval else "preparing", unit=" rec", disable=not progress or None,
+                  mininterval=0.5) as bar:
+            for result in workers.run_tasks(raw_tasks(), job, num_proc):
+                records_in += result.records_in
+                n_converted.append(result.n_records)
+                take(result, bar)
+                os.unlink(chunks[result.index][0])
+        if not any(n for n, chunk in zip(n_converted, chunks, strict=True) if not chunk[3]):
             raise UsageError(f"no usable training records in {', '.join(inputs)}: {records_in} read, "
                              f"{sum(rejected.values())} rejected ({dict(rejected)})")
 
-        # The eval split: a seeded choice among the converted training records (one byte per record).
-        eval_mask = None
-        if not eval_inputs and settings.eval_split_size > 0:
-            eval_mask = _eval_mask(sum(n for _, _, _, n in chunks), settings)
+        if draw_eval:
+            # Pass 2: the eval split is a seeded choice among the converted training records (one byte per
+            # record), known only now; then every chunk is tokenized.
+            eval_mask = _eval_mask(sum(n_converted), settings)
 
-        # Pass 2: tokenize chunk by chunk, appending kept rows to the split files.
-        from datasets import Dataset, concatenate_datasets
+            def tokenize_tasks():
+                offset = 0
+                for i, (_, converted, names, _) in enumerate(chunks):
+                    table = workers._open(converted).read_all()
+                    has_record = pc.is_valid(table.column("record")).to_numpy(zero_copy_only=False)
+                    del table
+                    eval_rows = np.zeros(len(has_record), dtype=bool)
+                    eval_rows[has_record] = eval_mask[offset: offset + n_converted[i]]
+                    offset += n_converted[i]
+                    yield workers.Task(i, names, converted=converted, eval_rows=eval_rows,
+                                       shards={name: workers.shard_path(w.dir, i) for name, w in writers.items()})
 
-        writers = {"train": _SplitWriter(final / "train_parts")}
-        if eval_inputs or eval_mask is not None:
-            writers["eval"] = _SplitWriter(final / "eval_parts")
-        totals = {name: Counter() for name in writers}
-        offset = 0
-        for paths, names, is_eval, n_records in chunks:
-            converted = concatenate_datasets([Dataset.from_file(str(p)) for p in paths])
-            eval_rows = None
-            if eval_mask is not None:
-                has_record = pc.is_valid(converted.data.column("record")).to_numpy(zero_copy_only=False)
-                eval_rows = np.zeros(len(converted), dtype=bool)
-                eval_rows[has_record] = eval_mask[offset: offset + n_records]
-                offset += n_records
-            elif is_eval:
-                eval_rows = np.ones(len(converted), dtype=bool)
-            mapped = _tokenize_chunk(tokenizer, converted, settings, names, eval_rows, num_proc, progress)
-            table = mapped.data.table
-            rejected.update(_value_counts(table.column("reason")))
-            for text in table.column("reject").drop_null().to_pylist():
-                rejects.write(orjson.loads(text))
-            for name, writer in writers.items():
-                totals[name].update(_split_stats(table, pc.equal(table.column("is_eval"), name == "eval")))
-                writer.write(table, name == "eval")
-            files = [Path(f["filename"]) for f in mapped.cache_files] + paths
-            del converted, mapped, table
-            for file in files:
-                file.unlink(missing_ok=True)
+            with tqdm(desc="tokenizing", unit=" rec", disable=not progress or None, mininterval=0.5) as bar:
+                for result in workers.run_tasks(tokenize_tasks(), job, num_proc):
+                    take(result, bar)
+                    os.unlink(chunks[result.index][1])
+        # --- worker pool: end ---
         stats = {name: PrepStats(**{k: totals[name][k] for k in PrepStats().to_dict()}).to_dict() for name in writers}
         if stats["train"]["records_kept"] == 0:
             raise FatalError(f"the train split is empty after truncation ({stats['train']}); raise max_length")
