@@ -112,9 +112,7 @@ def save_tokenizer(tokenizer, save_dir: str | Path) -> list[Path]:
 
 
 def load_tokenizer(path: str | Path | None = None, **kwargs):
-    """Load a tokenizer with AutoTokenizer (default: the bundled `data/tokenizer`)."""
-    from transformers import AutoTokenizer
-
+    """Load a tokenizer as AutoTokenizer does (default: the bundled `data/tokenizer`)."""
     from beam_sft.errors import FatalError
 
     if path is None:
@@ -124,7 +122,26 @@ def load_tokenizer(path: str | Path | None = None, **kwargs):
                 f"bundled tokenizer not found at {path}; run `python scripts/build_tokenizer.py` in the repo, "
                 "or pass a tokenizer path"
             )
+    config = Path(path) / "tokenizer_config.json"
+    # A model directory (config.json) may map its model type to another class: AutoTokenizer decides there.
+    if config.is_file() and not (Path(path) / "config.json").exists():
+        try:
+            named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+        except (OSError, ValueError):
+            named = None
+        if named in _PLAIN_CLASSES:
+            # The class AutoTokenizer would pick, without importing AutoTokenizer's model registry (and torch
+            # with it): seconds of a data-only command's start-up.
+            import transformers
+
+            return getattr(transformers, named).from_pretrained(str(path), **kwargs)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(path), **kwargs)
+
+
+# tokenizer_config.json classes that are plain tokenizers-backed tokenizers (this project's and beamify's output).
+_PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def _backend(tokenizer):
