@@ -212,7 +212,9 @@ def convert_one(payload: bytes, fmt: str) -> dict[str, Any]:
     return convert_row(parse_line(payload), fmt)
 
 
-def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[str, list]:
+def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts: bool = False) -> dict[str, list]:
+    """`as_dicts`: the records as the converter returned them (still checked to serialise), for a caller
+    that tokenizes them right away instead of storing their JSON."""
     records, reasons, rejects = [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
@@ -221,7 +223,8 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[s
                 code, index, message = json.loads(error)
                 raise RecordError(code, message, message_index=index)
             rec = convert_one(payload, fmt)
-            records.append(orjson.dumps(rec).decode())
+            text = orjson.dumps(rec)
+            records.append(rec if as_dicts else text.decode())
             reasons.append(None)
             rejects.append(None)
             continue
@@ -345,7 +348,7 @@ def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, s
     keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return",
             "n_supervised_call")
     out: dict[str, list] = {k: [] for k in (*keys, "n_tokens", "n_supervised", "reason", "reject")}
-    records = [orjson.loads(text) for text in batch["record"]]
+    records = [text if type(text) is dict else orjson.loads(text) for text in batch["record"]]
     encoder = get_encoder(tokenizer)
     try:
         encoded: list = encoder.encode(records, None)
