@@ -53,12 +53,19 @@ O200K_PATTERN = "|".join(  # noqa: FLY002 (one alternative a line reads better)
         r"""\s+""",
     ]
 )
+# Llama 3's (digits in runs of 1-3) and Qwen2/2.5/3's (one digit per pre-token), as their tokenizer.json have them.
+LLAMA3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                  r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+_BYTE_LEVEL_CLASSES = (r"\p{L}", r"\p{N}", r"\s", r"[\r\n]", *(f"(?i:{c})" for c in "strevmld"))
 # pattern -> the character classes (and case-insensitive letters) whose membership decides its splits.
 KNOWN_PATTERNS: dict[str, tuple[str, ...]] = {
     O200K_PATTERN: (
         r"\p{L}", r"\p{N}", r"\p{Lu}", r"\p{Lt}", r"\p{Lm}", r"\p{Lo}", r"\p{Ll}", r"\p{M}", r"\s", r"[\r\n/]",
         *(f"(?i:{c})" for c in "strevmld"),
     ),
+    LLAMA3_PATTERN: _BYTE_LEVEL_CLASSES,
+    QWEN_PATTERN: _BYTE_LEVEL_CLASSES,
 }
 # Planes 0-3 and 14 hold every assigned code point; the rest (4-13 unassigned, 15-16 private use) are
 # routed to the tokenizers backend instead of being checked.
