@@ -14,8 +14,11 @@ Rows:
 * encoder: `get_encoder(tok).encode` alone, batches of 256, shared tools and unique tools;
 * trl: TRL's per-example preparation (`trl.data_utils._tokenize` with `return_assistant_tokens_mask`, what
   `SFTTrainer._prepare_dataset` maps over the data) on a subset, and its ids and masks compared with ours;
+* breakdown: one process's CPU time in `build_prepared` split into converting, encoding and the rest;
 * prepare: `beam-sft prepare --max-length 0` on JSONL files of each size and each `--num-proc`, with the
-  sha256 of the written data (must be equal across `--num-proc`) and the peak RSS of the largest process.
+  sha256 of the written data (must be equal across `--num-proc`) and the peak RSS of the largest process;
+* base: the encoder against TRL on the Llama 3 and Qwen3 vocabularies (scripts/build_base_tokenizer.py),
+  with ids and masks compared.
 
 ```bash
 python scripts/bench_prepare.py --json /tmp/bench_prepare.json            # o200k tokenizer, 20k and 80k records
@@ -138,6 +141,7 @@ def bench_encoder(tokenizer, records: list[dict]) -> dict:
 
     encoder = get_encoder(tokenizer)
     encoder.clear_caches()
+    encoder._backend  # noqa: B018 - setup, not the first pass: the private backend copy is made on first use
     tokens = 0
     start = time.process_time()
     for i in range(0, len(records), BATCH):
@@ -215,6 +219,45 @@ def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str |
             "fingerprint": manifest["fingerprint"], "manifest_seconds": manifest["seconds"]}
 
 
+def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
+    """Where one process's CPU time goes in `build_prepared` (warm: tokenizer, encoder, imports): converting
+    (the converters, `_convert_batch`), encoding (`MaskedEncoder.encode`) and everything else (reading,
+    chunk files, labels, counts, shard writes, rejects): the share the worker pool's design has to keep small."""
+    from beam_sft.dataset import phase
+    from beam_sft.render import encoder as render
+
+    spent = {"convert": 0.0, "encode": 0.0}
+
+    def timed(key, fn):
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.process_time() - start
+        return wrapper
+
+    real_convert, real_encode = phase._convert_batch, render.MaskedEncoder.encode
+    phase._convert_batch = timed("convert", real_convert)
+    render.MaskedEncoder.encode = timed("encode", real_encode)
+    try:
+        # Imports, hashes and the like once, on a few records: the row is about what grows with the data.
+        phase.build_prepared([str(src)], tokenizer, phase.DataSettings(max_length=None, max_records=50),
+                             work / "warm-up", num_proc=1)
+        spent.update(convert=0.0, encode=0.0)
+        render.get_encoder(tokenizer).clear_caches()
+        start = time.process_time()
+        manifest = phase.build_prepared([str(src)], tokenizer, phase.DataSettings(max_length=None), work / "breakdown",
+                                        num_proc=1)
+        total = time.process_time() - start
+    finally:
+        phase._convert_batch, render.MaskedEncoder.encode = real_convert, real_encode
+    records = manifest["counts"]["records_in"]
+    other = total - spent["convert"] - spent["encode"]
+    return {"records": records, "cpu_s": total, "convert_s": spent["convert"], "encode_s": spent["encode"],
+            "other_s": other, "other_share": other / total, "records_per_cpu_s": records / total}
+
+
 def write_jsonl(records: list[dict], path: Path) -> None:
     import orjson
 
@@ -223,6 +266,9 @@ def write_jsonl(records: list[dict], path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
+
+
+ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "base")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -235,8 +281,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2], help="--num-proc values (default 1 2)")
     parser.add_argument("--encoder-records", type=int, help="records per encoder row (default 10000; --quick 3000)")
     parser.add_argument("--trl-records", type=int, help="records for TRL's row (default 4000; --quick 1000)")
-    parser.add_argument("--rows", nargs="+", choices=("setup", "encoder", "trl", "prepare"),
-                        default=["setup", "encoder", "trl", "prepare"])
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--breakdown-records", type=int, help="records for the breakdown row (default 20000; "
+                        "--quick 4000)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, a few minutes")
     parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
     parser.add_argument("--work-dir", help="where the JSONL inputs and outputs go (default: a temporary directory)")
@@ -275,6 +322,14 @@ def main(argv: list[str] | None = None) -> int:
         _log("TRL")
         fig["trl"] = bench_trl(tok, derived(pool, n_trl, start, False))
         start += n_trl
+    if "breakdown" in args.rows:
+        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+            n = args.breakdown_records or (4000 if args.quick else 20000)
+            src = Path(tmp) / "breakdown.jsonl"
+            write_jsonl(derived(pool, n, start, False), src)
+            start += n
+            _log(f"breakdown: {n} records in this process")
+            fig["breakdown"] = bench_breakdown(tok, src, Path(tmp))
     if "prepare" in args.rows:
         with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
             work = Path(tmp)
@@ -287,6 +342,15 @@ def main(argv: list[str] | None = None) -> int:
                     _log(f"prepare: {size} records, --num-proc {procs}")
                     run = bench_prepare_run(src, work / f"out-{size}-{procs}", procs, tokenizer_path, work)
                     fig["prepare"].append({"size": size, **run})
+    if "base" in args.rows:
+        from build_base_tokenizer import cached_build as base_build
+
+        for name in ("llama3", "qwen3"):
+            _log(f"base vocabulary {name}: encoder vs TRL")
+            base_tok = load_tokenizer(str(base_build(name)))
+            records = derived(pool, n_trl, start, False)
+            start += n_trl
+            fig[f"base_{name}"] = {"encoder": bench_encoder(base_tok, records), "trl": bench_trl(base_tok, records)}
     fig["summary"] = summary(fig)
     text = json.dumps(fig, indent=2)
     if args.json:
@@ -322,6 +386,16 @@ def summary(fig: dict) -> list[str]:
         if run["num_proc"] == 1 and trl:
             line += f"; {run['records_per_cpu_s'] / trl['records_per_s']:.1f}x TRL (goal >= 8x)"
         lines.append(line)
+    if fig.get("breakdown"):
+        b = fig["breakdown"]
+        lines.append(f"breakdown of one process ({b['records']:,} records, tokenizer loaded): convert {b['convert_s']:.1f} + "
+                     f"encode {b['encode_s']:.1f} + other {b['other_s']:.1f} CPU-s ({b['other_share']:.0%} other)")
+    for name in ("llama3", "qwen3"):
+        if fig.get(f"base_{name}"):
+            e, t = fig[f"base_{name}"]["encoder"], fig[f"base_{name}"]["trl"]
+            lines.append(f"{name} encoder: {e['tokens_per_s'] / 1e6:.2f} M tok/CPU-s (tiktoken: {e['tiktoken']}), "
+                         f"{e['records_per_s'] / t['records_per_s']:.1f}x TRL first pass (goal >= 5x); ids+masks differ "
+                         f"on {t['mismatches_vs_ours']}/{t['records']}")
     by_size: dict = {}
     for run in fig.get("prepare", []):
         by_size.setdefault(run["size"], {})[run["num_proc"]] = run
