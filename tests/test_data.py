@@ -393,3 +393,16 @@ def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
     streamed_rejects = [json.loads(line) for f in (tmp_path / "rej").glob("rejects.rank*.jsonl")
                         for line in f.read_text().splitlines()]
     assert sorted(r["line"] for r in streamed_rejects) == sorted(r["line"] for r in _rejects(prepared.path))
+
+
+def test_the_worker_pool_also_works_spawned(tok, tmp_path, monkeypatch):
+    """Where fork is not safe (CUDA initialised) the workers are spawned and get the tokenizer pickled: the same
+    bytes out."""
+    from beam_sft.dataset import workers
+    from beam_sft.dataset.phase import build_prepared
+
+    settings = DataSettings(max_length=200)
+    build_prepared([OPENAI], tok, settings, tmp_path / "forked", num_proc=2, chunk_rows=8, fingerprint="fp")
+    monkeypatch.setattr(workers, "_start_method", lambda: "spawn")
+    build_prepared([OPENAI], tok, settings, tmp_path / "spawned", num_proc=2, chunk_rows=8, fingerprint="fp")
+    assert _tree_bytes(tmp_path / "forked") == _tree_bytes(tmp_path / "spawned")

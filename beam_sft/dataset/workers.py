@@ -275,8 +275,7 @@ def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None) -> Iterator
         return
     import multiprocessing
 
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    context = multiprocessing.get_context(_start_method())
     with context.Pool(num_proc, initializer=_init_worker, initargs=(job,)) as pool:
         pending: deque = deque()
         for task in tasks:
@@ -285,6 +284,18 @@ def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None) -> Iterator
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+
+
+def _start_method() -> str:
+    """fork where it is safe: workers inherit the tokenizer and its encoder ready-made. A process that has
+    initialised CUDA (a training job that loaded its model first) spawns instead: a forked CUDA context is
+    unusable, and the workers get the tokenizer pickled once each."""
+    import multiprocessing
+    import sys
+
+    torch = sys.modules.get("torch")
+    cuda = torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized()
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and not cuda else "spawn"
 
 
 def result_rejects(result: Result) -> Iterator[dict[str, Any]]:
