@@ -205,6 +205,9 @@ def test_empty_mask_is_a_hard_error_naming_the_record(tok, tmp_path):
     assert tok2.chat_template != tok.chat_template
     with pytest.raises(EmptyMaskError, match=r"openai.jsonl:1: the chat template produced an empty assistant mask"):
         prepare_data(OPENAI, tok2, DataSettings(max_length=512), cache_dir=tmp_path)
+    # From a worker of the pool too: the same error, not a pool failure.
+    with pytest.raises(EmptyMaskError, match=r"openai.jsonl:1: the chat template produced an empty assistant mask"):
+        prepare_data(OPENAI, tok2, DataSettings(max_length=512), cache_dir=tmp_path, num_proc=2)
 
 
 def test_eval_split_is_seeded_and_counted(tok, tmp_path):
