@@ -105,6 +105,41 @@ def test_chunked_build_equals_one_chunk(tok, tmp_path):
     assert counts["records_in"] == counts["records_kept"] + counts["rejected_total"] + counts["dropped_too_long"]
 
 
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every file of a prepared directory but the manifest (which records the run's seconds)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "beam_sft_manifest.json"}
+
+
+@pytest.mark.parametrize("eval_split", [0.0, 0.2, "inputs"])
+def test_num_proc_1_and_2_give_the_same_bytes(tok, tmp_path, eval_split):
+    """The worker pool (beam_sft.dataset.workers): the same shards, rejects and counts, byte for byte, with
+    one process or two, fused (convert + tokenize in one task) or in two passes (an eval split drawn among
+    the converted records), with rejects of both stages in several chunks."""
+    from beam_sft.dataset.prepare import build_prepared
+
+    path, _ = _hostile_file(tmp_path)
+    inputs = [str(path), OPENAI, str(SAMPLES / "sharegpt.json")]
+    size = eval_split if isinstance(eval_split, float) else 0.0
+    eval_inputs = [str(SAMPLES / "sharegpt.json")] if eval_split == "inputs" else None
+    settings = DataSettings(max_length=200, eval_split_size=size, seed=1)
+    runs = {}
+    for procs in (1, 2):
+        runs[procs] = build_prepared(inputs, tok, settings, tmp_path / f"p{procs}", num_proc=procs, chunk_rows=9,
+                                     eval_inputs=eval_inputs, fingerprint="fp")
+    for key in ("counts", "splits", "fingerprint"):
+        assert runs[1][key] == runs[2][key], key
+    one, two = _tree_bytes(tmp_path / "p1"), _tree_bytes(tmp_path / "p2")
+    assert one == two
+    assert sum(name.endswith(".arrow") for name in one) > 2  # several chunks, so several shards
+    counts = runs[2]["counts"]
+    assert counts["rejected_total"] > 5 and counts["records_kept"] > 10
+    assert counts["records_in"] == counts["records_kept"] + counts["rejected_total"] + counts["dropped_too_long"]
+    assert len(_rejects(tmp_path / "p2")) == counts["rejected_total"]
+    if eval_split:
+        assert (tmp_path / "p2" / "eval").is_dir() and runs[2]["splits"]["eval"]["records_kept"] > 0
+
+
 def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tmp_path, monkeypatch):
     from beam_sft.validate import convert as conversion
 
@@ -159,6 +194,9 @@ def test_empty_mask_is_a_hard_error_naming_the_record(tok, tmp_path):
     assert tok2.chat_template != tok.chat_template
     with pytest.raises(EmptyMaskError, match=r"openai.jsonl:1: the chat template produced an empty assistant mask"):
         prepare_data(OPENAI, tok2, DataSettings(max_length=512), cache_dir=tmp_path)
+    # From a worker of the pool too: the same error, not a pool failure.
+    with pytest.raises(EmptyMaskError, match=r"openai.jsonl:1: the chat template produced an empty assistant mask"):
+        prepare_data(OPENAI, tok2, DataSettings(max_length=512), cache_dir=tmp_path, num_proc=2)
 
 
 def test_eval_split_is_seeded_and_counted(tok, tmp_path):
@@ -347,3 +385,16 @@ def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
     streamed_rejects = [json.loads(line) for f in (tmp_path / "rej").glob("rejects.rank*.jsonl")
                         for line in f.read_text().splitlines()]
     assert sorted(r["line"] for r in streamed_rejects) == sorted(r["line"] for r in _rejects(prepared.path))
+
+
+def test_the_worker_pool_also_works_spawned(tok, tmp_path, monkeypatch):
+    """Where fork is not safe (CUDA initialised) the workers are spawned and get the tokenizer pickled: the same
+    bytes out."""
+    from beam_sft.dataset import workers
+    from beam_sft.dataset.prepare import build_prepared
+
+    settings = DataSettings(max_length=200)
+    build_prepared([OPENAI], tok, settings, tmp_path / "forked", num_proc=2, chunk_rows=8, fingerprint="fp")
+    monkeypatch.setattr(workers, "_start_method", lambda: "spawn")
+    build_prepared([OPENAI], tok, settings, tmp_path / "spawned", num_proc=2, chunk_rows=8, fingerprint="fp")
+    assert _tree_bytes(tmp_path / "forked") == _tree_bytes(tmp_path / "spawned")

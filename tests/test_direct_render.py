@@ -9,6 +9,9 @@ template raises (those must be declined, so the user sees the template's own mes
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -247,3 +250,105 @@ def test_system_and_developer_messages_equal_jinja(tok, tools, lead, kwargs):
         assert got is None
     else:
         assert got == expected
+
+
+# --- tool declarations: the template's ts_tool macro in Python (direct.ts_tool) ------------------------------
+
+REALDATA = Path(__file__).parent / "data" / "realdata"
+SCHEMA_KEYS = ["type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "description",
+               "examples", "default", "title", "format"]
+TYPE_NAMES = ["string", "integer", "number", "boolean", "null", "array", "object", "any", "date", ""]
+schema_text = st.one_of(st.sampled_from(["", "a", "x y", "line\nnext", "\n", "é 🙂", "<|end|>", '"q"', " | "]),
+                        st.text(max_size=8))
+json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                        st.floats(allow_nan=False, allow_infinity=False, width=32), schema_text)
+json_value = st.recursive(json_scalar, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(schema_text, inner, max_size=3)), max_leaves=6)
+
+
+def _schemas():
+    def extend(inner):
+        props = st.dictionaries(schema_text, inner, max_size=4)
+        return st.fixed_dictionaries({}, optional={
+            "type": st.one_of(st.sampled_from(TYPE_NAMES), st.lists(st.sampled_from(TYPE_NAMES), max_size=3),
+                              json_value),
+            "properties": st.one_of(props, json_value),
+            "required": st.one_of(st.lists(schema_text, max_size=3), json_value),
+            "items": st.one_of(inner, json_value),
+            "enum": st.one_of(st.lists(json_value, max_size=3), json_value),
+            "const": json_value,
+            "anyOf": st.lists(inner, max_size=3),
+            "oneOf": st.one_of(st.lists(inner, max_size=3), json_value),
+            "description": st.one_of(schema_text, json_value),
+            "examples": st.one_of(st.lists(json_value, max_size=3), json_value),
+            "default": json_value,
+        })
+
+    leaf = st.one_of(json_value, st.fixed_dictionaries({"type": st.sampled_from(TYPE_NAMES)}))
+    return st.recursive(leaf, extend, max_leaves=12)
+
+
+def jinja_declaration(tok, tool) -> str | None:
+    """The Jinja template's declaration of one developer tool, or None where the template raises."""
+    from beam_sft.render.direct import _DEVELOPER_TOOLS_HEAD, _SYSTEM_HEAD
+
+    try:
+        text, _ = tracked_render(tok.chat_template, [], [tool], dict(tok.special_tokens_map))
+    except Exception:  # noqa: BLE001 - the template's error: ts_tool must decline
+        return None
+    head = _SYSTEM_HEAD.format(identity="You are Beam, an AI assistant trained by Reflection.", effort=512)
+    head += _DEVELOPER_TOOLS_HEAD
+    assert text.startswith(head) and text.endswith("<|end|>"), text
+    return text[len(head): -len("<|end|>")]
+
+
+def assert_declaration(tok, tool) -> bool:
+    from beam_sft.render.direct import ts_tool
+
+    got = ts_tool(tool)
+    expected = jinja_declaration(tok, tool)
+    if got is not None:
+        assert got == expected, tool
+    return got is not None
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(name=st.sampled_from(["f", "get_weather", "a.b"]), description=st.one_of(st.none(), schema_text, json_value),
+       parameters=st.one_of(_schemas(), json_value), wrapped=st.booleans())
+def test_tool_declaration_equals_jinja_on_random_schemas(tok, name, description, parameters, wrapped):
+    fn = {"name": name, "parameters": parameters}
+    if description is not None:
+        fn["description"] = description
+    tool = {"type": "function", "function": fn} if wrapped else fn
+    assert_declaration(tok, tool)
+
+
+def _real_tools(value, found: list) -> None:
+    if isinstance(value, dict):
+        if type(value.get("name")) is str and isinstance(value.get("parameters"), dict):
+            found.append({"type": "function", "function": value})
+        for item in value.values():
+            _real_tools(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _real_tools(item, found)
+    elif isinstance(value, str) and value[:1] in "[{":
+        try:
+            _real_tools(json.loads(value), found)  # tools kept as a JSON string (ShareGPT, xLAM)
+        except ValueError:
+            pass
+
+
+def test_tool_declaration_equals_jinja_on_every_real_sample_tool(tok):
+    found: list = []
+    for path in sorted(REALDATA.rglob("*.json*")):
+        lines = path.read_text(encoding="utf-8").splitlines() if path.suffix == ".jsonl" else [path.read_text()]
+        for line in lines:
+            try:
+                _real_tools(json.loads(line), found)
+            except ValueError:
+                continue
+    unique = {json.dumps(tool, sort_keys=True): tool for tool in found if tool["function"]["name"] != "bash"}
+    assert len(unique) >= 20, "the real samples hold fewer tools than expected: is the data there?"
+    rendered = sum(assert_declaration(tok, tool) for tool in unique.values())
+    assert rendered == len(unique), "a real tool was declined: the Python path should cover plain JSON schemas"

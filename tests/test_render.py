@@ -396,8 +396,8 @@ def test_start_of_text_sensitive_tokenizer_stays_exact(metaspace_first):
 def test_the_probe_catches_an_inexact_cut(metaspace_first, monkeypatch):
     # Take the context away (pieces tokenized on their own): the probe must see the difference and
     # send every record through apply_chat_template, which stays identical to the reference.
-    def naive(self, pieces, after_marker):
-        return [e.ids for e in self._backend.encode_batch(pieces, add_special_tokens=False)]
+    def naive(self, pieces, after_marker, backend=None):
+        return [e.ids for e in (backend or self._backend).encode_batch(pieces, add_special_tokens=False)]
 
     monkeypatch.setattr(MaskedEncoder, "_encode_pieces", naive)
     encoder = MaskedEncoder(metaspace_first)

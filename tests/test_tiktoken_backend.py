@@ -160,3 +160,55 @@ def test_trie_splitter_equals_the_longest_first_alternation():
     for _ in range(3000):
         text = "".join(rng.choice(alphabet + "xy ") for _ in range(rng.randint(0, 30)))
         assert trie(text) == flat(text), text
+
+
+def test_the_disk_cache_gives_back_the_same_encoder(o200k_tok, pieces, tmp_path, monkeypatch):
+    """build_cached stores the verdict and the ranks once; a later process reads the same encoder back."""
+    monkeypatch.setenv("BEAM_SFT_CACHE", str(tmp_path))
+    serialized = o200k_tok._tokenizer.to_str()
+    built, reason = tiktoken_backend.build_cached(serialized)
+    files = list(tmp_path.glob("tiktoken-pieces-*.bin"))
+    assert reason is None and len(files) == 1
+    loaded, reason = tiktoken_backend.build_cached(serialized)  # from the file now
+    assert reason is None and loaded is not built
+    assert loaded._encoding._mergeable_ranks == pieces._encoding._mergeable_ranks
+    assert loaded._encoding._pat_str == pieces._encoding._pat_str and loaded._avoid_chars == pieces._avoid_chars
+    texts = ["Hello world", "  indented\n\tcode()", "café 日本語 🙂", "\U000f0041"]
+    assert loaded.encode(texts) == pieces.encode(texts)
+    files[0].write_bytes(b"damaged")  # a damaged file is rebuilt, not trusted
+    again, reason = tiktoken_backend.build_cached(serialized)
+    assert reason is None and again._encoding._mergeable_ranks == pieces._encoding._mergeable_ranks
+    assert files[0].read_bytes() != b"damaged"
+
+
+def test_a_refusal_is_cached_too(tok, tmp_path, monkeypatch):
+    monkeypatch.setenv("BEAM_SFT_CACHE", str(tmp_path))
+    serialized = tok._tokenizer.to_str()
+    first = tiktoken_backend.build_cached(serialized)
+    assert first[0] is None and "Split + ByteLevel" in first[1]
+    monkeypatch.setattr(tiktoken_backend, "build", lambda state: pytest.fail("rebuilt despite the cache"))
+    assert tiktoken_backend.build_cached(serialized) == first
+
+
+def test_the_encoder_needs_no_private_backend_with_tiktoken(o200k_tok):
+    """The private copy of the backend (seconds to make on a 200k vocabulary) is made only when a piece needs
+    it; the probe runs on the shared backend when transformers left no truncation or padding on it."""
+    encoder = MaskedEncoder(o200k_tok)
+    record = {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello"}]}
+    assert encoder.encode([record]) == [render.reference_encode(o200k_tok, record)]
+    assert encoder._private_backend is None
+    odd = {"messages": [{"role": "user", "content": "\U000f0041"}, {"role": "assistant", "content": "x"}]}
+    assert encoder.encode([odd]) == [render.reference_encode(o200k_tok, odd)]
+    assert encoder._private_backend is not None
+    restored = pickle.loads(pickle.dumps(encoder))
+    assert restored._private_backend is None and restored.encode([odd, record]) == encoder.encode([odd, record])
+
+
+def test_a_truncation_left_on_the_shared_backend_does_not_cut_the_probe(o200k_tok):
+    backend = o200k_tok._tokenizer
+    backend.enable_truncation(max_length=3)
+    try:
+        encoder = MaskedEncoder(o200k_tok)
+    finally:
+        backend.no_truncation()
+    assert encoder.fast and encoder._tiktoken is not None

@@ -158,3 +158,18 @@ def tiny_causal_lm(vocab_size: int, *, tie_word_embeddings: bool = False, seed: 
         tie_word_embeddings=tie_word_embeddings,
     )
     return LlamaForCausalLM(config)
+
+
+def base_tokenizer_script():
+    """scripts/build_base_tokenizer.py as a module (beamified Qwen3 / Llama 3 vocabularies from quicktok-v1)."""
+    import importlib.util
+    import sys
+
+    o200k_script()  # it imports build_o200k_tokenizer
+    name = "build_base_tokenizer"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

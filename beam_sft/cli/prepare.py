@@ -76,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     from beam_sft.records.files import REJECTS, atomic_output, data_sources, write_json_atomic
     from beam_sft.template.tokenizer import load_tokenizer, short_hash
 
+    if args.num_proc is None:
+        from beam_sft.dataset.workers import default_num_proc
+
+        args.num_proc = default_num_proc()
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")
     max_length = args.max_length or None
@@ -164,7 +168,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-split-size", type=float, default=0.0, metavar="X",
                         help="hold out this share (0-1) or number (>=1) of records as DIR/eval (default: 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the eval split (default: 0)")
-    parser.add_argument("--num-proc", type=int, default=1, metavar="N", help="worker processes (default: 1)")
+    parser.add_argument("--num-proc", type=int, default=None, metavar="N",
+                        help="worker processes, each converting and tokenizing whole chunks of 5,000 records; the "
+                             "output is the same for any N (default: the cores this process may use, at most 32)")
     parser.add_argument("--rejects", metavar="PATH",
                         help="also copy the rejects here (they are always in DIR/rejects.jsonl)")
     parser.add_argument("--stats", metavar="PATH", help="write the manifest (counts included) here as JSON")

@@ -25,6 +25,7 @@ Truncation policies (records that fit are never touched):
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -218,20 +219,41 @@ def build_example(
             "n_supervised_call": 0,
         }
     input_ids, mask, counts = result
+    # Slices per assistant span rather than a loop per token: this runs once per training record.
     if assistant_only_loss:
-        labels = [tok if bit else IGNORE_INDEX for tok, bit in zip(input_ids, mask, strict=True)]
+        spans = _one_runs(mask)
+        labels = [IGNORE_INDEX] * len(input_ids)
+        for start, end in spans:
+            labels[start:end] = input_ids[start:end]
     else:
+        spans = [(0, len(input_ids))]
         labels = list(input_ids)
-    supervised_stops = [tok for tok, lab in zip(input_ids, labels, strict=True) if lab != IGNORE_INDEX]
+    n_return = n_call = 0
+    for start, end in spans:
+        supervised = input_ids[start:end]
+        n_return += supervised.count(stop_ids[0]) if stop_ids else 0
+        n_call += supervised.count(stop_ids[1]) if len(stop_ids) > 1 else 0
     return {
         "input_ids": input_ids,
         "labels": labels,
         "keep": True,
         "dropped": 0,
         **counts,
-        "n_supervised_return": supervised_stops.count(stop_ids[0]) if stop_ids else 0,
-        "n_supervised_call": supervised_stops.count(stop_ids[1]) if len(stop_ids) > 1 else 0,
+        "n_supervised_return": n_return,
+        "n_supervised_call": n_call,
     }
+
+
+_ONES = re.compile(b"[^\x00]+")
+
+
+def _one_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """`assistant_spans` (runs of nonzero entries) found by the regex engine over the mask's bytes."""
+    try:
+        raw = bytes(mask)
+    except (TypeError, ValueError):  # not small non-negative ints: the plain loop
+        return assistant_spans([1 if bit else 0 for bit in mask])
+    return [match.span() for match in _ONES.finditer(raw)]
 
 
 def check_stop_tokens_trained(tokenizer) -> None:

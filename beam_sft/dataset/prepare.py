@@ -1,7 +1,8 @@
 """The data phase of a training job: source(s) + tokenizer + settings in, a prepared directory out.
 
-    build_prepared   per chunk: convert, then tokenize (beam_sft.dataset.stages); kept rows appended to the
-                     prepared directory's Arrow files
+    build_prepared   per chunk, in a worker pool (beam_sft.dataset.workers): convert, then tokenize
+                     (beam_sft.dataset.stages); each chunk's kept rows written to its own shard of the
+                     prepared directory
     prepare_data     build_prepared cached under a fingerprint, once per job (main process first)
     load_prepared    a prepared directory, memory-mapped and checked against the run
 
@@ -33,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from beam_sft.dataset.settings import (
     DATA_VERSION,
     EVAL_DIR,
@@ -48,18 +47,7 @@ from beam_sft.dataset.settings import (
     run_fields,
     source_identity,
 )
-from beam_sft.dataset.stages import (
-    _MAP_BATCH,
-    CHUNK_ROWS,
-    _convert_batch,
-    _procs,
-    _tokenize_batch,
-    _tokenized_features,
-    _value_counts,
-    convert_source,
-    read_chunks,
-    token_counts,
-)
+from beam_sft.dataset.stages import CHUNK_ROWS, convert_source, read_chunks, token_counts
 from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.files import data_sources
 
@@ -118,46 +106,27 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
 
 
 class _SplitWriter:
-    """The kept rows of one split, written chunk by chunk as the Arrow files of a `save_to_disk` directory.
-
-    Each chunk's rows go straight to their own file, so nothing is read back (or memory-mapped) to save it.
-    """
+    """The kept rows of one split: the chunks' shard files (written by `beam_sft.dataset.workers`), in chunk
+    order, committed as the Arrow files of a `save_to_disk` directory. Nothing is read back to save it."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True)
         self.files: list[Path] = []
-        self.rows = 0
 
-    def write(self, table, is_eval: bool | None = None) -> None:
-        """Append the kept rows of `table` (of the split `is_eval` says, when given), a slice at a time."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        schema = _final_features().arrow_schema
-        path = self.dir / f"part-{len(self.files):05d}.arrow"
-        rows = 0
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-            for batch in table.to_batches(max_chunksize=1000):
-                if is_eval is not None:
-                    keep = batch.column("keep") if "keep" in batch.schema.names else None
-                    mask = pc.equal(batch.column("is_eval"), is_eval)
-                    batch = batch.filter(pc.and_(mask, keep))
-                if batch.num_rows:
-                    writer.write_batch(pa.RecordBatch.from_arrays([batch.column(n) for n in schema.names],
-                                                                  schema=schema))
-                    rows += batch.num_rows
-        if rows == 0 and self.files:
-            path.unlink()
-            return
-        self.files.append(path)
-        self.rows += rows
+    def add(self, shard: str | os.PathLike) -> None:
+        self.files.append(Path(shard))
 
     def commit(self, fingerprint: str) -> None:
+        import pyarrow as pa
         from datasets import Dataset
 
         if not self.files:
-            self.write(_final_features().arrow_schema.empty_table())
+            path = self.dir / "part-empty.arrow"
+            schema = _final_features().arrow_schema
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema):
+                pass
+            self.files.append(path)
         names = []
         for i, file in enumerate(self.files):
             names.append(f"data-{i:05d}-of-{len(self.files):05d}.arrow")
@@ -179,160 +148,138 @@ def _final_features():
     return Features({"input_ids": List(Value("int32")), "labels": List(Value("int32"))})
 
 
-def _tokenize_chunk(tokenizer, converted, settings: DataSettings, names, eval_rows, num_proc, progress):
-    """Tokenize one converted chunk (rejected rows pass through as empty); returns the map's Arrow table."""
-    from beam_sft.template.tokenizer import stop_token_ids
-
-    mapped = converted.map(
-        _tokenize_chunk_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(converted)),
-        with_indices=True, remove_columns=converted.column_names, features=_chunk_features(),
-        fn_kwargs={"tokenizer": tokenizer, "max_length": settings.max_length, "policy": settings.truncation_policy,
-                   "assistant_only_loss": settings.assistant_only_loss, "stop_ids": stop_token_ids(tokenizer),
-                   "names": names, "eval_rows": eval_rows},
-        desc="tokenizing" if progress else None, load_from_cache_file=False,
-    )
-    return mapped
-
-
-def _chunk_features():
-    from datasets import Value
-
-    features = _tokenized_features()
-    features["converted"] = Value("bool")
-    features["is_eval"] = Value("bool")
-    return features
-
-
-def _tokenize_chunk_batch(batch, indices, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names,
-                          eval_rows):
-    present = [i for i, text in enumerate(batch["record"]) if text is not None]
-    sub = {k: [batch[k][i] for i in present] for k in ("src", "pos", "by_line", "record")}
-    done = _tokenize_batch(sub, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names) if present \
-        else {k: [] for k in _tokenized_features()}
-    n = len(batch["record"])
-    out: dict[str, list] = {k: [None] * n for k in _tokenized_features()}
-    for j, i in enumerate(present):
-        for k, column in out.items():
-            column[i] = done[k][j]
-    for i in range(n):
-        if out["keep"][i] is None:  # a conversion reject (already in the rejects file): no row, no count
-            for k, column in out.items():
-                column[i] = [] if k in ("input_ids", "labels") else False if k == "keep" else None if k in (
-                    "reason", "reject") else 0
-    out["converted"] = [text is not None for text in batch["record"]]
-    out["is_eval"] = [bool(eval_rows is not None and eval_rows[i]) for i in indices]
-    return out
-
-
-def _split_stats(table, mask) -> dict[str, int]:
-    """PrepStats fields of the rows of `table` selected by `mask`: sums of the map's count columns."""
-    import pyarrow.compute as pc
-
-    part = table.select(["converted", "reason", "keep", "dropped", "truncated", "assistant_turns_cut", "n_tokens",
-                         "n_supervised", "n_supervised_return", "n_supervised_call"]).filter(mask)
-
-    def total(column) -> int:
-        return int(pc.sum(part.column(column)).as_py() or 0)
-
-    return {
-        "records_in": int(pc.sum(pc.and_(part.column("converted"), pc.is_null(part.column("reason")))).as_py() or 0),
-        "records_kept": total("keep"),
-        "dropped_too_long": total("dropped"),
-        "truncated": total("truncated"),
-        "assistant_turns_cut": total("assistant_turns_cut"),
-        "total_tokens": total("n_tokens"),
-        "supervised_tokens": total("n_supervised"),
-        "supervised_return": total("n_supervised_return"),
-        "supervised_call": total("n_supervised_call"),
-    }
+# --- worker pool (beam_sft.dataset.workers): the build path of `build_prepared` ---
 
 
 @dataclass
 class _Chunk:
-    """One converted chunk waiting for the tokenize pass."""
+    """One input chunk: its raw file, its converted file (only when an eval split is drawn: then the chunk is
+    converted in pass 1 and tokenized in pass 2), source names, from the separate eval data or not."""
 
-    files: list[Path]  # the converted Arrow files (several with num_proc)
-    names: list[str]  # source names
-    is_eval: bool  # from the separate eval data
-    n_records: int  # records converted (the rest of its rows are rejects)
+    raw: str
+    converted: str | None
+    names: list[str]
+    is_eval: bool
+    n_records: int = 0  # records converted (the rest of its rows are rejects)
 
 
 class _Tally:
-    """Records in, rejects by reason (written to the rejects file as they come), per split PrepStats sums."""
+    """Records in, rejects by reason (written to the rejects file as they come), per split PrepStats sums,
+    and the split writers the shards go to: all taken from the workers' results, in input order."""
 
-    def __init__(self, rejects) -> None:
+    def __init__(self, rejects, writers: dict[str, _SplitWriter]) -> None:
         self.rejects = rejects
+        self.writers = writers
         self.records_in = 0
         self.rejected: Counter = Counter()
-        self.splits: dict[str, Counter] = {}
+        self.splits: dict[str, Counter] = {name: Counter() for name in writers}
 
-    def add_rejects(self, reasons, entries) -> None:
-        self.rejected.update(_value_counts(reasons))
-        for text in entries.drop_null().to_pylist():
-            self.rejects.write(orjson.loads(text))
+    def take(self, result, bar) -> None:
+        from beam_sft.dataset import workers
+
+        self.records_in += result.records_in
+        self.rejected.update(result.rejected)
+        for entry in workers.result_rejects(result):
+            self.rejects.write(entry)
+        for name, counts in result.stats.items():
+            self.splits[name].update(counts)
+        for name, shard in result.shards.items():
+            self.writers[name].add(shard)
+        bar.update(result.records_in or sum(c["records_in"] for c in result.stats.values()))
 
 
-def _convert_pass(inputs, eval_inputs, settings: DataSettings, work: Path, tally: _Tally, *, chunk_rows: int,
-                  num_proc, progress) -> list[_Chunk]:
-    """Pass 1: read + convert every chunk; conversion rejects go to the rejects file as they come."""
+def _job(tokenizer, settings: DataSettings):
+    from beam_sft.dataset import workers
+    from beam_sft.template.tokenizer import stop_token_ids
+
+    return workers.Job(tokenizer, settings.format, settings.max_length, settings.truncation_policy,
+                       settings.assistant_only_loss, list(stop_token_ids(tokenizer)))
+
+
+def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: list[_Chunk], writers, *,
+               draw_eval: bool, chunk_rows: int, progress):
+    """Pass 1 tasks as the input is read: convert + tokenize, or (when an eval split is to be drawn among the
+    converted records) convert only. Each chunk is appended to `chunks` as its task is made."""
+    from beam_sft.dataset import workers
+
     parts = [(inputs, settings.split, settings.max_records, False)]
     if eval_inputs:
         parts.append((eval_inputs, "test", None, True))
-    chunks: list[_Chunk] = []
     for part_inputs, split, limit, is_eval in parts:
         sources = data_sources(part_inputs, split)
         names = [src.name for src in sources]
         for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
                                prefix="eval" if is_eval else "train"):
-            converted = raw.map(
-                _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
-                fn_kwargs={"fmt": settings.format, "names": names}, remove_columns=["payload", "error"],
-                desc="converting" if progress else None, load_from_cache_file=False,
-            )
-            reasons = converted.data.column("reason")
-            tally.add_rejects(reasons, converted.data.column("reject"))
-            tally.records_in += len(raw)
-            n_records = reasons.null_count  # no reason: converted
-            kept_files = [Path(f["filename"]) for f in converted.cache_files]
-            raw_file = Path(raw.cache_files[0]["filename"])
-            del raw, converted, reasons  # closes the memory maps of this chunk
-            raw_file.unlink()
-            chunks.append(_Chunk(kept_files, names, is_eval, n_records))
+            raw_path = raw.cache_files[0]["filename"]
+            del raw  # its memory map: the worker opens the file itself
+            i = len(chunks)
+            if draw_eval:
+                converted = str(work / f"converted-{i:05d}.arrow")
+                chunks.append(_Chunk(raw_path, converted, names, is_eval))
+                yield workers.Task(i, names, raw=raw_path, convert_to=converted, tokenize=False)
+            else:
+                chunks.append(_Chunk(raw_path, None, names, is_eval))
+                split_name = "eval" if is_eval else "train"
+                yield workers.Task(i, names, raw=raw_path, all_eval=is_eval,
+                                   shards={split_name: workers.shard_path(writers[split_name].dir, i)})
+
+
+def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, tally: _Tally, *, draw_eval: bool,
+                chunk_rows: int, num_proc, progress) -> list[_Chunk]:
+    """Pass 1: read every chunk and run its task (convert + tokenize, or convert only) in the pool."""
+    from tqdm import tqdm
+
+    from beam_sft.dataset import workers
+
+    chunks: list[_Chunk] = []
+    tasks = _raw_tasks(inputs, eval_inputs, settings, work, chunks, tally.writers, draw_eval=draw_eval,
+                       chunk_rows=chunk_rows, progress=progress)
+    with tqdm(desc="converting" if draw_eval else "preparing", unit=" rec", disable=not progress or None,
+              mininterval=0.5) as bar:
+        for result in workers.run_tasks(tasks, job, num_proc):
+            chunks[result.index].n_records = result.n_records
+            tally.take(result, bar)
+            os.unlink(chunks[result.index].raw)
     if not any(c.n_records for c in chunks if not c.is_eval):
         raise UsageError(f"no usable training records in {', '.join(inputs)}: {tally.records_in} read, "
                          f"{sum(tally.rejected.values())} rejected ({dict(tally.rejected)})")
     return chunks
 
 
-def _tokenize_pass(chunks: list[_Chunk], tokenizer, settings: DataSettings, eval_mask, writers, tally: _Tally, *,
-                   num_proc, progress) -> None:
-    """Pass 2: tokenize chunk by chunk, appending kept rows to the split files."""
+def _tokenize_tasks(chunks: list[_Chunk], eval_mask, writers):
+    """Pass 2 tasks: tokenize each converted chunk, its rows sent to the split `eval_mask` says."""
     import numpy as np
     import pyarrow.compute as pc
-    from datasets import Dataset, concatenate_datasets
 
-    tally.splits = {name: Counter() for name in writers}
+    from beam_sft.dataset import workers
+
     offset = 0
-    for chunk in chunks:
-        converted = concatenate_datasets([Dataset.from_file(str(p)) for p in chunk.files])
-        eval_rows = None
-        if eval_mask is not None:
-            has_record = pc.is_valid(converted.data.column("record")).to_numpy(zero_copy_only=False)
-            eval_rows = np.zeros(len(converted), dtype=bool)
-            eval_rows[has_record] = eval_mask[offset: offset + chunk.n_records]
-            offset += chunk.n_records
-        elif chunk.is_eval:
-            eval_rows = np.ones(len(converted), dtype=bool)
-        mapped = _tokenize_chunk(tokenizer, converted, settings, chunk.names, eval_rows, num_proc, progress)
-        table = mapped.data.table
-        tally.add_rejects(table.column("reason"), table.column("reject"))
-        for name, writer in writers.items():
-            tally.splits[name].update(_split_stats(table, pc.equal(table.column("is_eval"), name == "eval")))
-            writer.write(table, name == "eval")
-        files = [Path(f["filename"]) for f in mapped.cache_files] + chunk.files
-        del converted, mapped, table
-        for file in files:
-            file.unlink(missing_ok=True)
+    for i, chunk in enumerate(chunks):
+        table = workers._open(chunk.converted).read_all()
+        has_record = pc.is_valid(table.column("record")).to_numpy(zero_copy_only=False)
+        del table
+        eval_rows = np.zeros(len(has_record), dtype=bool)
+        eval_rows[has_record] = eval_mask[offset: offset + chunk.n_records]
+        offset += chunk.n_records
+        yield workers.Task(i, chunk.names, converted=chunk.converted, eval_rows=eval_rows,
+                           shards={name: workers.shard_path(w.dir, i) for name, w in writers.items()})
+
+
+def _eval_pass(chunks: list[_Chunk], settings: DataSettings, job, tally: _Tally, *, num_proc, progress) -> None:
+    """Pass 2 (an eval split to draw): the split is a seeded choice among the converted training records (one
+    byte per record), known only now; then every chunk is tokenized."""
+    from tqdm import tqdm
+
+    from beam_sft.dataset import workers
+
+    eval_mask = _eval_mask(sum(c.n_records for c in chunks), settings)
+    with tqdm(desc="tokenizing", unit=" rec", disable=not progress or None, mininterval=0.5) as bar:
+        for result in workers.run_tasks(_tokenize_tasks(chunks, eval_mask, tally.writers), job, num_proc):
+            tally.take(result, bar)
+            os.unlink(chunks[result.index].converted)
+
+
+# --- worker pool: end ---
 
 
 def _checked_stats(tally: _Tally) -> dict[str, dict[str, int]]:
@@ -412,9 +359,11 @@ def build_prepared(
     reject in `out_dir/rejects.jsonl`.
 
     Memory stays flat as the data grows: the input is cut into chunks of `chunk_rows` records (default
-    `CHUNK_ROWS`); each chunk is converted (first pass, all chunks: that fixes the eval split), then tokenized
-    and its kept rows appended to the output files (second pass), and its memory-mapped files are closed
-    and deleted before the next one, so at most one chunk's pages are ever resident.
+    `CHUNK_ROWS`); each chunk is converted and tokenized by one task of `beam_sft.dataset.workers` (in
+    `num_proc` long-lived processes, or this one when it is None or 1), which writes the chunk's kept rows
+    to its own shard of the output. When an eval split is drawn among the converted records, every chunk is
+    converted first (that fixes the split) and tokenized in a second pass. The output is the same bytes
+    whatever `num_proc` is.
     """
     from beam_sft.records.files import (
         JsonlSink,
@@ -435,17 +384,16 @@ def build_prepared(
     final.mkdir()
     rejects = JsonlSink(str(final / REJECTS))
     try:
-        tally = _Tally(rejects)
-        chunks = _convert_pass(inputs, eval_inputs, settings, work, tally, chunk_rows=chunk_rows or CHUNK_ROWS,
-                               num_proc=num_proc, progress=progress)
-        # The eval split: a seeded choice among the converted training records (one byte per record).
-        eval_mask = None
-        if not eval_inputs and settings.eval_split_size > 0:
-            eval_mask = _eval_mask(sum(c.n_records for c in chunks), settings)
+        draw_eval = not eval_inputs and settings.eval_split_size > 0
         writers = {"train": _SplitWriter(final / "train_parts")}
-        if eval_inputs or eval_mask is not None:
+        if eval_inputs or draw_eval:
             writers["eval"] = _SplitWriter(final / "eval_parts")
-        _tokenize_pass(chunks, tokenizer, settings, eval_mask, writers, tally, num_proc=num_proc, progress=progress)
+        tally = _Tally(rejects, writers)
+        job = _job(tokenizer, settings)
+        chunks = _first_pass(inputs, eval_inputs, settings, work, job, tally, draw_eval=draw_eval,
+                             chunk_rows=chunk_rows or CHUNK_ROWS, num_proc=num_proc, progress=progress)
+        if draw_eval:
+            _eval_pass(chunks, settings, job, tally, num_proc=num_proc, progress=progress)
         stats = _checked_stats(tally)
         rejects.commit()
         rejects = None

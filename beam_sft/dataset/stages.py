@@ -113,7 +113,9 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 
 
 
-def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[str, list]:
+def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts: bool = False) -> dict[str, list]:
+    """`as_dicts`: the records as the converter returned them (still checked to serialise), for a caller
+    that tokenizes them right away instead of storing their JSON (`beam_sft.dataset.workers`)."""
     from beam_sft.validate.convert import try_convert
 
     records, reasons, rejects = [], [], []
@@ -125,7 +127,8 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[s
         else:
             rec, _, reject = try_convert(payload, fmt, raw=True)
         if reject is None:
-            records.append(orjson.dumps(rec).decode())
+            text = orjson.dumps(rec)
+            records.append(rec if as_dicts else text.decode())
             reasons.append(None)
             rejects.append(None)
             continue
@@ -241,7 +244,8 @@ def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, s
     keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return",
             "n_supervised_call")
     out: dict[str, list] = {k: [] for k in (*keys, "n_tokens", "n_supervised", "reason", "reject")}
-    records = [orjson.loads(text) for text in batch["record"]]
+    # JSON text from a converted chunk file, or dicts straight from `_convert_batch(as_dicts=True)`.
+    records = [text if type(text) is dict else orjson.loads(text) for text in batch["record"]]
     encoded = encode_each(get_encoder(tokenizer), records)
     for src, pos, by_line, record, enc in zip(batch["src"], batch["pos"], batch["by_line"], records, encoded,
                                               strict=True):

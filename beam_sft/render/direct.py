@@ -8,8 +8,9 @@ blocks — or None for anything it does not handle exactly, and the caller then 
 
 * the system and developer messages (identity, reasoning effort, instructions, tool declarations) depend
   only on the leading system/developer messages, the tools and the keyword arguments; they are assembled
-  here, with each tool's TypeScript declaration (and the trained bash tool's fixed one) taken from the
-  Jinja template rendering that one tool, and cached per tool and per prefix. Inputs it is unsure of
+  here, with each tool's TypeScript declaration written by `ts_tool` (the template's macros in Python; a
+  tool it is unsure of, and the trained bash tool's fixed text, are read off the Jinja template rendering
+  that one tool), cached per tool and per prefix. Inputs it is unsure of
   (odd types, unknown efforts, other built-in names) get the whole prefix from Jinja;
 * the conversation after them is rendered here, for messages of plain JSON types: string contents and
   reasoning, tool calls whose function has a string name and dict arguments of JSON values with string
@@ -133,9 +134,16 @@ class BeamTemplateRenderer:
         return None if spans else text
 
     def _tool_type(self, tool: dict) -> str | None:
-        """The template's TypeScript declaration of one tool (`ts_tool`), read off a one-tool render."""
+        """The template's TypeScript declaration of one tool (`ts_tool`): in Python, else read off a one-tool
+        Jinja render."""
         key = repr(tool)
         if key not in self._tool_types:
+            declaration = ts_tool(tool)
+            if declaration is not None:
+                self._tool_types[key] = declaration
+                if len(self._tool_types) > self._prefix_cache_size:
+                    self._tool_types.pop(next(iter(self._tool_types)))
+                return declaration
             text = self._jinja([], [tool], {})
             head = _SYSTEM_HEAD.format(identity=_DEFAULT_IDENTITY, effort=512) + _DEVELOPER_TOOLS_HEAD
             ok = text is not None and text.startswith(head) and text.endswith("<|end|>")
@@ -340,3 +348,113 @@ def for_template(template: str) -> BeamTemplateRenderer | None:
     if _BUNDLED[0] is None or template != _BUNDLED[0]:
         return None
     return BeamTemplateRenderer(template)
+
+
+# -- tool declarations (the template's ts_tool / ts_properties / ts_type / scalar_type macros) ----------------
+
+
+class _Declined(Exception):
+    """An input whose Jinja rendering this module does not reproduce for sure: Jinja renders it instead."""
+
+
+def _tojson(value: Any) -> str:
+    # transformers' `tojson` filter: json.dumps without ASCII escapes, default separators.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _sequence(value: Any) -> list | None:
+    """`value` when the template iterates it as a list (`is iterable and is not string`): None when the template
+    skips it (a scalar or a string); _Declined for other iterables (a mapping iterates its keys)."""
+    if type(value) is list:
+        return value
+    if value is None or type(value) in (str, int, float, bool):
+        return None
+    raise _Declined
+
+
+def _comment_lines(text: Any, indent: str) -> str:
+    text = text if type(text) is str else str(text)  # `| string` of plain JSON values is Python's str()
+    return "".join(f"{indent}//{' ' + line if line else ''}\n" for line in text.split("\n"))
+
+
+def _scalar_type(t: Any) -> str:
+    if t in ("integer", "number"):
+        return "number"
+    if t in ("string", "boolean", "null"):
+        return t
+    return {"array": "any[]", "object": "object"}.get(t, "any") if type(t) is str else "any"
+
+
+def _ts_type(schema: Any, indent: str) -> str:
+    if type(schema) is not dict:
+        return "any"
+    if "enum" in schema:
+        enum = _sequence(schema["enum"])
+        if enum:
+            return " | ".join(_tojson(value) for value in enum)
+    if "const" in schema:
+        return _tojson(schema["const"])
+    if "anyOf" in schema or "oneOf" in schema:
+        choices = schema["anyOf"] if "anyOf" in schema else schema["oneOf"]
+        if type(choices) is not list:
+            raise _Declined  # the template iterates it whatever it is
+        return " | ".join(_ts_type(choice, indent) for choice in choices)
+    kind = schema.get("type")
+    if "type" in schema:
+        kinds = _sequence(kind)
+        if kinds is not None:
+            return " | ".join(_scalar_type(t) for t in kinds)
+    # A missing "items" key reads as dict.items in Jinja (attribute fallback): defined, but not a mapping.
+    if kind == "array" and type(schema.get("items")) is dict:
+        item = _ts_type(schema["items"], indent)
+        return f"({item})[]" if " | " in item and not item.endswith("}") else f"{item}[]"
+    properties = schema.get("properties")
+    if kind == "object" and type(properties) is dict and properties:
+        inner = indent + "    "
+        return "{\n" + _ts_properties(schema, inner) + inner + "}"
+    if "type" in schema:
+        return _scalar_type(kind)
+    return "any"
+
+
+def _ts_properties(schema: dict, indent: str) -> str:
+    required = _sequence(schema["required"]) if "required" in schema else None
+    required = required or []
+    out = []
+    for name, prop in schema["properties"].items():
+        if type(name) is not str:
+            raise _Declined
+        is_map = type(prop) is dict
+        if is_map and prop.get("description"):
+            out.append(_comment_lines(prop["description"], indent))
+        examples = _sequence(prop["examples"]) if is_map and "examples" in prop else None
+        if examples:
+            out.append(f"{indent}// Examples:\n")
+            out.extend(f"{indent}// - {_tojson(example)}\n" for example in examples)
+        out.append(f"{indent}{name}{'' if name in required else '?'}: {_ts_type(prop, indent)},")
+        if is_map and "default" in prop:
+            default = prop["default"]
+            out.append(f" // default: {default if type(default) is str else _tojson(default)}")
+        out.append("\n")
+    return "".join(out)
+
+
+def ts_tool(tool: dict) -> str | None:
+    """The template's TypeScript declaration of one tool (its `ts_tool` macro) in Python, or None where this
+    function is not sure to match it (non-JSON types, a mapping where the template iterates a list): the
+    caller then asks Jinja. `tests/test_direct_render.py` holds the two equal on random schemas."""
+    if type(tool) is not dict or not _plain_json(tool):
+        return None
+    fn = tool.get("function", tool)
+    if type(fn) is not dict or type(fn.get("name")) is not str:
+        return None
+    try:
+        head = _comment_lines(fn["description"], "") if fn.get("description") else ""
+        params = fn.get("parameters")
+        params = params if type(params) is dict else {}
+        properties = params.get("properties")
+        if type(properties) is dict and properties:
+            return f"{head}type {fn['name']} = (_: {{\n{_ts_properties(params, '')}}}) => any;"
+        return f"{head}type {fn['name']} = () => any;"
+    except (_Declined, RecursionError):
+        return None

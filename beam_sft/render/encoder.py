@@ -185,7 +185,8 @@ class MaskedEncoder:
         self.cache_size = cache_size
         self._cache: dict[str, list[int]] = {}  # pieces after a marker
         self._first_cache: dict[str, list[int]] = {}  # pieces at the very start of a text
-        self._backend = None
+        self._serialized: str | None = None  # the backend as it was at setup; a private copy is made from it
+        self._private_backend = None
         self._tiktoken = None
         self.tiktoken_reason: str | None = "the fast path is off"
         self.fallback_reason = force_fallback or self._setup_fast_path()
@@ -215,41 +216,52 @@ class MaskedEncoder:
             from transformers.utils.chat_template_utils import render_jinja_template  # noqa: F401
         except ImportError:  # pragma: no cover - older/newer transformers layout
             return "transformers.utils.chat_template_utils.render_jinja_template is not available"
-        from tokenizers import Tokenizer
-
-        # A private copy: transformers sets truncation/padding on the shared backend per call, and a
-        # leftover setting there must not cut our pieces.
         serialized = original.to_str()
-        backend = Tokenizer.from_str(serialized)
-        backend.no_truncation()
-        backend.no_padding()
-        backend.encode_special_tokens = False
-        added = backend.get_added_tokens_decoder()
+        self._serialized = serialized
+        added = original.get_added_tokens_decoder()
         contents: dict[str, int] = {}
         for token_id, token in added.items():
             if token.lstrip or token.rstrip or token.single_word:
                 return f"added token {token.content!r} strips spaces or matches single words"
-            if token.normalized and backend.normalizer is not None:
+            if token.normalized and original.normalizer is not None:
                 return f"added token {token.content!r} is matched after normalization"
             if token.content:
                 contents[token.content] = token_id
-        self._backend = backend
         self._marker_ids = contents
         self._marker_lists = {content: [token_id] for content, token_id in contents.items()}
         self._context_marker = min(contents, key=len) if contents else ""
         self._split = _splitter(contents)
         self._tiktoken, self.tiktoken_reason = _tiktoken_pieces(serialized)
-        problem = self._probe()
+        # The shared backend is what `serialized` describes right now; it serves the probe unless transformers
+        # left a truncation or padding setting on it (then the private copy does).
+        clean = original.truncation is None and original.padding is None and not original.encode_special_tokens
+        probe_backend = original if clean else self._backend
+        problem = self._probe(probe_backend)
         if problem and self._tiktoken is not None:
             # The tokenizers backend alone, which is what the probe compares against.
             self._tiktoken, self.tiktoken_reason = None, f"the probe found a difference: {problem}"
-            problem = self._probe()
+            problem = self._probe(probe_backend)
         if problem:
-            self._backend = None
+            self._serialized = self._private_backend = None
         return problem
 
-    def _probe(self) -> str | None:
-        """Compare whole-text and piece-wise tokenization (ids and offsets) on probe strings."""
+    @property
+    def _backend(self):
+        """A private copy of the backend, made on first use: transformers sets truncation/padding on the shared
+        one per call, and a leftover setting there must not cut our pieces. With the tiktoken encoder it is
+        needed only for the rare piece tiktoken does not vouch for, so most processes never pay for it."""
+        if self._private_backend is None and self._serialized is not None:
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_str(self._serialized)
+            backend.no_truncation()
+            backend.no_padding()
+            backend.encode_special_tokens = False
+            self._private_backend = backend
+        return self._private_backend
+
+    def _probe(self, backend) -> str | None:
+        """Compare whole-text (by `backend`) and piece-wise tokenization (ids and offsets) on probe strings."""
         markers = list(self._marker_ids) or [""]
         texts = []
         for shift in range(len(_PROBE_TEXTS)):
@@ -260,10 +272,10 @@ class MaskedEncoder:
             texts.append("".join(parts))
             texts.append(markers[shift % len(markers)] + "".join(parts))
         texts.extend(_PROBE_TEXTS)
-        whole = self._backend.encode_batch(texts, add_special_tokens=False)
+        whole = backend.encode_batch(texts, add_special_tokens=False)
         for text, encoding in zip(texts, whole, strict=True):
             try:
-                ids, offsets = self._pieces_with_offsets(text)
+                ids, offsets = self._pieces_with_offsets(text, backend)
             except _Fallback as err:
                 return str(err)
             if ids != encoding.ids:
@@ -272,7 +284,7 @@ class MaskedEncoder:
                 return f"tokenizing between markers changes token offsets (probe {text[:40]!r}...)"
         return None
 
-    def _pieces_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    def _pieces_with_offsets(self, text: str, backend=None) -> tuple[list[int], list[tuple[int, int]]]:
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []
         pos = 0
@@ -283,23 +295,24 @@ class MaskedEncoder:
                 ids.append(self._marker_ids[part])
                 offsets.append((pos, pos + len(part)))
             else:
-                ids.extend(self._encode_pieces([part], after_marker=j > 0)[0])
-                offsets.extend(self._piece_offsets(part, pos))
+                ids.extend(self._encode_pieces([part], after_marker=j > 0, backend=backend)[0])
+                offsets.extend(self._piece_offsets(part, pos, backend))
             pos += len(part)
         return ids, offsets
 
-    def _piece_offsets(self, part: str, pos: int) -> list[tuple[int, int]]:
+    def _piece_offsets(self, part: str, pos: int, backend=None) -> list[tuple[int, int]]:
         """Token offsets of a text piece at `pos`, as they are inside the whole text.
 
         Offsets can depend on the token's position in the encoding (ByteLevel's trim_offsets keeps the
         space of the first token), so a piece after a marker is encoded after a marker, and the marker's
         token is dropped again.
         """
+        backend = backend or self._backend
         if pos == 0 or not self._marker_ids:
-            encoding = self._backend.encode(part, add_special_tokens=False)
+            encoding = backend.encode(part, add_special_tokens=False)
             return [(pos + s, pos + e) for s, e in encoding.offsets]
         marker = self._context_marker
-        encoding = self._backend.encode(marker + part, add_special_tokens=False)
+        encoding = backend.encode(marker + part, add_special_tokens=False)
         shift = pos - len(marker)
         return [(shift + s, shift + e) for s, e in encoding.offsets[1:]]
 
@@ -366,7 +379,7 @@ class MaskedEncoder:
             cut = slice(0, max_length)
         return {key: value[cut] for key, value in result.items()}
 
-    def _encode_pieces(self, pieces: list[str], after_marker: bool) -> list[list[int]]:
+    def _encode_pieces(self, pieces: list[str], after_marker: bool, backend=None) -> list[list[int]]:
         """Token ids of text pieces, each tokenized as it is in the whole text.
 
         A piece after a marker is tokenized after a marker (whose id is then dropped): some tokenizers
@@ -378,16 +391,18 @@ class MaskedEncoder:
             out = self._tiktoken.encode(pieces)
             rest = [k for k, ids in enumerate(out) if ids is None]
             if rest:
-                encoded = self._backend.encode_batch([pieces[k] for k in rest], add_special_tokens=False)
+                backend = backend or self._backend
+                encoded = backend.encode_batch([pieces[k] for k in rest], add_special_tokens=False)
                 for k, encoding in zip(rest, encoded, strict=True):
                     out[k] = encoding.ids
             return out
+        backend = backend or self._backend
         if not after_marker:
-            return [e.ids for e in self._backend.encode_batch(pieces, add_special_tokens=False)]
+            return [e.ids for e in backend.encode_batch(pieces, add_special_tokens=False)]
         marker = self._context_marker
         marker_id = self._marker_ids[marker]
         out = []
-        for encoding in self._backend.encode_batch([marker + p for p in pieces], add_special_tokens=False):
+        for encoding in backend.encode_batch([marker + p for p in pieces], add_special_tokens=False):
             ids = encoding.ids
             if not ids or ids[0] != marker_id:
                 raise _Fallback(f"{marker!r} did not tokenize as one leading token")
@@ -476,12 +491,13 @@ class MaskedEncoder:
         state = self.__dict__.copy()
         state["_cache"] = {}
         state["_first_cache"] = {}
+        state["_private_backend"] = None  # remade from _serialized where it is needed
         state.pop("_split", None)
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        if self._backend is not None:
+        if self._serialized is not None:
             self._split = _splitter(self._marker_ids)
 
 
@@ -516,7 +532,8 @@ def _splitter(contents: Mapping[str, int]):
     return re.compile(f"({_trie_regex(contents)})").split
 
 
-# serialised backend's hash -> (tiktoken piece encoder or None, why not); building one costs seconds.
+# serialised backend's hash -> (tiktoken piece encoder or None, why not); building one costs seconds, so it
+# is also cached on disk (tiktoken_backend.build_cached).
 _TIKTOKEN_PIECES: dict[str, tuple[Any, str | None]] = {}
 
 
@@ -525,12 +542,7 @@ def _tiktoken_pieces(serialized: str) -> tuple[Any, str | None]:
     if key not in _TIKTOKEN_PIECES:
         from beam_sft.render import tiktoken_backend
 
-        try:
-            state = json.loads(serialized)
-        except ValueError as err:  # pragma: no cover - tokenizers always writes JSON
-            _TIKTOKEN_PIECES[key] = (None, f"the backend does not serialise to JSON: {err}")
-        else:
-            _TIKTOKEN_PIECES[key] = tiktoken_backend.build(state)
+        _TIKTOKEN_PIECES[key] = tiktoken_backend.build_cached(serialized)
     return _TIKTOKEN_PIECES[key]
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,19 @@ O200K_PATTERN = "|".join(  # noqa: FLY002 (one alternative a line reads better)
         r"""\s+""",
     ]
 )
+# Llama 3's (digits in runs of 1-3) and Qwen2/2.5/3's (one digit per pre-token), as their tokenizer.json have them.
+LLAMA3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                  r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+_BYTE_LEVEL_CLASSES = (r"\p{L}", r"\p{N}", r"\s", r"[\r\n]", *(f"(?i:{c})" for c in "strevmld"))
 # pattern -> the character classes (and case-insensitive letters) whose membership decides its splits.
 KNOWN_PATTERNS: dict[str, tuple[str, ...]] = {
     O200K_PATTERN: (
         r"\p{L}", r"\p{N}", r"\p{Lu}", r"\p{Lt}", r"\p{Lm}", r"\p{Lo}", r"\p{Ll}", r"\p{M}", r"\s", r"[\r\n/]",
         *(f"(?i:{c})" for c in "strevmld"),
     ),
+    LLAMA3_PATTERN: _BYTE_LEVEL_CLASSES,
+    QWEN_PATTERN: _BYTE_LEVEL_CLASSES,
 }
 # Planes 0-3 and 14 hold every assigned code point; the rest (4-13 unassigned, 15-16 private use) are
 # routed to the tokenizers backend instead of being checked.
@@ -145,6 +153,7 @@ class TiktokenPieces:
 
         self._encoding = tiktoken.Encoding("beam-sft-pieces", pat_str=pattern, mergeable_ranks=ranks,
                                            special_tokens={})
+        self._avoid_chars = avoid
         self._avoid = re.compile(f"[{re.escape(avoid)}]|{_UNCHECKED}" if avoid else _UNCHECKED).search
         # The engines agree on ASCII in every version so far; if not, no shortcut.
         self._ascii_safe = all(ord(c) > 127 for c in avoid)
@@ -163,10 +172,12 @@ class TiktokenPieces:
                                  mergeable_ranks=self._encoding._mergeable_ranks, special_tokens=special_tokens)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"encoding": self._encoding, "avoid": self._avoid.__self__.pattern, "ascii_safe": self._ascii_safe}
+        return {"encoding": self._encoding, "avoid": self._avoid.__self__.pattern, "ascii_safe": self._ascii_safe,
+                "avoid_chars": self._avoid_chars}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._encoding = state["encoding"]
+        self._avoid_chars = state["avoid_chars"]
         self._avoid = re.compile(state["avoid"]).search
         self._ascii_safe = state["ascii_safe"]
 
@@ -219,3 +230,99 @@ def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
     except Exception as err:  # noqa: BLE001 - an engine rejecting a class means no proof, so no tiktoken
         return None, f"could not compare the regex engines: {err}"
     return TiktokenPieces(ranks, pattern, avoid), None
+
+
+# -- the verdict and the ranks, cached on disk ----------------------------------------------------------------
+# `build` parses the serialised backend (tens of MB of JSON), decodes and checks 200k tokens and derives 450k
+# merges: seconds per process. Its result depends only on the serialised backend, this module's code and the
+# two libraries' versions, so it is kept on disk under a hash of those (`$BEAM_SFT_CACHE`, else
+# ~/.cache/beam_sft): a process that finds it there reads the ranks back in a fraction of a second. The
+# encoder's probe still compares tiktoken with the tokenizer on every setup.
+
+
+def cache_key(serialized: str) -> str:
+    """What `build`'s result depends on: the serialised backend, this module's source, the library versions."""
+    import hashlib
+
+    try:
+        import tiktoken
+
+        tiktoken_version = tiktoken.__version__
+    except ImportError:
+        tiktoken_version = None
+    import tokenizers
+
+    digest = hashlib.sha256(serialized.encode())
+    digest.update(Path(__file__).read_bytes())
+    digest.update(f"|{tokenizers.__version__}|{tiktoken_version}".encode())
+    return digest.hexdigest()[:32]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: build again next time
+
+
+def _dump(pieces: TiktokenPieces | None, reason: str | None) -> bytes:
+    """One file: a JSON header line (verdict, pattern, avoided code points), then the ranks in id order as
+    little-endian u32 lengths followed by the concatenated token bytes."""
+    import array
+
+    if pieces is None:
+        return json.dumps({"reason": reason}).encode() + b"\n"
+    ranks = pieces._encoding._mergeable_ranks
+    tokens = sorted(ranks, key=ranks.__getitem__)
+    lengths = array.array("I", map(len, tokens))
+    if lengths.itemsize != 4:  # pragma: no cover - no such platform in use
+        raise ValueError("u32 arrays are not 4 bytes here")
+    if sys.byteorder != "little":  # pragma: no cover
+        lengths.byteswap()
+    header = {"reason": None, "pattern": pieces._encoding._pat_str, "avoid": pieces._avoid_chars,
+              "count": len(tokens)}
+    return json.dumps(header).encode() + b"\n" + lengths.tobytes() + b"".join(tokens)
+
+
+def _load(data: bytes) -> tuple[TiktokenPieces | None, str | None]:
+    import array
+
+    head, _, body = data.partition(b"\n")
+    header = json.loads(head)
+    if header["reason"] is not None:
+        return None, header["reason"]
+    count = header["count"]
+    lengths = array.array("I")
+    if lengths.itemsize != 4:  # pragma: no cover - no such platform in use
+        raise ValueError("u32 arrays are not 4 bytes here")
+    lengths.frombytes(body[: 4 * count])
+    if sys.byteorder != "little":  # pragma: no cover
+        lengths.byteswap()
+    blob = body[4 * count:]
+    ranks: dict[bytes, int] = {}
+    offset = 0
+    for rank, length in enumerate(lengths):
+        ranks[blob[offset: offset + length]] = rank
+        offset += length
+    if offset != len(blob) or len(ranks) != count:
+        raise ValueError("the cached ranks do not add up")
+    return TiktokenPieces(ranks, header["pattern"], header["avoid"]), None
+
+
+def build_cached(serialized: str) -> tuple[TiktokenPieces | None, str | None]:
+    """`build(json.loads(serialized))`, read from the disk cache when an earlier process stored it."""
+    path = _cache_dir() / f"tiktoken-pieces-{cache_key(serialized)}.bin"
+    try:
+        return _load(path.read_bytes())
+    except (OSError, ValueError, KeyError):
+        pass  # not cached yet (or damaged): build it
+    try:
+        state = json.loads(serialized)
+    except ValueError as err:  # pragma: no cover - tokenizers always writes JSON
+        return None, f"the backend does not serialise to JSON: {err}"
+    pieces, reason = build(state)
+    _write_atomic(path, _dump(pieces, reason))
+    return pieces, reason

@@ -83,9 +83,27 @@ def short_hash(text: str | bytes) -> str:
 def vocab_hash(tokenizer) -> str:
     """A hash of what turns text into ids: the backend tokenizer (vocabulary, merges, added tokens) and specials."""
     backend = getattr(tokenizer, "_tokenizer", None)
-    body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
-    return short_hash(f"{body}|{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}")
+    tail = f"{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}"
+    if backend is None:
+        return short_hash(f"{json.dumps(sorted(tokenizer.get_vocab().items()))}|{tail}")
+    # Serialising a 200k vocabulary takes a second and a run asks several times: remembered per backend
+    # object, as long as its size and pipeline (everything a caller can swap in place) are unchanged.
+    parts = [backend.get_vocab_size(with_added_tokens=True), backend.model.__class__.__name__]
+    for step in (backend.normalizer, backend.pre_tokenizer, backend.post_processor, backend.decoder):
+        parts.append(step.__getstate__() if step is not None else None)
+    parts.extend((backend.truncation, backend.padding))
+    memo = _VOCAB_HASHES.get(id(backend))
+    if memo is None or memo[0] is not backend or memo[1] != parts:
+        memo = (backend, parts, hashlib.sha256(backend.to_str().encode()))
+        _VOCAB_HASHES.clear()  # one tokenizer at a time is the rule; keeps no backend alive for long
+        _VOCAB_HASHES[id(backend)] = memo
+    digest = memo[2].copy()  # the same value as short_hash(f"{body}|{tail}")
+    digest.update(f"|{tail}".encode())
+    return digest.hexdigest()[:16]
+
+
+_VOCAB_HASHES: dict[int, tuple[Any, list, Any]] = {}
 
 
 def template_hash(tokenizer) -> str:
@@ -146,9 +164,7 @@ def save_tokenizer(tokenizer, save_dir: str | Path) -> list[Path]:
 
 
 def load_tokenizer(path: str | Path | None = None, **kwargs):
-    """Load a tokenizer with AutoTokenizer (default: the bundled `data/tokenizer`)."""
-    from transformers import AutoTokenizer
-
+    """Load a tokenizer as AutoTokenizer does (default: the bundled `data/tokenizer`)."""
     from beam_sft.errors import FatalError
 
     if path is None:
@@ -158,7 +174,26 @@ def load_tokenizer(path: str | Path | None = None, **kwargs):
                 f"bundled tokenizer not found at {path}; run `python scripts/build_tokenizer.py` in the repo, "
                 "or pass a tokenizer path"
             )
+    config = Path(path) / "tokenizer_config.json"
+    # A model directory (config.json) may map its model type to another class: AutoTokenizer decides there.
+    if config.is_file() and not (Path(path) / "config.json").exists():
+        try:
+            named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+        except (OSError, ValueError):
+            named = None
+        if named in _PLAIN_CLASSES:
+            # The class AutoTokenizer would pick, without importing AutoTokenizer's model registry (and torch
+            # with it): seconds of a data-only command's start-up.
+            import transformers
+
+            return getattr(transformers, named).from_pretrained(str(path), **kwargs)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(path), **kwargs)
+
+
+# tokenizer_config.json classes that are plain tokenizers-backed tokenizers (this project's and beamify's output).
+_PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def _backend(tokenizer):

@@ -33,8 +33,9 @@ def bench_prepare(sizes_mb: Sequence[float], workdir: Path, seed: int, max_lengt
         src, dst = workdir / f"prepare_{i}.jsonl", workdir / f"prepared_{i}"
         _log(f"prepare: writing {mb} MiB of OpenAI rows to {src}")
         rows = write_openai_jsonl(src, int(mb * 2**20), seed)
-        command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--max-length",
-                   str(max_length), *(["--tokenizer", tokenizer] if tokenizer else [])]
+        # One process: figures per core (scripts/bench_prepare.py measures the worker pool).
+        command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--num-proc", "1",
+                   "--max-length", str(max_length), *(["--tokenizer", tokenizer] if tokenizer else [])]
         _log(f"prepare: beam-sft prepare on {rows} rows")
         run = _rusage_run(command, workdir, f"prepare_{i}")
         out["records"].append(rows)

@@ -1,0 +1,307 @@
+"""The worker pool of the data phase: processes that live for the whole run and write their own Arrow shards.
+
+`beam_sft.dataset.prepare.build_prepared` cuts the input into chunks of `CHUNK_ROWS` raw records (Arrow files
+written by the main process as it reads). Each chunk is one task:
+
+* `convert`: raw rows -> validated Beam records, with rejects (the same `_convert_batch` as before);
+* `tokenize`: those records -> render, mask, truncate and count (`_tokenize_batch`), and the kept rows written
+  straight to the chunk's shard of each split (`input_ids`, `labels`);
+* both at once when no eval split has to be drawn among the converted records first (the common case): the
+  converted records then never touch the disk.
+
+With `num_proc` > 1 a pool of `num_proc` processes is started once per run; each builds its encoder once
+(inherited from the main process where processes fork, else set up from the disk cache, `beam_sft.render.
+tiktoken_backend.build_cached`). Tasks are handed out a few ahead and their results taken back in input
+order, so the shards, the rejects file and the counts do not depend on `num_proc` or on timing: a run gives
+the same bytes with 1 or N processes. The main process reads the input, writes the rejects and adds up
+counts; it never touches a tokenized row. With `num_proc` 1 the same tasks run in the main process.
+
+Why not `datasets.map(num_proc=...)`: it starts a pool per call, pickling the tokenizer to every worker and
+rebuilding the encoder there, once per chunk, and its Arrow writer costs more per row than the encoding.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+# Rows per encoder call: large enough for the encoder's batched tokenization, small enough to keep the
+# Python lists of one batch small.
+BATCH_ROWS = 256
+MAX_DEFAULT_PROCS = 32  # past this the main process (reading, rejects) is the bottleneck anyway
+
+STAT_KEYS = ("records_in", "records_kept", "dropped_too_long", "truncated", "assistant_turns_cut", "total_tokens",
+             "supervised_tokens", "supervised_return", "supervised_call")
+# _tokenize_batch's count columns -> PrepStats fields
+_SUMMED = {"dropped": "dropped_too_long", "truncated": "truncated", "assistant_turns_cut": "assistant_turns_cut",
+           "n_tokens": "total_tokens", "n_supervised": "supervised_tokens",
+           "n_supervised_return": "supervised_return", "n_supervised_call": "supervised_call"}
+
+
+def default_num_proc() -> int:
+    """The cores this process may run on (its CPU affinity), at most MAX_DEFAULT_PROCS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DEFAULT_PROCS))
+
+
+@dataclass
+class Job:
+    """What every task of one run shares (sent to each worker once)."""
+
+    tokenizer: Any
+    fmt: str
+    max_length: int | None
+    policy: str
+    assistant_only_loss: bool
+    stop_ids: list[int]
+
+
+@dataclass
+class Task:
+    """One chunk. `raw`: a raw chunk file to convert; `converted`: a converted chunk file to tokenize; with
+    `tokenize` and `raw` both stages run. `eval_rows` (one bool per row) sends rows to the eval split.
+    `shards`: split name -> the Arrow file this chunk's kept rows of that split go to."""
+
+    index: int
+    names: list[str]
+    raw: str | None = None
+    converted: str | None = None
+    convert_to: str | None = None  # convert only: where the converted chunk goes
+    tokenize: bool = True
+    eval_rows: Any = None  # numpy bool array or None
+    all_eval: bool = False  # every row goes to the eval split (separate eval data)
+    shards: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    """What a task sends back: counts, rejects (JSON texts, in row order) and the shards it wrote."""
+
+    index: int
+    records_in: int = 0  # raw rows read (convert tasks)
+    n_records: int = 0  # rows converted (convert tasks)
+    rejected: Counter = field(default_factory=Counter)
+    rejects: list[str] = field(default_factory=list)
+    stats: dict[str, Counter] = field(default_factory=dict)
+    shards: dict[str, str] = field(default_factory=dict)  # split -> file, only where rows were written
+
+
+# --------------------------------------------------------------------------------------------------------
+# One task
+
+
+def _open(path: str):
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.memory_map(path, "r"))
+
+
+def _converted_schema():
+    import pyarrow as pa
+
+    return pa.schema([("src", pa.int32()), ("pos", pa.int64()), ("by_line", pa.bool_()), ("record", pa.string())])
+
+
+def _final_schema():
+    import pyarrow as pa
+
+    return pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32()))])
+
+
+def _converted_batches(task: Task, job: Job, result: Result) -> Iterator[dict[str, list]]:
+    """The chunk's rows as column dicts of BATCH_ROWS rows (`record` None for a conversion reject)."""
+    from beam_sft.dataset.stages import _convert_batch
+
+    if task.raw is None:
+        for batch in _open(task.converted):
+            for part in _slices(batch):
+                yield part.to_pydict()
+        return
+    for batch in _open(task.raw):
+        for part in _slices(batch):
+            cols = part.to_pydict()
+            # Tokenized right here: the records need not go through JSON text again.
+            out = _convert_batch(cols, job.fmt, task.names, as_dicts=task.tokenize)
+            result.records_in += len(cols["src"])
+            for reason, reject in zip(out["reason"], out["reject"], strict=True):
+                if reason is not None:
+                    result.rejected[reason] += 1
+                    result.rejects.append(reject)
+            result.n_records += len(out["record"]) - sum(r is not None for r in out["reason"])
+            yield {"src": cols["src"], "pos": cols["pos"], "by_line": cols["by_line"], "record": out["record"]}
+
+
+def _slices(batch) -> Iterator[Any]:
+    for start in range(0, batch.num_rows, BATCH_ROWS):
+        yield batch.slice(start, BATCH_ROWS)
+
+
+class _ShardWriters:
+    """The Arrow stream files of one chunk's kept rows, one per split, opened when the first row comes."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.paths = paths
+        self.open: dict[str, Any] = {}
+
+    def write(self, split: str, ids: list[list[int]], labels: list[list[int]]) -> None:
+        import pyarrow as pa
+
+        if not ids:
+            return
+        if split not in self.open:
+            sink = pa.OSFile(self.paths[split], "wb")
+            self.open[split] = (sink, pa.ipc.new_stream(sink, _final_schema()))
+        batch = pa.record_batch([_int32_lists(ids), _int32_lists(labels)], schema=_final_schema())
+        self.open[split][1].write_batch(batch)
+
+    def close(self) -> dict[str, str]:
+        for sink, writer in self.open.values():
+            writer.close()
+            sink.close()
+        return {split: self.paths[split] for split in self.open}
+
+
+def _int32_lists(lists: list[list[int]]):
+    """An Arrow list<int32> array built from one flat array and offsets (faster than from nested lists)."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.zeros(len(lists) + 1, dtype=np.int32)
+    np.cumsum([len(values) for values in lists], out=offsets[1:])
+    flat = np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+
+
+def _tokenize_into(batches: Iterable[dict[str, list]], task: Task, job: Job, result: Result) -> None:
+    from beam_sft.dataset.stages import _tokenize_batch
+
+    writers = _ShardWriters(task.shards)
+    stats = {split: Counter() for split in task.shards}
+    row = 0
+    try:
+        for cols in batches:
+            present = [i for i, text in enumerate(cols["record"]) if text is not None]
+            n = len(cols["record"])
+            if present:
+                sub = {k: [cols[k][i] for i in present] for k in ("src", "pos", "by_line", "record")}
+                done = _tokenize_batch(sub, job.tokenizer, job.max_length, job.policy, job.assistant_only_loss,
+                                       job.stop_ids, task.names)
+                kept: dict[str, tuple[list, list]] = {split: ([], []) for split in task.shards}
+                for j, i in enumerate(present):
+                    held = task.all_eval or (task.eval_rows is not None and task.eval_rows[row + i])
+                    split = "eval" if held else "train"
+                    reason = done["reason"][j]
+                    if reason is not None:
+                        result.rejected[reason] += 1
+                        result.rejects.append(done["reject"][j])
+                        continue
+                    counts = stats[split]
+                    counts["records_in"] += 1
+                    for column, key in _SUMMED.items():
+                        counts[key] += done[column][j]
+                    if done["keep"][j]:
+                        counts["records_kept"] += 1
+                        kept[split][0].append(done["input_ids"][j])
+                        kept[split][1].append(done["labels"][j])
+                for split, (ids, labels) in kept.items():
+                    writers.write(split, ids, labels)
+            row += n
+    finally:
+        result.shards = writers.close()
+    result.stats = stats
+
+
+def _write_converted(batches: Iterable[dict[str, list]], path: str) -> None:
+    import pyarrow as pa
+
+    schema = _converted_schema()
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for cols in batches:
+            writer.write_batch(pa.record_batch([pa.array(cols[k], schema.field(k).type) for k in schema.names],
+                                               schema=schema))
+
+
+def run_task(task: Task, job: Job) -> Result:
+    """Run one chunk's task (in a worker or in the main process)."""
+    result = Result(task.index)
+    batches = _converted_batches(task, job, result)
+    if task.tokenize:
+        _tokenize_into(batches, task, job, result)
+    else:
+        _write_converted(batches, task.convert_to)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------------
+# The pool
+
+_JOB: Job | None = None
+
+
+def _init_worker(job: Job) -> None:
+    global _JOB
+    from beam_sft.render.encoder import get_encoder
+
+    _JOB = job
+    get_encoder(job.tokenizer)  # once per worker (inherited ready-made where the process forked)
+
+
+def _run_in_worker(task: Task) -> Result:
+    return run_task(task, _JOB)
+
+
+def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None) -> Iterator[Result]:
+    """The results of `tasks`, in their order, computed by `num_proc` long-lived processes (or this one).
+
+    `tasks` is consumed lazily, at most 2 * num_proc ahead of the result being waited for, so the input is
+    read (and its chunk files written) only as fast as the workers take it.
+    """
+    from beam_sft.render.encoder import get_encoder
+
+    get_encoder(job.tokenizer)  # built before the workers fork, so they inherit it
+    if not num_proc or num_proc <= 1:
+        for task in tasks:
+            yield run_task(task, job)
+        return
+    import multiprocessing
+
+    context = multiprocessing.get_context(_start_method())
+    with context.Pool(num_proc, initializer=_init_worker, initargs=(job,)) as pool:
+        pending: deque = deque()
+        for task in tasks:
+            pending.append(pool.apply_async(_run_in_worker, (task,)))
+            if len(pending) >= 2 * num_proc:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _start_method() -> str:
+    """fork where it is safe: workers inherit the tokenizer and its encoder ready-made. A process that has
+    initialised CUDA (a training job that loaded its model first) spawns instead: a forked CUDA context is
+    unusable, and the workers get the tokenizer pickled once each."""
+    import multiprocessing
+    import sys
+
+    torch = sys.modules.get("torch")
+    cuda = torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized()
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and not cuda else "spawn"
+
+
+def result_rejects(result: Result) -> Iterator[dict[str, Any]]:
+    for text in result.rejects:
+        yield orjson.loads(text)
+
+
+def shard_path(directory: Path, index: int) -> str:
+    return str(directory / f"part-{index:05d}.arrow")

@@ -1,0 +1,416 @@
+"""Benchmark of `beam-sft prepare` against its own encoder and TRL's dataset preparation, on real-sample records.
+
+The workload is derived from the real third-party samples (tests/data/realdata, converted to Beam records):
+record i is sample i mod N with every message made unique (a counter appended to each text), so no cache
+ever sees a message twice; tools are shared as in the real sets, or, with the unique-tools variant, every
+tool description is unique too (each TypeScript declaration then has to be written anew). Every figure is a
+first pass over records the measured process has not seen. Rates are per CPU second (`time.process_time` in
+this process; `getrusage(RUSAGE_CHILDREN)` for the `beam-sft prepare` subprocesses, workers included), since
+wall clocks on a shared machine measure the neighbours; wall-clock scaling of `--num-proc` is reported too
+and is only meaningful on an idle machine.
+
+Rows:
+* setup: a fresh process loading the tokenizer and building the encoder (warm disk cache), CPU seconds;
+* encoder: `get_encoder(tok).encode` alone, batches of 256, shared tools and unique tools;
+* trl: TRL's per-example preparation (`trl.data_utils._tokenize` with `return_assistant_tokens_mask`, what
+  `SFTTrainer._prepare_dataset` maps over the data) on a subset, and its ids and masks compared with ours;
+* breakdown: one process's CPU time in `build_prepared` split into converting, encoding and the rest;
+* prepare: `beam-sft prepare --max-length 0` on JSONL files of each size and each `--num-proc`, with the
+  sha256 of the written data (must be equal across `--num-proc`) and the peak RSS of the largest process;
+* base: the encoder against TRL on the Llama 3 and Qwen3 vocabularies (scripts/build_base_tokenizer.py),
+  with ids and masks compared.
+
+```bash
+python scripts/bench_prepare.py --json /tmp/bench_prepare.json            # o200k tokenizer, 20k and 80k records
+python scripts/bench_prepare.py --quick                                   # a couple of minutes
+python scripts/bench_prepare.py --tokenizer data/tokenizer --records 2000 --num-proc 1 2 --trl-records 500
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+REALDATA = REPO / "tests" / "data" / "realdata"
+BATCH = 256
+
+
+def _log(message: str) -> None:
+    print(f"[bench_prepare {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Workload
+
+
+def real_records(tokenizer) -> list[dict]:
+    """Every real sample that converts to a Beam record the encoder renders, in file order."""
+    from beam_sft.render.encoder import get_encoder
+    from beam_sft.validate.convert import convert_record
+
+    encoder = get_encoder(tokenizer)
+    out = []
+    for path in sorted(REALDATA.rglob("*.json*")):
+        text = path.read_text(encoding="utf-8")
+        try:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" \
+                else json.loads(text)
+        except ValueError:
+            continue
+        for row in rows if isinstance(rows, list) else [rows]:
+            try:
+                record = convert_record(row, "auto")
+                encoder.encode([record])
+            except Exception:  # noqa: BLE001, S112 - a sample this workload cannot use (a reject): skip it
+                continue
+            out.append(json.loads(json.dumps(record)))
+    if not out:
+        raise RuntimeError(f"no usable real samples under {REALDATA}")
+    return out
+
+
+def _unique(text, tag: str):
+    return f"{text} {tag}" if isinstance(text, str) and text else text
+
+
+def derived(pool: list[dict], n: int, start: int, unique_tools: bool) -> list[dict]:
+    """Records start .. start+n-1: sample i mod len(pool), every message's text made unique by its number."""
+    out = []
+    for i in range(start, start + n):
+        record = copy.deepcopy(pool[i % len(pool)])
+        for k, message in enumerate(record["messages"]):
+            for key in ("content", "reasoning_content"):
+                if key in message:
+                    message[key] = _unique(message[key], f"[{i}.{k}]")
+        if unique_tools and record.get("tools"):
+            for tool in record["tools"]:
+                fn = tool.get("function", tool)
+                fn["description"] = f"{fn.get('description') or fn['name']} (variant {i})"
+        out.append(record)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Rows
+
+
+_SETUP = """
+import json, sys, time
+t0 = time.process_time()
+from beam_sft.template.tokenizer import load_tokenizer
+tok = load_tokenizer(sys.argv[1] or None)
+t1 = time.process_time()
+from beam_sft.render.encoder import get_encoder
+enc = get_encoder(tok)
+t2 = time.process_time()
+print(json.dumps({"tokenizer_s": t1 - t0, "encoder_s": t2 - t1, "fast": enc.fast,
+                  "tiktoken": enc._tiktoken is not None, "tiktoken_reason": enc.tiktoken_reason}))
+"""
+
+
+def bench_setup(tokenizer_path: str | None) -> dict:
+    """CPU seconds of a fresh process to load the tokenizer and build its encoder: the second of two runs
+    (the first fills the disk cache if it is empty)."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _SETUP, tokenizer_path or ""], capture_output=True, text=True,
+                              env=env, check=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    out = runs[-1]
+    out["total_s"] = out["tokenizer_s"] + out["encoder_s"]
+    out["first_run_encoder_s"] = runs[0]["encoder_s"]
+    return out
+
+
+def bench_encoder(tokenizer, records: list[dict]) -> dict:
+    from beam_sft.render.encoder import get_encoder
+
+    encoder = get_encoder(tokenizer)
+    encoder.clear_caches()
+    encoder._backend  # noqa: B018 - setup, not the first pass: the private backend copy is made on first use
+    tokens = 0
+    start = time.process_time()
+    for i in range(0, len(records), BATCH):
+        tokens += sum(len(r["input_ids"]) for r in encoder.encode(records[i: i + BATCH]))
+    cpu = time.process_time() - start
+    return {"records": len(records), "tokens": tokens, "cpu_s": cpu, "records_per_s": len(records) / cpu,
+            "tokens_per_s": tokens / cpu, "tiktoken": encoder._tiktoken is not None}
+
+
+def bench_trl(tokenizer, records: list[dict]) -> dict:
+    """TRL's per-example preparation, CPU time, and whether its ids and masks equal ours on every record."""
+    import trl
+    from trl.data_utils import _tokenize as trl_tokenize
+
+    from beam_sft.render.encoder import get_encoder, record_inputs
+
+    outputs = []
+    tokens = 0
+    start = time.process_time()
+    for record in records:
+        messages, tools, kwargs = record_inputs(record)
+        done = trl_tokenize(tokenizer, messages, return_assistant_tokens_mask=True, chat_template=None,
+                            tools=tools, **kwargs)
+        outputs.append((list(done["input_ids"]), list(done["assistant_masks"])))
+        tokens += len(done["input_ids"])
+    cpu = time.process_time() - start
+    encoder = get_encoder(tokenizer)
+    ours = []
+    for i in range(0, len(records), BATCH):
+        ours.extend((r["input_ids"], r["assistant_masks"]) for r in encoder.encode(records[i: i + BATCH]))
+    mismatches = sum(a != b for a, b in zip(ours, outputs, strict=True))
+    return {"trl": trl.__version__, "records": len(records), "tokens": tokens, "cpu_s": cpu,
+            "records_per_s": len(records) / cpu, "tokens_per_s": tokens / cpu, "mismatches_vs_ours": mismatches}
+
+
+_RUSAGE = """
+import json, resource, subprocess, sys, time
+t = time.perf_counter()
+rc = subprocess.call(sys.argv[2:], stdout=subprocess.DEVNULL)
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+json.dump({"rc": rc, "wall_s": time.perf_counter() - t, "cpu_s": u.ru_utime + u.ru_stime,
+           "peak_rss_mb": u.ru_maxrss / 1024}, open(sys.argv[1], "w"))
+"""
+
+
+def _data_hash(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and path.name != "beam_sft_manifest.json":
+            digest.update(str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str | None, work: Path) -> dict:
+    import orjson
+
+    report = work / f"{dst.name}.rusage.json"
+    command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--force",
+               "--max-length", "0", "--num-proc", str(num_proc),
+               *(["--tokenizer", tokenizer_path] if tokenizer_path else [])]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    log = work / f"{dst.name}.log"
+    with open(log, "wb") as err:
+        subprocess.call([sys.executable, "-c", _RUSAGE, str(report), *command], stderr=err, env=env)
+    usage = json.loads(report.read_text())
+    if usage["rc"] != 0:
+        raise RuntimeError(f"prepare failed: {log.read_text(errors='replace')[-2000:]}")
+    manifest = orjson.loads((dst / "beam_sft_manifest.json").read_bytes())
+    counts = manifest["counts"]
+    return {"num_proc": num_proc, **usage, "records": counts["records_in"], "kept": counts["records_kept"],
+            "rejected": counts["rejected_total"], "tokens": counts["total_tokens"],
+            "records_per_cpu_s": counts["records_in"] / usage["cpu_s"],
+            "records_per_wall_s": counts["records_in"] / usage["wall_s"], "data_sha256": _data_hash(dst),
+            "fingerprint": manifest["fingerprint"], "manifest_seconds": manifest["seconds"]}
+
+
+def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
+    """Where one process's CPU time goes in `build_prepared` (warm: tokenizer, encoder, imports): converting
+    (the converters, `_convert_batch`), encoding (`MaskedEncoder.encode`) and everything else (reading,
+    chunk files, labels, counts, shard writes, rejects): the share the worker pool's design has to keep small."""
+    from beam_sft.dataset import stages
+    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.settings import DataSettings
+    from beam_sft.render import encoder as render
+
+    spent = {"convert": 0.0, "encode": 0.0}
+
+    def timed(key, fn):
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.process_time() - start
+        return wrapper
+
+    # The workers import `_convert_batch` from `stages` when a task runs: patched there, it is timed.
+    real_convert, real_encode = stages._convert_batch, render.MaskedEncoder.encode
+    stages._convert_batch = timed("convert", real_convert)
+    render.MaskedEncoder.encode = timed("encode", real_encode)
+    try:
+        # Imports, hashes and the like once, on a few records: the row is about what grows with the data.
+        build_prepared([str(src)], tokenizer, DataSettings(max_length=None, max_records=50), work / "warm-up",
+                       num_proc=1)
+        spent.update(convert=0.0, encode=0.0)
+        render.get_encoder(tokenizer).clear_caches()
+        start = time.process_time()
+        manifest = build_prepared([str(src)], tokenizer, DataSettings(max_length=None), work / "breakdown",
+                                  num_proc=1)
+        total = time.process_time() - start
+    finally:
+        stages._convert_batch, render.MaskedEncoder.encode = real_convert, real_encode
+    records = manifest["counts"]["records_in"]
+    other = total - spent["convert"] - spent["encode"]
+    return {"records": records, "cpu_s": total, "convert_s": spent["convert"], "encode_s": spent["encode"],
+            "other_s": other, "other_share": other / total, "records_per_cpu_s": records / total}
+
+
+def write_jsonl(records: list[dict], path: Path) -> None:
+    import orjson
+
+    with open(path, "wb") as f:
+        f.writelines(orjson.dumps(record) + b"\n" for record in records)
+
+
+# --------------------------------------------------------------------------------------------------------
+
+
+ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "base")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", metavar="PATH",
+                        help="tokenizer directory (default: the o200k Beam tokenizer, built offline from quicktok-v1 "
+                             "by scripts/build_o200k_tokenizer.py and cached)")
+    parser.add_argument("--records", type=int, nargs="+", default=None,
+                        help="records per prepare input file (default: 20000 80000; --quick 4000 16000)")
+    parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2], help="--num-proc values (default 1 2)")
+    parser.add_argument("--encoder-records", type=int, help="records per encoder row (default 10000; --quick 3000)")
+    parser.add_argument("--trl-records", type=int, help="records for TRL's row (default 4000; --quick 1000)")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--breakdown-records", type=int, help="records for the breakdown row (default 20000; "
+                        "--quick 4000)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, a few minutes")
+    parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
+    parser.add_argument("--work-dir", help="where the JSONL inputs and outputs go (default: a temporary directory)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from beam_sft.template.tokenizer import load_tokenizer
+
+    tokenizer_path = args.tokenizer
+    if tokenizer_path is None:
+        from build_o200k_tokenizer import cached_build
+
+        tokenizer_path = str(cached_build())
+    sizes = args.records or ([4000, 16000] if args.quick else [20000, 80000])
+    n_encoder = args.encoder_records or (3000 if args.quick else 10000)
+    n_trl = args.trl_records or (1000 if args.quick else 4000)
+    fig: dict = {"tokenizer": tokenizer_path, "machine": {"cpus": os.cpu_count(), "load": os.getloadavg()}}
+    tok = load_tokenizer(tokenizer_path)
+    pool = real_records(tok)
+    fig["pool"] = len(pool)
+    _log(f"{len(pool)} real samples in the pool")
+    # Disjoint record ranges per row: every row sees records no one has encoded before.
+    start = 10**7
+    if "setup" in args.rows:
+        _log("setup")
+        fig["setup"] = bench_setup(tokenizer_path)
+    if "encoder" in args.rows:
+        for variant, unique_tools in (("shared_tools", False), ("unique_tools", True)):
+            _log(f"encoder, {variant}")
+            fig[f"encoder_{variant}"] = bench_encoder(tok, derived(pool, n_encoder, start, unique_tools))
+            start += n_encoder
+    if "trl" in args.rows:
+        _log("TRL")
+        fig["trl"] = bench_trl(tok, derived(pool, n_trl, start, False))
+        start += n_trl
+    if "breakdown" in args.rows:
+        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+            n = args.breakdown_records or (4000 if args.quick else 20000)
+            src = Path(tmp) / "breakdown.jsonl"
+            write_jsonl(derived(pool, n, start, False), src)
+            start += n
+            _log(f"breakdown: {n} records in this process")
+            fig["breakdown"] = bench_breakdown(tok, src, Path(tmp))
+    if "prepare" in args.rows:
+        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+            work = Path(tmp)
+            fig["prepare"] = []
+            for size in sizes:
+                src = work / f"records-{size}.jsonl"
+                write_jsonl(derived(pool, size, start, False), src)
+                start += size
+                for procs in args.num_proc:
+                    _log(f"prepare: {size} records, --num-proc {procs}")
+                    run = bench_prepare_run(src, work / f"out-{size}-{procs}", procs, tokenizer_path, work)
+                    fig["prepare"].append({"size": size, **run})
+    if "base" in args.rows:
+        from build_base_tokenizer import cached_build as base_build
+
+        for name in ("llama3", "qwen3"):
+            _log(f"base vocabulary {name}: encoder vs TRL")
+            base_tok = load_tokenizer(str(base_build(name)))
+            records = derived(pool, n_trl, start, False)
+            start += n_trl
+            fig[f"base_{name}"] = {"encoder": bench_encoder(base_tok, records), "trl": bench_trl(base_tok, records)}
+    fig["summary"] = summary(fig)
+    text = json.dumps(fig, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def summary(fig: dict) -> list[str]:
+    """The issue's goals, each with the measured figure."""
+    lines = []
+    enc = fig.get("encoder_shared_tools")
+    trl = fig.get("trl")
+    if fig.get("setup"):
+        s = fig["setup"]
+        lines.append(f"fixed cost (tokenizer {s['tokenizer_s']:.2f} + encoder {s['encoder_s']:.2f} CPU-s, warm cache) = "
+                     f"{s['total_s']:.2f} s (goal <= 2 s)")
+    if enc:
+        lines.append(f"encoder, shared tools: {enc['records_per_s']:,.0f} rec/CPU-s, {enc['tokens_per_s'] / 1e6:.2f} M tok/s")
+    if fig.get("encoder_unique_tools"):
+        u = fig["encoder_unique_tools"]
+        lines.append(f"encoder, unique tools: {u['records_per_s']:,.0f} rec/CPU-s, {u['tokens_per_s'] / 1e6:.2f} M tok/s "
+                     "(goal >= 2 M tok/s)")
+    if trl:
+        lines.append(f"TRL per-example: {trl['records_per_s']:,.0f} rec/CPU-s, {trl['tokens_per_s'] / 1e6:.2f} M tok/s; "
+                     f"ids+masks differ from ours on {trl['mismatches_vs_ours']}/{trl['records']}")
+    for run in fig.get("prepare", []):
+        line = (f"prepare {run['size']:,} records, --num-proc {run['num_proc']}: {run['records_per_cpu_s']:,.0f} rec/CPU-s, "
+                f"{run['records_per_wall_s']:,.0f} rec/wall-s (under load unless the machine was idle), "
+                f"peak RSS {run['peak_rss_mb']:,.0f} MiB, data {run['data_sha256']}")
+        if run["num_proc"] == 1 and enc:
+            line += f"; {run['records_per_cpu_s'] / enc['records_per_s']:.0%} of the encoder (goal >= 60%)"
+        if run["num_proc"] == 1 and trl:
+            line += f"; {run['records_per_cpu_s'] / trl['records_per_s']:.1f}x TRL (goal >= 8x)"
+        lines.append(line)
+    if fig.get("breakdown"):
+        b = fig["breakdown"]
+        lines.append(f"breakdown of one process ({b['records']:,} records, tokenizer loaded): convert {b['convert_s']:.1f} + "
+                     f"encode {b['encode_s']:.1f} + other {b['other_s']:.1f} CPU-s ({b['other_share']:.0%} other)")
+    for name in ("llama3", "qwen3"):
+        if fig.get(f"base_{name}"):
+            e, t = fig[f"base_{name}"]["encoder"], fig[f"base_{name}"]["trl"]
+            lines.append(f"{name} encoder: {e['tokens_per_s'] / 1e6:.2f} M tok/CPU-s (tiktoken: {e['tiktoken']}), "
+                         f"{e['records_per_s'] / t['records_per_s']:.1f}x TRL first pass (goal >= 5x); ids+masks differ "
+                         f"on {t['mismatches_vs_ours']}/{t['records']}")
+    by_size: dict = {}
+    for run in fig.get("prepare", []):
+        by_size.setdefault(run["size"], {})[run["num_proc"]] = run
+    for size, runs in by_size.items():
+        if 1 in runs and len(runs) > 1:
+            for procs, run in runs.items():
+                if procs > 1:
+                    lines.append(f"prepare {size:,}: --num-proc {procs} wall rate {run['records_per_wall_s'] / runs[1]['records_per_wall_s']:.2f}x "
+                                 f"one process (goal >= 1.7x on 2 idle cores), same bytes: "
+                                 f"{run['data_sha256'] == runs[1]['data_sha256']}")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
