@@ -121,3 +121,28 @@ def test_input_formats_are_the_converters_and_beam():
     from beam_sft.formats import FORMAT_NAMES
 
     assert INPUT_FORMATS == ("beam", *FORMAT_NAMES)
+
+
+def test_a_record_that_cannot_be_stored_is_a_reject_not_a_crash(tmp_path, monkeypatch):
+    """The data phase stores each kept record as JSON; one that will not serialise (a converter bug) is an
+    `internal_error` reject with its provenance, and the run keeps the others: records in = out + rejected."""
+    from beam_sft.dataset import stages
+    from beam_sft.validate import convert as conversion
+
+    real = conversion.try_convert
+    calls = {"n": 0}
+
+    def leaky(payload, fmt="auto", *args, **kwargs):
+        record, used, err = real(payload, fmt, *args, **kwargs)
+        calls["n"] += 1
+        if record is not None and calls["n"] == 2:
+            record = {**record, "oops": {1, 2}}  # a set: no JSON for it
+        return record, used, err
+
+    monkeypatch.setattr(conversion, "try_convert", leaky)
+    path = str(REPO / "data" / "samples" / "openai.jsonl")
+    converted = stages.convert_source(path, tmp_path)
+    rejects = list(converted.iter_rejects())
+    internal = [r for r in rejects if r["reason"] == "internal_error"]
+    assert len(internal) == 1 and internal[0]["source"].endswith("openai.jsonl") and internal[0]["line"] == 2
+    assert converted.records_in == len(list(converted.iter_records())) + len(rejects)

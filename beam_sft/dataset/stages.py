@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from beam_sft.errors import FatalError, RecordError, UsageError, reject_entry
+from beam_sft.errors import FatalError, RecordError, UsageError, internal_error, reject_entry
 from beam_sft.records.files import data_sources
 from beam_sft.validate.convert import INPUT_FORMATS
 
@@ -127,11 +127,15 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts:
         else:
             rec, _, reject = try_convert(payload, fmt, raw=True)
         if reject is None:
-            text = orjson.dumps(rec)
-            records.append(rec if as_dicts else text.decode())
-            reasons.append(None)
-            rejects.append(None)
-            continue
+            try:
+                text = orjson.dumps(rec)
+            except (TypeError, orjson.JSONEncodeError) as exc:  # a record no file could hold costs only itself
+                reject = internal_error(exc)
+            else:
+                records.append(rec if as_dicts else text.decode())
+                reasons.append(None)
+                rejects.append(None)
+                continue
         records.append(None)
         reasons.append(reject.code.value)
         rejects.append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
