@@ -13,19 +13,28 @@ from beam_sft.formats import convert_record, detect
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
 from beam_sft.validate.rules import Options, make_render_check
 
+
+@pytest.fixture(autouse=True)
+def _keep_turns_without_reasoning(monkeypatch):
+    """These tests are about what the converters make; the missing-reasoning policy (default `mask`) has its
+    own tests (test_validate.py, test_reasoning_policy.py), so here turns without reasoning are kept."""
+    from beam_sft.validate import rules
+
+    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep"))
+
 REALDATA = Path(__file__).parent / "data" / "realdata" / "openai"
 RENDER = make_render_check()
 
 
 def conv(rec, **opts):
-    out = convert_record(rec, "openai", Options(**opts) if opts else None)
+    out = convert_record(rec, "openai", Options(**{"missing_reasoning": "keep", **opts}) if opts else None)
     RENDER(out)  # everything a test accepts must render
     return out
 
 
 def rejected(rec, **opts) -> RecordError:
     with pytest.raises(RecordError) as info:
-        convert_record(rec, "openai", Options(**opts) if opts else None)
+        convert_record(rec, "openai", Options(**{"missing_reasoning": "keep", **opts}) if opts else None)
     return info.value
 
 

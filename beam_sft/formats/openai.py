@@ -153,6 +153,14 @@ def _split_result_list(text: str, pending: int) -> list[str] | None:
     return out
 
 
+def _keep_weight(m: dict, beam: dict) -> None:
+    """The OpenAI fine-tuning format's per-message ``weight`` (and axolotl's alias ``train``) is kept for the
+    validator, which checks it and writes ``weight``."""
+    for key in ("weight", "train"):
+        if key in m:
+            beam[key] = m[key]
+
+
 def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | None, list[int] | None]:
     """Messages → Beam messages, the record's tools, and (when a message became several) the map from Beam
     message index to input message index, for error messages."""
@@ -198,6 +206,7 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
                         "tool_calls": calls})
             else:
                 append({"role": "assistant", "reasoning_content": reasoning or "", "content": text})
+            _keep_weight(m, out[-1])
             pending = len(calls)
         elif role == "user" or role == "system" or role == "developer":
             if type(content) is not str:
@@ -205,6 +214,7 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
                     tools, content = _v1_tools_part(content, tools)
                 content = text_of(content, message_index=i)
             append({"role": role, "content": content})
+            _keep_weight(m, out[-1])
         elif role == "tool" or role == "function":
             text = content if type(content) is str else tool_content(content, message_index=i)
             call_id = m.get("tool_call_id")
@@ -222,6 +232,7 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
                                   message_index=i)
             for part in split or (text,):
                 msg = {"role": "tool", "content": part}
+                _keep_weight(m, msg)
                 if name:
                     msg["name"] = name
                 if call_id is not None:
@@ -361,6 +372,8 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         # Harmony-JSON fields mean another format (see formats.detect): `auto` tries this path first.
         if type(m) is not dict or "channel" in m or "recipient" in m or "content_type" in m:
             return None
+        if "weight" in m or "train" in m:
+            return None  # a loss weight: the general path keeps and checks it
         role = m.get("role")
         if type(role) is str and role in _FAST_USER_ROLES:
             content = m.get("content")

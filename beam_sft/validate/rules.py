@@ -24,9 +24,12 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
    argument name the XML attribute can't hold (``"``, ``<``, ``>``), or an argument nested deeper than
    ``MAX_JSON_DEPTH`` → ``bad_arguments_json``; a call or result id that isn't a string → ``bad_content``.
 7. **Turns**: no assistant message → ``no_assistant_turn``; an assistant message with neither content nor calls
-   → ``bad_content`` (it would train an empty answer). An assistant message without reasoning is kept with
-   an empty analysis by default (Beam always reasons, so the statistics count these) or rejected with
-   ``Options(missing_reasoning="reject")`` → ``missing_reasoning``.
+   → ``bad_content`` (it would train an empty answer). A loss weight (``weight`` 0/1, or its alias ``train``
+   true/false, written back as ``weight``) on a non-assistant message, or any other value → ``bad_weight``.
+   An assistant message without reasoning gets ``weight: 0`` by default (``missing_reasoning="mask"``: the
+   whole turn becomes context, since Beam never writes an empty analysis), is trained with an empty analysis
+   (``"keep"``) or rejected (``"reject"`` → ``missing_reasoning``). A record left with no trained turn →
+   ``nothing_to_train``.
 8. ``chat_template_kwargs.reasoning_effort`` must be a Beam label or an int, ``model_identity`` a string, and
    nothing may nest deeper than ``MAX_JSON_DEPTH`` → ``bad_template_kwargs``; ``tools`` must be a list of
    function schemas (name a string, parameters an object, description a string) that JSON can write, nested
@@ -59,13 +62,15 @@ from beam_sft.records.messages import (
 )
 
 LATE_SYSTEM_CHOICES = ("reject", "move")
-MISSING_REASONING_CHOICES = ("keep", "reject")
+# mask (default): a turn without reasoning gets weight 0, context not target; keep: trained with an empty
+# analysis (teaches Beam to skip its reasoning: docs/reasoning.md); reject: the record is rejected.
+MISSING_REASONING_CHOICES = ("mask", "keep", "reject")
 
 
 @dataclass
 class Options:
     late_system: str = "reject"
-    missing_reasoning: str = "keep"
+    missing_reasoning: str = "mask"
     render_check: Callable[[dict], Any] | None = None
 
     def __post_init__(self):
@@ -275,6 +280,29 @@ def _check_kwargs(kwargs: Any) -> None:
     raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"reasoning_effort {effort!r} is not a label or an int")
 
 
+def message_weight(m: dict, i: int) -> int | None:
+    """The loss weight of a message: 0 or 1 from ``weight`` (the OpenAI fine-tuning field) or its alias
+    ``train`` (a bool), None when neither is given; anything else → ``bad_weight``."""
+    weight, train = m.get("weight"), m.get("train")
+    if weight is not None and (type(weight) is not int or weight not in (0, 1)):
+        raise RecordError(Reason.BAD_WEIGHT, f"weight is {weight!r}; it must be 0 or 1", message_index=i)
+    if train is not None:
+        if type(train) is not bool:
+            raise RecordError(Reason.BAD_WEIGHT, f"train is {train!r}; it must be true or false", message_index=i)
+        if weight is not None and weight != int(train):
+            raise RecordError(Reason.BAD_WEIGHT, f"weight {weight} and train {train} disagree", message_index=i)
+        return int(train)
+    return weight
+
+
+def _check_no_weight(msgs: list, src) -> None:
+    for q, m in enumerate(msgs):
+        if type(m) is dict and ("weight" in m or "train" in m) and m.get("role") != "assistant" \
+                and (m.get("weight") is not None or m.get("train") is not None):
+            raise RecordError(Reason.BAD_WEIGHT, f"a {m.get('role')} message has a loss weight; only assistant "
+                              "messages are trained", message_index=_idx(src, q))
+
+
 def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
     """Merge the consecutive assistant messages msgs[i:j] into one."""
     first = msgs[i]
@@ -302,6 +330,11 @@ def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
     _bump(counters, "merged_assistant", j - i - 1)
     merged = {"role": "assistant", "reasoning_content": "\n\n".join(r for r in reasoning if r),
               "content": "\n\n".join(c for c in content if c)}
+    weights = [message_weight(msgs[q], _idx(src, q)) for q in range(i, j)]
+    if 0 in weights:  # one turn now: what the data said not to train stays untrained
+        merged["weight"] = 0
+    elif 1 in weights:
+        merged["weight"] = 1
     if calls:
         merged["tool_calls"] = calls
     return merged
@@ -312,7 +345,8 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
 
     The record's message dicts are reused (converters build fresh ones). `counters`, when given, is
     incremented for what was changed or kept by policy: ``merged_assistant``, ``folded_content``,
-    ``moved_system``, ``missing_reasoning``.
+    ``moved_system``, ``missing_reasoning`` (kept without reasoning), ``masked_missing_reasoning`` (given
+    weight 0 by the ``mask`` policy), ``masked_weight`` (weight 0 in the input).
     """
     opts = options or DEFAULT_OPTIONS
     if type(rec) is not dict:
@@ -327,8 +361,11 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     n_head = 0  # instructions at the start
     seen_other = False
     n_assistant = 0
+    n_trained = 0
     n = len(msgs)
     i = 0
+    if any(type(m) is dict and ("weight" in m or "train" in m) for m in msgs):
+        _check_no_weight(msgs, src)
     while i < n:
         m = msgs[i]
         role = m.get("role") if type(m) is dict else None
@@ -341,11 +378,16 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
                 at = _idx(src, j - 1)
             else:
                 at = _idx(src, i)
-                if m.get("reasoning_content") is None or m.get("content") is None:
+                weight = message_weight(m, at) if "weight" in m or "train" in m else None
+                if m.get("reasoning_content") is None or m.get("content") is None or "train" in m:
                     # a Beam record from elsewhere: the template's other reasoning fields, absent content
                     m = {"role": "assistant", "reasoning_content": m.get("reasoning_content") or m.get("thinking")
                          or m.get("reasoning") or "", "content": m.get("content") or "",
                          **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+                if weight is not None:
+                    m["weight"] = weight
+                else:
+                    m.pop("weight", None)
             seen_other = True
             n_assistant += 1
             reasoning, content, calls = m["reasoning_content"], m["content"], m.get("tool_calls")
@@ -366,11 +408,19 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
             elif not content:
                 raise RecordError(Reason.BAD_CONTENT, "assistant message with neither content nor tool calls",
                                   message_index=at)
-            if not reasoning:
+            if m.get("weight") == 0:
+                _bump(counters, "masked_weight")
+            elif not reasoning:
                 if opts.missing_reasoning == "reject":
                     raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning",
                                       message_index=at)
-                _bump(counters, "missing_reasoning")
+                if opts.missing_reasoning == "mask":
+                    m["weight"] = 0
+                    _bump(counters, "masked_missing_reasoning")
+                else:
+                    _bump(counters, "missing_reasoning")
+            if m.get("weight") != 0:
+                n_trained += 1
             out.append(m)
             i = j
             if calls:
@@ -410,6 +460,9 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
         raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=_idx(src, i))
     if not n_assistant:
         raise RecordError(Reason.NO_ASSISTANT_TURN, "no assistant message")
+    if not n_trained:
+        raise RecordError(Reason.NOTHING_TO_TRAIN, "every assistant turn has weight 0 (turns without reasoning are "
+                          "masked by default; fill them in with `beam-sft backfill`)")
     if late:
         out[n_head:n_head] = late
         _bump(counters, "moved_system", len(late))
