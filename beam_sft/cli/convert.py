@@ -42,7 +42,8 @@ EXIT_INTERNAL_ERRORS = 3
 class Stats:
     """What a run did. Workers fill one per chunk; the main process merges them in order."""
 
-    COUNTERS = ("merged_assistant", "folded_content", "moved_system", "missing_reasoning")
+    COUNTERS = ("merged_assistant", "folded_content", "moved_system", "missing_reasoning",
+                "masked_missing_reasoning", "masked_weight")
 
     def __init__(self) -> None:
         self.records_in = 0
@@ -132,6 +133,8 @@ class Stats:
             ("content folded to reasoning", self.policy["folded_content"]),
             ("late system moved", self.policy["moved_system"]),
             ("kept without reasoning", self.policy["missing_reasoning"]),
+            ("masked: no reasoning", self.policy["masked_missing_reasoning"]),
+            ("masked: weight 0 in input", self.policy["masked_weight"]),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
@@ -257,6 +260,7 @@ def _results(chunks, args, init_args):
 def run(args: argparse.Namespace) -> int:
     from beam_sft.errors import FatalError, Reason, UsageError
     from beam_sft.records.files import JsonlSink, expand_inputs, iter_items, open_writer, write_json_atomic
+    from beam_sft.validate.reasoning import keep_warning, majority_hint
 
     INTERNAL = Reason.INTERNAL_ERROR.value
     if args.num_proc < 1:
@@ -323,6 +327,13 @@ def run(args: argparse.Namespace) -> int:
         _report_detection(per_source)
     print(f"convert-dataset: wrote {total.records_out} records to {args.output}", file=sys.stderr)
     print(total.table(), file=sys.stderr)
+    # a record rejected as nothing_to_train had at least one turn, none with reasoning: counted as one
+    untrained = total.rejected[Reason.NOTHING_TO_TRAIN.value]
+    for note in (keep_warning(total.policy["missing_reasoning"]),
+                 majority_hint(total.assistant_turns + untrained,
+                               total.assistant_turns - total.with_reasoning + untrained)):
+        if note:
+            print(note, file=sys.stderr)
     if args.stats:
         write_json_atomic(args.stats, {"inputs": [s.name for s in sources], "output": args.output,
                                        "format": args.format, **total.to_dict()})
@@ -355,6 +366,7 @@ def _report_detection(per_source: dict[str, Counter]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.validate import reasoning
     from beam_sft.validate.rules import LATE_SYSTEM_CHOICES, MISSING_REASONING_CHOICES
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -373,9 +385,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--late-system", choices=LATE_SYSTEM_CHOICES, default="reject",
                         help="a system/developer message after other messages: reject the record, or move the "
                              "message up to the first instructions (default: reject)")
-    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default="keep",
-                        help="an assistant message without reasoning: keep it (renders an empty analysis; "
-                             "counted) or reject the record (default: keep)")
+    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
+                        help=reasoning.HELP)
     parser.add_argument("--max-record-bytes", type=int, metavar="N",
                         help="reject records larger than N bytes of JSON (default: no limit)")
     parser.add_argument("--render-check", choices=RENDER_CHECK_CHOICES, default="all",
