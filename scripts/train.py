@@ -113,6 +113,13 @@ class ScriptArguments:
                   "choices": ["auto", "beam", "openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"]},
     )
     dataset_train_split: str = field(default="train", metadata={"help": "Split to read from a hub/disk dataset."})
+    missing_reasoning: str = field(
+        default="mask",
+        metadata={"help": "An assistant turn without reasoning: 'mask' (weight 0: context, not trained), 'keep' "
+                  "(trained with an empty analysis: teaches Beam to skip reasoning, docs/reasoning.md) or "
+                  "'reject' the record. Same option as `beam-sft convert/prepare --missing-reasoning`.",
+                  "choices": ["mask", "keep", "reject"]},
+    )
     eval_dataset_name: str | None = field(
         default=None, metadata={"help": "Separate evaluation data (same forms as dataset_name)."}
     )
@@ -325,6 +332,7 @@ def main(script_args, training_args, model_args, callbacks=None):
         truncation_policy=training_args.truncation_policy, assistant_only_loss=training_args.assistant_only_loss,
         split=script_args.dataset_train_split, max_records=script_args.max_records,
         eval_split_size=script_args.eval_split_size, seed=training_args.seed,
+        missing_reasoning=script_args.missing_reasoning,
     )
     train_dataset, eval_dataset, _ = training_datasets(
         script_args.dataset_name, tokenizer, settings, eval_dataset_name=script_args.eval_dataset_name,

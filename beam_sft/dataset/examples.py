@@ -146,21 +146,23 @@ def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def convert_row(row: Any, input_format: str = "auto") -> dict[str, Any]:
+def convert_row(row: Any, input_format: str = "auto", missing_reasoning: str = "mask") -> dict[str, Any]:
     """One parsed row -> a validated Beam record in its in-memory shape, or `RecordError`.
 
     `input_format="beam"`: the row is a Beam record (Arrow artefacts undone, then validated); any other value
-    is a converter name or "auto" (`beam_sft.formats.convert_record`). The one per-record conversion of
+    is a converter name or "auto" (`beam_sft.formats.convert_record`). `missing_reasoning`: the policy of
+`beam_sft.validate.rules.Options` (mask | keep | reject). The one per-record conversion of
     training data: the data phase (`beam_sft.dataset.phase`) and `to_beam_records` both call it.
     """
     from beam_sft.formats import convert_record
-    from beam_sft.validate.rules import validate
+    from beam_sft.validate.rules import Options, validate
 
+    options = Options(missing_reasoning=missing_reasoning) if missing_reasoning != "mask" else None
     if input_format == "beam":
         if not isinstance(row, dict):
             raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
-        return validate(normalize_record(row))
-    return normalize_record(convert_record(row, format=input_format))
+        return validate(normalize_record(row), options)
+    return normalize_record(convert_record(row, format=input_format, options=options))
 
 
 def read_rows(source: str, split: str = "train") -> list[Item]:

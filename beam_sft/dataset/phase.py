@@ -46,6 +46,8 @@ from typing import Any
 
 import orjson
 
+from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
+from beam_sft.dataset.reasoning_stats import reasoning_counts
 from beam_sft.errors import FatalError, Reason, RecordError, UsageError, internal_error
 from beam_sft.formats import FORMAT_NAMES
 
@@ -79,9 +81,15 @@ class DataSettings:
     max_records: int | None = None
     eval_split_size: float = 0.0
     seed: int = 0
+    missing_reasoning: str = "mask"  # beam_sft.validate.rules.MISSING_REASONING_CHOICES
 
     def check(self) -> None:
         from beam_sft.dataset.examples import TRUNCATION_POLICIES
+        from beam_sft.validate.rules import MISSING_REASONING_CHOICES
+
+        if self.missing_reasoning not in MISSING_REASONING_CHOICES:
+            raise UsageError(f"unknown missing_reasoning {self.missing_reasoning!r}; choose one of "
+                             f"{', '.join(MISSING_REASONING_CHOICES)}")
 
         if self.format not in FORMATS:
             raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
@@ -204,15 +212,15 @@ def reject_entry(err: RecordError, source: str, pos: int, by_line: bool) -> dict
             "message_index": err.message_index, "message": err.message}
 
 
-def convert_one(payload: bytes, fmt: str) -> dict[str, Any]:
+def convert_one(payload: bytes, fmt: str, missing_reasoning: str = "mask") -> dict[str, Any]:
     """One raw record (JSON bytes) -> a validated Beam record, or `RecordError`."""
     from beam_sft.dataset.examples import convert_row
     from beam_sft.records.files import parse_line
 
-    return convert_row(parse_line(payload), fmt)
+    return convert_row(parse_line(payload), fmt, missing_reasoning)
 
 
-def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[str, list]:
+def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], missing_reasoning: str = "mask") -> dict[str, list]:
     records, reasons, rejects = [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
@@ -220,7 +228,7 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[s
             if error is not None:
                 code, index, message = json.loads(error)
                 raise RecordError(code, message, message_index=index)
-            rec = convert_one(payload, fmt)
+            rec = convert_one(payload, fmt, missing_reasoning)
             records.append(orjson.dumps(rec).decode())
             reasons.append(None)
             rejects.append(None)
@@ -300,6 +308,7 @@ def convert_source(
     limit: int | None = None,
     num_proc: int | None = None,
     progress: bool = False,
+    missing_reasoning: str = "mask",
 ) -> Converted:
     """Raw source(s) -> Arrow dataset of validated Beam records + rejects + counts (the convert-only stage).
 
@@ -316,7 +325,8 @@ def convert_source(
     raw, names = read_source(sources, work_dir, limit=limit, progress=progress)
     converted = raw.map(
         _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
-        fn_kwargs={"fmt": format, "names": names}, remove_columns=["payload", "error"],
+        fn_kwargs={"fmt": format, "names": names, "missing_reasoning": missing_reasoning},
+        remove_columns=["payload", "error"],
         desc="converting" if progress else None,
     )
     rejected = _value_counts(converted.data.column("reason"))
@@ -746,7 +756,7 @@ def build_prepared(
             parts.append((eval_inputs, "test", None, True))
         # converted files (several with num_proc), source names, is eval data, records converted
         chunks: list[tuple[list[Path], list[str], bool, int]] = []
-        records_in, rejected = 0, Counter()
+        records_in, rejected, reasoning = 0, Counter(), Counter()
         for part_inputs, split, limit, is_eval in parts:
             sources = expand_sources(part_inputs, split)
             names = [src.name for src in sources]
@@ -754,11 +764,13 @@ def build_prepared(
                                    prefix="eval" if is_eval else "train"):
                 converted = raw.map(
                     _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
-                    fn_kwargs={"fmt": settings.format, "names": names}, remove_columns=["payload", "error"],
+                    fn_kwargs={"fmt": settings.format, "names": names, "missing_reasoning": settings.missing_reasoning},
+                    remove_columns=["payload", "error"],
                     desc="converting" if progress else None, load_from_cache_file=False,
                 )
                 reasons = converted.data.column("reason")
                 rejected.update(_value_counts(reasons))
+                reasoning.update(reasoning_counts(converted.data.column("record")))
                 for text in converted.data.column("reject").drop_null().to_pylist():
                     rejects.write(orjson.loads(text))
                 records_in += len(raw)
@@ -847,7 +859,9 @@ def build_prepared(
                 **{key: sum(s[key] for s in stats.values()) for key in (
                     "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
                     "supervised_call")},
+                "reasoning": {key: reasoning[key] for key in REASONING_KEYS},
             },
+            "missing_reasoning": settings.missing_reasoning,
             "splits": stats,
             "seconds": round(time.time() - started, 3),
             **(extra_manifest or {}),
@@ -1002,6 +1016,7 @@ def training_datasets(
     counts to `output_dir/data_stats.json`; every rank writes `output_dir/data_phase.rank<N>.json`.
     `streaming`: `stream_training_data` instead (nothing cached, rejects in `output_dir/rejects.rank<N>.jsonl`).
     """
+    from beam_sft.dataset.reasoning_stats import notes
     from beam_sft.records.files import atomic_output, write_json_atomic
 
     if streaming:
@@ -1019,6 +1034,8 @@ def training_datasets(
     if counts:
         logger.info("data: %d records in, %d kept, %d rejected %s, %d dropped by truncation", counts["records_in"],
                     counts["records_kept"], counts["rejected_total"], counts["rejected"], counts["dropped_too_long"])
+    for note in notes(counts.get("reasoning"), prepared.manifest.get("missing_reasoning"), counts.get("rejected", {})):
+        logger.warning(note)
     if counts.get("rejected", {}).get(Reason.INTERNAL_ERROR.value):
         logger.warning("!!! %d records failed with an unexpected error (reason internal_error): a converter bug; "
                        "see rejects.jsonl", counts["rejected"][Reason.INTERNAL_ERROR.value])
@@ -1131,7 +1148,8 @@ def stream_training_data(
                     "limit": settings.max_records, "names": names},
     )
     converted = raw.map(_convert_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["payload", "error"],
-                        fn_kwargs={"fmt": settings.format, "names": list(names)})
+                        fn_kwargs={"fmt": settings.format, "names": list(names),
+                                   "missing_reasoning": settings.missing_reasoning})
     converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
     converted = converted.select_columns(["src", "pos", "by_line", "record"])
     tokenized = converted.map(
