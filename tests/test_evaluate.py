@@ -117,7 +117,7 @@ def test_eval_beam_logs_metrics_next_to_the_loss(trained):
 def test_trained_model_every_metric(trained_eval):
     status, metrics, _ = trained_eval
     assert status == 0
-    assert list(metrics) == ["records", "turns", *ev.METRICS, "by_format", "by_effort", "rejected",
+    assert list(metrics) == ["records", "turns", *ev.METRICS, "mean_analysis_tokens", "by_format", "by_effort", "rejected",
                              "generation_tokens", "tokens_per_second"]
     assert metrics["records"] == metrics["turns"] == 12 and metrics["rejected"] == 0
     for name in ev.METRICS:  # every metric applies to some turn of this data (answers and calls)

@@ -205,7 +205,7 @@ def test_tally_rates_and_summary_keys():
         metrics, reason = ev.score_turn(ANSWER_REF, {"thinking": "t", "content": content}, stop, None)
         result.add(ev.TurnResult(turn, ev.Generation("", 5, stop), None, "", metrics, reason), keep=10)
     summary = result.summary()
-    assert list(summary) == ["records", "turns", *ev.METRICS, "by_format", "by_effort", "rejected",
+    assert list(summary) == ["records", "turns", *ev.METRICS, "mean_analysis_tokens", "by_format", "by_effort", "rejected",
                              "generation_tokens", "tokens_per_second"]
     assert summary["turns"] == 2 and summary["well_formed"] == 0.5 and summary["tool_args_valid"] is None
     assert summary["by_format"]["sharegpt"]["answer_exact"] == 0.5 and summary["by_effort"]["low"]["turns"] == 2
@@ -225,3 +225,34 @@ def test_training_reexports_the_rule():
     from beam_sft.train.trainer import is_well_formed
 
     assert is_well_formed is ev.is_well_formed
+
+
+def test_reasoning_figures_empty_analysis_and_mean_length(tok):
+    from beam_sft.eval.reasoning_figures import analysis_tokens, empty_analysis
+
+    assert empty_analysis("<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>hi")
+    assert empty_analysis("<|channel|>analysis<|message|>  \n<|end|>")
+    assert not empty_analysis("<|channel|>analysis<|message|>Think.<|end|>")
+    assert not empty_analysis("<|channel|>final<|message|>hi<|return|>")  # no analysis at all: has_reasoning says it
+    assert analysis_tokens(tok, {"thinking": "The user greets me."}) == len(tok.encode("The user greets me.",
+                                                                                     add_special_tokens=False)) > 0
+    assert analysis_tokens(tok, {"content": "x"}) == analysis_tokens(tok, None) == 0
+    # through evaluate(): one turn with reasoning, one with an empty analysis
+    texts = ["<|channel|>analysis<|message|>Say hello.<|end|><|start|>assistant<|channel|>final<|message|>Hello"
+             "<|return|>", "<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>Hi"
+             "<|return|>"]
+
+    class Canned:
+        name = "canned"
+
+        def generate(self, prompts):
+            return [ev.Generation(texts[k % 2], 5, "<|return|>") for k in range(len(prompts))]
+
+    records = [({"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "Hello",
+                                                                    "reasoning_content": "r"}]}, "openai")
+               for k in range(2)]
+    result = ev.evaluate(Canned(), tok, records, progress=False)
+    summary = result.summary()
+    assert summary["empty_analysis"] == 0.5 and summary["has_reasoning"] == 0.5
+    assert summary["mean_analysis_tokens"] == analysis_tokens(tok, {"thinking": "Say hello."}) / 2
+    assert "empty_analysis" in ev.summary_table(result) and "mean analysis tokens" in ev.summary_table(result)

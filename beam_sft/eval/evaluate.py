@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError, UsageError
+from beam_sft.eval.reasoning_figures import analysis_tokens, empty_analysis
 from beam_sft.records.messages import HARMONY_MARKERS
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ METRICS = (
     "well_formed",
     "stopped",
     "has_reasoning",
+    "empty_analysis",
     "action_match",
     "tool_name_accuracy",
     "tool_args_exact",
@@ -56,6 +58,7 @@ APPLIES_TO = {
     "well_formed": "all turns",
     "stopped": "all turns",
     "has_reasoning": "all turns",
+    "empty_analysis": "all turns (lower is better)",
     "action_match": "all turns",
     "tool_name_accuracy": "turns whose reference calls tools",
     "tool_args_exact": "turns whose reference calls tools",
@@ -63,6 +66,7 @@ APPLIES_TO = {
     "marker_leak": "all turns (lower is better)",
     "answer_exact": "turns whose reference answers",
 }
+_LOWER_IS_BETTER = ("empty_analysis", "marker_leak")  # metrics a turn fails when True
 DEFAULT_EFFORT = "default"
 PROMPT_TAIL_CHARS = 800
 
@@ -549,12 +553,13 @@ class TurnResult:
     parse_error: str
     metrics: dict[str, bool | None]
     reason: str
+    analysis_tokens: int = 0  # of the parsed thinking (beam_sft.eval.reasoning_figures)
 
     @property
     def failed(self) -> list[str]:
-        """The metrics this turn fails (marker_leak fails when True)."""
-        bad = [m for m, v in self.metrics.items() if v is False and m != "marker_leak"]
-        return bad + (["marker_leak"] if self.metrics.get("marker_leak") else [])
+        """The metrics this turn fails (empty_analysis and marker_leak fail when True)."""
+        bad = [m for m, v in self.metrics.items() if v is False and m not in _LOWER_IS_BETTER]
+        return bad + [m for m in _LOWER_IS_BETTER if self.metrics.get(m)]
 
 
 @dataclass
@@ -563,9 +568,11 @@ class Tally:
     turns: int = 0
     hits: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
     applicable: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
+    analysis_tokens: int = 0
 
     def add(self, result: TurnResult) -> None:
         self.turns += 1
+        self.analysis_tokens += result.analysis_tokens
         for name, value in result.metrics.items():
             if value is not None:
                 self.applicable[name] += 1
@@ -575,7 +582,12 @@ class Tally:
         return self.hits[name] / self.applicable[name] if self.applicable[name] else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"records": self.records, "turns": self.turns, **{m: self.rate(m) for m in METRICS}}
+        return {"records": self.records, "turns": self.turns, **{m: self.rate(m) for m in METRICS},
+                "mean_analysis_tokens": self.mean_analysis_tokens}
+
+    @property
+    def mean_analysis_tokens(self) -> float | None:
+        return round(self.analysis_tokens / self.turns, 2) if self.turns else None
 
 
 @dataclass
@@ -676,7 +688,9 @@ def evaluate(
         for turn, generation in zip(pending, generations, strict=True):
             parsed, error = _parse(tokenizer, turn, generation)
             metrics, reason = score_turn(turn.reference, parsed, generation.stop, turn.tools)
-            scored = TurnResult(turn, generation, parsed, error, metrics, error or reason)
+            metrics["empty_analysis"] = empty_analysis(generation.text)
+            scored = TurnResult(turn, generation, parsed, error, metrics, error or reason,
+                                analysis_tokens(tokenizer, parsed))
             result.add(scored, keep)
             if on_result is not None:
                 on_result(scored)
@@ -810,6 +824,7 @@ def _grid(title: str, groups: dict[str, Tally]) -> list[str]:
     names = list(groups)
     rows = [[title, *names], ["turns", *(str(groups[n].turns) for n in names)]]
     rows += [[m, *(_cell(groups[n], m) for n in names)] for m in METRICS]
+    rows.append(["mean analysis tokens", *(str(groups[n].mean_analysis_tokens) for n in names)])
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths, strict=True)))
             for r in rows]
