@@ -13,7 +13,13 @@ import copy
 import pytest
 
 from beam_sft.render import direct as direct_render
-from beam_sft.render.encoder import MaskedEncoder, _SentinelRenderer, _tracked_render, encode_record, record_inputs
+from beam_sft.render.encoder import (
+    MaskedEncoder,
+    _SentinelRenderer,
+    _tracked_render,
+    encode_record,
+    record_inputs,
+)
 from beam_sft.report import views as ins
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}

@@ -19,6 +19,7 @@ COMMANDS = {
     "inspect": "inspect",
     "prepare": "prepare",
     "eval": "eval",
+    "backfill": "backfill",
 }
 
 
