@@ -69,6 +69,11 @@ def register(subparsers) -> None:
         help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam (no conversion)",
     )
     parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
+    from beam_sft.validate import reasoning
+    from beam_sft.validate.rules import MISSING_REASONING_CHOICES
+
+    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
+                        help="as training: " + reasoning.HELP)
     parser.add_argument(
         "--color",
         choices=("auto", "always", "never"),
@@ -101,7 +106,8 @@ def run(args) -> int:
 
     # Only the records to show are read here; --stats reads the whole dataset through the data phase below.
     limit = max(args.index) + 1 if args.index else args.n
-    loaded = ins.load_records(args.dataset, format=args.format, limit=limit, split=args.split)
+    loaded = ins.load_records(args.dataset, format=args.format, limit=limit, split=args.split,
+                              missing_reasoning=args.missing_reasoning)
     if args.index:
         for position in args.index:
             if position < 0 or position >= loaded.total:  # loaded.total < limit: the dataset ended first

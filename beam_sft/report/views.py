@@ -74,12 +74,15 @@ class Loaded:
 
 
 def load_records(
-    path: str, *, format: str = "auto", limit: int | None = None, split: str = "train"
+    path: str, *, format: str = "auto", limit: int | None = None, split: str = "train",
+    missing_reasoning: str = "mask",
 ) -> Loaded:
     """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam.
 
     `format` is a converter name or "auto" (detect per record); "beam" takes records as they are.
     Records the converters or the validator reject are listed in `rejects` with their reason.
+    `missing_reasoning`: the validator's policy (default `mask`, as training: turns without reasoning show as
+    context, and records left with nothing to train are rejects).
     """
     from beam_sft.records.files import expand_inputs, iter_items, parse_line
 
@@ -91,7 +94,7 @@ def load_records(
             if item.error is not None:
                 raise item.error
             payload = parse_line(item.payload) if item.raw else item.payload
-            record = _to_beam(payload, format)
+            record = _to_beam(payload, format, missing_reasoning)
         except RecordError as err:
             reject = err.with_provenance(item.source, item.position).to_dict()
             reject["index"] = position
@@ -110,7 +113,7 @@ def load_records(
     return Loaded(records, positions, sources, rejects, total)
 
 
-def _to_beam(payload: Any, format: str) -> dict:
+def _to_beam(payload: Any, format: str, missing_reasoning: str = "mask") -> dict:
     if format == "beam":
         if not isinstance(payload, dict) or "messages" not in payload:
             from beam_sft.errors import Reason
@@ -118,8 +121,9 @@ def _to_beam(payload: Any, format: str) -> dict:
             raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
         return payload
     from beam_sft.formats import convert_record
+    from beam_sft.validate.rules import Options
 
-    return convert_record(payload, format)
+    return convert_record(payload, format, Options(missing_reasoning=missing_reasoning))
 
 
 # -------------------------------------------------------------------------------------------------
