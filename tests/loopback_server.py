@@ -38,13 +38,13 @@ def make_handler(generate, model_name: str, args: argparse.Namespace):
             except BrokenPipeError:
                 pass  # the client gave up waiting (the timeout tests)
 
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):
             if self.path.rstrip("/").endswith("/models"):
                 self._send(200, {"object": "list", "data": [{"id": model_name, "object": "model"}]})
             else:
                 self._send(404, {"error": {"message": "not found"}})
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             with lock:
                 state["requests"] += 1

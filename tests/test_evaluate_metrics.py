@@ -238,9 +238,9 @@ def test_reasoning_figures_empty_analysis_and_mean_length(tok):
                                                                                      add_special_tokens=False)) > 0
     assert analysis_tokens(tok, {"content": "x"}) == analysis_tokens(tok, None) == 0
     # through evaluate(): one turn with reasoning, one with an empty analysis
-    texts = ["<|channel|>analysis<|message|>Say hello.<|end|><|start|>assistant<|channel|>final<|message|>Hello"
-             "<|return|>", "<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>Hi"
-             "<|return|>"]
+    final = "<|start|>assistant<|channel|>final<|message|>"
+    texts = [f"<|channel|>analysis<|message|>Say hello.<|end|>{final}Hello<|return|>",
+             f"<|channel|>analysis<|message|><|end|>{final}Hi<|return|>"]
 
     class Canned:
         name = "canned"
