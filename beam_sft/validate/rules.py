@@ -460,9 +460,6 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
         raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=_idx(src, i))
     if not n_assistant:
         raise RecordError(Reason.NO_ASSISTANT_TURN, "no assistant message")
-    if not n_trained:
-        raise RecordError(Reason.NOTHING_TO_TRAIN, "every assistant turn has weight 0 (turns without reasoning are "
-                          "masked by default; fill them in with `beam-sft backfill`)")
     if late:
         out[n_head:n_head] = late
         _bump(counters, "moved_system", len(late))
@@ -482,6 +479,9 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     if kwargs:
         _check_kwargs(kwargs)
         result["chat_template_kwargs"] = kwargs
+    if not n_trained:  # after the checks above, so a broken record gets their reason
+        raise RecordError(Reason.NOTHING_TO_TRAIN, "every assistant turn has weight 0 (turns without reasoning are "
+                          "masked by default; fill them in with `beam-sft backfill`)")
     if opts.render_check is not None:
         try:
             opts.render_check(result)
