@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -355,3 +356,20 @@ def test_fast_path_leaves_records_of_other_formats_to_detection():
     plain = {"messages": [{"role": "user", "content": "hi"},
                           {"role": "assistant", "reasoning_content": "r", "content": "x"}]}
     assert detect(plain) == "openai" and fast_convert(plain) is not None
+
+
+def test_openai_fine_tuning_weights_are_kept_and_checked():
+    from beam_sft.formats.openai import fast_convert
+
+    rec = {"messages": [{"role": "user", "content": "q"},
+                        {"role": "assistant", "content": "a", "reasoning_content": "r", "weight": 0},
+                        {"role": "user", "content": "q2"},
+                        {"role": "assistant", "content": "b", "reasoning_content": "r", "train": True}]}
+    assert fast_convert(rec) is None  # a weight takes the general path, which keeps and checks it
+    out = convert_record(copy.deepcopy(rec), "openai")
+    assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 1]
+    assert all("train" not in m for m in out["messages"])
+    rec["messages"][0]["weight"] = 1
+    with pytest.raises(RecordError) as info:
+        convert_record(rec, "openai")
+    assert info.value.code == Reason.BAD_WEIGHT and info.value.message_index == 0
