@@ -20,6 +20,15 @@ from beam_sft.records.schema_types import json_type, standardize
 from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import make_render_check
 
+
+@pytest.fixture(autouse=True)
+def _keep_turns_without_reasoning(monkeypatch):
+    """These tests are about what the converters make; the missing-reasoning policy (default `mask`) has its
+    own tests (test_validate.py, test_reasoning_policy.py), so here turns without reasoning are kept."""
+    from beam_sft.validate import rules
+
+    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep"))
+
 REALDATA = Path(__file__).parent / "data" / "realdata"
 RENDER = make_render_check()
 NEW_FORMATS = ("hermes", "glaive", "xlam")

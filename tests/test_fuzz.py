@@ -531,9 +531,8 @@ def test_cli_deep_record_in_a_json_file_with_a_size_limit(tmp_path, capsys):
     from beam_sft.cli.convert import main
 
     deep = _nest(300)
-    recs = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-             "chat_template_kwargs": {"x": deep}},
-            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}]
+    recs = [{"messages": turns, "chat_template_kwargs": {"x": deep}}, {"messages": turns}]
     src, out, rej = tmp_path / "in.json", tmp_path / "o.jsonl", tmp_path / "rej.jsonl"
     src.write_text(json.dumps(recs))
     assert main([str(src), "-o", str(out), "--rejects", str(rej), "--max-record-bytes", "100000", "-q"]) == 0

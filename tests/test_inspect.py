@@ -80,12 +80,18 @@ TOOL_RECORD = {
 
 def test_load_records_loses_nothing():
     # The zh file ends with two records whose tool result has no call: rejected, with a reason.
-    loaded = load_records(str(REALDATA / "sharegpt" / "llamafactory_glaive_toolcall_zh_demo.json"))
+    path = str(REALDATA / "sharegpt" / "llamafactory_glaive_toolcall_zh_demo.json")
+    loaded = load_records(path, missing_reasoning="keep")
     assert loaded.total == 62
     assert len(loaded.records) + len(loaded.rejects) == loaded.total
     assert [r["index"] for r in loaded.rejects] == [60, 61]
     assert {r["reason"] for r in loaded.rejects} == {Reason.TOOL_RESULT_WITHOUT_CALL.value}
     assert loaded.index_of(60) is None and loaded.index_of(59) == 59
+    # As training sees it (the default `mask`): this data has no reasoning, so nothing in it trains.
+    masked = load_records(path)
+    assert masked.total == 62 and not masked.records
+    assert {r["reason"] for r in masked.rejects} == {Reason.TOOL_RESULT_WITHOUT_CALL.value,
+                                                      Reason.NOTHING_TO_TRAIN.value}
 
 
 def test_load_records_beam_format_validates_like_training(tmp_path):

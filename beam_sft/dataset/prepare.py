@@ -35,6 +35,8 @@ from typing import Any
 
 import orjson
 
+from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
+from beam_sft.dataset.reasoning_stats import reasoning_counts
 from beam_sft.dataset.settings import (
     DATA_VERSION,
     EVAL_DIR,
@@ -105,12 +107,13 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
     """
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     if eval_dataset_name:
-        yield from convert_source(eval_dataset_name, work_dir, format=settings.format, split="test").iter_records()
+        yield from convert_source(eval_dataset_name, work_dir, format=settings.format, split="test",
+                                  missing_reasoning=settings.missing_reasoning).iter_records()
         return
     if settings.eval_split_size <= 0:
         return
     converted = convert_source(dataset_name, work_dir, format=settings.format, split=settings.split,
-                               limit=settings.max_records)
+                               limit=settings.max_records, missing_reasoning=settings.missing_reasoning)
     mask = _eval_mask(len(converted.records), settings)
     for held, record in zip(mask, converted.iter_records(), strict=True):
         if held:
@@ -264,6 +267,7 @@ class _Tally:
         self.rejects = rejects
         self.records_in = 0
         self.rejected: Counter = Counter()
+        self.reasoning: Counter = Counter()  # beam_sft.dataset.reasoning_stats.KEYS over converted records
         self.splits: dict[str, Counter] = {}
 
     def add_rejects(self, reasons, entries) -> None:
@@ -286,11 +290,13 @@ def _convert_pass(inputs, eval_inputs, settings: DataSettings, work: Path, tally
                                prefix="eval" if is_eval else "train"):
             converted = raw.map(
                 _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
-                fn_kwargs={"fmt": settings.format, "names": names}, remove_columns=["payload", "error"],
-                desc="converting" if progress else None, load_from_cache_file=False,
+                fn_kwargs={"fmt": settings.format, "names": names, "missing_reasoning": settings.missing_reasoning},
+                remove_columns=["payload", "error"], desc="converting" if progress else None,
+                load_from_cache_file=False,
             )
             reasons = converted.data.column("reason")
             tally.add_rejects(reasons, converted.data.column("reject"))
+            tally.reasoning.update(reasoning_counts(converted.data.column("record")))
             tally.records_in += len(raw)
             n_records = reasons.null_count  # no reason: converted
             kept_files = [Path(f["filename"]) for f in converted.cache_files]
@@ -386,7 +392,9 @@ def _manifest(tokenizer, settings: DataSettings, inputs, eval_inputs, identity, 
             **{key: sum(s[key] for s in stats.values()) for key in (
                 "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
                 "supervised_call")},
+            "reasoning": {key: tally.reasoning[key] for key in REASONING_KEYS},
         },
+        "missing_reasoning": settings.missing_reasoning,
         "splits": stats,
     }
 

@@ -113,9 +113,12 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 
 
 
-def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[str, list]:
+def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], missing_reasoning: str = "mask"
+                   ) -> dict[str, list]:
     from beam_sft.validate.convert import try_convert
+    from beam_sft.validate.rules import Options
 
+    options = Options(missing_reasoning=missing_reasoning)
     records, reasons, rejects = [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
@@ -123,7 +126,7 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str]) -> dict[s
             code, index, message = json.loads(error)
             rec, reject = None, RecordError(code, message, message_index=index)
         else:
-            rec, _, reject = try_convert(payload, fmt, raw=True)
+            rec, _, reject = try_convert(payload, fmt, options, raw=True)
         if reject is None:
             records.append(orjson.dumps(rec).decode())
             reasons.append(None)
@@ -200,12 +203,13 @@ def convert_source(
     limit: int | None = None,
     num_proc: int | None = None,
     progress: bool = False,
+    missing_reasoning: str = "mask",
 ) -> Converted:
     """Raw source(s) -> Arrow dataset of validated Beam records + rejects + counts (the convert-only stage).
 
     `inputs`: files, globs, directories, `save_to_disk` dirs or hub ids (as `convert-dataset` takes them).
     `format`: "beam" (records as `convert-dataset` writes them; Arrow artefacts undone, then validated) or a
-    converter name / "auto". `work_dir` holds the Arrow files; the returned datasets memory-map them, so keep
+    converter name / "auto". `missing_reasoning`: the validator's policy (mask | keep | reject). `work_dir` holds the Arrow files; the returned datasets memory-map them, so keep
     it until you are done with them. records_in = len(records) + sum(rejected.values()), always.
     """
     if isinstance(inputs, str):
@@ -216,8 +220,8 @@ def convert_source(
     raw, names = read_source(sources, work_dir, limit=limit, progress=progress)
     converted = raw.map(
         _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
-        fn_kwargs={"fmt": format, "names": names}, remove_columns=["payload", "error"],
-        desc="converting" if progress else None,
+        fn_kwargs={"fmt": format, "names": names, "missing_reasoning": missing_reasoning},
+        remove_columns=["payload", "error"], desc="converting" if progress else None,
     )
     rejected = _value_counts(converted.data.column("reason"))
     records = converted.filter(_not_null("record"), batched=True, batch_size=5000) \
