@@ -524,7 +524,7 @@ def test_cli_stats_count_every_new_format(tmp_path, capsys):
             {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<functioncall> {}"}]}]
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
-    assert main([str(src), "-o", str(out), "--stats", str(stats), "-q"]) == 0
+    assert main([str(src), "-o", str(out), "--stats", str(stats), "-q", "--missing-reasoning", "keep"]) == 0
     st = json.loads(stats.read_text())
     assert st["formats"] == {"hermes": 2, "glaive": 1, "xlam": 1, "openai": 1}
     assert st["rejected"] == {"tool_markup_in_text": 1} and st["records_in"] == 6

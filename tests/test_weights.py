@@ -13,13 +13,8 @@ import copy
 import pytest
 
 from beam_sft.render import direct as direct_render
-from beam_sft.render.encoder import (
-    MaskedEncoder,
-    _SentinelRenderer,
-    _tracked_render,
-    encode_record,
-    record_inputs,
-)
+from beam_sft.render.encoder import MaskedEncoder, encode_record, record_inputs
+from beam_sft.render.jinja import SentinelRenderer, tracked_render
 from beam_sft.report.masks import inspect_record
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
@@ -97,9 +92,9 @@ def test_fast_encoder_and_both_renderers_agree(tok, encoder, weights):
     assert encode_record(tok, rec)["assistant_masks"] == list(want["assistant_masks"])
     messages, tools, kwargs = record_inputs(rec)
     template_kwargs = {**tok.special_tokens_map, **kwargs}
-    reference = _tracked_render(tok.chat_template, messages, tools, template_kwargs)
+    reference = tracked_render(tok.chat_template, messages, tools, template_kwargs)
     assert direct_render.for_template(tok.chat_template)(messages, tools, template_kwargs) == reference
-    assert _SentinelRenderer.build(tok.chat_template)(messages, tools, template_kwargs) == reference
+    assert SentinelRenderer.build(tok.chat_template)(messages, tools, template_kwargs) == reference
 
 
 def test_serving_prompt_is_unchanged(tok):
