@@ -374,9 +374,9 @@ def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypa
 
     monkeypatch.setattr(MaskedEncoder, "encode", bad_encode)
     beam = tmp_path / "beam.jsonl"
-    short = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
-    three = '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, ' \
-            '{"role": "assistant", "content": "yo"}]}'
+    turn = '{"role": "assistant", "reasoning_content": "r", "content": "yo"}'
+    short = f'{{"messages": [{{"role": "user", "content": "hi"}}, {turn}]}}'
+    three = f'{{"messages": [{{"role": "system", "content": "s"}}, {{"role": "user", "content": "hi"}}, {turn}]}}'
     beam.write_text(f"{short}\n{three}\n{short}\n", encoding="utf-8")
     stats = dataset_stats(load_tokenizer(), load_records(str(beam), format="beam").records)
     assert stats.records == 2 and stats.rejected_reasons == {"internal_error": 1} and stats.internal_errors == [1]
@@ -534,7 +534,8 @@ def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
     from beam_sft.render.encoder import MaskedEncoder
 
     path = str(SAMPLES / "openai.jsonl")
-    args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300, truncation_policy="turn")
+    args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300, truncation_policy="turn",
+                              missing_reasoning="mask")
     stats, internal = _dataset_stats(args, tok, MaskedEncoder(tok))
     loaded = load_records(path)
     want = dataset_stats(tok, loaded.records, max_length=300, rejected=loaded.rejects)
