@@ -2,9 +2,10 @@
 decision.
 
 Most OpenAI rows are already nearly Beam-shaped. `fast_convert` handles exactly those and gives up (returns
-None) on anything that needs a decision — a rejection, a merge, a fold, a reorder, missing reasoning, any "<"
-in text, tool markup without "<" (```tool fences, glaive's FUNCTION RESPONSE:) — so the general path
-(`beam_sft.formats.openai.convert` + `beam_sft.validate.rules.validate`) produces the result or the error. It
+None) on anything that needs a decision — a rejection, a merge, a fold, a reorder, missing reasoning, a loss
+`weight` / `train`, any "<" in text, tool markup without "<" (```tool fences, glaive's FUNCTION RESPONSE:) —
+so the general path (`beam_sft.formats.openai.convert` + `beam_sft.validate.rules.validate`) produces the
+result or the error. It
 lives beside the validator it shortcuts; its output equals the general path's (tests/test_formats_openai.py
 and tests/test_fuzz.py check this on every sample, real and fuzzed record). It exists because conversion
 speed is measured against orjson (scripts/bench.py).
