@@ -33,6 +33,8 @@ class Reason(StrEnum):
     PARAMETER_CLOSE_TAG_IN_ARGUMENT = "parameter_close_tag_in_argument"
     HARMONY_MARKER_IN_TEXT = "harmony_marker_in_text"
     MISSING_REASONING = "missing_reasoning"
+    NOTHING_TO_TRAIN = "nothing_to_train"
+    BAD_WEIGHT = "bad_weight"
     BAD_TOOL_SCHEMA = "bad_tool_schema"
     TRUNCATED_MESSAGE = "truncated_message"
     UNTERMINATED_CALL = "unterminated_call"

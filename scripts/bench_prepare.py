@@ -60,8 +60,11 @@ def real_records(tokenizer) -> list[dict]:
     """Every real sample that converts to a Beam record the encoder renders, in file order."""
     from beam_sft.render.encoder import get_encoder
     from beam_sft.validate.convert import convert_record
+    from beam_sft.validate.rules import Options
 
     encoder = get_encoder(tokenizer)
+    # `keep`: most real samples have no reasoning, and this workload measures encoding, not the mask policy.
+    keep = Options(missing_reasoning="keep")
     out = []
     for path in sorted(REALDATA.rglob("*.json*")):
         text = path.read_text(encoding="utf-8")
@@ -72,7 +75,7 @@ def real_records(tokenizer) -> list[dict]:
             continue
         for row in rows if isinstance(rows, list) else [rows]:
             try:
-                record = convert_record(row, "auto")
+                record = convert_record(row, "auto", keep)
                 encoder.encode([record])
             except Exception:  # noqa: BLE001, S112 - a sample this workload cannot use (a reject): skip it
                 continue
@@ -200,6 +203,7 @@ def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str |
 
     report = work / f"{dst.name}.rusage.json"
     command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--force",
+               "--missing-reasoning", "keep",
                "--max-length", "0", "--num-proc", str(num_proc),
                *(["--tokenizer", tokenizer_path] if tokenizer_path else [])]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
@@ -245,12 +249,14 @@ def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
     render.MaskedEncoder.encode = timed("encode", real_encode)
     try:
         # Imports, hashes and the like once, on a few records: the row is about what grows with the data.
-        build_prepared([str(src)], tokenizer, DataSettings(max_length=None, max_records=50), work / "warm-up",
+        build_prepared([str(src)], tokenizer,
+                       DataSettings(max_length=None, max_records=50, missing_reasoning="keep"), work / "warm-up",
                        num_proc=1)
         spent.update(convert=0.0, encode=0.0)
         render.get_encoder(tokenizer).clear_caches()
         start = time.process_time()
-        manifest = build_prepared([str(src)], tokenizer, DataSettings(max_length=None), work / "breakdown",
+        manifest = build_prepared([str(src)], tokenizer, DataSettings(max_length=None, missing_reasoning="keep"),
+                                  work / "breakdown",
                                   num_proc=1)
         total = time.process_time() - start
     finally:

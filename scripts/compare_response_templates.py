@@ -99,11 +99,16 @@ def recording_parses(sink: list[dict]) -> Iterator[None]:
 
 
 def rendered_turns(tokenizer, patterns=SAMPLE_GLOBS) -> Iterator[dict]:
-    """(prefix, tools, text) of every assistant turn of every sample record that converts and renders."""
-    from beam_sft.eval.turns import _load_records
+    """(prefix, tools, text) of every assistant turn of every sample record that converts and renders (turns
+    without reasoning kept, `missing_reasoning="keep"`: they render and parse like any other)."""
+    from beam_sft.records.files import read_items
+    from beam_sft.validate.convert import convert_item
+    from beam_sft.validate.rules import Options
 
     files = sorted({str(p) for g in patterns for p in REPO.glob(g) if p.is_file() and p.name != "SOURCES.md"})
-    for record, _reject, _fmt in _load_records(files, "auto"):
+    keep = Options(missing_reasoning="keep")
+    for item in read_items(files, "test"):
+        record, _, _ = convert_item(item, "auto", keep)
         if record is None:
             continue
         tools, kwargs = record.get("tools") or None, record.get("chat_template_kwargs") or {}

@@ -72,14 +72,21 @@ def test_num_proc_keeps_input_order_and_limit(tmp_path, capsys):
 
 def test_real_data_every_file_accounted_for(tmp_path, capsys):
     out, rej, stats = tmp_path / "real.parquet", tmp_path / "rej.jsonl", tmp_path / "s.json"
-    code, _, err = run([REALDATA / "openai", REALDATA / "sharegpt", REALDATA / "harmony", "-o", out,
-                        "--rejects", rej, "--stats", stats, "-q"], capsys)
-    assert code == 0, err
-    st = json.loads(stats.read_text())
-    rejects = read_jsonl(rej)
-    assert st["records_in"] == st["records_out"] + len(rejects) and st["records_out"] > 700
-    assert all(r["reason"] and r["message"] for r in rejects)
-    assert "render_failed" not in st["rejected"]  # validation catches everything before the safety net
+    for policy in ("keep", "mask"):
+        code, _, err = run([REALDATA / "openai", REALDATA / "sharegpt", REALDATA / "harmony", "-o", out,
+                            "--rejects", rej, "--stats", stats, "-q", "--missing-reasoning", policy], capsys)
+        assert code == 0, err
+        st = json.loads(stats.read_text())
+        rejects = read_jsonl(rej)
+        assert st["records_in"] == st["records_out"] + len(rejects)
+        assert all(r["reason"] and r["message"] for r in rejects)
+        assert "render_failed" not in st["rejected"]  # validation catches everything before the safety net
+        if policy == "keep":
+            kept = st["records_out"]
+            assert kept > 700 and "nothing_to_train" not in st["rejected"]
+    # Most third-party data has no reasoning: under the default those records have nothing to train.
+    assert st["records_out"] + st["rejected"]["nothing_to_train"] == kept
+    assert "beam-sft backfill" in err
 
 
 def test_policies_from_the_command_line(tmp_path, capsys):
@@ -93,7 +100,12 @@ def test_policies_from_the_command_line(tmp_path, capsys):
     assert json.loads(stats.read_text())["rejected"] == {"late_system": 1}
     run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move"], capsys)
     st = json.loads(stats.read_text())
-    assert st["records_out"] == 1 and st["policy"] == {"moved_system": 1, "missing_reasoning": 1}
+    assert st["records_out"] == 1 and st["policy"] == {"moved_system": 1, "masked_missing_reasoning": 1}
+    assert [m.get("weight") for m in json.loads(out.read_text())["messages"] if m["role"] == "assistant"] == [0, None]
+    _, _, err = run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move", "--missing-reasoning", "keep"],
+                    capsys)
+    assert json.loads(stats.read_text())["policy"] == {"moved_system": 1, "missing_reasoning": 1}
+    assert "Beam never writes an empty analysis message" in err
     run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move", "--missing-reasoning", "reject"], capsys)
     assert json.loads(stats.read_text())["rejected"] == {"missing_reasoning": 1}
     run([src, "-o", out, "--stats", stats, "-q", "--max-record-bytes", "50"], capsys)
@@ -254,3 +266,26 @@ def test_samples_are_reproducible_from_the_generator(tmp_path):
     for name in ("openai.jsonl", "sharegpt.json", "harmony.jsonl"):
         assert (tmp_path / name).read_bytes() == (SAMPLES / name).read_bytes(), name
     assert sum((SAMPLES / n).stat().st_size for n in ("openai.jsonl", "sharegpt.json", "harmony.jsonl")) < 300_000
+
+
+def test_missing_reasoning_counts_nothing_to_train_and_points_to_backfill(tmp_path, capsys):
+    from beam_sft.validate.reasoning import majority_hint
+
+    src = tmp_path / "in.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}] * 3 + \
+        [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning": "r"},
+                       {"role": "user", "content": "q"}, {"role": "assistant", "content": "b"}]},
+         {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0},
+                       {"role": "user", "content": "q"}, {"role": "assistant", "content": "b", "reasoning": "r"}]}]
+    src.write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    out, stats = tmp_path / "o.jsonl", tmp_path / "s.json"
+    _, _, err = run([src, "-o", out, "--stats", stats, "-q"], capsys)
+    st = json.loads(stats.read_text())
+    assert st["records_in"] == 5 and st["records_out"] == 2 and st["rejected"] == {"nothing_to_train": 3}
+    assert st["policy"] == {"masked_missing_reasoning": 1, "masked_weight": 1}
+    assert "beam-sft backfill" in err  # 5 of 7 turns lack reasoning (3 in the rejected records)
+    assert majority_hint(4, 2) is None and majority_hint(0, 0) is None and "backfill" in majority_hint(4, 3)
+    _, _, err = run([src, "-o", out, "--stats", stats, "-q", "--missing-reasoning", "keep"], capsys)
+    st = json.loads(stats.read_text())
+    assert st["records_out"] == 5 and st["policy"] == {"missing_reasoning": 4, "masked_weight": 1}
+    assert "beam-sft backfill" in err  # 5 of 7 turns lack reasoning

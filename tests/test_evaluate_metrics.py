@@ -17,7 +17,7 @@ from beam_sft.eval.metrics import (
     score_turn,
 )
 from beam_sft.eval.report import summary_table
-from beam_sft.eval.run import _parse
+from beam_sft.eval.run import _parse, evaluate
 from beam_sft.eval.turns import Turn, assistant_indices
 from beam_sft.template.conformance import GET_WEATHER
 
@@ -216,7 +216,7 @@ def test_tally_rates_and_summary_keys():
         metrics, reason = score_turn(ANSWER_REF, {"thinking": "t", "content": content}, stop, None)
         result.add(TurnResult(turn, Generation("", 5, stop), None, "", metrics, reason), keep=10)
     summary = result.summary()
-    assert list(summary) == ["records", "turns", *METRICS, "by_format", "by_effort", "rejected",
+    assert list(summary) == ["records", "turns", *METRICS, "mean_analysis_tokens", "by_format", "by_effort", "rejected",
                              "generation_tokens", "tokens_per_second"]
     assert summary["turns"] == 2 and summary["well_formed"] == 0.5 and summary["tool_args_valid"] is None
     assert summary["by_format"]["sharegpt"]["answer_exact"] == 0.5 and summary["by_effort"]["low"]["turns"] == 2
@@ -230,3 +230,34 @@ def test_turn_selection():
     assert assistant_indices(record, "first") == [1]
     assert assistant_indices(record, "last") == [3]
     assert assistant_indices(record, "all") == [1, 3]
+
+
+def test_reasoning_figures_empty_analysis_and_mean_length(tok):
+    from beam_sft.eval.reasoning_figures import analysis_tokens, empty_analysis
+
+    assert empty_analysis("<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>hi")
+    assert empty_analysis("<|channel|>analysis<|message|>  \n<|end|>")
+    assert not empty_analysis("<|channel|>analysis<|message|>Think.<|end|>")
+    assert not empty_analysis("<|channel|>final<|message|>hi<|return|>")  # no analysis at all: has_reasoning says it
+    assert analysis_tokens(tok, {"thinking": "The user greets me."}) == len(tok.encode("The user greets me.",
+                                                                                     add_special_tokens=False)) > 0
+    assert analysis_tokens(tok, {"content": "x"}) == analysis_tokens(tok, None) == 0
+    # through evaluate(): one turn with reasoning, one with an empty analysis
+    final = "<|start|>assistant<|channel|>final<|message|>"
+    texts = [f"<|channel|>analysis<|message|>Say hello.<|end|>{final}Hello<|return|>",
+             f"<|channel|>analysis<|message|><|end|>{final}Hi<|return|>"]
+
+    class Canned:
+        name = "canned"
+
+        def generate(self, prompts):
+            return [Generation(texts[k % 2], 5, "<|return|>") for k in range(len(prompts))]
+
+    records = [({"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "Hello",
+                                                                    "reasoning_content": "r"}]}, "openai")
+               for k in range(2)]
+    result = evaluate(Canned(), tok, records, progress=False)
+    summary = result.summary()
+    assert summary["empty_analysis"] == 0.5 and summary["has_reasoning"] == 0.5
+    assert summary["mean_analysis_tokens"] == analysis_tokens(tok, {"thinking": "Say hello."}) / 2
+    assert "empty_analysis" in summary_table(result) and "mean analysis tokens" in summary_table(result)

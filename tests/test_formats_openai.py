@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -14,19 +15,28 @@ from beam_sft.records.files import expand_inputs, iter_items, parse_line
 from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import Options, make_render_check
 
+
+@pytest.fixture(autouse=True)
+def _keep_turns_without_reasoning(monkeypatch):
+    """These tests are about what the converters make; the missing-reasoning policy (default `mask`) has its
+    own tests (test_validate.py, test_reasoning_policy.py), so here turns without reasoning are kept."""
+    from beam_sft.validate import rules
+
+    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep"))
+
 REALDATA = Path(__file__).parent / "data" / "realdata" / "openai"
 RENDER = make_render_check()
 
 
 def conv(rec, **opts):
-    out = convert_record(rec, "openai", Options(**opts) if opts else None)
+    out = convert_record(rec, "openai", Options(**{"missing_reasoning": "keep", **opts}) if opts else None)
     RENDER(out)  # everything a test accepts must render
     return out
 
 
 def rejected(rec, **opts) -> RecordError:
     with pytest.raises(RecordError) as info:
-        convert_record(rec, "openai", Options(**opts) if opts else None)
+        convert_record(rec, "openai", Options(**{"missing_reasoning": "keep", **opts}) if opts else None)
     return info.value
 
 
@@ -350,3 +360,20 @@ def test_fast_path_leaves_records_of_other_formats_to_detection():
     plain = {"messages": [{"role": "user", "content": "hi"},
                           {"role": "assistant", "reasoning_content": "r", "content": "x"}]}
     assert detect(plain) == "openai" and fast_convert(plain) is not None
+
+
+def test_openai_fine_tuning_weights_are_kept_and_checked():
+    from beam_sft.validate.fast_openai import fast_convert
+
+    rec = {"messages": [{"role": "user", "content": "q"},
+                        {"role": "assistant", "content": "a", "reasoning_content": "r", "weight": 0},
+                        {"role": "user", "content": "q2"},
+                        {"role": "assistant", "content": "b", "reasoning_content": "r", "train": True}]}
+    assert fast_convert(rec) is None  # a weight takes the general path, which keeps and checks it
+    out = convert_record(copy.deepcopy(rec), "openai")
+    assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 1]
+    assert all("train" not in m for m in out["messages"])
+    rec["messages"][0]["weight"] = 1
+    with pytest.raises(RecordError) as info:
+        convert_record(rec, "openai")
+    assert info.value.code == Reason.BAD_WEIGHT and info.value.message_index == 0

@@ -20,6 +20,15 @@ from beam_sft.records.schema_types import json_type, standardize
 from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import make_render_check
 
+
+@pytest.fixture(autouse=True)
+def _keep_turns_without_reasoning(monkeypatch):
+    """These tests are about what the converters make; the missing-reasoning policy (default `mask`) has its
+    own tests (test_validate.py, test_reasoning_policy.py), so here turns without reasoning are kept."""
+    from beam_sft.validate import rules
+
+    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep"))
+
 REALDATA = Path(__file__).parent / "data" / "realdata"
 RENDER = make_render_check()
 NEW_FORMATS = ("hermes", "glaive", "xlam")
@@ -515,7 +524,7 @@ def test_cli_stats_count_every_new_format(tmp_path, capsys):
             {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<functioncall> {}"}]}]
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
-    assert main([str(src), "-o", str(out), "--stats", str(stats), "-q"]) == 0
+    assert main([str(src), "-o", str(out), "--stats", str(stats), "-q", "--missing-reasoning", "keep"]) == 0
     st = json.loads(stats.read_text())
     assert st["formats"] == {"hermes": 2, "glaive": 1, "xlam": 1, "openai": 1}
     assert st["rejected"] == {"tool_markup_in_text": 1} and st["records_in"] == 6

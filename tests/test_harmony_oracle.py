@@ -37,6 +37,15 @@ from openai_harmony import (
 from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import make_render_check
 
+
+@pytest.fixture(autouse=True)
+def _keep_turns_without_reasoning(monkeypatch):
+    """The oracle checks what the Harmony converter reads back; the missing-reasoning policy (default `mask`)
+    has its own tests (test_validate.py, test_reasoning_policy.py), so here turns without reasoning are kept."""
+    from beam_sft.validate import rules
+
+    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep"))
+
 N_CONVERSATIONS = 150
 _WORDS = ("the", "weather", "in", "Oslo", "is", "cold", "café", "naïve", "東京", "数据", "Привет", "🙂", "42",
           "3.5", "x = y", "{", "}", "[1, 2]", "\"quoted\"", "it's", "can't", "tab\there", "a/b", "#", "->", "--")

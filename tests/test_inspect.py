@@ -80,12 +80,18 @@ TOOL_RECORD = {
 
 def test_load_records_loses_nothing():
     # The zh file ends with two records whose tool result has no call: rejected, with a reason.
-    loaded = load_records(str(REALDATA / "sharegpt" / "llamafactory_glaive_toolcall_zh_demo.json"))
+    path = str(REALDATA / "sharegpt" / "llamafactory_glaive_toolcall_zh_demo.json")
+    loaded = load_records(path, missing_reasoning="keep")
     assert loaded.total == 62
     assert len(loaded.records) + len(loaded.rejects) == loaded.total
     assert [r["index"] for r in loaded.rejects] == [60, 61]
     assert {r["reason"] for r in loaded.rejects} == {Reason.TOOL_RESULT_WITHOUT_CALL.value}
     assert loaded.index_of(60) is None and loaded.index_of(59) == 59
+    # As training sees it (the default `mask`): this data has no reasoning, so nothing in it trains.
+    masked = load_records(path)
+    assert masked.total == 62 and not masked.records
+    assert {r["reason"] for r in masked.rejects} == {Reason.TOOL_RESULT_WITHOUT_CALL.value,
+                                                      Reason.NOTHING_TO_TRAIN.value}
 
 
 def test_load_records_beam_format_validates_like_training(tmp_path):
@@ -368,9 +374,9 @@ def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypa
 
     monkeypatch.setattr(MaskedEncoder, "encode", bad_encode)
     beam = tmp_path / "beam.jsonl"
-    short = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
-    three = '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, ' \
-            '{"role": "assistant", "content": "yo"}]}'
+    turn = '{"role": "assistant", "reasoning_content": "r", "content": "yo"}'
+    short = f'{{"messages": [{{"role": "user", "content": "hi"}}, {turn}]}}'
+    three = f'{{"messages": [{{"role": "system", "content": "s"}}, {{"role": "user", "content": "hi"}}, {turn}]}}'
     beam.write_text(f"{short}\n{three}\n{short}\n", encoding="utf-8")
     stats = dataset_stats(load_tokenizer(), load_records(str(beam), format="beam").records)
     assert stats.records == 2 and stats.rejected_reasons == {"internal_error": 1} and stats.internal_errors == [1]
@@ -528,7 +534,8 @@ def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
     from beam_sft.render.encoder import MaskedEncoder
 
     path = str(SAMPLES / "openai.jsonl")
-    args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300, truncation_policy="turn")
+    args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300, truncation_policy="turn",
+                              missing_reasoning="mask")
     stats, internal = _dataset_stats(args, tok, MaskedEncoder(tok))
     loaded = load_records(path)
     want = dataset_stats(tok, loaded.records, max_length=300, rejected=loaded.rejects)

@@ -21,6 +21,15 @@ from beam_sft.records.files import (
 )
 from beam_sft.validate.rules import make_render_check
 
+
+@pytest.fixture(autouse=True)
+def _keep_turns_without_reasoning(monkeypatch):
+    """These tests are about what the converters make; the missing-reasoning policy (default `mask`) has its
+    own tests (test_validate.py, test_reasoning_policy.py), so here turns without reasoning are kept."""
+    from beam_sft.validate import rules
+
+    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep"))
+
 RENDER = make_render_check()
 
 

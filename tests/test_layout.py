@@ -24,6 +24,7 @@ LAYERS = (
     "dataset",  # examples, truncation, the data phase, prepared datasets
     "report",  # mask views, HTML pages, statistics
     "eval",  # generation, parsing, metrics
+    "backfill",  # teacher models fill missing reasoning (beam-sft backfill)
     "train",  # trainer, models, packing, MoE
     "serve",  # servable model directories, export
     "cli",  # one module per command

@@ -9,6 +9,7 @@ multi-processing and cache.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -55,10 +56,12 @@ def assert_identical(tokenizer, records, encoder=None, max_length=None):
 
 
 def converted(path: Path) -> list[dict]:
-    """Beam records from a raw file, through the readers and converters (rejected records are left out)."""
+    """Beam records from a raw file, through the readers and converters (rejected records are left out).
+    Turns without reasoning are kept, so records without any stay in (`test_identical_on_real_samples` masks
+    turns itself)."""
     from beam_sft.report.masks import load_records
 
-    loaded = load_records(str(path))
+    loaded = load_records(str(path), missing_reasoning="keep")
     assert len(loaded.records) + len(loaded.rejects) == loaded.total
     return loaded.records
 
@@ -111,7 +114,13 @@ def test_identical_on_real_samples(tok, name):
         pytest.fail(f"missing fixture {path}: copy it byte-for-byte from ../shared/realdata/")
     records = converted(path)
     assert records, f"nothing in {name} converted"
-    assert_identical(tok, records)
+    # The same records with every other assistant turn given weight 0 (context, outside the generation block).
+    weighted = copy.deepcopy(records)
+    for record in weighted:
+        turns = [m for m in record["messages"] if m["role"] == "assistant"]
+        for turn in turns[::2]:
+            turn["weight"] = 0
+    assert_identical(tok, records + weighted)
 
 
 # ---------- generated conversations ----------

@@ -18,6 +18,17 @@ from beam_sft.formats.toolmarkup import PROMPT_PATTERNS, json_calls, result_wrap
 from beam_sft.validate.convert import convert_record
 from beam_sft.validate.rules import STRIPPED_PREFIX, make_render_check, validate
 
+
+@pytest.fixture(autouse=True)
+def _keep_turns_without_reasoning(monkeypatch):
+    """These tests are about what the converters make of tool-calling prompts; the missing-reasoning policy
+    (default `mask`) has its own tests (test_validate.py, test_reasoning_policy.py), so here turns without
+    reasoning are kept."""
+    from beam_sft.validate import rules
+
+    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep"))
+
+
 DATA = Path(__file__).parent / "data"
 PROMPTS = DATA / "tool_prompts"
 RENDER = make_render_check()
@@ -352,7 +363,8 @@ def test_convert_cli_counts_stripped_tool_prompt(tmp_path, capsys):
                        "\"arguments\": {}}\n</tool_call>")]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     stats = tmp_path / "stats.json"
-    assert cli.main([str(src), "-o", str(tmp_path / "out.jsonl"), "--stats", str(stats)]) == 0
+    assert cli.main([str(src), "-o", str(tmp_path / "out.jsonl"), "--stats", str(stats),
+                     "--missing-reasoning", "keep"]) == 0
     got = json.loads(stats.read_text())
     assert got["records_out"] == 3 and got["rejected"] == {"tool_markup_in_text": 1}
     assert got["stripped_tool_prompt"] == {

@@ -91,11 +91,41 @@ def test_each_rejection_has_its_code_and_message_index(messages, expected):
     assert code_of(copy.deepcopy(messages)) == expected
 
 
-def test_missing_reasoning_is_kept_and_counted_or_rejected():
+def test_missing_reasoning_policies_on_single_and_multi_turn_records():
+    multi = [U(), A(reasoning=""), U(), A(None, reasoning="", calls=[C()]), T(), A()]
+    # mask (the default): every turn without reasoning becomes weight 0, the rest stay trained
     counters: dict = {}
-    out = ok([U(), A(reasoning=""), U(), A()], counters)
-    assert out["messages"][1]["reasoning_content"] == "" and counters == {"missing_reasoning": 1}
+    out = ok(copy.deepcopy(multi), counters)
+    assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 0, None]
+    assert counters == {"masked_missing_reasoning": 2}
+    assert code_of([U(), A(reasoning="")]) == (Reason.NOTHING_TO_TRAIN, None)
+    assert code_of([U(), A(reasoning=""), U(), A(reasoning="")]) == (Reason.NOTHING_TO_TRAIN, None)
+    # keep: trained with an empty analysis, counted
+    counters = {}
+    out = ok(copy.deepcopy(multi), counters, missing_reasoning="keep")
+    assert all("weight" not in m for m in out["messages"]) and counters == {"missing_reasoning": 2}
+    assert ok([U(), A(reasoning="")], missing_reasoning="keep")["messages"][1]["reasoning_content"] == ""
+    # reject: the first turn without reasoning names the record's reason
     assert code_of([U(), A(reasoning="")], missing_reasoning="reject") == (Reason.MISSING_REASONING, 1)
+    assert code_of(copy.deepcopy(multi), missing_reasoning="reject") == (Reason.MISSING_REASONING, 1)
+    assert ok([U(), A(), U(), A()], missing_reasoning="reject")["messages"][3]["reasoning_content"] == "r"
+
+
+def test_loss_weights_are_checked_and_written_as_weight():
+    counters: dict = {}
+    out = ok([U(), {**A(), "weight": 0}, U(), {**A(), "train": True}, U(), {**A(), "weight": 1}], counters)
+    assert [m.get("weight") for m in out["messages"][1::2]] == [0, 1, 1]
+    assert all("train" not in m for m in out["messages"]) and counters == {"masked_weight": 1}
+    assert ok([U(), {**A(), "train": False}, U(), A()])["messages"][1]["weight"] == 0
+    assert code_of([U(), {**A(), "weight": 0}]) == (Reason.NOTHING_TO_TRAIN, None)
+    for bad in ({"weight": 2}, {"weight": 0.5}, {"weight": "0"}, {"weight": True}, {"train": 1},
+                {"weight": 0, "train": True}):
+        assert code_of([U(), {**A(), **bad}]) == (Reason.BAD_WEIGHT, 1), bad
+    assert code_of([{**U(), "weight": 0}, A()]) == (Reason.BAD_WEIGHT, 0)
+    assert code_of([U(), A(None, calls=[C()]), {**T(), "train": False}, A()]) == (Reason.BAD_WEIGHT, 2)
+    # consecutive assistant messages become one turn: a weight 0 among them keeps it untrained
+    merged = ok([U(), {**A(), "weight": 0}, A("b"), U(), A()])
+    assert merged["messages"][1]["weight"] == 0 and merged["messages"][1]["content"] == "a\n\nb"
 
 
 def test_late_system_moved_on_request():

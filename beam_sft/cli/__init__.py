@@ -20,6 +20,7 @@ COMMANDS = {
     "prepare": "prepare",
     "eval": "eval",
     "export": "export",
+    "backfill": "backfill",
 }
 
 

@@ -41,7 +41,8 @@ SAMPLE_HEAD, SAMPLE_EVERY = 1000, 100
 class Stats:
     """What a run did. Workers fill one per chunk; the main process merges them in order."""
 
-    COUNTERS = ("merged_assistant", "folded_content", "moved_system", "missing_reasoning")
+    COUNTERS = ("merged_assistant", "folded_content", "moved_system", "missing_reasoning",
+                "masked_missing_reasoning", "masked_weight")
 
     def __init__(self) -> None:
         self.records_in = 0
@@ -137,6 +138,8 @@ class Stats:
             ("content folded to reasoning", self.policy["folded_content"]),
             ("late system moved", self.policy["moved_system"]),
             ("kept without reasoning", self.policy["missing_reasoning"]),
+            ("masked: no reasoning", self.policy["masked_missing_reasoning"]),
+            ("masked: weight 0 in input", self.policy["masked_weight"]),
             ("tool prompt removed", counts(self.stripped_tool_prompt)),
         ]
         width = max(len(k) for k, _ in rows)
@@ -333,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
         _report_detection(per_source)
     print(f"convert-dataset: wrote {total.records_out} records to {args.output}", file=sys.stderr)
     print(total.table(), file=sys.stderr)
+    _reasoning_notes(total)
     if args.stats:
         write_json_atomic(args.stats, {"inputs": [s.name for s in sources], "output": args.output,
                                        "format": args.format, **total.to_dict()})
@@ -343,6 +347,20 @@ def run(args: argparse.Namespace) -> int:
               f"Exit status {EXIT_INTERNAL_ERRORS}.", file=sys.stderr)
         return EXIT_INTERNAL_ERRORS
     return 0
+
+
+def _reasoning_notes(total: Stats) -> None:
+    """The keep warning and the majority-without-reasoning hint (docs/reasoning.md)."""
+    from beam_sft.errors import Reason
+    from beam_sft.validate.reasoning import keep_warning, majority_hint
+
+    # a record rejected as nothing_to_train had at least one turn, none with reasoning: counted as one
+    untrained = total.rejected[Reason.NOTHING_TO_TRAIN.value]
+    for note in (keep_warning(total.policy["missing_reasoning"]),
+                 majority_hint(total.assistant_turns + untrained,
+                               total.assistant_turns - total.with_reasoning + untrained)):
+        if note:
+            print(note, file=sys.stderr)
 
 
 def _report_detection(per_source: dict[str, Counter]) -> None:
@@ -365,6 +383,7 @@ def _report_detection(per_source: dict[str, Counter]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.validate import reasoning
     from beam_sft.validate.rules import LATE_SYSTEM_CHOICES, MISSING_REASONING_CHOICES
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -383,9 +402,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--late-system", choices=LATE_SYSTEM_CHOICES, default="reject",
                         help="a system/developer message after other messages: reject the record, or move the "
                              "message up to the first instructions (default: reject)")
-    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default="keep",
-                        help="an assistant message without reasoning: keep it (renders an empty analysis; "
-                             "counted) or reject the record (default: keep)")
+    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
+                        help=reasoning.HELP)
     parser.add_argument("--max-record-bytes", type=int, metavar="N",
                         help="reject records larger than N bytes of JSON (default: no limit)")
     parser.add_argument("--render-check", choices=RENDER_CHECK_CHOICES, default="all",

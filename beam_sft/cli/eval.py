@@ -13,8 +13,10 @@ the tokenizer's response template and scored against the reference turn.
         --tokenizer outputs/quickstart/served --data data/samples/openai.jsonl     # a running server
 
 Metrics (each a share of the turns it applies to): well_formed, stopped (on the right stop token),
-has_reasoning, action_match (call vs answer), tool_name_accuracy, tool_args_exact, tool_args_valid (JSON
-schema), marker_leak (lower is better), answer_exact; overall, per source format and per reasoning effort.
+has_reasoning, empty_analysis (an analysis message with nothing in it: lower is better), action_match (call
+vs answer), tool_name_accuracy, tool_args_exact, tool_args_valid (JSON schema), marker_leak (lower is better),
+answer_exact; and the mean analysis length in tokens; overall, per source format and per reasoning effort.
+"Did my fine-tune keep its reasoning?" is has_reasoning, empty_analysis and the mean analysis length.
 
 Exit status: 0 when the run finished (rejected records included), 1 when well_formed is below
 --min-well-formed (or on a fatal error), 2 for usage errors. BEAM_SFT_DEBUG=1 shows tracebacks.
@@ -138,7 +140,7 @@ def run(args) -> int:
 
         write_text_atomic(args.report, report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
         print(f"wrote {args.report}", file=sys.stderr)
-    print(json.dumps({k: summary[k] for k in ("records", "turns", *METRICS)}))
+    print(json.dumps({k: summary[k] for k in ("records", "turns", *METRICS, "mean_analysis_tokens")}))
     if result.overall.turns == 0:
         print("no assistant turn to evaluate", file=sys.stderr)
     if args.min_well_formed is not None:

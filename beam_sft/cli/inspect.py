@@ -79,6 +79,11 @@ def register(subparsers) -> None:
         help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam (Beam records, validated as training validates them)",
     )
     parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
+    from beam_sft.validate import reasoning
+    from beam_sft.validate.rules import MISSING_REASONING_CHOICES
+
+    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
+                        help="as training: " + reasoning.HELP)
     parser.add_argument(
         "--color",
         choices=("auto", "always", "never"),
@@ -111,7 +116,8 @@ def run(args) -> int:
 
     # Only the records to show are read here; --stats reads the whole dataset through the data phase below.
     limit = max(args.index) + 1 if args.index else args.n
-    loaded = load_records(args.dataset, format=args.format, limit=limit, split=args.split)
+    loaded = load_records(args.dataset, format=args.format, limit=limit, split=args.split,
+                          missing_reasoning=args.missing_reasoning)
     if args.index:
         for position in args.index:
             if position < 0 or position >= loaded.total:  # loaded.total < limit: the dataset ended first
@@ -217,7 +223,7 @@ def _dataset_stats(args, tokenizer, encoder):
 
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
         converted = convert_source(args.dataset, work, format=args.format, split=args.split,
-                                   progress=sys.stderr.isatty())
+                                   progress=sys.stderr.isatty(), missing_reasoning=args.missing_reasoning)
         positions = converted.positions()
         stats = dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
                                   labels=lambda i: f"record {positions[i]}", policy=args.truncation_policy)

@@ -33,6 +33,8 @@ from dataclasses import asdict
 
 
 def summary_rows(manifest: dict) -> list[tuple[str, object]]:
+    from beam_sft.dataset.reasoning_stats import summary_rows as reasoning_rows
+
     counts = manifest["counts"]
     share = f"{100 * counts['supervised_tokens'] / counts['total_tokens']:.1f}%" if counts["total_tokens"] else "-"
     rows: list[tuple[str, object]] = [
@@ -48,6 +50,7 @@ def summary_rows(manifest: dict) -> list[tuple[str, object]]:
         ("trained <|call|>", counts["supervised_call"]),
         ("max length", manifest["max_length"]),
         ("truncation policy", manifest["truncation_policy"]),
+        *reasoning_rows(counts.get("reasoning"), manifest.get("missing_reasoning")),
     ]
     for name, split in manifest.get("splits", {}).items():
         if name != "train" or len(manifest["splits"]) > 1:
@@ -59,6 +62,16 @@ def table(manifest: dict) -> str:
     rows = summary_rows(manifest)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _print_summary(manifest: dict) -> None:
+    """The summary table, then the missing-reasoning notes (`beam_sft.dataset.reasoning_stats.notes`)."""
+    from beam_sft.dataset.reasoning_stats import notes
+
+    print(table(manifest), file=sys.stderr)
+    counts = manifest["counts"]
+    for note in notes(counts.get("reasoning"), manifest.get("missing_reasoning"), counts["rejected"]):
+        print(note, file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     max_length = args.max_length or None
     settings = DataSettings(format=args.format, max_length=max_length, truncation_policy=args.truncation_policy,
                             assistant_only_loss=not args.full_sequence_loss, split=args.split,
-                            max_records=args.limit, eval_split_size=args.eval_split_size, seed=args.seed)
+                            max_records=args.limit, eval_split_size=args.eval_split_size, seed=args.seed,
+                            missing_reasoning=args.missing_reasoning)
     settings.check()
     out = os.path.abspath(args.output)
     if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(
@@ -133,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             shutil.copyfile(os.path.join(out, REJECTS), tmp)
     if args.stats:
         write_json_atomic(args.stats, manifest)
-    print(table(manifest), file=sys.stderr)
+    _print_summary(manifest)
     internal = manifest["counts"]["rejected"].get(Reason.INTERNAL_ERROR.value)
     if internal:
         print(f"WARNING: {internal} records hit an unexpected error (internal_error): a converter bug; they are "
@@ -144,7 +158,9 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.dataset.examples import TRUNCATION_POLICIES
+    from beam_sft.validate import reasoning
     from beam_sft.validate.convert import INPUT_FORMATS
+    from beam_sft.validate.rules import MISSING_REASONING_CHOICES
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet, .txt), globs, directories, save_to_disk dirs, or "
@@ -162,6 +178,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--truncation-policy", choices=TRUNCATION_POLICIES, default="turn",
                         help="records longer than --max-length: cut back to the last whole assistant turn "
                              "(turn), drop them (drop), or cut at N (keep_start) (default: turn)")
+    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
+                        help=reasoning.HELP)
     parser.add_argument("--full-sequence-loss", action="store_true",
                         help="label every token (training's --assistant_only_loss false); default: assistant "
                              "turns only")

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
 from beam_sft.dataset.settings import (
     DATA_VERSION,
     EVAL_DIR,
@@ -93,12 +94,13 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
     """
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     if eval_dataset_name:
-        yield from convert_source(eval_dataset_name, work_dir, format=settings.format, split="test").iter_records()
+        yield from convert_source(eval_dataset_name, work_dir, format=settings.format, split="test",
+                                  missing_reasoning=settings.missing_reasoning).iter_records()
         return
     if settings.eval_split_size <= 0:
         return
     converted = convert_source(dataset_name, work_dir, format=settings.format, split=settings.split,
-                               limit=settings.max_records)
+                               limit=settings.max_records, missing_reasoning=settings.missing_reasoning)
     mask = _eval_mask(len(converted.records), settings)
     for held, record in zip(mask, converted.iter_records(), strict=True):
         if held:
@@ -172,6 +174,7 @@ class _Tally:
         self.writers = writers
         self.records_in = 0
         self.rejected: Counter = Counter()
+        self.reasoning: Counter = Counter()  # beam_sft.dataset.reasoning_stats.KEYS over converted records
         self.splits: dict[str, Counter] = {name: Counter() for name in writers}
 
     def take(self, result, bar) -> None:
@@ -179,6 +182,7 @@ class _Tally:
 
         self.records_in += result.records_in
         self.rejected.update(result.rejected)
+        self.reasoning.update(result.reasoning)
         for entry in workers.result_rejects(result):
             self.rejects.write(entry)
         for name, counts in result.stats.items():
@@ -193,7 +197,7 @@ def _job(tokenizer, settings: DataSettings):
     from beam_sft.template.tokenizer import stop_token_ids
 
     return workers.Job(tokenizer, settings.format, settings.max_length, settings.truncation_policy,
-                       settings.assistant_only_loss, list(stop_token_ids(tokenizer)))
+                       settings.assistant_only_loss, list(stop_token_ids(tokenizer)), settings.missing_reasoning)
 
 
 def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: list[_Chunk], writers, *,
@@ -333,7 +337,9 @@ def _manifest(tokenizer, settings: DataSettings, inputs, eval_inputs, identity, 
             **{key: sum(s[key] for s in stats.values()) for key in (
                 "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
                 "supervised_call")},
+            "reasoning": {key: tally.reasoning[key] for key in REASONING_KEYS},
         },
+        "missing_reasoning": settings.missing_reasoning,
         "splits": stats,
     }
 

@@ -40,10 +40,15 @@ class DataSettings:
     max_records: int | None = None
     eval_split_size: float = 0.0
     seed: int = 0
+    missing_reasoning: str = "mask"  # beam_sft.validate.rules.MISSING_REASONING_CHOICES
 
     def check(self) -> None:
         from beam_sft.dataset.examples import TRUNCATION_POLICIES
+        from beam_sft.validate.rules import MISSING_REASONING_CHOICES
 
+        if self.missing_reasoning not in MISSING_REASONING_CHOICES:
+            raise UsageError(f"unknown missing_reasoning {self.missing_reasoning!r}; choose one of "
+                             f"{', '.join(MISSING_REASONING_CHOICES)}")
         if self.format not in INPUT_FORMATS:
             raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(INPUT_FORMATS)}")
         if self.truncation_policy not in TRUNCATION_POLICIES:

@@ -113,19 +113,24 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 
 
 
-def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts: bool = False) -> dict[str, list]:
+def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts: bool = False,
+                   missing_reasoning: str = "mask") -> dict[str, list]:
     """`as_dicts`: the records as the converter returned them (still checked to serialise), for a caller
-    that tokenizes them right away instead of storing their JSON (`beam_sft.dataset.workers`)."""
+    that tokenizes them right away instead of storing their JSON (`beam_sft.dataset.workers`); their JSON texts
+    then come back too, under `texts` (kept records only), for the reasoning counts.
+    `missing_reasoning`: the validator's policy (mask | keep | reject)."""
     from beam_sft.validate.convert import try_convert
+    from beam_sft.validate.rules import Options
 
-    records, reasons, rejects = [], [], []
+    options = Options(missing_reasoning=missing_reasoning)
+    records, reasons, rejects, texts = [], [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
         if error is not None:
             code, index, message = json.loads(error)
             rec, reject = None, RecordError(code, message, message_index=index)
         else:
-            rec, _, reject = try_convert(payload, fmt, raw=True)
+            rec, _, reject = try_convert(payload, fmt, options, raw=True)
         if reject is None:
             try:
                 text = orjson.dumps(rec)
@@ -133,13 +138,18 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts:
                 reject = internal_error(exc)
             else:
                 records.append(rec if as_dicts else text.decode())
+                if as_dicts:
+                    texts.append(text.decode())
                 reasons.append(None)
                 rejects.append(None)
                 continue
         records.append(None)
         reasons.append(reject.code.value)
         rejects.append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
-    return {"record": records, "reason": reasons, "reject": rejects}
+    out = {"record": records, "reason": reasons, "reject": rejects}
+    if as_dicts:
+        out["texts"] = texts
+    return out
 
 
 @dataclass
@@ -207,12 +217,13 @@ def convert_source(
     limit: int | None = None,
     num_proc: int | None = None,
     progress: bool = False,
+    missing_reasoning: str = "mask",
 ) -> Converted:
     """Raw source(s) -> Arrow dataset of validated Beam records + rejects + counts (the convert-only stage).
 
     `inputs`: files, globs, directories, `save_to_disk` dirs or hub ids (as `convert-dataset` takes them).
     `format`: "beam" (records as `convert-dataset` writes them; Arrow artefacts undone, then validated) or a
-    converter name / "auto". `work_dir` holds the Arrow files; the returned datasets memory-map them, so keep
+    converter name / "auto". `missing_reasoning`: the validator's policy (mask | keep | reject). `work_dir` holds the Arrow files; the returned datasets memory-map them, so keep
     it until you are done with them. records_in = len(records) + sum(rejected.values()), always.
     """
     if isinstance(inputs, str):
@@ -223,8 +234,8 @@ def convert_source(
     raw, names = read_source(sources, work_dir, limit=limit, progress=progress)
     converted = raw.map(
         _convert_batch, batched=True, batch_size=_MAP_BATCH, num_proc=_procs(num_proc, len(raw)),
-        fn_kwargs={"fmt": format, "names": names}, remove_columns=["payload", "error"],
-        desc="converting" if progress else None,
+        fn_kwargs={"fmt": format, "names": names, "missing_reasoning": missing_reasoning},
+        remove_columns=["payload", "error"], desc="converting" if progress else None,
     )
     rejected = _value_counts(converted.data.column("reason"))
     records = converted.filter(_not_null("record"), batched=True, batch_size=5000) \

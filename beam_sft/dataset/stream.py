@@ -101,7 +101,8 @@ def stream_training_data(
                     "limit": settings.max_records, "names": names},
     )
     converted = raw.map(_convert_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["payload", "error"],
-                        fn_kwargs={"fmt": settings.format, "names": list(names)})
+                        fn_kwargs={"fmt": settings.format, "names": list(names),
+                                   "missing_reasoning": settings.missing_reasoning})
     converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
     converted = converted.select_columns(["src", "pos", "by_line", "record"])
     tokenized = converted.map(

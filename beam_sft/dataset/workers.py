@@ -64,6 +64,7 @@ class Job:
     policy: str
     assistant_only_loss: bool
     stop_ids: list[int]
+    missing_reasoning: str = "mask"
 
 
 @dataclass
@@ -94,6 +95,7 @@ class Result:
     rejects: list[str] = field(default_factory=list)
     stats: dict[str, Counter] = field(default_factory=dict)
     shards: dict[str, str] = field(default_factory=dict)  # split -> file, only where rows were written
+    reasoning: Counter = field(default_factory=Counter)  # beam_sft.dataset.reasoning_stats.KEYS, converted rows
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -120,6 +122,9 @@ def _final_schema():
 
 def _converted_batches(task: Task, job: Job, result: Result) -> Iterator[dict[str, list]]:
     """The chunk's rows as column dicts of BATCH_ROWS rows (`record` None for a conversion reject)."""
+    import pyarrow as pa
+
+    from beam_sft.dataset.reasoning_stats import reasoning_counts
     from beam_sft.dataset.stages import _convert_batch
 
     if task.raw is None:
@@ -131,7 +136,10 @@ def _converted_batches(task: Task, job: Job, result: Result) -> Iterator[dict[st
         for part in _slices(batch):
             cols = part.to_pydict()
             # Tokenized right here: the records need not go through JSON text again.
-            out = _convert_batch(cols, job.fmt, task.names, as_dicts=task.tokenize)
+            out = _convert_batch(cols, job.fmt, task.names, as_dicts=task.tokenize,
+                                 missing_reasoning=job.missing_reasoning)
+            texts = out["texts"] if task.tokenize else [r for r in out["record"] if r is not None]
+            result.reasoning.update(reasoning_counts(pa.array(texts, pa.string())))
             result.records_in += len(cols["src"])
             for reason, reject in zip(out["reason"], out["reject"], strict=True):
                 if reason is not None:

@@ -24,6 +24,7 @@ METRICS = (
     "well_formed",
     "stopped",
     "has_reasoning",
+    "empty_analysis",
     "action_match",
     "tool_name_accuracy",
     "tool_args_exact",
@@ -36,6 +37,7 @@ APPLIES_TO = {
     "well_formed": "all turns",
     "stopped": "all turns",
     "has_reasoning": "all turns",
+    "empty_analysis": "all turns (lower is better)",
     "action_match": "all turns",
     "tool_name_accuracy": "turns whose reference calls tools",
     "tool_args_exact": "turns whose reference calls tools",
@@ -43,6 +45,7 @@ APPLIES_TO = {
     "marker_leak": "all turns (lower is better)",
     "answer_exact": "turns whose reference answers",
 }
+_LOWER_IS_BETTER = ("empty_analysis", "marker_leak")  # metrics a turn fails when True
 
 
 def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set[str] | None = None) -> tuple[bool, str]:
@@ -273,12 +276,13 @@ class TurnResult:
     parse_error: str
     metrics: dict[str, bool | None]
     reason: str
+    analysis_tokens: int = 0  # of the parsed thinking (beam_sft.eval.reasoning_figures)
 
     @property
     def failed(self) -> list[str]:
-        """The metrics this turn fails (marker_leak fails when True)."""
-        bad = [m for m, v in self.metrics.items() if v is False and m != "marker_leak"]
-        return bad + (["marker_leak"] if self.metrics.get("marker_leak") else [])
+        """The metrics this turn fails (empty_analysis and marker_leak fail when True)."""
+        bad = [m for m, v in self.metrics.items() if v is False and m not in _LOWER_IS_BETTER]
+        return bad + [m for m in _LOWER_IS_BETTER if self.metrics.get(m)]
 
 
 @dataclass
@@ -287,9 +291,11 @@ class Tally:
     turns: int = 0
     hits: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
     applicable: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
+    analysis_tokens: int = 0
 
     def add(self, result: TurnResult) -> None:
         self.turns += 1
+        self.analysis_tokens += result.analysis_tokens
         for name, value in result.metrics.items():
             if value is not None:
                 self.applicable[name] += 1
@@ -299,7 +305,12 @@ class Tally:
         return self.hits[name] / self.applicable[name] if self.applicable[name] else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"records": self.records, "turns": self.turns, **{m: self.rate(m) for m in METRICS}}
+        return {"records": self.records, "turns": self.turns, **{m: self.rate(m) for m in METRICS},
+                "mean_analysis_tokens": self.mean_analysis_tokens}
+
+    @property
+    def mean_analysis_tokens(self) -> float | None:
+        return round(self.analysis_tokens / self.turns, 2) if self.turns else None
 
 
 @dataclass

@@ -23,6 +23,7 @@ def _grid(title: str, groups: dict[str, Tally]) -> list[str]:
     names = list(groups)
     rows = [[title, *names], ["turns", *(str(groups[n].turns) for n in names)]]
     rows += [[m, *(_cell(groups[n], m) for n in names)] for m in METRICS]
+    rows.append(["mean analysis tokens", *(str(groups[n].mean_analysis_tokens) for n in names)])
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths, strict=True)))
             for r in rows]

@@ -29,6 +29,7 @@ from typing import Any
 from beam_sft.errors import RecordError, UsageError
 from beam_sft.eval.backends import Generation, TransformersBackend
 from beam_sft.eval.metrics import METRICS, EvalResult, TurnResult, score_turn
+from beam_sft.eval.reasoning_figures import analysis_tokens, turn_empty_analysis
 from beam_sft.eval.report import summary_table
 from beam_sft.eval.turns import TURN_CHOICES, Turn, effort_label, record_turns
 
@@ -86,7 +87,9 @@ def evaluate(
         for turn, generation in zip(pending, generations, strict=True):
             parsed, error = _parse(tokenizer, turn, generation)
             metrics, reason = score_turn(turn.reference, parsed, generation.stop, turn.tools)
-            scored = TurnResult(turn, generation, parsed, error, metrics, error or reason)
+            metrics["empty_analysis"] = turn_empty_analysis(generation, parsed)
+            scored = TurnResult(turn, generation, parsed, error, metrics, error or reason,
+                                analysis_tokens(tokenizer, parsed))
             result.add(scored, keep)
             if on_result is not None:
                 on_result(scored)

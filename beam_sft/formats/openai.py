@@ -185,6 +185,14 @@ def _assistant_message(m: dict, content: Any, i: int) -> dict:
     return {"role": "assistant", "reasoning_content": reasoning or "", "content": text}
 
 
+def _keep_weight(m: dict, beam: dict) -> None:
+    """The OpenAI fine-tuning format's per-message ``weight`` (and axolotl's alias ``train``) is kept for the
+    validator, which checks it and writes ``weight``."""
+    for key in ("weight", "train"):
+        if key in m:
+            beam[key] = m[key]
+
+
 def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | None, list[int] | None]:
     """Messages → Beam messages, the record's tools, and (when a message became several) the map from Beam
     message index to input message index, for error messages."""
@@ -201,6 +209,7 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
         content = m.get("content")
         if role == "assistant":
             message = _assistant_message(m, content, i)
+            _keep_weight(m, message)
             append(message)
             pending = len(message.get("tool_calls", ()))
         elif role == "user" or role == "system" or role == "developer":
@@ -209,6 +218,7 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
                     tools, content = _v1_tools_part(content, tools)
                 content = text_of(content, message_index=i)
             append({"role": role, "content": content})
+            _keep_weight(m, out[-1])
         elif role == "tool" or role == "function":
             text = content if type(content) is str else tool_content(content, message_index=i)
             call_id = m.get("tool_call_id")
@@ -226,6 +236,7 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
                                   message_index=i)
             for part in split or (text,):
                 msg = {"role": "tool", "content": part}
+                _keep_weight(m, msg)
                 if name:
                     msg["name"] = name
                 if call_id is not None:

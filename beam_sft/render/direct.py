@@ -261,8 +261,8 @@ class BeamTemplateRenderer:
                 piece = self._assistant(message)
                 if piece is None:
                     return None
-                start = length + len("<|start|>assistant")
-                spans.append((start, length + len(piece)))
+                if message.get("weight", 1) != 0:  # weight 0: context, outside the generation block
+                    spans.append((length + len("<|start|>assistant"), length + len(piece)))
             elif role == "tool":
                 piece = self._tool(message, chat, i)
                 if piece is None:

@@ -52,22 +52,27 @@ class Loaded:
 
 
 def load_records(
-    path: str, *, format: str = "auto", limit: int | None = None, split: str = "train"
+    path: str, *, format: str = "auto", limit: int | None = None, split: str = "train",
+    missing_reasoning: str = "mask",
 ) -> Loaded:
     """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam, exactly as
     training does (`beam_sft.records.files.read_items`, `beam_sft.validate.convert.convert_item`).
 
     `format` is a converter name, "auto" (detect per record) or "beam" (Beam records, validated again).
     Records the converters or the validator reject are listed in `rejects` with their reason.
+    `missing_reasoning`: the validator's policy (default `mask`, as training: turns without reasoning show as
+    context, and records left with nothing to train are rejects).
     """
     from beam_sft.records.files import read_items
     from beam_sft.validate.convert import convert_item
+    from beam_sft.validate.rules import Options
 
+    options = Options(missing_reasoning=missing_reasoning)
     records, positions, sources, rejects = [], [], [], []
     total = 0
     for position, item in enumerate(read_items([str(path)], split, limit=limit)):
         total += 1
-        record, _, reject = convert_item(item, format)
+        record, _, reject = convert_item(item, format, options)
         if reject is not None:
             reject["position"] = position
             rejects.append(reject)

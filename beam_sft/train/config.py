@@ -38,6 +38,13 @@ class ScriptArguments:
                   "choices": ["auto", "beam", "openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"]},
     )
     dataset_train_split: str = field(default="train", metadata={"help": "Split to read from a hub/disk dataset."})
+    missing_reasoning: str = field(
+        default="mask",
+        metadata={"help": "An assistant turn without reasoning: 'mask' (weight 0: context, not trained), 'keep' "
+                  "(trained with an empty analysis: teaches Beam to skip reasoning, docs/reasoning.md) or "
+                  "'reject' the record. Same option as `beam-sft convert/prepare --missing-reasoning`.",
+                  "choices": ["mask", "keep", "reject"]},
+    )
     eval_dataset_name: str | None = field(
         default=None, metadata={"help": "Separate evaluation data (same forms as dataset_name)."}
     )
@@ -134,4 +141,5 @@ def data_settings(script_args: ScriptArguments, training_args: BeamSFTConfig) ->
         truncation_policy=training_args.truncation_policy, assistant_only_loss=training_args.assistant_only_loss,
         split=script_args.dataset_train_split, max_records=script_args.max_records,
         eval_split_size=script_args.eval_split_size, seed=training_args.seed,
+        missing_reasoning=script_args.missing_reasoning,
     )

@@ -36,6 +36,7 @@ def training_datasets(
     counts to `output_dir/data_stats.json`; every rank writes `output_dir/data_phase.rank<N>.json`.
     `streaming`: `stream_training_data` instead (nothing cached, rejects in `output_dir/rejects.rank<N>.jsonl`).
     """
+    from beam_sft.dataset.reasoning_stats import notes
     from beam_sft.records.files import atomic_output, write_json_atomic
 
     if streaming:
@@ -53,6 +54,8 @@ def training_datasets(
     if counts:
         logger.info("data: %d records in, %d kept, %d rejected %s, %d dropped by truncation", counts["records_in"],
                     counts["records_kept"], counts["rejected_total"], counts["rejected"], counts["dropped_too_long"])
+    for note in notes(counts.get("reasoning"), prepared.manifest.get("missing_reasoning"), counts.get("rejected", {})):
+        logger.warning(note)
     if counts.get("rejected", {}).get(Reason.INTERNAL_ERROR.value):
         logger.warning("!!! %d records failed with an unexpected error (reason internal_error): a converter bug; "
                        "see rejects.jsonl", counts["rejected"][Reason.INTERNAL_ERROR.value])

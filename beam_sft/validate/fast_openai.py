@@ -2,9 +2,10 @@
 decision.
 
 Most OpenAI rows are already nearly Beam-shaped. `fast_convert` handles exactly those and gives up (returns
-None) on anything that needs a decision — a rejection, a merge, a fold, a reorder, missing reasoning, any "<"
-in text, tool markup without "<" (```tool fences, glaive's FUNCTION RESPONSE:) — so the general path
-(`beam_sft.formats.openai.convert` + `beam_sft.validate.rules.validate`) produces the result or the error. It
+None) on anything that needs a decision — a rejection, a merge, a fold, a reorder, missing reasoning, a loss
+`weight` / `train`, any "<" in text, tool markup without "<" (```tool fences, glaive's FUNCTION RESPONSE:) —
+so the general path (`beam_sft.formats.openai.convert` + `beam_sft.validate.rules.validate`) produces the
+result or the error. It
 lives beside the validator it shortcuts; its output equals the general path's (tests/test_formats_openai.py
 and tests/test_fuzz.py check this on every sample, real and fuzzed record). It exists because conversion
 speed is measured against orjson (scripts/bench.py).
@@ -132,6 +133,8 @@ def _fast_messages(msgs: list, texts: list[str]) -> list[dict] | None:
         # Harmony-JSON fields mean another format (see formats.detect): `auto` tries this path first.
         if type(m) is not dict or "channel" in m or "recipient" in m or "content_type" in m:
             return None
+        if "weight" in m or "train" in m:
+            return None  # a loss weight: the general path keeps and checks it
         role = m.get("role")
         if type(role) is str and role in _FAST_USER_ROLES:
             content = m.get("content")
@@ -222,8 +225,8 @@ def _fast_results(calls: list[dict], results: list[dict], texts: list[str]) -> l
     out = []
     for call, t in zip(calls, results, strict=True):
         content = t.get("content")
-        if type(content) is not str:
-            return None
+        if type(content) is not str or "weight" in t or "train" in t:
+            return None  # a loss weight on a result: the general path rejects it (bad_weight)
         texts.append(content)
         cid, rid = call.get("id"), t.get("tool_call_id")
         name = call["function"]["name"]

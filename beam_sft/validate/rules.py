@@ -24,9 +24,12 @@ Every format's converter ends here (`beam_sft.formats.convert_record`). In order
    argument name the XML attribute can't hold (``"``, ``<``, ``>``), or an argument nested deeper than
    ``MAX_JSON_DEPTH`` → ``bad_arguments_json``; a call or result id that isn't a string → ``bad_content``.
 7. **Turns**: no assistant message → ``no_assistant_turn``; an assistant message with neither content nor calls
-   → ``bad_content`` (it would train an empty answer). An assistant message without reasoning is kept with
-   an empty analysis by default (Beam always reasons, so the statistics count these) or rejected with
-   ``Options(missing_reasoning="reject")`` → ``missing_reasoning``.
+   → ``bad_content`` (it would train an empty answer). A loss weight (``weight`` 0/1, or its alias ``train``
+   true/false, written back as ``weight``) on a non-assistant message, or any other value → ``bad_weight``.
+   An assistant message without reasoning gets ``weight: 0`` by default (``missing_reasoning="mask"``: the
+   whole turn becomes context, since Beam never writes an empty analysis), is trained with an empty analysis
+   (``"keep"``) or rejected (``"reject"`` → ``missing_reasoning``). A record left with no trained turn →
+   ``nothing_to_train``.
 8. ``chat_template_kwargs.reasoning_effort`` must be a Beam label or an int, ``model_identity`` a string, and
    nothing may nest deeper than ``MAX_JSON_DEPTH`` → ``bad_template_kwargs``; ``tools`` must be a list of
    function schemas (name a string, parameters an object, description a string) that JSON can write, nested
@@ -61,13 +64,15 @@ from beam_sft.records.messages import (
 LATE_SYSTEM_CHOICES = ("reject", "move")
 # Counter keys for the foreign call-syntax instructions a converter removed: stripped_tool_prompt:<pattern name>.
 STRIPPED_PREFIX = "stripped_tool_prompt:"
-MISSING_REASONING_CHOICES = ("keep", "reject")
+# mask (default): a turn without reasoning gets weight 0, context not target; keep: trained with an empty
+# analysis (teaches Beam to skip its reasoning: docs/reasoning.md); reject: the record is rejected.
+MISSING_REASONING_CHOICES = ("mask", "keep", "reject")
 
 
 @dataclass
 class Options:
     late_system: str = "reject"
-    missing_reasoning: str = "keep"
+    missing_reasoning: str = "mask"
     render_check: Callable[[dict], Any] | None = None
 
     def __post_init__(self):
@@ -277,6 +282,29 @@ def _check_kwargs(kwargs: Any) -> None:
     raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"reasoning_effort {effort!r} is not a label or an int")
 
 
+def message_weight(m: dict, i: int) -> int | None:
+    """The loss weight of a message: 0 or 1 from ``weight`` (the OpenAI fine-tuning field) or its alias
+    ``train`` (a bool), None when neither is given; anything else → ``bad_weight``."""
+    weight, train = m.get("weight"), m.get("train")
+    if weight is not None and (type(weight) is not int or weight not in (0, 1)):
+        raise RecordError(Reason.BAD_WEIGHT, f"weight is {weight!r}; it must be 0 or 1", message_index=i)
+    if train is not None:
+        if type(train) is not bool:
+            raise RecordError(Reason.BAD_WEIGHT, f"train is {train!r}; it must be true or false", message_index=i)
+        if weight is not None and weight != int(train):
+            raise RecordError(Reason.BAD_WEIGHT, f"weight {weight} and train {train} disagree", message_index=i)
+        return int(train)
+    return weight
+
+
+def _check_no_weight(msgs: list, src) -> None:
+    for q, m in enumerate(msgs):
+        if type(m) is dict and ("weight" in m or "train" in m) and m.get("role") != "assistant" \
+                and (m.get("weight") is not None or m.get("train") is not None):
+            raise RecordError(Reason.BAD_WEIGHT, f"a {m.get('role')} message has a loss weight; only assistant "
+                              "messages are trained", message_index=_idx(src, q))
+
+
 def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
     """Merge the consecutive assistant messages msgs[i:j] into one."""
     first = msgs[i]
@@ -304,6 +332,11 @@ def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
     _bump(counters, "merged_assistant", j - i - 1)
     merged = {"role": "assistant", "reasoning_content": "\n\n".join(r for r in reasoning if r),
               "content": "\n\n".join(c for c in content if c)}
+    weights = [message_weight(msgs[q], _idx(src, q)) for q in range(i, j)]
+    if 0 in weights:  # one turn now: what the data said not to train stays untrained
+        merged["weight"] = 0
+    elif 1 in weights:
+        merged["weight"] = 1
     if calls:
         merged["tool_calls"] = calls
     return merged
@@ -314,8 +347,10 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
 
     The record's message dicts are reused (converters build fresh ones). `counters`, when given, is
     incremented for what was changed or kept by policy: ``merged_assistant``, ``folded_content``,
-    ``moved_system``, ``missing_reasoning``, and ``stripped_tool_prompt:<pattern>`` for the call-syntax
-    instructions the converter removed from the prompt (its ``_stripped``; `beam_sft.formats.toolmarkup`).
+    ``moved_system``, ``missing_reasoning`` (kept without reasoning), ``masked_missing_reasoning`` (given
+    weight 0 by the ``mask`` policy), ``masked_weight`` (weight 0 in the input), and
+    ``stripped_tool_prompt:<pattern>`` for the call-syntax instructions the converter removed from the prompt
+    (its ``_stripped``; `beam_sft.formats.toolmarkup`).
     """
     opts = options or DEFAULT_OPTIONS
     if type(rec) is not dict:
@@ -342,6 +377,10 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     if kwargs:
         _check_kwargs(kwargs)
         result["chat_template_kwargs"] = kwargs
+    # after the checks above, so a broken record gets their reason
+    if not any(m["role"] == "assistant" and m.get("weight") != 0 for m in out):
+        raise RecordError(Reason.NOTHING_TO_TRAIN, "every assistant turn has weight 0 (turns without reasoning are "
+                          "masked by default; fill them in with `beam-sft backfill`)")
     if opts.render_check is not None:
         try:
             opts.render_check(result)
@@ -365,6 +404,8 @@ def _messages(msgs: list, src, opts: Options, counters: dict | None) -> list[dic
     n_assistant = 0
     n = len(msgs)
     i = 0
+    if any(type(m) is dict and ("weight" in m or "train" in m) for m in msgs):
+        _check_no_weight(msgs, src)
     while i < n:
         m = msgs[i]
         role = m.get("role") if type(m) is dict else None
@@ -418,11 +459,16 @@ def _assistant(msgs: list, i: int, src, opts: Options, counters: dict | None, ou
         at = _idx(src, j - 1)
     else:
         at = _idx(src, i)
-        if m.get("reasoning_content") is None or m.get("content") is None:
+        weight = message_weight(m, at) if "weight" in m or "train" in m else None
+        if m.get("reasoning_content") is None or m.get("content") is None or "train" in m:
             # a Beam record from elsewhere: the template's other reasoning fields, absent content
             m = {"role": "assistant", "reasoning_content": m.get("reasoning_content") or m.get("thinking")
                  or m.get("reasoning") or "", "content": m.get("content") or "",
                  **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+        if weight is not None:
+            m["weight"] = weight
+        else:
+            m.pop("weight", None)
     reasoning, content, calls = m["reasoning_content"], m["content"], m.get("tool_calls")
     if type(reasoning) is not str or "<" in reasoning:
         err = _text_error(reasoning, "reasoning", at)
@@ -441,10 +487,7 @@ def _assistant(msgs: list, i: int, src, opts: Options, counters: dict | None, ou
     elif not content:
         raise RecordError(Reason.BAD_CONTENT, "assistant message with neither content nor tool calls",
                           message_index=at)
-    if not reasoning:
-        if opts.missing_reasoning == "reject":
-            raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning", message_index=at)
-        _bump(counters, "missing_reasoning")
+    _reasoning_policy(m, reasoning, opts, counters, at)
     out.append(m)
     if not calls:
         return j
@@ -457,6 +500,21 @@ def _assistant(msgs: list, i: int, src, opts: Options, counters: dict | None, ou
         raise RecordError(Reason.CALL_WITHOUT_RESULT, f"call {calls[0]['function']['name']!r} has no result",
                           message_index=at)
     return k
+
+
+def _reasoning_policy(m: dict, reasoning: str, opts: Options, counters: dict | None, at: int | None) -> None:
+    """A turn with weight 0 in the input stays so (counted); a turn without reasoning is masked (weight 0),
+    kept (counted) or rejected, as `opts.missing_reasoning` says."""
+    if m.get("weight") == 0:
+        _bump(counters, "masked_weight")
+    elif not reasoning:
+        if opts.missing_reasoning == "reject":
+            raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning", message_index=at)
+        if opts.missing_reasoning == "mask":
+            m["weight"] = 0
+            _bump(counters, "masked_missing_reasoning")
+        else:
+            _bump(counters, "missing_reasoning")
 
 
 def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -> Callable[[dict], str]:

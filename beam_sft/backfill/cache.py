@@ -1,0 +1,64 @@
+"""A resumable cache of teacher answers: an append-only JSONL file, one line per finished turn.
+
+Keyed by (record, turn, teacher, prompt version): the record is its canonical JSON's hash, so the key does
+not depend on where the record sits in the input. Each line is written and flushed (and fsynced) as soon as
+its turn is done, so a killed run loses at most the turns in flight; a torn last line is ignored on reading.
+Answers that failed the filters are cached too (asking again would cost the same and give the same); calls
+that failed (timeouts, server errors) are not, so the next run asks again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def record_key(record: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(record, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
+
+
+def turn_key(record_hash: str, turn: int, teacher: str, prompt_version: str) -> str:
+    return hashlib.sha256(f"{record_hash}\0{turn}\0{teacher}\0{prompt_version}".encode()).hexdigest()[:32]
+
+
+class TurnCache:
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        self.path = Path(path) if path else None
+        self.entries: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._file = None
+        if self.path is None:
+            return
+        if self.path.is_file():
+            for line in self.path.read_bytes().splitlines():
+                try:
+                    entry = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # the torn last line of a killed run
+                self.entries[entry["key"]] = entry
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "ab")  # noqa: SIM115 - held for the run, closed in close()
+        if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+            self._file.write(b"\n")  # end a torn line so the next entry starts on its own
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, reasoning: str | None, status: str) -> None:
+        entry = {"key": key, "reasoning": reasoning, "status": status}
+        with self._lock:
+            self.entries[key] = entry
+            if self._file is not None:
+                self._file.write(orjson.dumps(entry) + b"\n")
+                self._file.flush()
+                os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,159 @@
+"""Fill the missing reasoning of a dataset's assistant turns with a teacher model.
+
+Records are read and converted by the project's converters (any input format; turns without reasoning are
+kept for this, `missing_reasoning="keep"`), then, record by record, each assistant turn without reasoning is
+sent to the teacher (`beam_sft.backfill.prompt`), in order, so a later turn's prompt holds the reasoning
+filled into the earlier ones. Records run `concurrency` at a time; the output keeps the input order. A
+filled turn gets ``reasoning_source`` (teacher, mode, prompt version); a turn whose answer fails a filter
+(`beam_sft.backfill.filters`) or whose calls kept failing stays without reasoning, so the default
+`--missing-reasoning mask` keeps it out of the loss. records in = records out + rejected (conversion).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from beam_sft.backfill.cache import TurnCache, record_key, turn_key
+from beam_sft.backfill.filters import check
+from beam_sft.backfill.prompt import PROMPT_VERSION, teacher_messages
+from beam_sft.backfill.teachers import TeacherError
+
+
+@dataclass
+class Settings:
+    mode: str = "rationalize"
+    max_reasoning_tokens: int | None = 2048
+    concurrency: int = 8
+    retries: int = 4
+    retry_wait: float = 1.0  # seconds before the first retry; doubled each time, with jitter
+
+
+@dataclass
+class Stats:
+    records_in: int = 0
+    records_out: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    assistant_turns: int = 0
+    turns_missing: int = 0
+    filled: int = 0
+    from_cache: int = 0
+    filtered: Counter = field(default_factory=Counter)
+    failed: Counter = field(default_factory=Counter)
+    requests: int = 0
+    retried: int = 0
+
+    def add(self, counts: Counter) -> None:
+        for key, value in counts.items():
+            if ":" in key:
+                group, name = key.split(":", 1)
+                getattr(self, group)[name] += value
+            else:
+                setattr(self, key, getattr(self, key) + value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (dict(v) if isinstance(v, Counter) else v) for k, v in vars(self).items()}
+
+    def table(self) -> str:
+        rows = [("records in", self.records_in), ("records out", self.records_out),
+                ("rejected", sum(self.rejected.values())),
+                *((f"  {code}", n) for code, n in self.rejected.most_common()),
+                ("assistant turns", self.assistant_turns), ("without reasoning", self.turns_missing),
+                ("filled", f"{self.filled} ({self.from_cache} from the cache)"),
+                ("filtered out", sum(self.filtered.values())),
+                *((f"  {code}", n) for code, n in self.filtered.most_common()),
+                ("failed calls (asked again next run)", sum(self.failed.values())),
+                *((f"  {code}", n) for code, n in self.failed.most_common()),
+                ("requests", f"{self.requests} ({self.retried} retries)")]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> str | None:
+    """One teacher answer, retried with exponential backoff on what may pass (timeouts, 429, 5xx)."""
+    for attempt in range(settings.retries + 1):
+        counts["requests"] += 1
+        try:
+            return teacher.complete(messages)
+        except TeacherError as err:
+            if not err.retryable or attempt == settings.retries:
+                raise
+            counts["retried"] += 1
+            time.sleep(settings.retry_wait * (2 ** attempt) * (1 + 0.25 * random.random()))
+    raise AssertionError("unreachable")
+
+
+def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Settings,
+                count_tokens: Callable[[str], int]) -> tuple[dict[str, Any], Counter]:
+    """The record with its missing reasoning filled (in place, turn by turn), and what happened, counted."""
+    counts: Counter = Counter()
+    record_hash = record_key(record)
+    source = f"{teacher.id} ({settings.mode}, {PROMPT_VERSION})"
+    for index, message in enumerate(record["messages"]):
+        if message["role"] != "assistant":
+            continue
+        counts["assistant_turns"] += 1
+        if message.get("reasoning_content"):
+            continue
+        counts["turns_missing"] += 1
+        key = turn_key(record_hash, index, teacher.id, PROMPT_VERSION)
+        entry = cache.get(key)
+        if entry is not None:
+            counts["from_cache"] += 1
+        else:
+            try:
+                text = ask(teacher, teacher_messages(record, index), settings, counts)
+            except TeacherError as err:
+                counts[f"failed:{err.kind}"] += 1
+                continue
+            text = text.strip() if isinstance(text, str) else text
+            reason = check(text, message, record.get("tools"), max_tokens=settings.max_reasoning_tokens,
+                           count_tokens=count_tokens)
+            cache.put(key, text if reason is None else None, reason or "ok")
+            entry = cache.get(key)
+        if entry["status"] == "ok":
+            message["reasoning_content"] = entry["reasoning"]
+            message["reasoning_source"] = source
+            counts["filled"] += 1
+        else:
+            counts[f"filtered:{entry['status']}"] += 1
+    return record, counts
+
+
+def backfill(records: Iterable[tuple[dict | None, dict | None]], teacher, cache: TurnCache, settings: Settings,
+             count_tokens: Callable[[str], int], write: Callable[[dict], None],
+             write_reject: Callable[[dict], None], progress: Callable[[int], None] | None = None) -> Stats:
+    """Run over `records` ((record, None) or (None, reject) pairs, in input order); `write` gets the filled
+    records in that order, `write_reject` the rejects."""
+    stats = Stats()
+    window: deque = deque()
+    workers = max(1, settings.concurrency)
+
+    def finish_one() -> None:
+        record, counts = window.popleft().result()
+        stats.add(counts)
+        write(record)
+        stats.records_out += 1
+        if progress is not None:
+            progress(1)
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="backfill") as pool:
+        for record, reject in records:
+            stats.records_in += 1
+            if reject is not None:
+                stats.rejected[reject["reason"]] += 1
+                write_reject(reject)
+                if progress is not None:
+                    progress(1)
+                continue
+            window.append(pool.submit(fill_record, record, teacher, cache, settings, count_tokens))
+            while len(window) >= 2 * workers:
+                finish_one()
+        while window:
+            finish_one()
+    return stats

@@ -1,0 +1,203 @@
+"""`beam-sft backfill`: fill missing reasoning with a teacher model, so non-reasoning data trains Beam properly.
+
+    # Beam itself served by vLLM as the teacher (any OpenAI-compatible endpoint works)
+    vllm serve $BEAM_MODEL_ID --port 8000
+    beam-sft backfill data/chats.jsonl -o data/chats_reasoned.jsonl \\
+        --base-url http://127.0.0.1:8000/v1 --model $BEAM_MODEL_ID --concurrency 32
+    beam-sft backfill data/chats.jsonl -o /tmp/x.jsonl --base-url ... --model ... --dry-run   # show the prompts
+    beam-sft backfill data/chats.jsonl -o out.jsonl --backend transformers --model ./my-teacher
+
+Mode `rationalize` (the only one so far): for each assistant turn without reasoning, in order, the teacher
+sees the conversation so far (earlier turns with their reasoning, filled or original), the tools, and the
+turn's reference answer or tool calls, and writes only the reasoning that leads to it; the reference is
+never changed. Answers are filtered, each filter counted: empty, too long (--max-reasoning-tokens, counted
+with --tokenizer), Harmony markers, and reasoning that names a declared tool other than the ones the
+reference calls. Filtered turns stay without reasoning, so the default `--missing-reasoning mask` of
+convert/prepare/train keeps them out of the loss. Filled turns carry `reasoning_source`.
+
+Calls are retried with exponential backoff on timeouts, connection errors, 429 and 5xx answers. Every
+finished turn goes to a cache (--cache, default OUT.backfill-cache.jsonl) keyed by (record, turn, teacher,
+prompt version): run the same command again after a crash or Ctrl-C and it continues where it stopped;
+calls that kept failing are asked again. The output appears when the run finishes (atomic write); records
+in = records out + rejected (records the converters reject, listed with --rejects). The API key is read from
+the environment variable named by --api-key-env (default OPENAI_API_KEY; local servers need none).
+Why: docs/reasoning.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+
+def _records(args: argparse.Namespace):
+    """(record, None) or (None, reject) per input row, converted (`beam_sft.validate.convert`, with its
+    `internal_error` barrier) with turns without reasoning kept."""
+    from beam_sft.records.files import read_items
+    from beam_sft.validate.convert import convert_item
+    from beam_sft.validate.rules import Options
+
+    keep = Options(missing_reasoning="keep")
+    for item in read_items(args.inputs, args.split, limit=args.limit):
+        record, _, reject = convert_item(item, args.format, keep)
+        yield record, reject
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    import json
+
+    from beam_sft.backfill.prompt import teacher_messages
+
+    shown = 0
+    for record, _ in _records(args):
+        if record is None:
+            continue
+        for index, message in enumerate(record["messages"]):
+            if message["role"] == "assistant" and not message.get("reasoning_content"):
+                print(f"--- prompt {shown + 1} (messages[{index}]) ---")
+                for m in teacher_messages(record, index):
+                    print(f"[{m['role']}]\n{m['content']}\n")
+                shown += 1
+                break  # later turns' prompts depend on the teacher's answer to this one
+        if shown >= args.dry_run:
+            break
+    print(json.dumps({"prompts_shown": shown}))
+    return 0
+
+
+def make_teacher(args: argparse.Namespace):
+    from beam_sft.backfill.teachers import OpenAITeacher, TransformersTeacher
+    from beam_sft.errors import UsageError
+
+    if args.backend == "transformers":
+        return TransformersTeacher(args.model, max_tokens=args.max_tokens)
+    if not args.base_url:
+        raise UsageError("--base-url is required with --backend openai (e.g. http://127.0.0.1:8000/v1)")
+    return OpenAITeacher(args.base_url, args.model, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
+                         max_tokens=args.max_tokens, temperature=args.temperature)
+
+
+def run(args: argparse.Namespace) -> int:
+    from beam_sft.errors import FatalError, UsageError
+
+    if args.concurrency < 1 or args.retries < 0:
+        raise UsageError("--concurrency must be at least 1 and --retries at least 0")
+    if args.dry_run:
+        return _dry_run(args)
+    import orjson
+    from tqdm import tqdm
+
+    from beam_sft.backfill.cache import TurnCache
+    from beam_sft.backfill.run import Settings, backfill
+    from beam_sft.records.files import JsonlSink, open_writer, write_json_atomic
+    from beam_sft.template.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer)
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    teacher = make_teacher(args)
+    settings = Settings(mode=args.mode, max_reasoning_tokens=args.max_reasoning_tokens or None,
+                        concurrency=1 if args.backend == "transformers" else args.concurrency, retries=args.retries,
+                        retry_wait=args.retry_wait)
+    cache = TurnCache(args.cache or f"{args.output}.backfill-cache.jsonl")
+    writer = open_writer(args.output)
+    rejects = JsonlSink(args.rejects) if args.rejects else None
+    bar = tqdm(desc="backfill", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5)
+    try:
+        stats = backfill(_records(args), teacher, cache, settings, count_tokens,
+                         write=lambda rec: writer.write_raw(orjson.dumps(_row(rec))),
+                         write_reject=rejects.write if rejects is not None else lambda _: None, progress=bar.update)
+        if stats.records_in != stats.records_out + sum(stats.rejected.values()):
+            raise FatalError(f"bookkeeping error: {stats.records_in} in != {stats.records_out} out + "
+                             f"{sum(stats.rejected.values())} rejected")
+        writer.commit()
+        if rejects is not None:
+            rejects.commit()
+    except BaseException:
+        writer.abort()
+        if rejects is not None:
+            rejects.abort()
+        raise
+    finally:
+        bar.close()
+        cache.close()
+    print(f"backfill: wrote {stats.records_out} records to {args.output} (teacher {teacher.id})", file=sys.stderr)
+    print(stats.table(), file=sys.stderr)
+    if args.stats:
+        write_json_atomic(args.stats, {"teacher": teacher.id, "mode": args.mode, **stats.to_dict()})
+    if stats.failed:
+        print(f"warning: {sum(stats.failed.values())} turn(s) got no answer after {args.retries} retries; run the "
+              "same command again to ask for them (finished turns come from the cache)", file=sys.stderr)
+    return 0
+
+
+def _row(record: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": record["messages"], "tools": record.get("tools"),
+            "chat_template_kwargs": record.get("chat_template_kwargs") or {}}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from beam_sft.backfill.prompt import MODES
+    from beam_sft.validate.convert import INPUT_FORMATS
+
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="files (.jsonl, .json, .parquet), globs, directories, save_to_disk dirs or hub ids")
+    parser.add_argument("-o", "--output", required=True, help="output: .jsonl, .parquet or a directory")
+    parser.add_argument("--format", choices=INPUT_FORMATS, default="auto",
+                        help="input format (default: auto, detected per record)")
+    parser.add_argument("--backend", choices=("openai", "transformers"), default="openai",
+                        help="openai: any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, ...); "
+                             "transformers: a local model (default: openai)")
+    parser.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1 (--backend openai)")
+    parser.add_argument("--model", required=True, help="the teacher: the served model's name, or a local path")
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                        help="environment variable holding the API key (default: OPENAI_API_KEY)")
+    parser.add_argument("--mode", choices=MODES, default="rationalize",
+                        help="rationalize: the reasoning that leads to the reference reply (default)")
+    parser.add_argument("--max-reasoning-tokens", type=int, default=2048, metavar="N",
+                        help="filter out longer reasoning, counted with --tokenizer; 0: no limit (default: 2048)")
+    parser.add_argument("--max-tokens", type=int, default=4096, metavar="N",
+                        help="the teacher's generation budget per turn (default: 4096)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="teacher sampling temperature (default: 0)")
+    parser.add_argument("--concurrency", type=int, default=8, metavar="N",
+                        help="records in flight at once (openai backend) (default: 8)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="seconds per request before it counts as failed and is retried (default: 300)")
+    parser.add_argument("--retries", type=int, default=4, help="retries per call, with backoff (default: 4)")
+    parser.add_argument("--retry-wait", type=float, default=1.0, metavar="S",
+                        help="seconds before the first retry, doubled each time (default: 1)")
+    parser.add_argument("--cache", metavar="PATH", help="resumable cache (default: OUTPUT.backfill-cache.jsonl)")
+    parser.add_argument("--tokenizer", metavar="PATH", help="counts reasoning tokens (default: the bundled one)")
+    parser.add_argument("--rejects", metavar="PATH", help="write the records the converters reject here")
+    parser.add_argument("--stats", metavar="PATH", help="write the run's counts here as JSON")
+    parser.add_argument("--split", default="train", help="split of a hub dataset (default: train)")
+    parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
+    parser.add_argument("--dry-run", type=int, nargs="?", const=3, default=0, metavar="N",
+                        help="print the teacher prompts of the first N records (default 3) and stop")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("backfill", help="fill missing reasoning with a teacher model",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_guarded
+
+    parser = argparse.ArgumentParser(prog="beam-sft backfill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    args = parser.parse_args(argv)
+    return run_guarded(args.func, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

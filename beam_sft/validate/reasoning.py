@@ -1,0 +1,39 @@
+"""The missing-reasoning policy's words, shared by every command that takes it (one option, one meaning).
+
+`convert`, `prepare` and `scripts/train.py` all take ``--missing-reasoning mask|keep|reject``
+(`beam_sft.validate.rules.Options`); this module holds its help text, the one warning `keep` gives, and the
+hint printed when most of a dataset's assistant turns have no reasoning. Why `mask` is the default, with the
+measured effect of `keep`: docs/reasoning.md.
+"""
+
+from __future__ import annotations
+
+from beam_sft.validate.rules import MISSING_REASONING_CHOICES
+
+DEFAULT = "mask"
+assert DEFAULT in MISSING_REASONING_CHOICES
+
+HELP = ("an assistant turn without reasoning: mask it (weight 0: the whole turn is context, not trained), keep "
+        "it (trained with an empty analysis, which teaches Beam to stop reasoning: docs/reasoning.md), or reject "
+        "the record. A record left with no trained turn is rejected as nothing_to_train (default: mask)")
+
+KEEP_WARNING = ("warning: --missing-reasoning keep trains {n} assistant turn(s) with an empty analysis. The Beam "
+                "format page: \"Beam never writes an empty analysis message\"; a model trained on such turns learns "
+                "to skip its reasoning (docs/reasoning.md). Use the default `mask`, or fill the reasoning in with "
+                "`beam-sft backfill`.")
+
+
+def keep_warning(kept: int) -> str | None:
+    """The warning for a run that kept `kept` turns without reasoning (None when there were none)."""
+    return KEEP_WARNING.format(n=kept) if kept else None
+
+
+def majority_hint(assistant_turns: int, without_reasoning: int) -> str | None:
+    """A pointer to `backfill` when more than half of the assistant turns have no reasoning."""
+    if not assistant_turns or 2 * without_reasoning <= assistant_turns:
+        return None
+    share = 100.0 * without_reasoning / assistant_turns
+    return (f"note: {without_reasoning}/{assistant_turns} assistant turns ({share:.0f}%) have no reasoning. Beam "
+            "always reasons; these turns are not trained under `mask` (or train Beam to skip reasoning under "
+            "`keep`). Fill the reasoning in with a teacher model first: beam-sft backfill INPUT -o OUT "
+            "--base-url URL --model NAME (docs/reasoning.md).")
