@@ -58,6 +58,15 @@ def run_guarded(func, args) -> int:
         return 1
 
 
+def run_command(register, name: str, argv: list[str] | None = None) -> int:
+    """One subcommand run as its own program (`python -m beam_sft.cli.NAME`, tests): the parser it registers
+    under `beam-sft` and the same error table."""
+    parser = argparse.ArgumentParser(prog="beam-sft")
+    register(parser.add_subparsers())
+    args = parser.parse_args([name, *(argv if argv is not None else sys.argv[1:])])
+    return run_guarded(args.func, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)

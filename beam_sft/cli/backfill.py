@@ -189,14 +189,9 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_guarded
+    from beam_sft.cli import run_command
 
-    parser = argparse.ArgumentParser(prog="beam-sft backfill", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-    args = parser.parse_args(argv)
-    return run_guarded(args.func, args)
+    return run_command(register, "backfill", argv)
 
 
 if __name__ == "__main__":

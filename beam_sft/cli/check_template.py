@@ -70,9 +70,6 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_guarded
+    from beam_sft.cli import run_command
 
-    parser = argparse.ArgumentParser(prog="beam-sft")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["check-template", *(argv if argv is not None else sys.argv[1:])])
-    return run_guarded(args.func, args)
+    return run_command(register, "check-template", argv)

@@ -152,12 +152,9 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_guarded
+    from beam_sft.cli import run_command
 
-    parser = argparse.ArgumentParser(prog="beam-sft")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["eval", *(argv if argv is not None else sys.argv[1:])])
-    return run_guarded(args.func, args)
+    return run_command(register, "eval", argv)
 
 
 if __name__ == "__main__":
