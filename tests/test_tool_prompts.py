@@ -354,7 +354,6 @@ def test_strip_tool_prompt_leaves_other_text_alone():
 def test_convert_cli_counts_stripped_tool_prompt(tmp_path, capsys):
     from beam_sft.cli import convert as cli
 
-    assert cli.STRIPPED_PREFIX == STRIPPED_PREFIX
     src = tmp_path / "tools.jsonl"
     rows = [hermes_row(prompt("hermes2pro_function_calling.txt")), qwen_record(prompt("qwen3_rendered.txt")),
             json.loads(prompt("glaive_v2_row.json")),
