@@ -158,7 +158,7 @@ def _fault_every_third(monkeypatch):
         return real(rec)
 
     monkeypatch.setitem(formats.FORMATS, "openai", flaky)
-    monkeypatch.setattr(fast_openai, "fast_convert", lambda rec, options=None: None)
+    monkeypatch.setattr(fast_openai, "fast_convert", lambda rec, options=None, counters=None: None)
 
 
 def test_an_unexpected_exception_rejects_one_record_as_internal_error_and_the_run_goes_on(tmp_path, capsys,
@@ -205,7 +205,7 @@ def flaky(rec):
         raise KeyError("injected")
     return real(rec)
 formats.FORMATS["openai"] = flaky
-fast_openai.fast_convert = lambda rec, options=None: None
+fast_openai.fast_convert = lambda rec, options=None, counters=None: None
 from beam_sft.cli import main
 sys.exit(main(["convert", {str(SAMPLES / "openai.jsonl")!r}, "-o", {str(out)!r}, "--rejects", {str(rej)!r},
                "--format", "openai", "-q", "--render-check", "none"]))

@@ -309,20 +309,40 @@ def test_fast_path_equals_the_general_path_or_defers_to_it():
 
     from beam_sft.formats import convert_raw
     from beam_sft.validate.fast_openai import fast_convert
-    from beam_sft.validate.rules import validate
+    from beam_sft.validate.rules import Options, validate
 
-    used = 0
-    for where, rec in _all_openai_shaped_records():
-        fast = fast_convert(copy.deepcopy(rec))
-        try:
-            slow = validate(convert_raw(copy.deepcopy(rec), "openai")[0])
-        except RecordError:
-            assert fast is None, where  # the fast path never accepts what the general path rejects
-            continue
-        if fast is not None:
-            used += 1
-            assert orjson.dumps(fast) == orjson.dumps(slow), where  # same content, same key order
-    assert used > 300  # it does carry the plain rows
+    records = list(_all_openai_shaped_records())
+    for policy in ("mask", "keep", "reject"):
+        options = Options(missing_reasoning=policy)
+        used = without_reasoning = rejected_fast = 0
+        for where, rec in records:
+            fast_counts: dict = {}
+            slow_counts: dict = {}
+            try:
+                fast = fast_convert(copy.deepcopy(rec), options, fast_counts)
+            except RecordError as err:  # it rejects only what the general path rejects, for the same reason
+                fast = err
+            try:
+                slow = validate(convert_raw(copy.deepcopy(rec), "openai")[0], options, slow_counts)
+            except RecordError as err:
+                if isinstance(fast, RecordError):
+                    assert (fast.code, str(fast)) == (err.code, str(err)), (policy, where)
+                    rejected_fast += 1
+                else:
+                    assert fast is None, (policy, where)  # the fast path never accepts what the general path rejects
+                continue
+            assert not isinstance(fast, RecordError), (policy, where)
+            if fast is not None:
+                used += 1
+                assert orjson.dumps(fast) == orjson.dumps(slow), (policy, where)  # same content, same key order
+                assert fast_counts == slow_counts, (policy, where)
+                without_reasoning += any(m["role"] == "assistant" and not m["reasoning_content"]
+                                         for m in fast["messages"])
+        assert used > 300, policy  # it does carry the plain rows
+        # ... and the rows without reasoning (most real rows): kept under `keep`, rejected as nothing to train
+        # under `mask` when no turn has reasoning
+        assert (without_reasoning > 50) == (policy == "keep"), (policy, without_reasoning)
+        assert (rejected_fast > 30) == (policy == "mask"), (policy, rejected_fast)
 
 
 def test_fast_path_defers_on_everything_that_needs_a_decision():
@@ -331,7 +351,6 @@ def test_fast_path_defers_on_everything_that_needs_a_decision():
     base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}]
     assert fast_convert({"messages": base}) == {"messages": base}
     for bad in (
-        [base[0], {"role": "assistant", "content": "a"}],                                   # missing reasoning
         [base[0], {"role": "assistant", "content": "<think>x</think>a", "reasoning_content": "r"}],
         [base[0], base[1], {"role": "system", "content": "late"}, base[0], base[1]],
         [base[0], base[1], base[1]],                                                          # merge
@@ -344,6 +363,39 @@ def test_fast_path_defers_on_everything_that_needs_a_decision():
                    "tool_calls": [call("f", '{"a": {"b": ["</rfl:parameter>"]}}')]}],
     ):
         assert fast_convert({"messages": bad}) is None
+    from beam_sft.validate.rules import Options
+
+    # missing reasoning under `reject`: the general path says which message
+    assert fast_convert({"messages": [base[0], {"role": "assistant", "content": "a"}]},
+                        Options(missing_reasoning="reject")) is None
+
+
+def test_fast_path_applies_the_missing_reasoning_policy_as_validate_does():
+    from beam_sft.validate.fast_openai import fast_convert
+    from beam_sft.validate.rules import Options
+
+    q = {"role": "user", "content": "q"}
+    reasoned = {"role": "assistant", "content": "a", "reasoning_content": "r"}
+    bare = {"role": "assistant", "content": "b"}
+    called = {"role": "assistant", "content": None, "tool_calls": [call("f", "{}", "1")]}
+    result = {"role": "tool", "tool_call_id": "1", "content": "x"}
+    rec = {"messages": [q, bare, q, called, result, q, reasoned]}
+    counts: dict = {}
+    out = fast_convert(copy.deepcopy(rec), Options(missing_reasoning="mask"), counts)
+    assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 0, None]
+    assert [m["reasoning_content"] for m in out["messages"] if m["role"] == "assistant"] == ["", "", "r"]
+    assert counts == {"masked_missing_reasoning": 2}
+    counts = {}
+    out = fast_convert(copy.deepcopy(rec), Options(missing_reasoning="keep"), counts)
+    assert all("weight" not in m for m in out["messages"]) and counts == {"missing_reasoning": 2}
+    assert fast_convert(copy.deepcopy(rec), Options(missing_reasoning="reject")) is None
+    # every turn masked: nothing to train, the general path's error
+    with pytest.raises(RecordError) as info:
+        fast_convert({"messages": [q, bare]}, Options(missing_reasoning="mask"))
+    assert info.value.code == Reason.NOTHING_TO_TRAIN
+    # reasoning under another field name is the converter's to read
+    assert fast_convert({"messages": [q, {**bare, "thinking": "t"}]}, Options(missing_reasoning="keep")) is None
+    assert fast_convert({"messages": [q, {**bare, "reasoning_content": 5}]}, Options(missing_reasoning="keep")) is None
 
 
 def test_fast_path_leaves_records_of_other_formats_to_detection():

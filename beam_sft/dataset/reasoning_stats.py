@@ -1,28 +1,30 @@
 """How many assistant turns of converted records have no reasoning, and how many are masked (weight 0).
 
-The data phase keeps converted records as JSON text in an Arrow column (written by orjson, compact), so the
-counts are substring counts over that column with `pyarrow.compute`: no record is parsed. They are exact: a
-key such as ``"weight":0`` can only appear unescaped as a key, since quotes inside JSON strings are escaped.
+Counted on the validated record dicts as the conversion makes them (`beam_sft.dataset.stages._convert_batch`),
+a few dict lookups per message: a validated assistant message always has a `reasoning_content` string, and
+only assistant messages carry a `weight`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-ASSISTANT = '"role":"assistant"'
-NO_REASONING = '"reasoning_content":""'
-MASKED = '"weight":0'
 KEYS = ("assistant_turns", "without_reasoning", "masked_turns")
 
 
-def reasoning_counts(records) -> dict[str, int]:
-    """Counts over an Arrow column (or chunked array) of compact JSON records; nulls (rejects) count nothing."""
-    import pyarrow.compute as pc
-
-    def count(pattern: str) -> int:
-        return int(pc.sum(pc.count_substring(records, pattern)).as_py() or 0)
-
-    return dict(zip(KEYS, (count(ASSISTANT), count(NO_REASONING), count(MASKED)), strict=True))
+def reasoning_counts(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """The counts over validated Beam records."""
+    turns = without = masked = 0
+    for record in records:
+        for message in record["messages"]:
+            if message["role"] == "assistant":
+                turns += 1
+                if not message["reasoning_content"]:
+                    without += 1
+                if message.get("weight") == 0:
+                    masked += 1
+    return dict(zip(KEYS, (turns, without, masked), strict=True))
 
 
 def summary_rows(counts: dict[str, Any], policy: str | None) -> list[tuple[str, object]]:

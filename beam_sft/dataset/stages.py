@@ -114,16 +114,18 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 
 
 def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts: bool = False,
-                   missing_reasoning: str = "mask") -> dict[str, list]:
+                   missing_reasoning: str = "mask", with_counts: bool = False) -> dict[str, Any]:
     """`as_dicts`: the records as the converter returned them (still checked to serialise), for a caller
-    that tokenizes them right away instead of storing their JSON (`beam_sft.dataset.workers`); their JSON texts
-    then come back too, under `texts` (kept records only), for the reasoning counts.
-    `missing_reasoning`: the validator's policy (mask | keep | reject)."""
+    that tokenizes them right away instead of storing their JSON (`beam_sft.dataset.workers`).
+    `missing_reasoning`: the validator's policy (mask | keep | reject). `with_counts`: `reasoning` in the
+    result holds the kept records' `reasoning_stats.reasoning_counts` (not a column: `datasets.map` callers
+    leave it off)."""
+    from beam_sft.dataset.reasoning_stats import reasoning_counts
     from beam_sft.validate.convert import try_convert
     from beam_sft.validate.rules import Options
 
     options = Options(missing_reasoning=missing_reasoning)
-    records, reasons, rejects, texts = [], [], [], []
+    records, reasons, rejects, kept = [], [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
         if error is not None:
@@ -138,17 +140,16 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts:
                 reject = internal_error(exc)
             else:
                 records.append(rec if as_dicts else text.decode())
-                if as_dicts:
-                    texts.append(text.decode())
+                kept.append(rec)
                 reasons.append(None)
                 rejects.append(None)
                 continue
         records.append(None)
         reasons.append(reject.code.value)
         rejects.append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
-    out = {"record": records, "reason": reasons, "reject": rejects}
-    if as_dicts:
-        out["texts"] = texts
+    out: dict[str, Any] = {"record": records, "reason": reasons, "reject": rejects}
+    if with_counts:
+        out["reasoning"] = reasoning_counts(kept)
     return out
 
 

@@ -52,7 +52,7 @@ def convert(rec: Any, format: str = "auto", options: Options | None = None,
     if format == "openai" or format == "auto":
         # The fast path accepts only plain OpenAI rows (no key or field of another format), so under `auto`
         # it can run before detection, which would cost it a tenth of its time.
-        fast = fast_openai.fast_convert(rec, options)
+        fast = fast_openai.fast_convert(rec, options, counters)
         if fast is not None:
             return fast, "openai"
     beam, name = convert_raw(rec, format)

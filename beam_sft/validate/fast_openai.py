@@ -2,8 +2,9 @@
 decision.
 
 Most OpenAI rows are already nearly Beam-shaped. `fast_convert` handles exactly those and gives up (returns
-None) on anything that needs a decision — a rejection, a merge, a fold, a reorder, missing reasoning, a loss
-`weight` / `train`, any "<" in text, tool markup without "<" (```tool fences, glaive's FUNCTION RESPONSE:) —
+None) on anything that needs a decision — a rejection, a merge, a fold, a reorder, a loss `weight` / `train`,
+reasoning under another field name, any "<" in text, tool markup without "<" (```tool fences, glaive's
+FUNCTION RESPONSE:) —
 so the general path (`beam_sft.formats.openai.convert` + `beam_sft.validate.rules.validate`) produces the
 result or the error. It
 lives beside the validator it shortcuts; its output equals the general path's (tests/test_formats_openai.py
@@ -21,7 +22,8 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import record_kwargs
 from beam_sft.records.messages import EFFORT_LABELS, MAX_JSON_DEPTH, nests_deeper, tools_json
-from beam_sft.validate.rules import BAD_TOOL_NAME
+from beam_sft.validate import rules
+from beam_sft.validate.rules import BAD_TOOL_NAME, nothing_to_train
 
 _FAST_RECORD_KEYS = frozenset(("messages", "tools", "chat_template_kwargs", "reasoning_effort",
                                "parallel_tool_calls", "id"))
@@ -78,15 +80,19 @@ def _fast_clean(value: Any, depth: int) -> bool:
     return True
 
 
-def fast_convert(rec: Any, options: Any = None) -> dict | None:
-    """A validated Beam record for a plain OpenAI row, or None when the general path must decide."""
+def fast_convert(rec: Any, options: Any = None, counters: dict | None = None) -> dict | None:
+    """A validated Beam record for a plain OpenAI row, or None when the general path must decide.
+
+    `counters` gets what `validate` would count for it (turns masked or kept without reasoning)."""
     if type(rec) is not dict or not _FAST_RECORD_KEYS.issuperset(rec):
         return None
     msgs = rec.get("messages")
     if type(msgs) is not list or not msgs:
         return None
     texts: list[str] = []
-    out = _fast_messages(msgs, texts)
+    policy = (options or rules.DEFAULT_OPTIONS).missing_reasoning  # looked up now, as `validate` does
+    missing: list[dict] = []
+    out = _fast_messages(msgs, texts, missing)
     if out is None:
         return None
     # Every text at once: any "<" (tags, markers), and the tool markup that has none (```tool fences, glaive's
@@ -111,6 +117,12 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
         if not _fast_kwargs_ok(kwargs):
             return None
         result["chat_template_kwargs"] = kwargs
+    # Last, as in `validate`: a record that fails a check above gets that check's verdict, not nothing_to_train.
+    if missing and not _reasoning_policy(missing, out, policy):
+        return None
+    if missing and counters is not None:
+        key = "masked_missing_reasoning" if policy == "mask" else "missing_reasoning"
+        counters[key] = counters.get(key, 0) + len(missing)
     if options is not None and options.render_check is not None:
         try:
             options.render_check(result)
@@ -119,8 +131,23 @@ def fast_convert(rec: Any, options: Any = None) -> dict | None:
     return result
 
 
-def _fast_messages(msgs: list, texts: list[str]) -> list[dict] | None:
-    """The Beam messages of a plain conversation (every text appended to `texts`), or None."""
+def _reasoning_policy(missing: list[dict], out: list[dict], policy: str) -> bool:
+    """Apply the missing-reasoning policy to the turns without reasoning, as `validate` does; False when the
+    general path must decide (`reject`). `mask` leaving no turn to train raises `validate`'s error."""
+    if policy == "keep":
+        return True
+    if policy != "mask":
+        return False
+    if len(missing) == sum(1 for m in out if m["role"] == "assistant"):
+        raise nothing_to_train()
+    for message in missing:
+        message["weight"] = 0
+    return True
+
+
+def _fast_messages(msgs: list, texts: list[str], missing: list[dict]) -> list[dict] | None:
+    """The Beam messages of a plain conversation (every text appended to `texts`, every assistant message
+    without reasoning to `missing`), or None."""
     out: list[dict] = []
     append = out.append
     add_text = texts.append
@@ -155,6 +182,8 @@ def _fast_messages(msgs: list, texts: list[str]) -> list[dict] | None:
         message = _fast_assistant(m, texts)
         if message is None:
             return None
+        if not message["reasoning_content"]:
+            missing.append(message)
         append(message)
         i += 1
         calls = message.get("tool_calls")
@@ -176,10 +205,13 @@ def _fast_messages(msgs: list, texts: list[str]) -> list[dict] | None:
 
 
 def _fast_assistant(m: dict, texts: list[str]) -> dict | None:
-    """One assistant message with reasoning and either content or calls (not both), or None."""
+    """One assistant message with either content or calls (not both), or None; reasoning "" when it has none."""
     reasoning = m.get("reasoning_content")
     if type(reasoning) is not str or not reasoning:
-        return None
+        # The converter reads `reasoning` / `thinking` where `reasoning_content` is empty: its decision.
+        if (reasoning is not None and type(reasoning) is not str) or "reasoning" in m or "thinking" in m:
+            return None
+        reasoning = ""
     texts.append(reasoning)
     content = m.get("content")
     if content is None:

@@ -379,8 +379,7 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
         result["chat_template_kwargs"] = kwargs
     # after the checks above, so a broken record gets their reason
     if not any(m["role"] == "assistant" and m.get("weight") != 0 for m in out):
-        raise RecordError(Reason.NOTHING_TO_TRAIN, "every assistant turn has weight 0 (turns without reasoning are "
-                          "masked by default; fill them in with `beam-sft backfill`)")
+        raise nothing_to_train()
     if opts.render_check is not None:
         try:
             opts.render_check(result)
@@ -393,6 +392,11 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
             if type(name) is str and type(n) is int:  # a record from elsewhere may carry anything here
                 _bump(counters, f"{STRIPPED_PREFIX}{name}", n)
     return result
+
+
+def nothing_to_train() -> RecordError:
+    return RecordError(Reason.NOTHING_TO_TRAIN, "every assistant turn has weight 0 (turns without reasoning are "
+                       "masked by default; fill them in with `beam-sft backfill`)")
 
 
 def _messages(msgs: list, src, opts: Options, counters: dict | None) -> list[dict]:
