@@ -87,13 +87,13 @@ def test_regex_engines_agree_on_every_checked_code_point():
     assert tiktoken_backend.disagreeing_code_points(tiktoken_backend.KNOWN_PATTERNS[tiktoken_backend.O200K_PATTERN]) == ""
 
 
-def test_pieces_equal_the_tokenizer_on_texts_that_stress_bpe(o200k_tok, o200k_state, pieces):
+def _bpe_stress_texts(state) -> list[str]:
     """Repeated characters and the strings where two different pairs make the same token (the one
     difference between tiktoken's and tokenizers' merge order, see the module docstring)."""
     from beam_sft.render.tiktoken_backend import _byte_decoder
 
     decoder = _byte_decoder()
-    ranks = {bytes(decoder[c] for c in t): i for t, i in o200k_state["model"]["vocab"].items()}
+    ranks = {bytes(decoder[c] for c in t): i for t, i in state["model"]["vocab"].items()}
     texts = [c * n for c in " \n\t-=*#._~0a!/|'\"`é日🙂" for n in range(1, 70)]
     for token in ranks:
         n = len(token)
@@ -107,6 +107,11 @@ def test_pieces_equal_the_tokenizer_on_texts_that_stress_bpe(o200k_tok, o200k_st
                         texts.append(word.decode("utf-8"))
                     except UnicodeDecodeError:
                         pass
+    return texts
+
+
+def test_pieces_equal_the_tokenizer_on_texts_that_stress_bpe(o200k_tok, o200k_state, pieces):
+    texts = _bpe_stress_texts(o200k_state)
     assert len(texts) > 10_000
     backend = o200k_tok._tokenizer
     expected = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
@@ -296,3 +301,7 @@ def test_qwen3_nfc_pieces_equal_its_backend():
     expected = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
     assert [g for g in got if g is not None] == [e for g, e in zip(got, expected, strict=True) if g is not None]
     assert sum(g is None for g in got) == 1  # the private-use piece only
+    # And BPE itself, merges run on every pre-token (ignore_merges off), on Qwen3's own stress strings.
+    stress = _bpe_stress_texts(json.loads(backend.to_str()))
+    assert len(stress) > 5_000
+    assert pieces.encode(stress) == [e.ids for e in backend.encode_batch(stress, add_special_tokens=False)]

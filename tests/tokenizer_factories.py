@@ -191,7 +191,10 @@ def tiktoken_like_state(tokens: list[bytes], *, normalizer: dict | None = None, 
         (rank, ranks[t[:cut]], ranks[t[cut:]], t[:cut], t[cut:])
         for t, rank in ranks.items() for cut in range(1, len(t)) if t[:cut] in ranks and t[cut:] in ranks
     )
-    text = lambda token: "".join(chars[b] for b in token)  # noqa: E731
+
+    def text(token: bytes) -> str:
+        return "".join(chars[b] for b in token)
+
     return {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": normalizer,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [

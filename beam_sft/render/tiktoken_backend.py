@@ -2,17 +2,22 @@
 
 gpt-oss's tokenizer (o200k_harmony) is transformers' `TikTokenConverter` output: a byte-level BPE whose
 vocabulary is tiktoken's ranks, whose merges are derived from those ranks, and whose pre-tokenizer is
-tiktoken's split pattern. `tiktoken` encodes such text several times faster than the `tokenizers` backend.
-`build` returns an encoder only when it can show that both give the same ids on any text free of added
-tokens (`beam_sft.render.encoder` cuts those out first):
+tiktoken's split pattern (Llama 3's is too; Qwen2/2.5/3's adds an NFC normalizer and turns `ignore_merges`
+off). `tiktoken` encodes such text several times faster than the `tokenizers` backend. `build` returns an
+encoder only when it can show that both give the same ids on any text free of added tokens
+(`beam_sft.render.encoder` cuts those out first):
 
 * vocabulary: every token of the BPE model decodes from the byte-level alphabet to bytes, and the ids are
   0..N-1; these (bytes, id) pairs *are* the ranks tiktoken is given, so the two vocabularies are one;
 * merges: the model's merge list is exactly the one derived from the ranks (every split of a token into
-  two tokens, ordered by the token's rank, then by the halves' ranks), with `ignore_merges` on, so a
-  pre-token that is a token is taken whole by both;
-* pipeline: no normalizer; pre-tokenizer = Split(pattern, Isolated) + ByteLevel(no prefix space, no regex);
-  no dropout, byte fallback, subword prefix or word suffix;
+  two tokens, ordered by the token's rank, then by the halves' ranks), so on a pre-token that is not a
+  token both run the same BPE;
+* `ignore_merges`: on, a pre-token that is a token is taken whole, as tiktoken always does. Off, the
+  backend runs the merges on it too; that is the only difference the flag makes, so the two agree iff every
+  token's own text merges back into that one token. `build` checks exactly that, for every token, with the
+  `tokenizers` library's own BPE model (about a second for 150k tokens, then cached on disk);
+* pipeline: no normalizer, or exactly `{"type": "NFC"}` (see below); pre-tokenizer = Split(pattern,
+  Isolated) + ByteLevel(no prefix space, no regex); no dropout, byte fallback, subword prefix or word suffix;
 * split pattern: one tiktoken knows (`KNOWN_PATTERNS`), and the two regex engines (Oniguruma in
   `tokenizers`, fancy-regex in `tiktoken`) put every code point of U+0000..U+3FFFF and plane 14 in the same
   classes the pattern uses (checked once per pair of library versions and cached on disk, see
@@ -20,6 +25,13 @@ tokens (`beam_sft.render.encoder` cuts those out first):
   to the `tokenizers` backend;
 * special handling: none to reproduce: pieces hold no added tokens, and `encode_ordinary` treats
   special-token text as text.
+
+NFC: the backend cuts a text at added tokens first (the encoder refuses added tokens matched after
+normalization), then runs BPE(pre_tokenize(NFC(segment))) on each segment between them; the encoder's pieces
+are those segments. So `TiktokenPieces` encodes NFC(piece), with NFC computed by the `tokenizers` library's
+own normalizer (`normalize_str`, the Rust code the backend runs) rather than `unicodedata`, whose Unicode
+version may differ; ASCII pieces, which NFC leaves as they are, skip it. The disputed-code-point check is
+applied to the normalized text, which is what the split pattern sees.
 
 `beam_sft.render.encoder.MaskedEncoder` then compares both on probe texts before using it, and falls back to the
 `tokenizers` backend on any difference.
