@@ -175,28 +175,23 @@ class TiktokenPieces:
     def encode(self, pieces: list[str]) -> list[list[int] | None]:
         encode, avoid = self._encoding.encode_ordinary, self._avoid
         if self._nfc is not None:
-            return self._encode_nfc(pieces)
+            # NFC leaves ASCII as it is, in every Unicode version: ASCII pieces take the plain path.
+            other = self._encode_nfc
+            if self._ascii_safe:
+                return [encode(p) if p.isascii() else other(p) for p in pieces]
+            return [other(p) if not p.isascii() else None if avoid(p) else encode(p) for p in pieces]
         if self._ascii_safe:
             return [encode(p) if p.isascii() or not avoid(p) else None for p in pieces]
         return [None if avoid(p) else encode(p) for p in pieces]
 
-    def _encode_nfc(self, pieces: list[str]) -> list[list[int] | None]:
-        encode, avoid, normalize = self._encoding.encode_ordinary, self._avoid, self._nfc.normalize_str
-        ascii_safe = self._ascii_safe
-        out: list[list[int] | None] = []
-        for piece in pieces:
-            if piece.isascii():  # NFC leaves ASCII as it is, in every Unicode version
-                out.append(encode(piece) if ascii_safe or not avoid(piece) else None)
-                continue
-            try:
-                # The backend's own Rust NFC, not `unicodedata`: their Unicode versions may differ.
-                piece = normalize(piece)
-            except UnicodeEncodeError:  # a lone surrogate: whatever the backend does with it, it does
-                out.append(None)
-                continue
-            # The split pattern sees the normalized text, so that is what must avoid disputed code points.
-            out.append(None if avoid(piece) else encode(piece))
-        return out
+    def _encode_nfc(self, piece: str) -> list[int] | None:
+        try:
+            # The backend's own Rust NFC, not `unicodedata`: their Unicode versions may differ.
+            piece = self._nfc.normalize_str(piece)
+        except UnicodeEncodeError:  # a lone surrogate: whatever the backend does with it, it does
+            return None
+        # The split pattern sees the normalized text, so that is what must avoid disputed code points.
+        return None if self._avoid(piece) else self._encoding.encode_ordinary(piece)
 
     def encoding_with_special_tokens(self, special_tokens: dict[str, int]):
         """A tiktoken Encoding of whole texts: these ranks plus `special_tokens` (for benchmarks; it does not
