@@ -63,12 +63,11 @@ def _drop_token(state):
 
 
 BROKEN = {
-    "normalizer": (lambda s: s.__setitem__("normalizer", {"type": "NFC"}), "normalizer"),
+    "normalizer": (lambda s: s.__setitem__("normalizer", {"type": "NFKC"}), "normalizer other than NFC"),
     "pattern": (lambda s: s["pre_tokenizer"]["pretokenizers"][0]["pattern"].__setitem__("Regex", r"\s+|\S+"),
                 "split pattern"),
     "prefix space": (lambda s: s["pre_tokenizer"]["pretokenizers"][1].__setitem__("add_prefix_space", True),
                      "prefix space"),
-    "ignore_merges": (lambda s: s["model"].__setitem__("ignore_merges", False), "ignore_merges"),
     "dropout": (lambda s: s["model"].__setitem__("dropout", 0.1), "dropout"),
     "merge order": (_swap_merges, "merges"),
     "vocabulary gap": (_drop_token, "ids are not 0..N-1"),
@@ -88,13 +87,13 @@ def test_regex_engines_agree_on_every_checked_code_point():
     assert tiktoken_backend.disagreeing_code_points(tiktoken_backend.KNOWN_PATTERNS[tiktoken_backend.O200K_PATTERN]) == ""
 
 
-def test_pieces_equal_the_tokenizer_on_texts_that_stress_bpe(o200k_tok, o200k_state, pieces):
+def _bpe_stress_texts(state) -> list[str]:
     """Repeated characters and the strings where two different pairs make the same token (the one
     difference between tiktoken's and tokenizers' merge order, see the module docstring)."""
     from beam_sft.render.tiktoken_backend import _byte_decoder
 
     decoder = _byte_decoder()
-    ranks = {bytes(decoder[c] for c in t): i for t, i in o200k_state["model"]["vocab"].items()}
+    ranks = {bytes(decoder[c] for c in t): i for t, i in state["model"]["vocab"].items()}
     texts = [c * n for c in " \n\t-=*#._~0a!/|'\"`é日🙂" for n in range(1, 70)]
     for token in ranks:
         n = len(token)
@@ -108,6 +107,11 @@ def test_pieces_equal_the_tokenizer_on_texts_that_stress_bpe(o200k_tok, o200k_st
                         texts.append(word.decode("utf-8"))
                     except UnicodeDecodeError:
                         pass
+    return texts
+
+
+def test_pieces_equal_the_tokenizer_on_texts_that_stress_bpe(o200k_tok, o200k_state, pieces):
+    texts = _bpe_stress_texts(o200k_state)
     assert len(texts) > 10_000
     backend = o200k_tok._tokenizer
     expected = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
@@ -212,3 +216,92 @@ def test_a_truncation_left_on_the_shared_backend_does_not_cut_the_probe(o200k_to
     finally:
         backend.no_truncation()
     assert encoder.fast and encoder._tiktoken is not None
+
+
+# -- NFC and ignore_merges off (Qwen's tokenizer.json), on tiny tokenizers built here and on the Qwen3 build ----
+
+# Byte-level tokens that NFC's compositions produce, with the halves that make them reachable by merges.
+NFC_TOKENS = [b"\xc3\xa9", b"ca", b"caf", b"caf\xc3\xa9", b"\xc3\x85", b"\xea\xb0", b"\xea\xb0\x80", b"\xcc\x81",
+              b"e\xcc\x81", b" caf", b" caf\xc3\xa9", b"\xe2\x84", b"\xe2\x84\xab"]
+# Pieces NFC changes (decomposed accents, Hangul jamo, the Angstrom and Kelvin signs), mixed with ASCII and
+# with text it leaves alone.
+NFC_TEXTS = ["e\u0301", "cafe\u0301s", "\u1100\u1161", "A\u030a", "A\u030angstro\u0308m and cafe\u0301 12",
+             "\u212b \u212a elvin", "caf\u00e9 \uac00 \u00c5", "plain ASCII, it's 42", "x\u1100\u1161\u11a8 \u0301e",
+             "\U000f0041 cafe\u0301"]
+
+
+def _tiny(normalizer=None, ignore_merges=True, tokens=NFC_TOKENS):
+    from tokenizer_factories import tiktoken_like_state
+    from tokenizers import Tokenizer
+
+    state = tiktoken_like_state(tokens, normalizer=normalizer, ignore_merges=ignore_merges)
+    return state, Tokenizer.from_str(json.dumps(state))
+
+
+@pytest.mark.parametrize("ignore_merges", [True, False])
+def test_nfc_pieces_equal_the_backend(ignore_merges):
+    state, backend = _tiny({"type": "NFC"}, ignore_merges)
+    pieces, reason = tiktoken_backend.build(state)
+    assert reason is None and pieces._nfc is not None
+    expected = [e.ids for e in backend.encode_batch(NFC_TEXTS, add_special_tokens=False)]
+    got = pieces.encode(NFC_TEXTS)
+    assert got[-1] is None  # private use: the tokenizers backend's
+    assert got[:-1] == expected[:-1]
+    # Without the NFC step the ids differ: the texts do exercise it.
+    plain = tiktoken_backend.TiktokenPieces(pieces._encoding._mergeable_ranks, pieces._encoding._pat_str, "")
+    assert plain.encode(NFC_TEXTS)[:-1] != expected[:-1]
+    # Workers get a copy by pickling, and later processes by the disk cache: both keep the NFC step.
+    copy_ = pickle.loads(pickle.dumps(pieces))
+    assert copy_._nfc is not None and copy_.encode(NFC_TEXTS) == got
+    loaded, reason = tiktoken_backend._load(tiktoken_backend._dump(pieces, None))
+    assert reason is None and loaded.encode(NFC_TEXTS) == got
+
+
+def test_nfc_pieces_are_checked_for_disputed_code_points_after_normalizing():
+    """The split pattern sees the normalized text: "e\u0301" is "\u00e9" there, so avoiding "\u00e9" avoids it."""
+    state, _ = _tiny({"type": "NFC"})
+    pieces, _ = tiktoken_backend.build(state)
+    ranks, pattern = pieces._encoding._mergeable_ranks, pieces._encoding._pat_str
+    avoiding = tiktoken_backend.TiktokenPieces(ranks, pattern, "\u00e9", nfc=True)
+    assert avoiding.encode(["e\u0301", "e\u0300", "cafe"]) == [None, pieces.encode(["e\u0300"])[0], [258, 101]]
+
+
+@pytest.mark.parametrize("normalizer", [{"type": "NFKC"}, {"type": "NFD"}, {"type": "Lowercase"},
+                                        {"type": "Sequence", "normalizers": [{"type": "NFC"}]}])
+def test_a_normalizer_other_than_nfc_is_refused(normalizer):
+    pieces, reason = tiktoken_backend.build(_tiny(normalizer)[0])
+    assert pieces is None and reason == "the tokenizer has a normalizer other than NFC"
+
+
+def test_ignore_merges_off_is_refused_when_a_token_is_not_reached_by_merges():
+    # "bc" merges before "ab", so "abcd" (whose one split is ab+cd) never forms: a b c d -> a bc d.
+    tokens = [b"bc", b"ab", b"cd", b"abcd"]
+    state, backend = _tiny(ignore_merges=False, tokens=tokens)
+    assert backend.encode("abcd").ids == [97, 256, 100]
+    pieces, reason = tiktoken_backend.build(state)
+    assert pieces is None
+    assert reason == "ignore_merges is off and 1 token(s) do not merge back into themselves, e.g. 'abcd' (id 259)"
+    # With ignore_merges on the backend takes "abcd" whole, as tiktoken does: accepted, and equal.
+    state, backend = _tiny(ignore_merges=True, tokens=tokens)
+    pieces, reason = tiktoken_backend.build(state)
+    assert reason is None and pieces.encode(["abcd xabcd"]) == [backend.encode("abcd xabcd").ids] == [[259, 32, 120, 97, 256, 100]]
+
+
+def test_qwen3_nfc_pieces_equal_its_backend():
+    pytest.importorskip("quicktok")
+    from tokenizer_factories import base_tokenizer_script
+
+    from beam_sft.template.tokenizer import load_tokenizer
+
+    backend = load_tokenizer(base_tokenizer_script().cached_build("qwen3"))._tokenizer
+    pieces, reason = tiktoken_backend.build_cached(backend.to_str())
+    assert reason is None and pieces._nfc is not None
+    texts = [*NFC_TEXTS, "Cre\u0300me bru\u0302le\u0301e, \u1112\u1161\u11ab\u1100\u1173\u11af \u0928\u093c", "\u00c5\u212b"]
+    got = pieces.encode(texts)
+    expected = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    assert [g for g in got if g is not None] == [e for g, e in zip(got, expected, strict=True) if g is not None]
+    assert sum(g is None for g in got) == 1  # the private-use piece only
+    # And BPE itself, merges run on every pre-token (ignore_merges off), on Qwen3's own stress strings.
+    stress = _bpe_stress_texts(json.loads(backend.to_str()))
+    assert len(stress) > 5_000
+    assert pieces.encode(stress) == [e.ids for e in backend.encode_batch(stress, add_special_tokens=False)]

@@ -173,3 +173,37 @@ def base_tokenizer_script():
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def tiktoken_like_state(tokens: list[bytes], *, normalizer: dict | None = None, ignore_merges: bool = True) -> dict:
+    """The serialised backend of a tiny byte-level BPE as transformers' TikTokenConverter writes one: the 256
+    bytes then `tokens` as ranks, in that order; merges derived from the ranks (every split of a token into two
+    tokens, by the token's rank, then the halves'); Qwen's split pattern. Load it with `Tokenizer.from_str`."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from beam_sft.render.tiktoken_backend import QWEN_PATTERN
+
+    chars = bytes_to_unicode()
+    ranks = {bytes([b]): b for b in range(256)}
+    for token in tokens:
+        ranks.setdefault(token, len(ranks))
+    merges = sorted(
+        (rank, ranks[t[:cut]], ranks[t[cut:]], t[:cut], t[cut:])
+        for t, rank in ranks.items() for cut in range(1, len(t)) if t[:cut] in ranks and t[cut:] in ranks
+    )
+
+    def text(token: bytes) -> str:
+        return "".join(chars[b] for b in token)
+
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": normalizer,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN_PATTERN}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges, "vocab": {text(t): r for t, r in ranks.items()},
+                  "merges": [[text(m[3]), text(m[4])] for m in merges]},
+    }

@@ -386,8 +386,9 @@ class MaskedEncoder:
         treat the start of the text differently (Metaspace's prepend_scheme="first" adds "▁" there only).
         """
         if self._tiktoken is not None:
-            # No normalizer and no prefix space (checked in beam_sft.render.tiktoken_backend): a piece tokenizes
-            # the same at the start and after a marker.
+            # No normalizer but NFC, which works on each piece between added tokens alone, and no prefix space
+            # (checked in beam_sft.render.tiktoken_backend): a piece tokenizes the same at the start and after
+            # a marker.
             out = self._tiktoken.encode(pieces)
             rest = [k for k, ids in enumerate(out) if ids is None]
             if rest:

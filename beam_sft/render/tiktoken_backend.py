@@ -2,17 +2,22 @@
 
 gpt-oss's tokenizer (o200k_harmony) is transformers' `TikTokenConverter` output: a byte-level BPE whose
 vocabulary is tiktoken's ranks, whose merges are derived from those ranks, and whose pre-tokenizer is
-tiktoken's split pattern. `tiktoken` encodes such text several times faster than the `tokenizers` backend.
-`build` returns an encoder only when it can show that both give the same ids on any text free of added
-tokens (`beam_sft.render.encoder` cuts those out first):
+tiktoken's split pattern (Llama 3's is too; Qwen2/2.5/3's adds an NFC normalizer and turns `ignore_merges`
+off). `tiktoken` encodes such text several times faster than the `tokenizers` backend. `build` returns an
+encoder only when it can show that both give the same ids on any text free of added tokens
+(`beam_sft.render.encoder` cuts those out first):
 
 * vocabulary: every token of the BPE model decodes from the byte-level alphabet to bytes, and the ids are
   0..N-1; these (bytes, id) pairs *are* the ranks tiktoken is given, so the two vocabularies are one;
 * merges: the model's merge list is exactly the one derived from the ranks (every split of a token into
-  two tokens, ordered by the token's rank, then by the halves' ranks), with `ignore_merges` on, so a
-  pre-token that is a token is taken whole by both;
-* pipeline: no normalizer; pre-tokenizer = Split(pattern, Isolated) + ByteLevel(no prefix space, no regex);
-  no dropout, byte fallback, subword prefix or word suffix;
+  two tokens, ordered by the token's rank, then by the halves' ranks), so on a pre-token that is not a
+  token both run the same BPE;
+* `ignore_merges`: on, a pre-token that is a token is taken whole, as tiktoken always does. Off, the
+  backend runs the merges on it too; that is the only difference the flag makes, so the two agree iff every
+  token's own text merges back into that one token. `build` checks exactly that, for every token, with the
+  `tokenizers` library's own BPE model (about a second for 150k tokens, then cached on disk);
+* pipeline: no normalizer, or exactly `{"type": "NFC"}` (see below); pre-tokenizer = Split(pattern,
+  Isolated) + ByteLevel(no prefix space, no regex); no dropout, byte fallback, subword prefix or word suffix;
 * split pattern: one tiktoken knows (`KNOWN_PATTERNS`), and the two regex engines (Oniguruma in
   `tokenizers`, fancy-regex in `tiktoken`) put every code point of U+0000..U+3FFFF and plane 14 in the same
   classes the pattern uses (checked once per pair of library versions and cached on disk, see
@@ -20,6 +25,13 @@ tokens (`beam_sft.render.encoder` cuts those out first):
   to the `tokenizers` backend;
 * special handling: none to reproduce: pieces hold no added tokens, and `encode_ordinary` treats
   special-token text as text.
+
+NFC: the backend cuts a text at added tokens first (the encoder refuses added tokens matched after
+normalization), then runs BPE(pre_tokenize(NFC(segment))) on each segment between them; the encoder's pieces
+are those segments. So `TiktokenPieces` encodes NFC(piece), with NFC computed by the `tokenizers` library's
+own normalizer (`normalize_str`, the Rust code the backend runs) rather than `unicodedata`, whose Unicode
+version may differ; ASCII pieces, which NFC leaves as they are, skip it. The disputed-code-point check is
+applied to the normalized text, which is what the split pattern sees.
 
 `beam_sft.render.encoder.MaskedEncoder` then compares both on probe texts before using it, and falls back to the
 `tokenizers` backend on any difference.
@@ -145,10 +157,11 @@ class TiktokenPieces:
     """Encodes text pieces that hold no added token, with tiktoken, as the `tokenizers` backend would.
 
     `encode(pieces)` gives the ids of each piece, or None for a piece it does not vouch for (a code point
-    the engines may classify differently): the caller encodes those with the `tokenizers` backend.
+    the engines may classify differently): the caller encodes those with the `tokenizers` backend. With
+    `nfc`, a piece is first normalized by the `tokenizers` library's own NFC, as the backend does.
     """
 
-    def __init__(self, ranks: dict[bytes, int], pattern: str, avoid: str) -> None:
+    def __init__(self, ranks: dict[bytes, int], pattern: str, avoid: str, nfc: bool = False) -> None:
         import tiktoken
 
         self._encoding = tiktoken.Encoding("beam-sft-pieces", pat_str=pattern, mergeable_ranks=ranks,
@@ -157,29 +170,94 @@ class TiktokenPieces:
         self._avoid = re.compile(f"[{re.escape(avoid)}]|{_UNCHECKED}" if avoid else _UNCHECKED).search
         # The engines agree on ASCII in every version so far; if not, no shortcut.
         self._ascii_safe = all(ord(c) > 127 for c in avoid)
+        self._nfc = _nfc() if nfc else None
 
     def encode(self, pieces: list[str]) -> list[list[int] | None]:
         encode, avoid = self._encoding.encode_ordinary, self._avoid
+        if self._nfc is not None:
+            # NFC leaves ASCII as it is, in every Unicode version: ASCII pieces take the plain path.
+            other = self._encode_nfc
+            if self._ascii_safe:
+                return [encode(p) if p.isascii() else other(p) for p in pieces]
+            return [other(p) if not p.isascii() else None if avoid(p) else encode(p) for p in pieces]
         if self._ascii_safe:
             return [encode(p) if p.isascii() or not avoid(p) else None for p in pieces]
         return [None if avoid(p) else encode(p) for p in pieces]
 
+    def _encode_nfc(self, piece: str) -> list[int] | None:
+        try:
+            # The backend's own Rust NFC, not `unicodedata`: their Unicode versions may differ.
+            piece = self._nfc.normalize_str(piece)
+        except UnicodeEncodeError:  # a lone surrogate: whatever the backend does with it, it does
+            return None
+        # The split pattern sees the normalized text, so that is what must avoid disputed code points.
+        return None if self._avoid(piece) else self._encoding.encode_ordinary(piece)
+
     def encoding_with_special_tokens(self, special_tokens: dict[str, int]):
-        """A tiktoken Encoding of whole texts: these ranks plus `special_tokens` (for benchmarks)."""
+        """A tiktoken Encoding of whole texts: these ranks plus `special_tokens` (for benchmarks; it does not
+        apply the NFC normalizer)."""
         import tiktoken
 
         return tiktoken.Encoding("beam-sft-text", pat_str=self._encoding._pat_str,
                                  mergeable_ranks=self._encoding._mergeable_ranks, special_tokens=special_tokens)
 
     def __getstate__(self) -> dict[str, Any]:
+        # The normalizer travels as a flag: workers (fork or spawn) make their own.
         return {"encoding": self._encoding, "avoid": self._avoid.__self__.pattern, "ascii_safe": self._ascii_safe,
-                "avoid_chars": self._avoid_chars}
+                "avoid_chars": self._avoid_chars, "nfc": self._nfc is not None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._encoding = state["encoding"]
         self._avoid_chars = state["avoid_chars"]
         self._avoid = re.compile(state["avoid"]).search
         self._ascii_safe = state["ascii_safe"]
+        self._nfc = _nfc() if state["nfc"] else None
+
+
+def _nfc():
+    from tokenizers import normalizers
+
+    return normalizers.NFC()
+
+
+def _pipeline(state: dict[str, Any]) -> tuple[str | None, bool, str | None]:
+    """(split pattern, whether the normalizer is NFC, None) when the pipeline around the BPE model is one
+    tiktoken reproduces, else (None, False, the first reason it is not)."""
+    normalizer = state.get("normalizer")
+    if normalizer is not None and normalizer != {"type": "NFC"}:
+        return None, False, "the tokenizer has a normalizer other than NFC"
+    pre = state.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not steps or len(steps) != 2:
+        return None, False, "the pre-tokenizer is not Split + ByteLevel"
+    split, byte_level = steps
+    pattern = (split.get("pattern") or {}).get("Regex") if split.get("type") == "Split" else None
+    if pattern not in KNOWN_PATTERNS or split.get("behavior") != "Isolated" or split.get("invert"):
+        return None, False, "the split pattern is not one tiktoken is checked against"
+    if byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space") or byte_level.get("use_regex"):
+        return None, False, "the pre-tokenizer's ByteLevel step adds a prefix space or splits again"
+    model = state.get("model") or {}
+    if model.get("type") != "BPE":
+        return None, False, "the model is not a BPE"
+    if model.get("dropout") or model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get(
+        "end_of_word_suffix"
+    ):
+        return None, False, "the BPE model uses dropout, byte fallback, a subword prefix or a word suffix"
+    return pattern, normalizer is not None, None
+
+
+def _tokens_not_merged_whole(vocab: dict[str, int], merges: list[tuple[str, str]]) -> list[str]:
+    """Vocabulary tokens whose own text the BPE model, merging (ignore_merges off), does not turn into that
+    one token. The model is the `tokenizers` library's own, so this is what the backend does."""
+    from tokenizers import models
+
+    bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=False)
+    bad = []
+    for token, token_id in vocab.items():
+        result = bpe.tokenize(token)
+        if len(result) != 1 or result[0].id != token_id:
+            bad.append(token)
+    return bad
 
 
 def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
@@ -189,33 +267,19 @@ def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
         import tiktoken  # noqa: F401
     except ImportError:
         return None, "tiktoken is not installed"
-    if state.get("normalizer") is not None:
-        return None, "the tokenizer has a normalizer"
-    pre = state.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
-    if not steps or len(steps) != 2:
-        return None, "the pre-tokenizer is not Split + ByteLevel"
-    split, byte_level = steps
-    pattern = (split.get("pattern") or {}).get("Regex") if split.get("type") == "Split" else None
-    if pattern not in KNOWN_PATTERNS or split.get("behavior") != "Isolated" or split.get("invert"):
-        return None, "the split pattern is not one tiktoken is checked against"
-    if byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space") or byte_level.get("use_regex"):
-        return None, "the pre-tokenizer's ByteLevel step adds a prefix space or splits again"
-    model = state.get("model") or {}
-    if model.get("type") != "BPE" or not model.get("ignore_merges"):
-        return None, "the model is not a BPE with ignore_merges"
-    if model.get("dropout") or model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get(
-        "end_of_word_suffix"
-    ):
-        return None, "the BPE model uses dropout, byte fallback, a subword prefix or a word suffix"
+    pattern, nfc, reason = _pipeline(state)
+    if reason is not None:
+        return None, reason
+    model = state["model"]
+    vocab = model.get("vocab", {})
     decoder = _byte_decoder()
     ranks: dict[bytes, int] = {}
-    for token, token_id in model.get("vocab", {}).items():
+    for token, token_id in vocab.items():
         try:
             ranks[bytes(decoder[c] for c in token)] = token_id
         except KeyError:
             return None, f"vocabulary entry {token!r} is not byte-level"
-    if sorted(ranks.values()) != list(range(len(ranks))) or len(ranks) != len(model.get("vocab", {})):
+    if sorted(ranks.values()) != list(range(len(ranks))) or len(ranks) != len(vocab):
         return None, "the vocabulary's ids are not 0..N-1, one per token"
     merges = model.get("merges") or []
     try:
@@ -225,11 +289,18 @@ def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
         return None, "a merge is not a pair of byte-level tokens"
     if given_bytes != _derived_merges(ranks):
         return None, "the merges are not the ones derived from the ranks"
+    if not model.get("ignore_merges"):
+        # Every token, added tokens' texts included: NFC can turn a piece into text the raw-text match of an
+        # added token never saw (a converter from tiktoken keeps added tokens out of the ranks anyway).
+        bad = _tokens_not_merged_whole(vocab, given)
+        if bad:
+            return None, (f"ignore_merges is off and {len(bad)} token(s) do not merge back into themselves, "
+                          f"e.g. {bad[0]!r} (id {vocab[bad[0]]})")
     try:
         avoid = disagreeing_code_points(KNOWN_PATTERNS[pattern])
     except Exception as err:  # noqa: BLE001 - an engine rejecting a class means no proof, so no tiktoken
         return None, f"could not compare the regex engines: {err}"
-    return TiktokenPieces(ranks, pattern, avoid), None
+    return TiktokenPieces(ranks, pattern, avoid, nfc), None
 
 
 # -- the verdict and the ranks, cached on disk ----------------------------------------------------------------
@@ -269,7 +340,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def _dump(pieces: TiktokenPieces | None, reason: str | None) -> bytes:
-    """One file: a JSON header line (verdict, pattern, avoided code points), then the ranks in id order as
+    """One file: a JSON header line (verdict, pattern, avoided code points, NFC or not), then the ranks in id order as
     little-endian u32 lengths followed by the concatenated token bytes."""
     import array
 
@@ -283,7 +354,7 @@ def _dump(pieces: TiktokenPieces | None, reason: str | None) -> bytes:
     if sys.byteorder != "little":  # pragma: no cover
         lengths.byteswap()
     header = {"reason": None, "pattern": pieces._encoding._pat_str, "avoid": pieces._avoid_chars,
-              "count": len(tokens)}
+              "nfc": pieces._nfc is not None, "count": len(tokens)}
     return json.dumps(header).encode() + b"\n" + lengths.tobytes() + b"".join(tokens)
 
 
@@ -309,7 +380,7 @@ def _load(data: bytes) -> tuple[TiktokenPieces | None, str | None]:
         offset += length
     if offset != len(blob) or len(ranks) != count:
         raise ValueError("the cached ranks do not add up")
-    return TiktokenPieces(ranks, header["pattern"], header["avoid"]), None
+    return TiktokenPieces(ranks, header["pattern"], header["avoid"], header["nfc"]), None
 
 
 def build_cached(serialized: str) -> tuple[TiktokenPieces | None, str | None]:
