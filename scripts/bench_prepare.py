@@ -14,6 +14,8 @@ Rows:
 * encoder: `get_encoder(tok).encode` alone, batches of 256, shared tools and unique tools;
 * trl: TRL's per-example preparation (`trl.data_utils._tokenize` with `return_assistant_tokens_mask`, what
   `SFTTrainer._prepare_dataset` maps over the data) on a subset, and its ids and masks compared with ours;
+  and TRL's whole dataset preparation as a plain-TRL user runs it (`load_dataset("json")` +
+  `SFTTrainer._prepare_dataset`), the baseline of the issue's "8x TRL";
 * breakdown: one process's CPU time in `build_prepared` split into converting, encoding and the rest;
 * prepare: `beam-sft prepare --max-length 0` on JSONL files of each size and each `--num-proc`, with the
   sha256 of the written data (must be equal across `--num-proc`) and the peak RSS of the largest process;
@@ -180,6 +182,37 @@ def bench_trl(tokenizer, records: list[dict]) -> dict:
             "records_per_s": len(records) / cpu, "tokens_per_s": tokens / cpu, "mismatches_vs_ours": mismatches}
 
 
+def bench_trl_prepare(tokenizer, records: list[dict], work: Path) -> dict:
+    """TRL's dataset preparation as a plain-TRL user runs it (docs/formats.md): the records written as
+    convert-dataset writes them, `load_dataset("json")`, then `SFTTrainer._prepare_dataset` (its
+    `datasets.map` of `_tokenize` with the assistant mask, then the labels), CPU time of both, in this process.
+    The trainer object is not built (it needs a model); `_prepare_dataset` reads only the attributes given."""
+    import types
+
+    import orjson
+    import trl
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from beam_sft.formats import to_row
+
+    src = work / "trl-input.jsonl"
+    with open(src, "wb") as f:
+        f.writelines(orjson.dumps(to_row(record)) + b"\n" for record in records)
+    args = SFTConfig(output_dir=str(work / "trl-out"), assistant_only_loss=True, max_length=None, report_to=[],
+                     use_cpu=True, bf16=False, dataset_num_proc=None)
+    trainer = types.SimpleNamespace(_tokenizer=tokenizer, chat_template=None, completion_only_loss=None,
+                                    padding_free=False)
+    start = time.process_time()
+    dataset = load_dataset("json", data_files=str(src), split="train", cache_dir=str(work / "trl-cache"))
+    loaded = time.process_time()
+    prepared = SFTTrainer._prepare_dataset(trainer, dataset, tokenizer, args, False, None, "train")
+    cpu = time.process_time() - start
+    tokens = sum(len(ids) for ids in prepared["input_ids"])
+    return {"trl": trl.__version__, "records": len(prepared), "tokens": tokens, "load_cpu_s": loaded - start,
+            "cpu_s": cpu, "records_per_s": len(records) / cpu, "tokens_per_s": tokens / cpu}
+
+
 _RUSAGE = """
 import json, resource, subprocess, sys, time
 t = time.perf_counter()
@@ -328,8 +361,12 @@ def main(argv: list[str] | None = None) -> int:
             fig[f"encoder_{variant}"] = bench_encoder(tok, derived(pool, n_encoder, start, unique_tools))
             start += n_encoder
     if "trl" in args.rows:
-        _log("TRL")
+        _log("TRL, per example")
         fig["trl"] = bench_trl(tok, derived(pool, n_trl, start, False))
+        start += n_trl
+        _log("TRL, dataset preparation")
+        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+            fig["trl_prepare"] = bench_trl_prepare(tok, derived(pool, n_trl, start, False), Path(tmp))
         start += n_trl
     if "breakdown" in args.rows:
         with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
@@ -383,17 +420,23 @@ def summary(fig: dict) -> list[str]:
         u = fig["encoder_unique_tools"]
         lines.append(f"encoder, unique tools: {u['records_per_s']:,.0f} rec/CPU-s, {u['tokens_per_s'] / 1e6:.2f} M tok/s "
                      "(goal >= 2 M tok/s)")
+    trl_prep = fig.get("trl_prepare")
     if trl:
         lines.append(f"TRL per-example: {trl['records_per_s']:,.0f} rec/CPU-s, {trl['tokens_per_s'] / 1e6:.2f} M tok/s; "
                      f"ids+masks differ from ours on {trl['mismatches_vs_ours']}/{trl['records']}")
+    if trl_prep:
+        lines.append(f"TRL dataset preparation (load_dataset json + SFTTrainer._prepare_dataset): "
+                     f"{trl_prep['records_per_s']:,.0f} rec/CPU-s ({trl_prep['load_cpu_s']:.1f} CPU-s of it loading)")
     for run in fig.get("prepare", []):
         line = (f"prepare {run['size']:,} records, --num-proc {run['num_proc']}: {run['records_per_cpu_s']:,.0f} rec/CPU-s, "
                 f"{run['records_per_wall_s']:,.0f} rec/wall-s (under load unless the machine was idle), "
                 f"peak RSS {run['peak_rss_mb']:,.0f} MiB, data {run['data_sha256']}")
         if run["num_proc"] == 1 and enc:
             line += f"; {run['records_per_cpu_s'] / enc['records_per_s']:.0%} of the encoder (goal >= 60%)"
+        if run["num_proc"] == 1 and trl_prep:
+            line += f"; {run['records_per_cpu_s'] / trl_prep['records_per_s']:.1f}x TRL's dataset preparation (goal >= 8x)"
         if run["num_proc"] == 1 and trl:
-            line += f"; {run['records_per_cpu_s'] / trl['records_per_s']:.1f}x TRL (goal >= 8x)"
+            line += f", {run['records_per_cpu_s'] / trl['records_per_s']:.1f}x TRL's per-example call alone"
         lines.append(line)
     if fig.get("breakdown"):
         b = fig["breakdown"]

@@ -20,6 +20,9 @@ def test_bench_prepare_smoke(tmp_path):
     fig = json.loads(out.read_text())
     assert fig["pool"] > 100
     assert fig["trl"]["mismatches_vs_ours"] == 0
+    # TRL's whole preparation ran on every record (the baseline of the "8x TRL" goal)
+    assert fig["trl_prepare"]["records"] == 30 and fig["trl_prepare"]["tokens"] > 30 * 20
+    assert any("x TRL's dataset preparation" in line for line in fig["summary"])
     runs = {run["num_proc"]: run for run in fig["prepare"]}
     assert runs[1]["records"] == runs[2]["records"] == 120
     assert runs[1]["data_sha256"] == runs[2]["data_sha256"] and runs[1]["fingerprint"] == runs[2]["fingerprint"]
