@@ -19,6 +19,7 @@ Rows:
 * breakdown: one process's CPU time in `build_prepared` split into converting, encoding and the rest;
 * prepare: `beam-sft prepare --max-length 0` on JSONL files of each size and each `--num-proc`, with the
   sha256 of the written data (must be equal across `--num-proc`) and the peak RSS of the largest process;
+* convert: `beam-sft convert` on the first size, each `--num-proc`, wall clock and output bytes;
 * base: the encoder against TRL on the Llama 3 and Qwen3 vocabularies (scripts/build_base_tokenizer.py),
   with ids and masks compared.
 
@@ -256,6 +257,26 @@ def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str |
             "fingerprint": manifest["fingerprint"], "manifest_seconds": manifest["seconds"]}
 
 
+def bench_convert_run(src: Path, dst: Path, num_proc: int, work: Path) -> dict:
+    """`beam-sft convert` (convert-dataset) on the same kind of input: wall clock per `--num-proc`, and the
+    sha256 of the output (equal for any N). CPU time is not reported: its pool's workers are forkserver
+    children, whose CPU time does not come back through RUSAGE_CHILDREN."""
+    report = work / f"{dst.name}.rusage.json"
+    command = [sys.executable, "-m", "beam_sft", "convert", str(src), "-o", str(dst), "-q",
+               "--missing-reasoning", "keep", "--num-proc", str(num_proc)]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    log = work / f"{dst.name}.log"
+    with open(log, "wb") as err:
+        subprocess.call([sys.executable, "-c", _RUSAGE, str(report), *command], stderr=err, env=env)
+    usage = json.loads(report.read_text())
+    if usage["rc"] != 0:
+        raise RuntimeError(f"convert failed: {log.read_text(errors='replace')[-2000:]}")
+    records = src.read_bytes().count(b"\n")
+    return {"num_proc": num_proc, "wall_s": usage["wall_s"], "records": records,
+            "records_per_wall_s": records / usage["wall_s"],
+            "output_sha256": hashlib.sha256(dst.read_bytes()).hexdigest()[:16]}
+
+
 def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
     """Where one process's CPU time goes in `build_prepared` (warm: tokenizer, encoder, imports): converting
     (the converters, `_convert_batch`), encoding (`MaskedEncoder.encode`) and everything else (reading,
@@ -310,7 +331,7 @@ def write_jsonl(records: list[dict], path: Path) -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
-ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "base")
+ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "convert", "base")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -388,6 +409,18 @@ def main(argv: list[str] | None = None) -> int:
                     _log(f"prepare: {size} records, --num-proc {procs}")
                     run = bench_prepare_run(src, work / f"out-{size}-{procs}", procs, tokenizer_path, work)
                     fig["prepare"].append({"size": size, **run})
+    if "convert" in args.rows:
+        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+            work = Path(tmp)
+            size = sizes[0]
+            src = work / f"convert-{size}.jsonl"
+            write_jsonl(derived(pool, size, start, False), src)
+            start += size
+            fig["convert"] = []
+            for procs in args.num_proc:
+                _log(f"convert: {size} records, --num-proc {procs}")
+                fig["convert"].append({"size": size, **bench_convert_run(src, work / f"conv-{procs}.jsonl", procs,
+                                                                         work)})
     if "base" in args.rows:
         from build_base_tokenizer import cached_build as base_build
 
@@ -458,6 +491,13 @@ def summary(fig: dict) -> list[str]:
                     lines.append(f"prepare {size:,}: --num-proc {procs} wall rate {run['records_per_wall_s'] / runs[1]['records_per_wall_s']:.2f}x "
                                  f"one process (goal >= 1.7x on 2 idle cores), same bytes: "
                                  f"{run['data_sha256'] == runs[1]['data_sha256']}")
+    runs = {run["num_proc"]: run for run in fig.get("convert", [])}
+    if 1 in runs:
+        for procs, run in runs.items():
+            if procs > 1:
+                lines.append(f"convert {run['size']:,}: --num-proc {procs} wall rate "
+                             f"{run['records_per_wall_s'] / runs[1]['records_per_wall_s']:.2f}x one process, same bytes: "
+                             f"{run['output_sha256'] == runs[1]['output_sha256']}")
     return lines
 
 

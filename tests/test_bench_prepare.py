@@ -15,7 +15,7 @@ def test_bench_prepare_smoke(tmp_path):
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, str(REPO / "scripts" / "bench_prepare.py"), "--tokenizer", str(REPO / "data" / "tokenizer"),
                     "--records", "120", "--num-proc", "1", "2", "--encoder-records", "60", "--trl-records", "30",
-                    "--breakdown-records", "60", "--rows", "setup", "encoder", "trl", "breakdown", "prepare",
+                    "--breakdown-records", "60", "--rows", "setup", "encoder", "trl", "breakdown", "prepare", "convert",
                     "--json", str(out), "--work-dir", str(tmp_path)], check=True, capture_output=True)
     fig = json.loads(out.read_text())
     assert fig["pool"] > 100
@@ -29,6 +29,8 @@ def test_bench_prepare_smoke(tmp_path):
     b = fig["breakdown"]
     assert b["records"] == 60 and 0 < b["encode_s"] < b["cpu_s"] and 0 < b["convert_s"] < b["cpu_s"]
     assert any("same bytes: True" in line for line in fig["summary"])
+    conv = {run["num_proc"]: run for run in fig["convert"]}
+    assert conv[1]["records"] == 120 and conv[1]["output_sha256"] == conv[2]["output_sha256"]
 
 
 def test_derived_records_are_unique_and_keep_the_tools():
