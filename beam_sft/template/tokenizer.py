@@ -186,7 +186,11 @@ def load_tokenizer(path: str | Path | None = None, **kwargs):
             # with it): seconds of a data-only command's start-up.
             import transformers
 
-            return getattr(transformers, named).from_pretrained(str(path), **kwargs)
+            given = _added_tokens_kwargs(Path(path)) if "added_tokens_decoder" not in kwargs else {}
+            tokenizer = getattr(transformers, named).from_pretrained(str(path), **kwargs, **given)
+            if given:  # where transformers' own reading puts it: the same init_kwargs, key order included
+                tokenizer.init_kwargs["added_tokens_decoder"] = tokenizer.init_kwargs.pop("added_tokens_decoder")
+            return tokenizer
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path), **kwargs)
@@ -194,6 +198,75 @@ def load_tokenizer(path: str | Path | None = None, **kwargs):
 
 # tokenizer_config.json classes that are plain tokenizers-backed tokenizers (this project's and beamify's output).
 _PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _added_tokens_kwargs(directory: Path) -> dict[str, Any]:
+    """`added_tokens_decoder` for `from_pretrained`, read from the head of tokenizer.json, or {}.
+
+    A tokenizer_config.json without `added_tokens_decoder` (ours) makes transformers `json.load` the whole
+    tokenizer.json in Python for its `added_tokens` list alone: most of a second on a 200k vocabulary, on top
+    of the Rust parse of the same file. Given here, transformers takes the same `AddedToken`s from us. Only
+    where its legacy branch would read nothing else: no special_tokens_map.json or added_tokens.json.
+    """
+    tokenizer_file = directory / "tokenizer.json"
+    if (directory / "special_tokens_map.json").exists() or (directory / "added_tokens.json").exists():
+        return {}
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if "added_tokens_decoder" in config or not tokenizer_file.is_file():
+            return {}
+        entries = _head_value(tokenizer_file, "added_tokens")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(entries, list):
+        return {}
+    from tokenizers import AddedToken
+
+    decoder = {}
+    for entry in entries:
+        entry = dict(entry)
+        token_id = entry.pop("id")
+        decoder[token_id] = AddedToken(**entry)
+    return {"added_tokens_decoder": decoder}
+
+
+def _head_value(path: Path, key: str, chunk: int = 1 << 20) -> Any:
+    """The value of top-level `key` in a JSON object file, decoding the members before it one by one (the
+    file's other members, the vocabulary and merges, are never decoded). Raises ValueError when absent."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read(chunk)
+        pos = _skip_space(text, 0)
+        if text[pos: pos + 1] != "{":
+            raise ValueError(f"{path}: not a JSON object")
+        pos += 1
+        while True:
+            try:
+                name, after = decoder.raw_decode(text, _skip_space(text, pos))
+                colon = _skip_space(text, after)
+                if text[colon: colon + 1] != ":":
+                    raise json.JSONDecodeError("expected ':'", text, colon)
+                value, end = decoder.raw_decode(text, _skip_space(text, colon + 1))
+                follow = _skip_space(text, end)
+                if follow >= len(text):  # a number cut by the chunk's end decodes too: make sure it is whole
+                    raise json.JSONDecodeError("cut", text, follow)
+            except json.JSONDecodeError:
+                more = handle.read(chunk)
+                if not more:
+                    raise
+                text += more  # a member cut by the chunk's end: read on and decode it again
+                continue
+            if name == key:
+                return value
+            if text[follow] != ",":
+                raise ValueError(f"{path}: no top-level {key!r}")
+            pos = follow + 1
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\n\r":
+        pos += 1
+    return pos
 
 
 def _backend(tokenizer):
