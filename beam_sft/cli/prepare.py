@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
     from beam_sft.records.files import REJECTS, atomic_output, data_sources, write_json_atomic
-    from beam_sft.template.tokenizer import load_tokenizer, short_hash
+    from beam_sft.render.warm import load_for_encoding
+    from beam_sft.template.tokenizer import short_hash
 
     if args.num_proc is None:
         from beam_sft.dataset.workers import default_num_proc
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     else:
         try:
-            tokenizer = load_tokenizer(args.tokenizer)
+            tokenizer = load_for_encoding(args.tokenizer)
         except (OSError, ValueError) as err:
             raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
         from beam_sft.dataset.examples import check_stop_tokens_trained

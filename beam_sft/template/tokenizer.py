@@ -64,6 +64,9 @@ DEFAULT_TOKENIZER_DIR = PACKAGE_DIR.parent / "data" / "tokenizer"
 
 def stop_token_ids(tokenizer) -> tuple[int, int]:
     """Ids of `<|return|>` and `<|call|>` (`STOP_MARKERS`); each must be a single token."""
+    known = _precomputed(tokenizer, "stop_token_ids")
+    if known is not None:
+        return known[0], known[1]
     ids = []
     for marker in STOP_MARKERS:
         encoded = tokenizer.encode(marker, add_special_tokens=False)
@@ -80,27 +83,66 @@ def short_hash(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
 
 
+def _precomputed(tokenizer, name: str) -> Any:
+    """What a tokenizer that answers from a snapshot (`beam_sft.render.warm.WarmTokenizer`) already knows, or None.
+
+    Looked up on the type: a transformers tokenizer's `__getattr__` answers names of its own."""
+    answer = getattr(type(tokenizer), "beam_precomputed", None)
+    return answer(tokenizer, name) if answer is not None else None
+
+
 def vocab_hash(tokenizer) -> str:
     """A hash of what turns text into ids: the backend tokenizer (vocabulary, merges, added tokens) and specials."""
+    known = _precomputed(tokenizer, "vocab_hash")
+    if known is not None:
+        return known
     backend = getattr(tokenizer, "_tokenizer", None)
     special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
     tail = f"{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}"
     if backend is None:
         return short_hash(f"{json.dumps(sorted(tokenizer.get_vocab().items()))}|{tail}")
-    # Serialising a 200k vocabulary takes a second and a run asks several times: remembered per backend
-    # object, as long as its size and pipeline (everything a caller can swap in place) are unchanged.
+    digest = _backend_digest(backend).copy()  # the same value as short_hash(f"{body}|{tail}")
+    digest.update(f"|{tail}".encode())
+    return digest.hexdigest()[:16]
+
+
+def backend_state(tokenizer) -> tuple[str, str]:
+    """(the backend serialised, the sha256 of that text): what the encoder's setup keys its caches by.
+
+    Serialising a 200k vocabulary takes a good part of a second; the digest is remembered for `vocab_hash`, so a
+    run that sets up the encoder and fingerprints its data serialises once."""
+    hook = getattr(type(tokenizer), "beam_backend_state", None)
+    if hook is not None:
+        return hook(tokenizer)
+    backend = tokenizer._tokenizer
+    text = backend.to_str()
+    digest = hashlib.sha256(text.encode())
+    _remember(backend, digest)
+    return text, digest.hexdigest()
+
+
+def _pipeline(backend) -> list:
+    """Everything a caller can swap in place on a backend without changing its size."""
     parts = [backend.get_vocab_size(with_added_tokens=True), backend.model.__class__.__name__]
     for step in (backend.normalizer, backend.pre_tokenizer, backend.post_processor, backend.decoder):
         parts.append(step.__getstate__() if step is not None else None)
     parts.extend((backend.truncation, backend.padding))
+    return parts
+
+
+def _backend_digest(backend):
+    """sha256 of `backend.to_str()`, remembered per backend object while its size and pipeline are unchanged:
+    serialising a 200k vocabulary takes a second and a run asks several times."""
     memo = _VOCAB_HASHES.get(id(backend))
-    if memo is None or memo[0] is not backend or memo[1] != parts:
-        memo = (backend, parts, hashlib.sha256(backend.to_str().encode()))
-        _VOCAB_HASHES.clear()  # one tokenizer at a time is the rule; keeps no backend alive for long
-        _VOCAB_HASHES[id(backend)] = memo
-    digest = memo[2].copy()  # the same value as short_hash(f"{body}|{tail}")
-    digest.update(f"|{tail}".encode())
-    return digest.hexdigest()[:16]
+    if memo is None or memo[0] is not backend or memo[1] != _pipeline(backend):
+        return _remember(backend, hashlib.sha256(backend.to_str().encode()))
+    return memo[2]
+
+
+def _remember(backend, digest):
+    _VOCAB_HASHES.clear()  # one tokenizer at a time is the rule; keeps no backend alive for long
+    _VOCAB_HASHES[id(backend)] = (backend, _pipeline(backend), digest)
+    return digest
 
 
 _VOCAB_HASHES: dict[int, tuple[Any, list, Any]] = {}
@@ -108,7 +150,27 @@ _VOCAB_HASHES: dict[int, tuple[Any, list, Any]] = {}
 
 def template_hash(tokenizer) -> str:
     """A hash of the tokenizer's chat template(s)."""
+    known = _precomputed(tokenizer, "template_hash")
+    if known is not None:
+        return known
     return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
+
+
+def files_digest(directory: str | Path) -> str:
+    """sha256 of a directory's files (names and bytes, in name order); remembered per process while no file's
+    size or mtime changes, since `beam-sft prepare` asks twice (up-to-date check, warm-start key)."""
+    directory = Path(directory).resolve()
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    stamp = (str(directory), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if _FILES_DIGEST.get(stamp[0], (None,))[0] != stamp:
+        h = hashlib.sha256()
+        for file in files:
+            h.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+        _FILES_DIGEST[stamp[0]] = (stamp, h.hexdigest())
+    return _FILES_DIGEST[stamp[0]][1]
+
+
+_FILES_DIGEST: dict[str, tuple[Any, str]] = {}
 
 
 def read_templates(template_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
