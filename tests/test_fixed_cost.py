@@ -258,7 +258,7 @@ def test_spawned_workers_get_the_snapshot_not_the_vocabulary(snapshots, tmp_path
     from beam_sft.dataset.settings import DataSettings
     from beam_sft.render.warm import load_for_encoding
 
-    warm, cold = _warm_and_cold(DEFAULT_TOKENIZER_DIR)
+    _, cold = _warm_and_cold(DEFAULT_TOKENIZER_DIR)
     inputs = [str(SAMPLES / "openai.jsonl")]
     settings = DataSettings(max_length=300)
     build_prepared(inputs, cold, settings, tmp_path / "cold", fingerprint="f")
