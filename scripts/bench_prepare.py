@@ -10,7 +10,8 @@ wall clocks on a shared machine measure the neighbours; wall-clock scaling of `-
 and is only meaningful on an idle machine.
 
 Rows:
-* setup: a fresh process loading the tokenizer and building the encoder (warm disk cache), CPU seconds;
+* setup: a fresh process loading the tokenizer and building the encoder as `beam-sft prepare` does
+  (`beam_sft.render.warm.load_for_encoding`, then `get_encoder`), warm disk cache, CPU seconds;
 * encoder: `get_encoder(tok).encode` alone, batches of 256, shared tools and unique tools;
 * trl: TRL's per-example preparation (`trl.data_utils._tokenize` with `return_assistant_tokens_mask`, what
   `SFTTrainer._prepare_dataset` maps over the data) on a subset, and its ids and masks compared with ours;
@@ -116,14 +117,15 @@ def derived(pool: list[dict], n: int, start: int, unique_tools: bool) -> list[di
 _SETUP = """
 import json, sys, time
 t0 = time.process_time()
-from beam_sft.template.tokenizer import load_tokenizer
-tok = load_tokenizer(sys.argv[1] or None)
+from beam_sft.render.warm import load_for_encoding
+tok = load_for_encoding(sys.argv[1] or None)
 t1 = time.process_time()
 from beam_sft.render.encoder import get_encoder
 enc = get_encoder(tok)
 t2 = time.process_time()
 print(json.dumps({"tokenizer_s": t1 - t0, "encoder_s": t2 - t1, "fast": enc.fast,
-                  "tiktoken": enc._tiktoken is not None, "tiktoken_reason": enc.tiktoken_reason}))
+                  "tiktoken": enc._tiktoken is not None, "tiktoken_reason": enc.tiktoken_reason,
+                  "warm_start": type(tok).__name__ == "WarmTokenizer"}))
 """
 
 
@@ -139,6 +141,7 @@ def bench_setup(tokenizer_path: str | None) -> dict:
     out = runs[-1]
     out["total_s"] = out["tokenizer_s"] + out["encoder_s"]
     out["first_run_encoder_s"] = runs[0]["encoder_s"]
+    out["first_run_total_s"] = runs[0]["tokenizer_s"] + runs[0]["encoder_s"]
     return out
 
 

@@ -74,6 +74,22 @@ def _print_summary(manifest: dict) -> None:
         print(note, file=sys.stderr)
 
 
+def _tokenizer(args: argparse.Namespace, settings):
+    """The tokenizer to encode with: warm-started where an earlier run left a snapshot of its setup
+    (`beam_sft.render.warm`), and checked to train both stop tokens."""
+    from beam_sft.dataset.examples import check_stop_tokens_trained
+    from beam_sft.errors import UsageError
+    from beam_sft.render.warm import load_for_encoding
+
+    try:
+        tokenizer = load_for_encoding(args.tokenizer)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
+    if settings.assistant_only_loss:
+        check_stop_tokens_trained(tokenizer)
+    return tokenizer
+
+
 def run(args: argparse.Namespace) -> int:
     from beam_sft.dataset.prepare import build_prepared
     from beam_sft.dataset.settings import (
@@ -87,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
     from beam_sft.records.files import REJECTS, atomic_output, data_sources, write_json_atomic
-    from beam_sft.template.tokenizer import load_tokenizer, short_hash
+    from beam_sft.template.tokenizer import short_hash
 
     if args.num_proc is None:
         from beam_sft.dataset.workers import default_num_proc
@@ -124,14 +140,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"prepare: {args.output} is up to date (same files, tokenizer and settings; --force rebuilds it)",
               file=sys.stderr)
     else:
-        try:
-            tokenizer = load_tokenizer(args.tokenizer)
-        except (OSError, ValueError) as err:
-            raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
-        from beam_sft.dataset.examples import check_stop_tokens_trained
-
-        if settings.assistant_only_loss:
-            check_stop_tokens_trained(tokenizer)
+        tokenizer = _tokenizer(args, settings)
         if args.quiet:
             import datasets
 

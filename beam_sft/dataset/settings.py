@@ -8,7 +8,6 @@ and checked against a run before it trains.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -17,7 +16,7 @@ from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.files import REJECTS  # noqa: F401  (the prepared dir's rejects file)
-from beam_sft.template.tokenizer import short_hash, template_hash, vocab_hash
+from beam_sft.template.tokenizer import files_digest, short_hash, template_hash, vocab_hash
 from beam_sft.validate.convert import INPUT_FORMATS
 
 # Part of every cache fingerprint and manifest: bump when what the data phase writes could change.
@@ -87,10 +86,7 @@ def tokenizer_files_hash(path: str | os.PathLike | None) -> str | None:
     directory = Path(path)
     if not directory.is_dir():
         return None
-    h = hashlib.sha256()
-    for file in sorted(p for p in directory.iterdir() if p.is_file()):
-        h.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    return files_digest(directory)[:16]
 
 
 def run_fields(tokenizer, settings: DataSettings) -> dict[str, Any]:

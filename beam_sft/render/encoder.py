@@ -45,7 +45,7 @@ from typing import Any
 from beam_sft.errors import Reason, RecordError, internal_error
 from beam_sft.render import direct as direct_render
 from beam_sft.render import jinja
-from beam_sft.template.tokenizer import short_hash, template_hash, vocab_hash
+from beam_sft.template.tokenizer import backend_state, short_hash, template_hash, vocab_hash
 
 # Part of the datasets cache fingerprint: bump when the output of the encoder could change.
 RENDER_VERSION = "1"
@@ -188,8 +188,12 @@ class MaskedEncoder:
         self._serialized: str | None = None  # the backend as it was at setup; a private copy is made from it
         self._private_backend = None
         self._tiktoken = None
+        self._backend_sha256: str | None = None
         self.tiktoken_reason: str | None = "the fast path is off"
-        self.fallback_reason = force_fallback or self._setup_fast_path()
+        if force_fallback:
+            self.fallback_reason: str | None = force_fallback
+        elif not self._setup_warm():
+            self.fallback_reason = self._setup_fast_path()
 
     def clear_caches(self) -> None:
         """Forget cached pieces and rendered system/developer prefixes (benchmarks time a cold start)."""
@@ -216,7 +220,7 @@ class MaskedEncoder:
             from transformers.utils.chat_template_utils import render_jinja_template  # noqa: F401
         except ImportError:  # pragma: no cover - older/newer transformers layout
             return "transformers.utils.chat_template_utils.render_jinja_template is not available"
-        serialized = original.to_str()
+        serialized, self._backend_sha256 = backend_state(tokenizer)
         self._serialized = serialized
         added = original.get_added_tokens_decoder()
         contents: dict[str, int] = {}
@@ -227,11 +231,8 @@ class MaskedEncoder:
                 return f"added token {token.content!r} is matched after normalization"
             if token.content:
                 contents[token.content] = token_id
-        self._marker_ids = contents
-        self._marker_lists = {content: [token_id] for content, token_id in contents.items()}
-        self._context_marker = min(contents, key=len) if contents else ""
-        self._split = _splitter(contents)
-        self._tiktoken, self.tiktoken_reason = _tiktoken_pieces(serialized)
+        self._set_markers(contents)
+        self._tiktoken, self.tiktoken_reason = _tiktoken_pieces(serialized, self._backend_sha256)
         # The shared backend is what `serialized` describes right now; it serves the probe unless transformers
         # left a truncation or padding setting on it (then the private copy does).
         clean = original.truncation is None and original.padding is None and not original.encode_special_tokens
@@ -242,17 +243,48 @@ class MaskedEncoder:
             self._tiktoken, self.tiktoken_reason = None, f"the probe found a difference: {problem}"
             problem = self._probe(probe_backend)
         if problem:
-            self._serialized = self._private_backend = None
+            self._serialized = self._private_backend = self._backend_sha256 = None
         return problem
+
+    def _set_markers(self, contents: dict[str, int]) -> None:
+        self._marker_ids = contents
+        self._marker_lists = {content: [token_id] for content, token_id in contents.items()}
+        self._context_marker = min(contents, key=len) if contents else ""
+        self._split = _splitter(contents)
+
+    def _setup_warm(self) -> bool:
+        """Set up the fast path as an earlier process left it for the same tokenizer files, code and libraries
+        (`beam_sft.render.warm`: no serialising, hashing or probing). False when the tokenizer has no snapshot."""
+        state_of = getattr(type(self.tokenizer), "beam_encoder_state", None)
+        state = state_of(self.tokenizer) if state_of is not None else None
+        if state is None:
+            return False
+        self._set_markers(dict(state["marker_ids"]))
+        self._tiktoken, self.tiktoken_reason = state["tiktoken"], state["tiktoken_reason"]
+        self._backend_sha256 = state["backend_sha256"]
+        self.fallback_reason = None
+        return True
+
+    def warm_state(self) -> dict[str, Any] | None:
+        """What `_setup_warm` needs, plus the serialised backend it stands for; None off the fast path."""
+        if not self.fast or self._serialized is None:
+            return None
+        return {"marker_ids": self._marker_ids, "tiktoken": self._tiktoken, "tiktoken_reason": self.tiktoken_reason,
+                "backend_sha256": self._backend_sha256, "backend": self._serialized}
 
     @property
     def _backend(self):
         """A private copy of the backend, made on first use: transformers sets truncation/padding on the shared
         one per call, and a leftover setting there must not cut our pieces. With the tiktoken encoder it is
         needed only for the rare piece tiktoken does not vouch for, so most processes never pay for it."""
-        if self._private_backend is None and self._serialized is not None:
+        if self._private_backend is None and self._backend_sha256 is not None:
             from tokenizers import Tokenizer
 
+            if self._serialized is None:  # a warm start: the backend as the snapshot describes it, first needed now
+                self._serialized, digest = backend_state(self.tokenizer)
+                if digest != self._backend_sha256:
+                    raise RuntimeError("the tokenizer's backend is not the one its warm-start snapshot describes; "
+                                       "run again with BEAM_SFT_NO_WARM_START=1 and report it")
             backend = Tokenizer.from_str(self._serialized)
             backend.no_truncation()
             backend.no_padding()
@@ -498,7 +530,7 @@ class MaskedEncoder:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        if self._serialized is not None:
+        if self.fast:
             self._split = _splitter(self._marker_ids)
 
 
@@ -538,8 +570,8 @@ def _splitter(contents: Mapping[str, int]):
 _TIKTOKEN_PIECES: dict[str, tuple[Any, str | None]] = {}
 
 
-def _tiktoken_pieces(serialized: str) -> tuple[Any, str | None]:
-    key = hashlib.sha256(serialized.encode()).hexdigest()
+def _tiktoken_pieces(serialized: str, key: str) -> tuple[Any, str | None]:
+    """`key`: the sha256 of `serialized` (`backend_state`)."""
     if key not in _TIKTOKEN_PIECES:
         from beam_sft.render import tiktoken_backend
 

@@ -64,6 +64,9 @@ DEFAULT_TOKENIZER_DIR = PACKAGE_DIR.parent / "data" / "tokenizer"
 
 def stop_token_ids(tokenizer) -> tuple[int, int]:
     """Ids of `<|return|>` and `<|call|>` (`STOP_MARKERS`); each must be a single token."""
+    known = _precomputed(tokenizer, "stop_token_ids")
+    if known is not None:
+        return known[0], known[1]
     ids = []
     for marker in STOP_MARKERS:
         encoded = tokenizer.encode(marker, add_special_tokens=False)
@@ -80,27 +83,66 @@ def short_hash(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
 
 
+def _precomputed(tokenizer, name: str) -> Any:
+    """What a tokenizer that answers from a snapshot (`beam_sft.render.warm.WarmTokenizer`) already knows, or None.
+
+    Looked up on the type: a transformers tokenizer's `__getattr__` answers names of its own."""
+    answer = getattr(type(tokenizer), "beam_precomputed", None)
+    return answer(tokenizer, name) if answer is not None else None
+
+
 def vocab_hash(tokenizer) -> str:
     """A hash of what turns text into ids: the backend tokenizer (vocabulary, merges, added tokens) and specials."""
+    known = _precomputed(tokenizer, "vocab_hash")
+    if known is not None:
+        return known
     backend = getattr(tokenizer, "_tokenizer", None)
     special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
     tail = f"{special}|{tokenizer.truncation_side}|{getattr(tokenizer, 'split_special_tokens', False)}"
     if backend is None:
         return short_hash(f"{json.dumps(sorted(tokenizer.get_vocab().items()))}|{tail}")
-    # Serialising a 200k vocabulary takes a second and a run asks several times: remembered per backend
-    # object, as long as its size and pipeline (everything a caller can swap in place) are unchanged.
+    digest = _backend_digest(backend).copy()  # the same value as short_hash(f"{body}|{tail}")
+    digest.update(f"|{tail}".encode())
+    return digest.hexdigest()[:16]
+
+
+def backend_state(tokenizer) -> tuple[str, str]:
+    """(the backend serialised, the sha256 of that text): what the encoder's setup keys its caches by.
+
+    Serialising a 200k vocabulary takes a good part of a second; the digest is remembered for `vocab_hash`, so a
+    run that sets up the encoder and fingerprints its data serialises once."""
+    hook = getattr(type(tokenizer), "beam_backend_state", None)
+    if hook is not None:
+        return hook(tokenizer)
+    backend = tokenizer._tokenizer
+    text = backend.to_str()
+    digest = hashlib.sha256(text.encode())
+    _remember(backend, digest)
+    return text, digest.hexdigest()
+
+
+def _pipeline(backend) -> list:
+    """Everything a caller can swap in place on a backend without changing its size."""
     parts = [backend.get_vocab_size(with_added_tokens=True), backend.model.__class__.__name__]
     for step in (backend.normalizer, backend.pre_tokenizer, backend.post_processor, backend.decoder):
         parts.append(step.__getstate__() if step is not None else None)
     parts.extend((backend.truncation, backend.padding))
+    return parts
+
+
+def _backend_digest(backend):
+    """sha256 of `backend.to_str()`, remembered per backend object while its size and pipeline are unchanged:
+    serialising a 200k vocabulary takes a second and a run asks several times."""
     memo = _VOCAB_HASHES.get(id(backend))
-    if memo is None or memo[0] is not backend or memo[1] != parts:
-        memo = (backend, parts, hashlib.sha256(backend.to_str().encode()))
-        _VOCAB_HASHES.clear()  # one tokenizer at a time is the rule; keeps no backend alive for long
-        _VOCAB_HASHES[id(backend)] = memo
-    digest = memo[2].copy()  # the same value as short_hash(f"{body}|{tail}")
-    digest.update(f"|{tail}".encode())
-    return digest.hexdigest()[:16]
+    if memo is None or memo[0] is not backend or memo[1] != _pipeline(backend):
+        return _remember(backend, hashlib.sha256(backend.to_str().encode()))
+    return memo[2]
+
+
+def _remember(backend, digest):
+    _VOCAB_HASHES.clear()  # one tokenizer at a time is the rule; keeps no backend alive for long
+    _VOCAB_HASHES[id(backend)] = (backend, _pipeline(backend), digest)
+    return digest
 
 
 _VOCAB_HASHES: dict[int, tuple[Any, list, Any]] = {}
@@ -108,7 +150,27 @@ _VOCAB_HASHES: dict[int, tuple[Any, list, Any]] = {}
 
 def template_hash(tokenizer) -> str:
     """A hash of the tokenizer's chat template(s)."""
+    known = _precomputed(tokenizer, "template_hash")
+    if known is not None:
+        return known
     return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
+
+
+def files_digest(directory: str | Path) -> str:
+    """sha256 of a directory's files (names and bytes, in name order); remembered per process while no file's
+    size or mtime changes, since `beam-sft prepare` asks twice (up-to-date check, warm-start key)."""
+    directory = Path(directory).resolve()
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    stamp = (str(directory), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if _FILES_DIGEST.get(stamp[0], (None,))[0] != stamp:
+        h = hashlib.sha256()
+        for file in files:
+            h.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+        _FILES_DIGEST[stamp[0]] = (stamp, h.hexdigest())
+    return _FILES_DIGEST[stamp[0]][1]
+
+
+_FILES_DIGEST: dict[str, tuple[Any, str]] = {}
 
 
 def read_templates(template_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
@@ -186,7 +248,11 @@ def load_tokenizer(path: str | Path | None = None, **kwargs):
             # with it): seconds of a data-only command's start-up.
             import transformers
 
-            return getattr(transformers, named).from_pretrained(str(path), **kwargs)
+            given = _added_tokens_kwargs(Path(path)) if "added_tokens_decoder" not in kwargs else {}
+            tokenizer = getattr(transformers, named).from_pretrained(str(path), **kwargs, **given)
+            if given:  # where transformers' own reading puts it: the same init_kwargs, key order included
+                tokenizer.init_kwargs["added_tokens_decoder"] = tokenizer.init_kwargs.pop("added_tokens_decoder")
+            return tokenizer
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path), **kwargs)
@@ -194,6 +260,75 @@ def load_tokenizer(path: str | Path | None = None, **kwargs):
 
 # tokenizer_config.json classes that are plain tokenizers-backed tokenizers (this project's and beamify's output).
 _PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _added_tokens_kwargs(directory: Path) -> dict[str, Any]:
+    """`added_tokens_decoder` for `from_pretrained`, read from the head of tokenizer.json, or {}.
+
+    A tokenizer_config.json without `added_tokens_decoder` (ours) makes transformers `json.load` the whole
+    tokenizer.json in Python for its `added_tokens` list alone: most of a second on a 200k vocabulary, on top
+    of the Rust parse of the same file. Given here, transformers takes the same `AddedToken`s from us. Only
+    where its legacy branch would read nothing else: no special_tokens_map.json or added_tokens.json.
+    """
+    tokenizer_file = directory / "tokenizer.json"
+    if (directory / "special_tokens_map.json").exists() or (directory / "added_tokens.json").exists():
+        return {}
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if "added_tokens_decoder" in config or not tokenizer_file.is_file():
+            return {}
+        entries = _head_value(tokenizer_file, "added_tokens")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(entries, list):
+        return {}
+    from tokenizers import AddedToken
+
+    decoder = {}
+    for entry in entries:
+        entry = dict(entry)
+        token_id = entry.pop("id")
+        decoder[token_id] = AddedToken(**entry)
+    return {"added_tokens_decoder": decoder}
+
+
+def _head_value(path: Path, key: str, chunk: int = 1 << 20) -> Any:
+    """The value of top-level `key` in a JSON object file, decoding the members before it one by one (the
+    file's other members, the vocabulary and merges, are never decoded). Raises ValueError when absent."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read(chunk)
+        pos = _skip_space(text, 0)
+        if text[pos: pos + 1] != "{":
+            raise ValueError(f"{path}: not a JSON object")
+        pos += 1
+        while True:
+            try:
+                name, after = decoder.raw_decode(text, _skip_space(text, pos))
+                colon = _skip_space(text, after)
+                if text[colon: colon + 1] != ":":
+                    raise json.JSONDecodeError("expected ':'", text, colon)
+                value, end = decoder.raw_decode(text, _skip_space(text, colon + 1))
+                follow = _skip_space(text, end)
+                if follow >= len(text):  # a number cut by the chunk's end decodes too: make sure it is whole
+                    raise json.JSONDecodeError("cut", text, follow)
+            except json.JSONDecodeError:
+                more = handle.read(chunk)
+                if not more:
+                    raise
+                text += more  # a member cut by the chunk's end: read on and decode it again
+                continue
+            if name == key:
+                return value
+            if text[follow] != ",":
+                raise ValueError(f"{path}: no top-level {key!r}")
+            pos = follow + 1
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\n\r":
+        pos += 1
+    return pos
 
 
 def _backend(tokenizer):

@@ -1,0 +1,288 @@
+"""Warm start: `beam-sft prepare`'s tokenizer and encoder set up from what an earlier process found out.
+
+Loading a 200k-vocabulary tokenizer costs seconds before the first record: importing transformers, parsing
+tokenizer.json, serialising the backend again to hash it, probing the encoder. None of it changes between two
+runs on the same tokenizer files with the same code and libraries. So the first run that sets up the fast
+path (`MaskedEncoder`) stores a small snapshot, and later runs answer from it:
+
+* the key: sha256 of the tokenizer directory's files (every file, as `tokenizer_files_hash`), the
+  transformers, tokenizers and tiktoken versions, and the source of the modules whose behaviour the snapshot
+  captures (this one, the encoder, the tiktoken backend, the tokenizer helpers, the markers);
+* the snapshot (`$BEAM_SFT_CACHE`, else `~/.cache/beam_sft`, `warm-<key>/`): what the data phase asks of the
+  tokenizer (`len`, chat template, special tokens map, truncation side, `vocab_hash`, `template_hash`,
+  `stop_token_ids`), the encoder's setup (marker ids, the tiktoken verdict and ranks), and the serialised
+  backend, for the pieces tiktoken does not vouch for;
+* `WarmTokenizer` answers those from the snapshot and loads the real tokenizer (`load_tokenizer`) on first use
+  of anything else (`apply_chat_template` for a record the fast path leaves to the reference, `encode`, ...);
+  from then on everything comes from the real one.
+
+Anything unusual takes the normal path: a hub id, a directory that AutoTokenizer would have to resolve
+(config.json, another tokenizer class), a tokenizer the fast path refuses, a missing or damaged snapshot.
+`BEAM_SFT_NO_WARM_START=1` turns it off. Only `beam-sft prepare` (`load_for_encoding`) uses it: training and
+the other commands keep a real transformers tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from beam_sft.template.tokenizer import (
+    _PLAIN_CLASSES,
+    DEFAULT_TOKENIZER_DIR,
+    PACKAGE_DIR,
+    files_digest,
+    load_tokenizer,
+    stop_token_ids,
+    template_hash,
+    vocab_hash,
+)
+
+ENV_OFF = "BEAM_SFT_NO_WARM_START"
+# Bump when the snapshot's layout changes (the sources below are part of the key anyway).
+FORMAT = 1
+KEEP = 8  # snapshots kept in the cache directory, newest first
+_SOURCES = ("template/tokenizer.py", "render/encoder.py", "render/tiktoken_backend.py", "render/warm.py",
+            "records/messages.py")
+_TOKENIZER_FACTS = ("len", "chat_template", "special_tokens_map", "truncation_side", "split_special_tokens",
+                    "vocab_hash", "template_hash", "stop_token_ids")
+
+
+def load_for_encoding(path: str | Path | None = None):
+    """The tokenizer `beam-sft prepare` encodes with: `load_tokenizer(path)`, or a `WarmTokenizer` where an earlier
+    process left a snapshot for the same files, code and libraries (and stores one when it did not)."""
+    directory = _eligible(path)
+    if directory is None:
+        return load_tokenizer(path)
+    key = snapshot_key(directory)
+    where = cache_dir() / f"warm-{key}"
+    snapshot = _read(where, key)
+    if snapshot is not None:
+        return WarmTokenizer(path if path is not None else directory, where, snapshot)
+    tokenizer = load_tokenizer(path)
+    store(tokenizer, where, key)
+    return tokenizer
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BEAM_SFT_CACHE") or Path.home() / ".cache" / "beam_sft")
+
+
+def _eligible(path: str | Path | None) -> Path | None:
+    """The tokenizer directory when a warm start may stand in for `load_tokenizer(path)`, else None."""
+    if os.environ.get(ENV_OFF, "") not in ("", "0"):
+        return None
+    directory = Path(path) if path is not None else DEFAULT_TOKENIZER_DIR
+    if not (directory / "tokenizer_config.json").is_file() or not (directory / "tokenizer.json").is_file():
+        return None
+    if (directory / "config.json").exists():  # AutoTokenizer decides the class there
+        return None
+    try:
+        named = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return directory if named in _PLAIN_CLASSES else None
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def snapshot_key(directory: Path) -> str:
+    """What a snapshot depends on: the tokenizer's files, the code that set it up, the library versions."""
+    h = hashlib.sha256(f"{FORMAT}|{files_digest(directory)}|{sys.version_info[:2]}".encode())
+    for name in ("transformers", "tokenizers", "tiktoken"):
+        h.update(f"|{name}={_version(name)}".encode())
+    for source in _SOURCES:
+        h.update(b"\0" + (PACKAGE_DIR / source).read_bytes())
+    return h.hexdigest()[:32]
+
+
+def _read(where: Path, key: str) -> dict[str, Any] | None:
+    try:
+        snapshot = json.loads((where / "snapshot.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(snapshot, dict) or snapshot.get("key") != key or snapshot.get("format") != FORMAT:
+        return None
+    try:
+        os.utime(where)  # in use: `_prune` goes by age
+    except OSError:
+        pass
+    return snapshot
+
+
+def store(tokenizer, where: Path, key: str) -> bool:
+    """Set up `tokenizer`'s encoder and keep what a warm start needs at `where`. False when there is nothing to
+    keep (the fast path is off, a stop marker is not one token, a value JSON does not carry exactly)."""
+    from beam_sft.errors import FatalError
+    from beam_sft.render.encoder import get_encoder
+
+    state = get_encoder(tokenizer).warm_state()
+    if state is None:
+        return False
+    try:
+        facts = {"len": len(tokenizer), "chat_template": tokenizer.chat_template,
+                 "special_tokens_map": tokenizer.special_tokens_map, "truncation_side": tokenizer.truncation_side,
+                 "split_special_tokens": bool(getattr(tokenizer, "split_special_tokens", False)),
+                 "vocab_hash": vocab_hash(tokenizer), "template_hash": template_hash(tokenizer),
+                 "stop_token_ids": list(stop_token_ids(tokenizer))}
+    except FatalError:
+        return False
+    snapshot = {"format": FORMAT, "key": key, "tokenizer": facts,
+                "encoder": {"marker_ids": state["marker_ids"], "tiktoken_reason": state["tiktoken_reason"],
+                            "tiktoken": state["tiktoken"] is not None, "backend_sha256": state["backend_sha256"]}}
+    text = json.dumps(snapshot, ensure_ascii=False)
+    if json.loads(text) != snapshot:  # tuples, AddedTokens, int keys...: not something to answer from
+        return False
+    _write(where, text, state)
+    _prune(where.parent)
+    return True
+
+
+def _write(where: Path, text: str, state: dict[str, Any]) -> None:
+    from beam_sft.render import tiktoken_backend
+
+    tmp = where.with_name(f".{where.name}.{os.getpid()}.tmp")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "backend.json").write_text(state["backend"], encoding="utf-8")
+        if state["tiktoken"] is not None:
+            (tmp / "tiktoken.bin").write_bytes(tiktoken_backend._dump(state["tiktoken"], None))
+        (tmp / "snapshot.json").write_text(text, encoding="utf-8")  # last: a directory with it is complete
+        os.replace(tmp, where)
+    except OSError:
+        pass  # a read-only cache, or another process stored the same snapshot first: set up again next time
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _prune(directory: Path) -> None:
+    """Keep the `KEEP` newest snapshots: every change of tokenizer, code or library version makes a new one."""
+    try:
+        found = sorted(directory.glob("warm-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return
+    for old in found[KEEP:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _itself(tokenizer):
+    return tokenizer
+
+
+class WarmTokenizer:
+    """Stands in for `load_tokenizer(path)`: answers what the data phase asks from a snapshot, and loads the real
+    tokenizer on first use of anything else, then answers everything from it. Pickles small (workers that are
+    spawned get the snapshot, not the vocabulary)."""
+
+    def __init__(self, path: str | Path, where: Path, snapshot: dict[str, Any]) -> None:
+        self.__dict__.update(_path=path, _where=where, _snapshot=snapshot, _real=None)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the real tokenizer has been loaded (then every answer is its own)."""
+        return self.__dict__["_real"] is not None
+
+    def real(self):
+        """The real tokenizer, loaded on first use."""
+        if self.__dict__["_real"] is None:
+            self.__dict__["_real"] = load_tokenizer(self.__dict__["_path"])
+        return self.__dict__["_real"]
+
+    def __getattr__(self, name: str):
+        # Only names not defined here get this far; dunders are left alone, so copy and pickle probes that run
+        # before __init__ (no _snapshot yet) do not load anything.
+        if name.startswith("__") or "_snapshot" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.real(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.real(), name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self.real(), name)
+
+    def __len__(self) -> int:
+        return self._fact("len") if not self.loaded else len(self.real())
+
+    def __call__(self, *args, **kwargs):
+        return self.real()(*args, **kwargs)
+
+    def __reduce__(self):
+        if self.loaded:
+            return _itself, (self.real(),)
+        return WarmTokenizer, (self.__dict__["_path"], self.__dict__["_where"], self.__dict__["_snapshot"])
+
+    def __repr__(self) -> str:
+        state = "loaded" if self.loaded else f"from {self.__dict__['_where']}"
+        return f"WarmTokenizer({str(self.__dict__['_path'])!r}, {state})"
+
+    def _fact(self, name: str) -> Any:
+        if self.loaded:
+            return getattr(self.real(), name)
+        value = self.__dict__["_snapshot"]["tokenizer"][name]
+        return dict(value) if isinstance(value, dict) else value
+
+    chat_template = property(lambda self: self._fact("chat_template"))
+    special_tokens_map = property(lambda self: self._fact("special_tokens_map"))
+    truncation_side = property(lambda self: self._fact("truncation_side"))
+    split_special_tokens = property(lambda self: self._fact("split_special_tokens"))
+
+    @property
+    def name_or_path(self) -> str:
+        return str(self.__dict__["_path"]) if not self.loaded else self.real().name_or_path
+
+    def get_chat_template(self, chat_template: str | None = None, tools: list | None = None) -> str:
+        template = self._fact("chat_template")
+        if chat_template is None and isinstance(template, str) and not self.loaded:
+            return template
+        return self.real().get_chat_template(chat_template, tools)
+
+    # -- what beam_sft.template.tokenizer and beam_sft.render.encoder ask, looked up on the type ------------
+
+    def beam_precomputed(self, name: str) -> Any:
+        """`vocab_hash`, `template_hash` or `stop_token_ids` as the snapshot has them; None once loaded."""
+        if self.loaded or name not in _TOKENIZER_FACTS:
+            return None
+        return self.__dict__["_snapshot"]["tokenizer"][name]
+
+    def beam_encoder_state(self) -> dict[str, Any] | None:
+        """The encoder's fast-path setup (`MaskedEncoder._setup_warm`), or None (then it sets up as usual)."""
+        if self.loaded:
+            return None
+        encoder = self.__dict__["_snapshot"]["encoder"]
+        pieces = None
+        if encoder["tiktoken"]:
+            from beam_sft.render import tiktoken_backend
+
+            try:
+                pieces, _ = tiktoken_backend._load((self.__dict__["_where"] / "tiktoken.bin").read_bytes())
+            except (OSError, ValueError, KeyError):
+                return None  # pruned or damaged under us: the normal setup, on the real tokenizer
+        return {**encoder, "tiktoken": pieces}
+
+    def beam_backend_state(self) -> tuple[str, str]:
+        """(serialised backend, its sha256), as `beam_sft.template.tokenizer.backend_state` gives them."""
+        from beam_sft.template.tokenizer import backend_state
+
+        if not self.loaded:
+            want = self.__dict__["_snapshot"]["encoder"]["backend_sha256"]
+            try:
+                text = (self.__dict__["_where"] / "backend.json").read_text(encoding="utf-8")
+            except OSError:
+                text = None
+            if text is not None and hashlib.sha256(text.encode()).hexdigest() == want:
+                return text, want
+        return backend_state(self.real())
