@@ -356,6 +356,35 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int], tokenizer_path: str) -> int:
+    """The rows that run the commands as subprocesses (prepare, convert); returns the next unused record number."""
+    if "prepare" in args.rows:
+        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+            work = Path(tmp)
+            fig["prepare"] = []
+            for size in sizes:
+                src = work / f"records-{size}.jsonl"
+                write_jsonl(derived(pool, size, start, False), src)
+                start += size
+                for procs in args.num_proc:
+                    _log(f"prepare: {size} records, --num-proc {procs}")
+                    run = bench_prepare_run(src, work / f"out-{size}-{procs}", procs, tokenizer_path, work)
+                    fig["prepare"].append({"size": size, **run})
+    if "convert" in args.rows:
+        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+            work = Path(tmp)
+            size = sizes[0]
+            src = work / f"convert-{size}.jsonl"
+            write_jsonl(derived(pool, size, start, False), src)
+            start += size
+            fig["convert"] = []
+            for procs in args.num_proc:
+                _log(f"convert: {size} records, --num-proc {procs}")
+                fig["convert"].append({"size": size, **bench_convert_run(src, work / f"conv-{procs}.jsonl", procs,
+                                                                         work)})
+    return start
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -400,30 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             start += n
             _log(f"breakdown: {n} records in this process")
             fig["breakdown"] = bench_breakdown(tok, src, Path(tmp))
-    if "prepare" in args.rows:
-        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-            work = Path(tmp)
-            fig["prepare"] = []
-            for size in sizes:
-                src = work / f"records-{size}.jsonl"
-                write_jsonl(derived(pool, size, start, False), src)
-                start += size
-                for procs in args.num_proc:
-                    _log(f"prepare: {size} records, --num-proc {procs}")
-                    run = bench_prepare_run(src, work / f"out-{size}-{procs}", procs, tokenizer_path, work)
-                    fig["prepare"].append({"size": size, **run})
-    if "convert" in args.rows:
-        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-            work = Path(tmp)
-            size = sizes[0]
-            src = work / f"convert-{size}.jsonl"
-            write_jsonl(derived(pool, size, start, False), src)
-            start += size
-            fig["convert"] = []
-            for procs in args.num_proc:
-                _log(f"convert: {size} records, --num-proc {procs}")
-                fig["convert"].append({"size": size, **bench_convert_run(src, work / f"conv-{procs}.jsonl", procs,
-                                                                         work)})
+    start = _command_rows(args, fig, pool, start, sizes, tokenizer_path)
     if "base" in args.rows:
         from build_base_tokenizer import cached_build as base_build
 
