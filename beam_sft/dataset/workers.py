@@ -22,9 +22,11 @@ rebuilding the encoder there, once per chunk, and its Arrow writer costs more pe
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,6 +256,7 @@ def _init_worker(job: Job) -> None:
 
     _JOB = job
     get_encoder(job.tokenizer)  # once per worker (inherited ready-made where the process forked)
+    gc.freeze()  # see _frozen
 
 
 def _run_in_worker(task: Task) -> Result:
@@ -269,21 +272,36 @@ def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None) -> Iterator
     from beam_sft.render.encoder import get_encoder
 
     get_encoder(job.tokenizer)  # built before the workers fork, so they inherit it
-    if not num_proc or num_proc <= 1:
-        for task in tasks:
-            yield run_task(task, job)
-        return
-    import multiprocessing
+    with _frozen():
+        if not num_proc or num_proc <= 1:
+            for task in tasks:
+                yield run_task(task, job)
+            return
+        import multiprocessing
 
-    context = multiprocessing.get_context(_start_method())
-    with context.Pool(num_proc, initializer=_init_worker, initargs=(job,)) as pool:
-        pending: deque = deque()
-        for task in tasks:
-            pending.append(pool.apply_async(_run_in_worker, (task,)))
-            if len(pending) >= 2 * num_proc:
+        context = multiprocessing.get_context(_start_method())
+        with context.Pool(num_proc, initializer=_init_worker, initargs=(job,)) as pool:
+            pending: deque = deque()
+            for task in tasks:
+                pending.append(pool.apply_async(_run_in_worker, (task,)))
+                if len(pending) >= 2 * num_proc:
+                    yield pending.popleft().get()
+            while pending:
                 yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+
+
+@contextmanager
+def _frozen() -> Iterator[None]:
+    """Everything alive now (tokenizer, encoder, a training job's model) out of the cyclic GC's way while the
+    records stream through: a full collection otherwise walks all of it again and again (with the encoder's
+    piece cache, a fifth of the encoding time, measured). Forked workers inherit it; `gc.freeze` also keeps
+    their pages shared. Garbage cycles are collected first so that none is kept; unfrozen at the end."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _start_method() -> str:
