@@ -140,6 +140,36 @@ def test_num_proc_1_and_2_give_the_same_bytes(tok, tmp_path, eval_split):
         assert (tmp_path / "p2" / "eval").is_dir() and runs[2]["splits"]["eval"]["records_kept"] > 0
 
 
+def test_the_data_phase_freezes_the_gc_only_while_records_stream(tok, tmp_path, monkeypatch):
+    """`workers._frozen`: what is alive at the start is out of the cyclic GC's way during the run (the
+    encoder's setup, a training job's model), and the process is left as it was, also when a run fails."""
+    import gc
+
+    from beam_sft.dataset import stages, workers
+    from beam_sft.dataset.prepare import build_prepared
+
+    seen = []
+    real = stages._convert_batch
+
+    def spy(*args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "_convert_batch", spy)
+    assert gc.get_freeze_count() == 0
+    build_prepared([OPENAI], tok, DataSettings(max_length=200), tmp_path / "p", num_proc=1)
+    assert seen and min(seen) > 1000  # the tokenizer, encoder and test session were frozen while it ran
+    assert gc.get_freeze_count() == 0
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workers, "run_task", boom)
+    with pytest.raises(KeyboardInterrupt):
+        build_prepared([OPENAI], tok, DataSettings(max_length=200), tmp_path / "q", num_proc=1)
+    assert gc.get_freeze_count() == 0
+
+
 def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tmp_path, monkeypatch):
     from beam_sft.validate import convert as conversion
 
