@@ -146,9 +146,9 @@ def bench_setup(tokenizer_path: str | None) -> dict:
 
 
 def bench_encoder(tokenizer, records: list[dict]) -> dict:
-    from beam_sft.render.encoder import get_encoder
-
     import gc
+
+    from beam_sft.render.encoder import get_encoder
 
     encoder = get_encoder(tokenizer)
     encoder.clear_caches()
