@@ -152,14 +152,16 @@ def test_the_data_phase_freezes_the_gc_only_while_records_stream(tok, tmp_path, 
     real = stages._convert_batch
 
     def spy(*args, **kwargs):
-        seen.append(gc.get_freeze_count())
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(stages, "_convert_batch", spy)
+    before = gc.get_threshold()
     assert gc.get_freeze_count() == 0
     build_prepared([OPENAI], tok, DataSettings(max_length=200), tmp_path / "p", num_proc=1)
-    assert seen and min(seen) > 1000  # the tokenizer, encoder and test session were frozen while it ran
-    assert gc.get_freeze_count() == 0
+    assert seen and min(count for count, _ in seen) > 1000  # the tokenizer, encoder and test session: frozen
+    assert {threshold for _, threshold in seen} == {workers.GC_THRESHOLD}
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
@@ -167,7 +169,7 @@ def test_the_data_phase_freezes_the_gc_only_while_records_stream(tok, tmp_path, 
     monkeypatch.setattr(workers, "run_task", boom)
     with pytest.raises(KeyboardInterrupt):
         build_prepared([OPENAI], tok, DataSettings(max_length=200), tmp_path / "q", num_proc=1)
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
 
 def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tmp_path, monkeypatch):

@@ -36,6 +36,8 @@ import orjson
 # Rows per encoder call: large enough for the encoder's batched tokenization, small enough to keep the
 # Python lists of one batch small.
 BATCH_ROWS = 256
+# Allocations between young-generation collections while records stream (`_frozen`); CPython's default is 700.
+GC_THRESHOLD = 100_000
 MAX_DEFAULT_PROCS = 32  # past this the main process (reading, rejects) is the bottleneck anyway
 
 STAT_KEYS = ("records_in", "records_kept", "dropped_too_long", "truncated", "assistant_turns_cut", "total_tokens",
@@ -257,6 +259,7 @@ def _init_worker(job: Job) -> None:
     _JOB = job
     get_encoder(job.tokenizer)  # once per worker (inherited ready-made where the process forked)
     gc.freeze()  # see _frozen
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def _run_in_worker(task: Task) -> Result:
@@ -292,15 +295,23 @@ def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None) -> Iterator
 
 @contextmanager
 def _frozen() -> Iterator[None]:
-    """Everything alive now (tokenizer, encoder, a training job's model) out of the cyclic GC's way while the
-    records stream through: a full collection otherwise walks all of it again and again (with the encoder's
-    piece cache, a fifth of the encoding time, measured). Forked workers inherit it; `gc.freeze` also keeps
-    their pages shared. Garbage cycles are collected first so that none is kept; unfrozen at the end."""
+    """The cyclic GC kept out of the way while the records stream through.
+
+    Everything alive now (tokenizer, encoder, a training job's model) is frozen: a full collection otherwise
+    walks all of it again and again (with the encoder's piece cache, a fifth of the encoding time, measured).
+    Garbage cycles are collected first so that none is kept. The young generation's threshold is raised: a
+    batch's records, ids and masks are acyclic and freed by reference counting, so collecting every 700
+    allocations only re-scans live batch objects (9% of a process's CPU time at the default, 4% at 20,000,
+    none at 200,000, measured on 20k records); the threshold still bounds what cycles could pile up. Forked
+    workers inherit both (`gc.freeze` also keeps their pages shared). Both are undone at the end."""
     gc.collect()
     gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD, *thresholds[1:])
     try:
         yield
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
 
 
