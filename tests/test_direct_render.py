@@ -323,6 +323,19 @@ def test_tool_declaration_equals_jinja_on_random_schemas(tok, name, description,
     assert_declaration(tok, tool)
 
 
+def test_mappings_the_template_iterates_are_declared_in_python_as_jinja_does(tok):
+    """A mapping where the template iterates a list reads as its keys, in every use the template makes of it:
+    real tool sets write enums as {value: label} (the DuckDuckGo tools of the Hermes samples)."""
+    tool = {"type": "function", "function": {"name": "search", "description": "d", "parameters": {
+        "type": "object", "required": {"query": True, "x": 1},
+        "properties": {
+            "query": {"type": "string", "enum": None},
+            "format": {"type": "string", "enum": {"json": "JSON format", "xml": "XML format"}},
+            "flag": {"type": {"string": 1, "null": 2}, "examples": {"a": 1, "b": 2}},
+            "empty": {"type": "string", "enum": {}}}}}}
+    assert assert_declaration(tok, tool)  # rendered in Python, and equal to Jinja's
+
+
 def _real_tools(value, found: list) -> None:
     if isinstance(value, dict):
         if type(value.get("name")) is str and isinstance(value.get("parameters"), dict):

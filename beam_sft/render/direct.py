@@ -377,10 +377,14 @@ def _tojson(value: Any) -> str:
 
 
 def _sequence(value: Any) -> list | None:
-    """`value` when the template iterates it as a list (`is iterable and is not string`): None when the template
-    skips it (a scalar or a string); _Declined for other iterables (a mapping iterates its keys)."""
+    """`value` as the list the template iterates (`is iterable and is not string`): a mapping as its keys, which
+    is what every use the template makes of it sees (`| length`, `for ... in`, `name in ...`; real tool sets
+    write enums as {value: label}); None when the template skips it (a scalar or a string); _Declined for other
+    iterables."""
     if type(value) is list:
         return value
+    if type(value) is dict:
+        return list(value)
     if value is None or type(value) in (str, int, float, bool):
         return None
     raise _Declined
