@@ -15,7 +15,7 @@ def test_bench_prepare_smoke(tmp_path):
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, str(REPO / "scripts" / "bench_prepare.py"), "--tokenizer", str(REPO / "data" / "tokenizer"),
                     "--records", "120", "--num-proc", "1", "2", "--encoder-records", "60", "--trl-records", "30",
-                    "--breakdown-records", "60", "--rows", "setup", "encoder", "trl", "breakdown", "prepare", "convert",
+                    "--breakdown-records", "60", "--repeat", "2", "--rows", "setup", "encoder", "trl", "breakdown", "prepare", "convert",
                     "--json", str(out), "--work-dir", str(tmp_path)], check=True, capture_output=True)
     fig = json.loads(out.read_text())
     assert fig["pool"] > 100
@@ -26,9 +26,12 @@ def test_bench_prepare_smoke(tmp_path):
     runs = {run["num_proc"]: run for run in fig["prepare"]}
     assert runs[1]["records"] == runs[2]["records"] == 120
     assert runs[1]["data_sha256"] == runs[2]["data_sha256"] and runs[1]["fingerprint"] == runs[2]["fingerprint"]
+    assert len(fig["prepare_runs"]) == 4 and len(runs[2]["wall_ratios"]) == 2  # two repeats, round robin
+    assert len({r["data_sha256"] for r in fig["prepare_runs"]}) == 1
+    assert len(fig["encoder_shared_tools"]["rates"]) == 2
     b = fig["breakdown"]
     assert b["records"] == 60 and 0 < b["encode_s"] < b["cpu_s"] and 0 < b["convert_s"] < b["cpu_s"]
-    assert any("same bytes: True" in line for line in fig["summary"])
+    assert any("same bytes in every run: True" in line for line in fig["summary"])
     conv = {run["num_proc"]: run for run in fig["convert"]}
     assert conv[1]["records"] == 120 and conv[1]["output_sha256"] == conv[2]["output_sha256"]
 
