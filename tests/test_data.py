@@ -63,6 +63,23 @@ def test_same_rows_and_counts_as_the_in_memory_path(tok, tmp_path, max_length, p
         assert stats.truncated + stats.dropped_too_long > 0  # the policy had something to do
 
 
+def test_without_assistant_only_loss_every_token_is_a_label(tok, tmp_path):
+    """The workers build a batch's labels at once (`workers._labelled`): without assistant-only loss the labels
+    are the ids, and every token, stop tokens included, is counted as supervised."""
+    from beam_sft.template.tokenizer import stop_token_ids
+
+    prepared = prepare_data(OPENAI, tok, DataSettings(max_length=None, assistant_only_loss=False),
+                            cache_dir=tmp_path)
+    ids, labels = prepared.train["input_ids"], prepared.train["labels"]
+    assert ids == labels and len(ids) > 10
+    split = prepared.manifest["splits"]["train"]
+    flat = [t for row in ids for t in row]
+    assert split["supervised_tokens"] == split["total_tokens"] == len(flat)
+    ret, call = stop_token_ids(tok)
+    assert (split["supervised_return"], split["supervised_call"]) == (flat.count(ret), flat.count(call))
+    assert split["supervised_call"] > 0
+
+
 def test_rejects_file_is_complete_for_hostile_input(tok, tmp_path):
     path, n_lines = _hostile_file(tmp_path)
     prepared = prepare_data([str(path), str(SAMPLES / "sharegpt.json")], tok,

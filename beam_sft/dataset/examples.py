@@ -182,6 +182,27 @@ class EmptyMaskError(FatalError):
     """A record has no supervised token: the template produced no assistant mask for it."""
 
 
+def fit_example(
+    input_ids: list[int], mask: list[int], *, max_length: int | None, policy: str = "turn", where: str = "record"
+) -> tuple[list[int], list[int], dict[str, int]]:
+    """The empty-mask check, then the truncation policy: (ids, mask, counts) with counts `truncated`, `dropped`
+    and `assistant_turns_cut`; a dropped record comes back with empty ids and mask.
+
+    Raises EmptyMaskError on an empty mask, before truncation: that is a template or data defect, not a length
+    problem."""
+    if not any(mask):
+        raise EmptyMaskError(
+            f"{where}: the chat template produced an empty assistant mask ({len(input_ids)} tokens, no "
+            "supervised token). Check that the record has an assistant message and that the template wraps "
+            "assistant output in {% generation %}...{% endgeneration %}"
+        )
+    result = truncate(input_ids, mask, max_length, policy)
+    if result is None:
+        return [], [], {"truncated": 0, "dropped": 1, "assistant_turns_cut": len(assistant_spans(mask))}
+    input_ids, mask, counts = result
+    return input_ids, mask, {**counts, "dropped": 0}
+
+
 def build_example(
     tokenizer,
     record: dict[str, Any],
@@ -195,30 +216,15 @@ def build_example(
 ) -> dict[str, Any]:
     """One training row: `input_ids`, `labels` (IGNORE_INDEX off the mask) and per-record counts.
 
-    `keep` is False when the truncation policy drops the record. Raises EmptyMaskError on an empty mask,
-    before truncation: that is a template or data defect, not a length problem.
+    `keep` is False when the truncation policy drops the record. Raises EmptyMaskError on an empty mask
+    (`fit_example`). The data phase's workers build the labels of a whole batch at once instead
+    (`beam_sft.dataset.workers`), by the same rule.
     """
     input_ids, mask = encoded if encoded is not None else encode(tokenizer, record)
-    if not any(mask):
-        raise EmptyMaskError(
-            f"{where}: the chat template produced an empty assistant mask ({len(input_ids)} tokens, no "
-            "supervised token). Check that the record has an assistant message and that the template wraps "
-            "assistant output in {% generation %}...{% endgeneration %}"
-        )
-    result = truncate(input_ids, mask, max_length, policy)
-    if result is None:
-        spans = assistant_spans(mask)
-        return {
-            "input_ids": [],
-            "labels": [],
-            "keep": False,
-            "truncated": 0,
-            "dropped": 1,
-            "assistant_turns_cut": len(spans),
-            "n_supervised_return": 0,
-            "n_supervised_call": 0,
-        }
-    input_ids, mask, counts = result
+    input_ids, mask, counts = fit_example(input_ids, mask, max_length=max_length, policy=policy, where=where)
+    if counts["dropped"]:
+        return {"input_ids": [], "labels": [], "keep": False, **counts, "n_supervised_return": 0,
+                "n_supervised_call": 0}
     # Slices per assistant span rather than a loop per token: this runs once per training record.
     if assistant_only_loss:
         spans = _one_runs(mask)
@@ -237,7 +243,6 @@ def build_example(
         "input_ids": input_ids,
         "labels": labels,
         "keep": True,
-        "dropped": 0,
         **counts,
         "n_supervised_return": n_return,
         "n_supervised_call": n_call,

@@ -253,36 +253,49 @@ def _procs(num_proc: int | None, n_rows: int) -> int | None:
     return num_proc if num_proc and num_proc > 1 and n_rows >= 4 * _MAP_BATCH else None
 
 
-def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names):
-    from beam_sft.dataset.examples import build_example
+def _tokenize_batch(batch, tokenizer, max_length, policy, assistant_only_loss, stop_ids, names, *,
+                    with_labels: bool = True):
+    """Render, mask, truncate and count a batch of Beam records (`batch["record"]`: dicts or JSON texts).
+
+    `with_labels=False` (`beam_sft.dataset.workers`, which builds a whole batch's labels at once in Arrow):
+    the rows carry the truncated `mask` instead of `labels`, and no supervised-token counts."""
+    from beam_sft.dataset.examples import build_example, fit_example
     from beam_sft.render.encoder import encode_each, get_encoder
 
-    keys = ("input_ids", "labels", "keep", "truncated", "dropped", "assistant_turns_cut", "n_supervised_return",
-            "n_supervised_call")
-    out: dict[str, list] = {k: [] for k in (*keys, "n_tokens", "n_supervised", "reason", "reject")}
+    keys = ("input_ids", "labels" if with_labels else "mask", "keep", "truncated", "dropped", "assistant_turns_cut")
+    counted = ("n_tokens", "n_supervised", "n_supervised_return", "n_supervised_call") if with_labels else ()
+    out: dict[str, list] = {k: [] for k in (*keys, *counted, "reason", "reject")}
     # JSON text from a converted chunk file, or dicts straight from `_convert_batch(as_dicts=True)`.
     records = [text if type(text) is dict else orjson.loads(text) for text in batch["record"]]
     encoded = encode_each(get_encoder(tokenizer), records)
     for src, pos, by_line, record, enc in zip(batch["src"], batch["pos"], batch["by_line"], records, encoded,
                                               strict=True):
-        where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"
         if isinstance(enc, RecordError):
-            example = {"input_ids": [], "labels": [], "keep": False, "truncated": 0, "dropped": 0,
+            example = {"input_ids": [], "labels": [], "mask": [], "keep": False, "truncated": 0, "dropped": 0,
                        "assistant_turns_cut": 0, "n_supervised_return": 0, "n_supervised_call": 0}
             out["reason"].append(enc.code.value)
             out["reject"].append(orjson.dumps(reject_entry(enc, names[src], pos, by_line)).decode())
         else:
-            example = build_example(
-                tokenizer, record, encoded=(enc["input_ids"], enc["assistant_masks"]), max_length=max_length,
-                policy=policy, assistant_only_loss=assistant_only_loss, stop_ids=stop_ids, where=where,
-            )
+            where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"
+            if with_labels:
+                example = build_example(
+                    tokenizer, record, encoded=(enc["input_ids"], enc["assistant_masks"]), max_length=max_length,
+                    policy=policy, assistant_only_loss=assistant_only_loss, stop_ids=stop_ids, where=where,
+                )
+            else:
+                ids, mask, example = fit_example(enc["input_ids"], enc["assistant_masks"], max_length=max_length,
+                                                 policy=policy, where=where)
+                example.update(input_ids=ids, mask=mask, keep=not example["dropped"])
             out["reason"].append(None)
             out["reject"].append(None)
         for k in keys:
             out[k].append(example[k])
-        # Counted here, in the map (and its workers), so the totals are sums of small columns.
-        out["n_tokens"].append(len(example["labels"]))
-        out["n_supervised"].append(len(example["labels"]) - example["labels"].count(-100))
+        if with_labels:
+            # Counted here, in the map (and its workers), so the totals are sums of small columns.
+            out["n_tokens"].append(len(example["labels"]))
+            out["n_supervised"].append(len(example["labels"]) - example["labels"].count(-100))
+            out["n_supervised_return"].append(example["n_supervised_return"])
+            out["n_supervised_call"].append(example["n_supervised_call"])
     return out
 
 
