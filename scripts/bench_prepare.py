@@ -367,27 +367,61 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int], tokenizer_path: str) -> int:
-    """The rows that run the commands as subprocesses (prepare, convert); returns the next unused record number."""
-    if "prepare" in args.rows:
-        with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-            work = Path(tmp)
-            runs: list[dict] = []
+def _side_by_side_rows(args, fig: dict, tok, pool: list[dict], start: int, sizes: list[int], tokenizer_path: str,
+                       n_encoder: int) -> int:
+    """The encoder and prepare rows, side by side: each repeat runs the encoder (in this process) and then every
+    prepare configuration (subprocesses), so that the ratio of prepare to the encoder is taken within a repeat,
+    where a slow spell of the machine hits both; the medians and the median ratio are reported. Returns the
+    next unused record number."""
+    variants = (("shared_tools", False), ("unique_tools", True)) if "encoder" in args.rows else ()
+    encoder_runs: dict[str, list[dict]] = {name: [] for name, _ in variants}
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+        work = Path(tmp)
+        if "prepare" in args.rows:
             for size in sizes:
-                src = work / f"records-{size}.jsonl"
-                write_jsonl(derived(pool, size, start, False), src)
+                write_jsonl(derived(pool, size, start, False), work / f"records-{size}.jsonl")
                 start += size
-            # Round robin, so that a slow spell of the machine hits every configuration alike. Each run is a
-            # fresh process on records it has not seen: the same file can serve every repeat.
-            for rep in range(args.repeat):
-                for size in sizes:
-                    for procs in args.num_proc:
-                        _log(f"prepare: {size} records, --num-proc {procs} (run {rep + 1}/{args.repeat})")
-                        run = bench_prepare_run(work / f"records-{size}.jsonl", work / f"out-{size}-{procs}", procs,
-                                                tokenizer_path, work)
-                        runs.append({"size": size, "repeat": rep, **run})
-            fig["prepare_runs"] = runs
-            fig["prepare"] = _medians(runs)
+        for rep in range(args.repeat):
+            for name, unique_tools in variants:
+                _log(f"encoder, {name} (run {rep + 1}/{args.repeat})")
+                encoder_runs[name].append({"repeat": rep, **bench_encoder(tok, derived(pool, n_encoder, start,
+                                                                                         unique_tools))})
+                start += n_encoder
+            # Each prepare run is a fresh process on records it has not seen: one file serves every repeat.
+            for size in sizes if "prepare" in args.rows else ():
+                for procs in args.num_proc:
+                    _log(f"prepare: {size} records, --num-proc {procs} (run {rep + 1}/{args.repeat})")
+                    run = bench_prepare_run(work / f"records-{size}.jsonl", work / f"out-{size}-{procs}", procs,
+                                            tokenizer_path, work)
+                    runs.append({"size": size, "repeat": rep, **run})
+    for name, group in encoder_runs.items():
+        group = sorted(group, key=lambda r: r["records_per_s"])
+        fig[f"encoder_{name}"] = {**group[len(group) // 2], "rates": [round(r["records_per_s"]) for r in group]}
+    if runs:
+        fig["prepare_runs"] = runs
+        fig["prepare"] = _medians(runs)
+        if encoder_runs.get("shared_tools"):
+            fig["prepare_vs_encoder"] = _ratios_to_encoder(runs, encoder_runs["shared_tools"])
+    return start
+
+
+def _ratios_to_encoder(runs: list[dict], encoder: list[dict]) -> dict[str, dict]:
+    """Per size: one process's CPU rate over the encoder's rate of the same repeat; the median and every ratio."""
+    import statistics
+
+    by_repeat = {r["repeat"]: r["records_per_s"] for r in encoder}
+    out = {}
+    for size in sorted({r["size"] for r in runs}):
+        ratios = sorted(r["records_per_cpu_s"] / by_repeat[r["repeat"]] for r in runs
+                        if r["size"] == size and r["num_proc"] == 1 and r["repeat"] in by_repeat)
+        if ratios:
+            out[str(size)] = {"median": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios]}
+    return out
+
+
+def _convert_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int]) -> int:
+    """`beam-sft convert` per --num-proc on the first size; returns the next unused record number."""
     if "convert" in args.rows:
         with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
             work = Path(tmp)
@@ -448,15 +482,6 @@ def main(argv: list[str] | None = None) -> int:
     if "setup" in args.rows:
         _log("setup")
         fig["setup"] = bench_setup(tokenizer_path)
-    if "encoder" in args.rows:
-        for variant, unique_tools in (("shared_tools", False), ("unique_tools", True)):
-            _log(f"encoder, {variant}")
-            runs = []
-            for _ in range(args.repeat):
-                runs.append(bench_encoder(tok, derived(pool, n_encoder, start, unique_tools)))
-                start += n_encoder
-            runs.sort(key=lambda r: r["records_per_s"])
-            fig[f"encoder_{variant}"] = {**runs[len(runs) // 2], "rates": [round(r["records_per_s"]) for r in runs]}
     if "trl" in args.rows:
         _log("TRL, per example")
         fig["trl"] = bench_trl(tok, derived(pool, n_trl, start, False))
@@ -473,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
             start += n
             _log(f"breakdown: {n} records in this process")
             fig["breakdown"] = bench_breakdown(tok, src, Path(tmp))
-    start = _command_rows(args, fig, pool, start, sizes, tokenizer_path)
+    start = _side_by_side_rows(args, fig, tok, pool, start, sizes, tokenizer_path, n_encoder)
+    start = _convert_rows(args, fig, pool, start, sizes)
     if "base" in args.rows:
         from build_base_tokenizer import cached_build as base_build
 
@@ -531,8 +557,10 @@ def summary(fig: dict) -> list[str]:
         line = (f"prepare {run['size']:,} records, --num-proc {run['num_proc']}: {run['records_per_cpu_s']:,.0f} rec/CPU-s "
                 f"(median of {run.get('cpu_rates')}), {run['records_per_wall_s']:,.0f} rec/wall-s, "
                 f"peak RSS {run['peak_rss_mb']:,.0f} MiB, data {run['data_sha256']}")
-        if run["num_proc"] == 1 and enc:
-            line += f"; {run['records_per_cpu_s'] / enc['records_per_s']:.0%} of the encoder (goal >= 60%)"
+        side = fig.get("prepare_vs_encoder", {}).get(str(run["size"]))
+        if run["num_proc"] == 1 and side:
+            line += (f"; {side['median']:.0%} of the encoder run beside it (median of {side['ratios']}; "
+                     "goal >= 60%)")
         if run["num_proc"] == 1 and trl_prep:
             line += f"; {run['records_per_cpu_s'] / trl_prep['records_per_s']:.1f}x TRL's dataset preparation (goal >= 8x)"
         if run["num_proc"] == 1 and trl:

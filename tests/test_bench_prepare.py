@@ -29,6 +29,8 @@ def test_bench_prepare_smoke(tmp_path):
     assert len(fig["prepare_runs"]) == 4 and len(runs[2]["wall_ratios"]) == 2  # two repeats, round robin
     assert len({r["data_sha256"] for r in fig["prepare_runs"]}) == 1
     assert len(fig["encoder_shared_tools"]["rates"]) == 2
+    # the ratio to the encoder is taken within each repeat (encoder and prepare run side by side)
+    assert len(fig["prepare_vs_encoder"]["120"]["ratios"]) == 2
     b = fig["breakdown"]
     assert b["records"] == 60 and 0 < b["encode_s"] < b["cpu_s"] and 0 < b["convert_s"] < b["cpu_s"]
     assert any("same bytes in every run: True" in line for line in fig["summary"])
