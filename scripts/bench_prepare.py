@@ -242,6 +242,18 @@ def _data_hash(directory: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _measured(command: list[str], report: Path, log: Path) -> dict:
+    """Run a beam-sft command under the rusage wrapper: its wall clock, CPU time (children included) and peak RSS."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with open(log, "wb") as err:
+        subprocess.call([sys.executable, "-c", _RUSAGE, str(report), *command], stderr=err, env=env)
+    usage = json.loads(report.read_text())
+    if usage["rc"] != 0:
+        raise RuntimeError(f"{' '.join(command[2:4])} failed: {log.read_text(errors='replace')[-2000:]}")
+    return usage
+
+
 def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str | None, work: Path) -> dict:
     import orjson
 
@@ -250,14 +262,7 @@ def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str |
                "--missing-reasoning", "keep",
                "--max-length", "0", "--num-proc", str(num_proc),
                *(["--tokenizer", tokenizer_path] if tokenizer_path else [])]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    log = work / f"{dst.name}.log"
-    with open(log, "wb") as err:
-        subprocess.call([sys.executable, "-c", _RUSAGE, str(report), *command], stderr=err, env=env)
-    usage = json.loads(report.read_text())
-    if usage["rc"] != 0:
-        raise RuntimeError(f"prepare failed: {log.read_text(errors='replace')[-2000:]}")
+    usage = _measured(command, report, work / f"{dst.name}.log")
     manifest = orjson.loads((dst / "beam_sft_manifest.json").read_bytes())
     counts = manifest["counts"]
     return {"num_proc": num_proc, **usage, "records": counts["records_in"], "kept": counts["records_kept"],
@@ -274,13 +279,7 @@ def bench_convert_run(src: Path, dst: Path, num_proc: int, work: Path) -> dict:
     report = work / f"{dst.name}.rusage.json"
     command = [sys.executable, "-m", "beam_sft", "convert", str(src), "-o", str(dst), "-q",
                "--missing-reasoning", "keep", "--num-proc", str(num_proc)]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    log = work / f"{dst.name}.log"
-    with open(log, "wb") as err:
-        subprocess.call([sys.executable, "-c", _RUSAGE, str(report), *command], stderr=err, env=env)
-    usage = json.loads(report.read_text())
-    if usage["rc"] != 0:
-        raise RuntimeError(f"convert failed: {log.read_text(errors='replace')[-2000:]}")
+    usage = _measured(command, report, work / f"{dst.name}.log")
     records = src.read_bytes().count(b"\n")
     return {"num_proc": num_proc, "wall_s": usage["wall_s"], "records": records,
             "records_per_wall_s": records / usage["wall_s"],
