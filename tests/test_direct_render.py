@@ -365,3 +365,16 @@ def test_tool_declaration_equals_jinja_on_every_real_sample_tool(tok):
     assert len(unique) >= 20, "the real samples hold fewer tools than expected: is the data there?"
     rendered = sum(assert_declaration(tok, tool) for tool in unique.values())
     assert rendered == len(unique), "a real tool was declined: the Python path should cover plain JSON schemas"
+
+
+def test_plain_json_is_exact_json_types_only_and_terminates_on_a_cycle():
+    from beam_sft.render.direct import _plain_json
+
+    assert _plain_json({"a": [1, 2.5, "x", None, True, {"b": []}], "c": {}})
+    assert not _plain_json({"a": [1, (2, 3)]})           # a tuple renders like a list in tojson, but is not JSON
+    assert not _plain_json({"a": {1: "x"}})              # a key that is not a string
+    assert not _plain_json([{"a": b"bytes"}])
+    looped: dict = {"a": 1}
+    looped["self"] = looped
+    assert not _plain_json(looped)                       # stops at its limit instead of looping
+    assert _plain_json([[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]])

@@ -36,16 +36,31 @@ _SCALARS = (str, int, float, bool, type(None))
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliasing order
 
 
-def _plain_json(value: Any) -> bool:
-    """Whether `value` is built of exact JSON types only (what `tojson` renders the same in and out of Jinja)."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return True
-    if kind is list:
-        return all(_plain_json(v) for v in value)
-    if kind is dict:
-        return all(type(k) is str and _plain_json(v) for k, v in value.items())
-    return False
+def _plain_json(value: Any, limit: int = 1_000_000) -> bool:
+    """Whether `value` is built of exact JSON types only (what `tojson` renders the same in and out of Jinja).
+
+    A loop over a stack rather than a recursion (a tool schema is checked on every new tool: this was a quarter
+    of the encoder's time on records whose tools are all new); more than `limit` values (a structure that
+    contains itself, say) is not called plain."""
+    stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    scalars = _SCALARS
+    while stack:
+        limit -= 1
+        if limit < 0:
+            return False
+        item = pop()
+        kind = type(item)
+        if kind is dict:
+            for key, child in item.items():
+                if type(key) is not str:
+                    return False
+                push(child)
+        elif kind is list:
+            extend(item)
+        elif kind not in scalars:
+            return False
+    return True
 
 
 def _xml_arguments(arguments: Any) -> str | None:
