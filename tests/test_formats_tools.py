@@ -11,6 +11,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sample_tools import TIME, WEATHER
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import FORMATS, convert_raw, detect
@@ -33,13 +34,6 @@ REALDATA = Path(__file__).parent / "data" / "realdata"
 RENDER = make_render_check()
 NEW_FORMATS = ("hermes", "glaive", "xlam")
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string"}, "days": {"type": "integer"}},
-                                                "required": ["city"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "Local time.",
-                                         "parameters": {"type": "object", "properties": {
-                                             "city": {"type": "string"}}, "required": ["city"]}}}
 
 
 def call(name, args, cid=None):

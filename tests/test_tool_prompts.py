@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from sample_tools import TIME, WEATHER
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import convert_raw
@@ -40,14 +41,6 @@ README_TOOLS = [{"type": "function", "function": {
 README_CALL = "<tool_call>\n{'arguments': {'symbol': 'TSLA'}, 'name': 'get_stock_fundamentals'}\n</tool_call>"
 README_RESULT = ("<tool_response>\n{\"name\": \"get_stock_fundamentals\", \"content\": {'symbol': 'TSLA', "
                  "'company_name': 'Tesla, Inc.', 'dividend_yield': None}}\n</tool_response>")
-# The tools tests/data/tool_prompts/qwen*_rendered*.txt were rendered with (SOURCES.md).
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string"}, "days": {"type": "integer"}},
-                                                "required": ["city"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "Local time.",
-                                         "parameters": {"type": "object", "properties": {
-                                             "city": {"type": "string"}}, "required": ["city"]}}}
 TAGS = ("<tool_call>", "</tool_call>", "<tools>", "</tools>", "<tool_response>", "<functioncall>")
 
 

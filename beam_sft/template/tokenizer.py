@@ -161,7 +161,8 @@ def files_digest(directory: str | Path) -> str:
     size or mtime changes, since `beam-sft prepare` asks twice (up-to-date check, warm-start key)."""
     directory = Path(directory).resolve()
     files = sorted(p for p in directory.iterdir() if p.is_file())
-    stamp = (str(directory), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    stats = [f.stat() for f in files]
+    stamp = (str(directory), tuple((f.name, st.st_size, st.st_mtime_ns) for f, st in zip(files, stats, strict=True)))
     if _FILES_DIGEST.get(stamp[0], (None,))[0] != stamp:
         h = hashlib.sha256()
         for file in files:
