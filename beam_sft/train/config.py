@@ -68,6 +68,13 @@ class ScriptArguments:
         metadata={"help": "Add the Beam markers, pad token and both templates to a non-Beam tokenizer, and grow "
                   "the model's embeddings to match."},
     )
+    beamify_init: str = field(
+        default="semantic",
+        metadata={"help": "With --beamify: how the new marker rows start. semantic: from the base's own "
+                  "message-start/end tokens and the markers' words (docs/real-model.md); mean: all the mean of "
+                  "the old rows (the markers start indistinguishable).",
+                  "choices": ["semantic", "mean"]},
+    )
     check_template: bool = field(
         default=True,
         metadata={"help": "Run the check-template conformance suite on the tokenizer first; failures are "

@@ -57,10 +57,12 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
     """`BeamSFTTrainer` with LoRA (when asked), its loss path, and packing made exact (probed) before training."""
     from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
+    from beam_sft.train.new_tokens import check_new_rows_trainable, make_new_rows_trainable
     from beam_sft.train.packing import ensure_exact_packing
     from beam_sft.train.trainer import make_trainer_class
 
     peft_config = build_peft_config(model_args, model, target_experts=script_args.lora_target_experts)
+    new_rows = make_new_rows_trainable(peft_config, model)  # LoRA: beamify's marker rows train too
     plain_loss = training_args.loss_path == "plain" or (
         training_args.loss_path == "auto" and training_args.device.type == "cpu"
     )
@@ -79,6 +81,8 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
         trainer.add_callback(make_sharding_report())
     if peft_config is not None:
         check_expert_adapters(trainer.model, wanted=script_args.lora_target_experts)
+        if new_rows is not None:
+            check_new_rows_trainable(trainer.model, new_rows["new_token_ids"])
     # After the trainer is built: the model is on its device and wrapped as it will train (LoRA B = 0, so the
     # adapters do not change the probe). Every rank probes and, if needed, hooks its own copy.
     packing = ensure_exact_packing(trainer.model, training_args, training_args.packing_check)
