@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     settings = DataSettings(format=args.format, max_length=max_length, truncation_policy=args.truncation_policy,
                             assistant_only_loss=not args.full_sequence_loss, split=args.split,
                             max_records=args.limit, eval_split_size=args.eval_split_size, seed=args.seed,
-                            missing_reasoning=args.missing_reasoning)
+                            missing_reasoning=args.missing_reasoning, dedup=not args.keep_duplicates)
     settings.check()
     out = os.path.abspath(args.output)
     if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(
@@ -189,6 +189,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(turn), drop them (drop), or cut at N (keep_start) (default: turn)")
     parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
                         help=reasoning.HELP)
+    parser.add_argument("--keep-duplicates", action="store_true",
+                        help="keep exact duplicates; by default a validated record equal to an earlier one (in any "
+                             "input, whatever its format; an eval record equal to a training one) is rejected as "
+                             "`duplicate`, the first kept")
     parser.add_argument("--full-sequence-loss", action="store_true",
                         help="label every token (training's --assistant_only_loss false); default: assistant "
                              "turns only")

@@ -114,18 +114,21 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 
 
 def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts: bool = False,
-                   missing_reasoning: str = "mask", with_counts: bool = False) -> dict[str, Any]:
+                   missing_reasoning: str = "mask", with_counts: bool = False,
+                   with_keys: bool = False) -> dict[str, Any]:
     """`as_dicts`: the records as the converter returned them (still checked to serialise), for a caller
     that tokenizes them right away instead of storing their JSON (`beam_sft.dataset.workers`).
     `missing_reasoning`: the validator's policy (mask | keep | reject). `with_counts`: `reasoning` in the
     result holds the kept records' `reasoning_stats.reasoning_counts` (not a column: `datasets.map` callers
-    leave it off)."""
+    leave it off). `with_keys`: `key` holds each kept record's (`key`, reasoning counts) for deduplication
+    (`beam_sft.records.dedup`), None for a reject; the records' reasoning is then counted per row there."""
     from beam_sft.dataset.reasoning_stats import reasoning_counts
+    from beam_sft.records.dedup import record_key
     from beam_sft.validate.convert import try_convert
     from beam_sft.validate.rules import Options
 
     options = Options(missing_reasoning=missing_reasoning)
-    records, reasons, rejects, kept = [], [], [], []
+    records, reasons, rejects, kept, keys = [], [], [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
         if error is not None:
@@ -141,16 +144,23 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts:
             else:
                 records.append(rec if as_dicts else text.decode())
                 kept.append(rec)
+                if with_keys:
+                    keys.append((record_key(rec), tuple(reasoning_counts([rec]).values())))
                 reasons.append(None)
                 rejects.append(None)
                 continue
         records.append(None)
+        if with_keys:
+            keys.append(None)
         reasons.append(reject.code.value)
         rejects.append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
     out: dict[str, Any] = {"record": records, "reason": reasons, "reject": rejects}
     if with_counts:
         out["reasoning"] = reasoning_counts(kept)
+    if with_keys:
+        out["key"] = keys
     return out
+
 
 
 @dataclass

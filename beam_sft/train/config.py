@@ -54,6 +54,13 @@ class ScriptArguments:
                   "no eval_dataset_name is given. The split is seeded by --seed."},
     )
     max_records: int | None = field(default=None, metadata={"help": "Use only the first N training records."})
+    dedup: bool = field(
+        default=True,
+        metadata={"help": "Reject exact duplicates (validated Beam records equal to an earlier one, whatever format "
+                  "each came in; an eval record equal to a training one), counted as `duplicate`, the first "
+                  "kept. `--dedup false` keeps them (same as `beam-sft prepare --keep-duplicates`). Not applied "
+                  "with --streaming."},
+    )
     tokenizer_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Tokenizer to use. Default: the model's own; data/tokenizer for the embedded model."},
@@ -141,5 +148,5 @@ def data_settings(script_args: ScriptArguments, training_args: BeamSFTConfig) ->
         truncation_policy=training_args.truncation_policy, assistant_only_loss=training_args.assistant_only_loss,
         split=script_args.dataset_train_split, max_records=script_args.max_records,
         eval_split_size=script_args.eval_split_size, seed=training_args.seed,
-        missing_reasoning=script_args.missing_reasoning,
+        missing_reasoning=script_args.missing_reasoning, dedup=script_args.dedup,
     )
