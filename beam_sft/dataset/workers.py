@@ -477,22 +477,26 @@ def _start_method() -> str:
 
 
 def drop_rows(path: str, rows: list[int]) -> bool:
-    """Rewrite a shard without `rows` (duplicates found after it was written); False when nothing is left
-    (the file is then gone)."""
+    """Rewrite a shard without `rows` (duplicates found after it was written), one record batch at a time (a
+    whole chunk's tokens never in memory); False when nothing is left (the file is then gone)."""
     import numpy as np
     import pyarrow as pa
 
-    table = _open(path).read_all()
-    keep = np.ones(table.num_rows, dtype=bool)
-    keep[rows] = False
-    if not keep.any():
-        del table
+    drop = np.asarray(sorted(rows), dtype=np.int64)
+    written = start = 0
+    with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, _final_schema()) as writer:
+        for batch in _open(path):
+            keep = np.ones(batch.num_rows, dtype=bool)
+            here = drop[(drop >= start) & (drop < start + batch.num_rows)] - start
+            keep[here] = False
+            start += batch.num_rows
+            if keep.any():
+                writer.write_batch(batch.filter(pa.array(keep)))
+                written += int(keep.sum())
+    if not written:
+        os.unlink(path + ".tmp")
         os.unlink(path)
         return False
-    table = table.filter(pa.array(keep))
-    with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    del table
     os.replace(path + ".tmp", path)
     return True
 
