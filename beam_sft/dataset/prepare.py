@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beam_sft.dataset.mixture import Mixture
 from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
 from beam_sft.dataset.settings import (
     DATA_VERSION,
@@ -196,6 +197,7 @@ class _Tally:
         self.rejected: Counter = Counter()
         self.reasoning: Counter = Counter()  # beam_sft.dataset.reasoning_stats.KEYS over converted records
         self.splits: dict[str, Counter] = {name: Counter() for name in writers}
+        self.by_source: dict[str, Counter] = {}  # source name -> rejects by reason
 
     def deduplicate(self, result, chunk: _Chunk) -> list[int]:
         """Take the records earlier chunks already hold out of `result` (counts, rejects, shard rows), as
@@ -240,6 +242,7 @@ class _Tally:
         self.reasoning.update(result.reasoning)
         for entry in workers.result_rejects(result):
             self.rejects.write(entry)
+            self.by_source.setdefault(entry["source"], Counter())[entry["reason"]] += 1
         for name, counts in result.stats.items():
             self.splits[name].update(counts)
         for name, shard in result.shards.items():
@@ -261,6 +264,23 @@ def _in_input_order(rejects: list[str], names: list[str]) -> list[str]:
     return sorted(rejects, key=where)
 
 
+def _input_names(inputs) -> list[str]:
+    return [src.name for src in inputs.sources] if isinstance(inputs, Mixture) else list(inputs)
+
+
+def _mixture_counts(mixture: Mixture, tally: _Tally) -> list[dict[str, Any]]:
+    """Per entry of the mixture: rows read, taken, rejected by reason, duplicates."""
+    out = []
+    for entry, plan in zip(mixture.identity(), mixture.plans, strict=True):
+        rejected: Counter = Counter()
+        for src in {src.name for src in plan.files}:
+            rejected.update(tally.by_source.get(src, {}))
+        out.append({"path": entry["path"], "data_files": entry["data_files"], "fraction": entry["fraction"],
+                    "files": [src.name for src in plan.files], "read": plan.rows, "taken": plan.taken,
+                    "rejected": dict(rejected.most_common()), "duplicates": rejected.get(Reason.DUPLICATE.value, 0)})
+    return out
+
+
 def _job(tokenizer, settings: DataSettings):
     from beam_sft.dataset import workers
     from beam_sft.template.tokenizer import stop_token_ids
@@ -280,21 +300,28 @@ def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: 
     if eval_inputs:
         parts.append((eval_inputs, "test", None, True))
     for part_inputs, split, limit, is_eval in parts:
-        sources = data_sources(part_inputs, split)
+        formats = policies = items = None
+        if isinstance(part_inputs, Mixture):
+            sources, items = part_inputs.sources, part_inputs.items()
+            formats = part_inputs.formats(settings.format)
+            policies = part_inputs.policies(settings.missing_reasoning)
+        else:
+            sources = data_sources(part_inputs, split)
         names = [src.name for src in sources]
         for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
-                               prefix="eval" if is_eval else "train"):
+                               prefix="eval" if is_eval else "train", items=items):
             raw_path = raw.cache_files[0]["filename"]
             del raw  # its memory map: the worker opens the file itself
             i = len(chunks)
             if draw_eval:
                 converted = str(work / f"converted-{i:05d}.arrow")
                 chunks.append(_Chunk(raw_path, converted, names, is_eval))
-                yield workers.Task(i, names, raw=raw_path, convert_to=converted, tokenize=False)
+                yield workers.Task(i, names, raw=raw_path, convert_to=converted, tokenize=False, formats=formats,
+                                   policies=policies)
             else:
                 chunks.append(_Chunk(raw_path, None, names, is_eval))
                 split_name = "eval" if is_eval else "train"
-                yield workers.Task(i, names, raw=raw_path, all_eval=is_eval,
+                yield workers.Task(i, names, raw=raw_path, all_eval=is_eval, formats=formats, policies=policies,
                                    shards={split_name: workers.shard_path(writers[split_name].dir, i)})
 
 
@@ -322,7 +349,7 @@ def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, ta
             tally.take(result, bar)
             os.unlink(chunks[result.index].raw)
     if not any(c.n_records for c in chunks if not c.is_eval):
-        raise UsageError(f"no usable training records in {', '.join(inputs)}: {tally.records_in} read, "
+        raise UsageError(f"no usable training records in {', '.join(_input_names(inputs))}: {tally.records_in} read, "
                          f"{sum(tally.rejected.values())} rejected ({dict(tally.rejected)})")
     return chunks
 
@@ -404,7 +431,8 @@ def _manifest(tokenizer, settings: DataSettings, inputs, eval_inputs, identity, 
         "max_records": settings.max_records,
         "eval_split_size": settings.eval_split_size if not eval_inputs else None,
         "seed": settings.seed,
-        "inputs": list(inputs),
+        "inputs": _input_names(inputs),
+        "mixture": _mixture_counts(inputs, tally) if isinstance(inputs, Mixture) else None,
         "eval_inputs": list(eval_inputs) if eval_inputs else None,
         "sources": identity,
         "counts": {
@@ -509,6 +537,14 @@ def load_prepared(path: str | os.PathLike, tokenizer=None, settings: DataSetting
     return Prepared(train, eval_ds, manifest, str(path), "loaded", dict(manifest.get("splits") or {}))
 
 
+def train_identity(inputs, settings: DataSettings) -> dict[str, Any]:
+    """The identity of the training sources in the cache fingerprint: their files (and, for a mixture, every
+    entry as given with the rows it takes)."""
+    if isinstance(inputs, Mixture):
+        return {"train": source_identity(inputs.sources), "mixture": inputs.identity()}
+    return {"train": source_identity(data_sources(inputs, settings.split))}
+
+
 def _record_action(record_dir: str | os.PathLike | None, rank: int, action: str, path: str, fp: str) -> None:
     """One small file per rank saying what its data phase did (tests and operators read it)."""
     if record_dir is None:
@@ -592,14 +628,13 @@ def prepare_data(
     if isinstance(inputs, str):
         inputs = [inputs]
     state = PartialState()
-    if len(inputs) == 1 and read_manifest(inputs[0]) is not None:
+    if not isinstance(inputs, Mixture) and len(inputs) == 1 and read_manifest(inputs[0]) is not None:
         prepared = _use_prepared(inputs[0], tokenizer, settings, eval_inputs)
         _record_action(record_dir, state.process_index, "loaded", str(inputs[0]), prepared.manifest["tokenizer"])
         return prepared
 
     settings.check()
-    sources = data_sources(inputs, settings.split)
-    identity = {"train": source_identity(sources)}
+    identity = train_identity(inputs, settings)
     if eval_inputs:
         identity["eval"] = source_identity(data_sources(eval_inputs, "test"))
     fp = fingerprint(identity, tokenizer, settings)

@@ -45,7 +45,7 @@ def _raw_schema():
 
 
 def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None = None, limit: int | None = None,
-                progress: bool = False, prefix: str = "raw") -> Iterator[Any]:
+                progress: bool = False, prefix: str = "raw", items=None) -> Iterator[Any]:
     """The input records of `sources`, `chunk_rows` at a time, each chunk a memory-mapped Arrow dataset.
 
     Reads through `beam_sft.records.files.iter_items` (the readers `convert-dataset` uses), writing record batches as it
@@ -62,7 +62,8 @@ def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None 
     schema = _raw_schema()
     cols: dict[str, list] = {k: [] for k in schema.names}
     bar = tqdm(desc="reading", unit=" rec", disable=not progress or None, mininterval=0.5)
-    items = iter_items(sources, limit=limit)
+    # `items`: the rows to read when not all of `sources` (a mixture's taken rows, beam_sft.dataset.mixture)
+    items = iter_items(sources, limit=limit) if items is None else items
     n_chunk = 0
     done = False
     while not done:
@@ -127,7 +128,9 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts:
     from beam_sft.validate.convert import try_convert
     from beam_sft.validate.rules import Options
 
-    options = Options(missing_reasoning=missing_reasoning)
+    # per source (a mixture, beam_sft.dataset.mixture): lists indexed by `src`
+    options = {policy: Options(missing_reasoning=policy) for policy in
+               ([missing_reasoning] if isinstance(missing_reasoning, str) else set(missing_reasoning))}
     records, reasons, rejects, kept, keys = [], [], [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
@@ -135,7 +138,8 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts:
             code, index, message = json.loads(error)
             rec, reject = None, RecordError(code, message, message_index=index)
         else:
-            rec, _, reject = try_convert(payload, fmt, options, raw=True)
+            rec, _, reject = try_convert(payload, fmt if isinstance(fmt, str) else fmt[src], options[
+                missing_reasoning if isinstance(missing_reasoning, str) else missing_reasoning[src]], raw=True)
         if reject is None:
             try:
                 text = orjson.dumps(rec)

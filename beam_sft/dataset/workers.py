@@ -85,6 +85,8 @@ class Task:
     all_eval: bool = False  # every row goes to the eval split (separate eval data)
     shards: dict[str, str] = field(default_factory=dict)
     skip_rows: Any = None  # numpy bool array or None: duplicates (decided by the main process), not tokenized
+    formats: list[str] | None = None  # per source (a mixture), else Job.fmt
+    policies: list[str] | None = None  # per source missing_reasoning (a mixture), else Job.missing_reasoning
 
 
 @dataclass
@@ -156,8 +158,8 @@ def _converted_batches(task: Task, job: Job, result: Result) -> Iterator[dict[st
         for part in _slices(batch):
             cols = part.to_pydict()
             # Tokenized right here: the records need not go through JSON text again.
-            out = _convert_batch(cols, job.fmt, task.names, as_dicts=task.tokenize,
-                                 missing_reasoning=job.missing_reasoning, with_counts=not job.dedup,
+            out = _convert_batch(cols, task.formats or job.fmt, task.names, as_dicts=task.tokenize,
+                                 missing_reasoning=task.policies or job.missing_reasoning, with_counts=not job.dedup,
                                  with_keys=job.dedup)
             result.reasoning.update(out.get("reasoning", {}))
             result.records_in += len(cols["src"])
