@@ -118,3 +118,29 @@ def test_mixture_config_errors(tmp_path):
         read_mixture(_yaml(tmp_path, [{"path": files["A"], "fraction": 0.5}, {"path": files["B"]}]))
     with pytest.raises(UsageError, match="data_files"):
         read_mixture(_yaml(tmp_path, [{"path": "json"}]))
+
+
+def test_prepare_config_and_train_data_phase_agree(tok, tmp_path, capsys):
+    """`beam-sft prepare --config` and scripts/train.py's data phase (`--config` with `datasets:`) make the same
+    rows from the same YAML, and a changed source file is a new cache entry."""
+    from datasets import load_from_disk
+
+    from beam_sft.cli import main
+    from beam_sft.train.config import ScriptArguments
+    from beam_sft.train.data import training_datasets, training_inputs
+
+    files = _files(tmp_path)
+    config = _yaml(tmp_path, [{"path": "json", "data_files": files["A"], "fraction": 0.5},
+                              {"path": files["B"], "fraction": 0.3},
+                              {"path": files["C"], "format": "sharegpt", "fraction": 0.2}])
+    assert main(["prepare", "--config", str(config), "-o", str(tmp_path / "p"), "-q", "--num-proc", "1",
+                 "--max-length", "0"]) == 0
+    manifest = json.loads((tmp_path / "p" / "beam_sft_manifest.json").read_text())
+    assert [m["taken"] for m in manifest["mixture"]] == [30, 18, 12]
+    args = ScriptArguments(datasets=yaml.safe_load(config.read_text())["datasets"])
+    inputs = training_inputs(args, seed=0, base=config.parent)
+    train, _, _ = training_datasets(inputs, tok, DataSettings(), cache_dir=str(tmp_path / "cache"))
+    assert train["input_ids"] == load_from_disk(str(tmp_path / "p"))["input_ids"]
+    capsys.readouterr()
+    assert main(["prepare", files["A"], "--config", str(config), "-o", str(tmp_path / "q"), "-q"]) == 2
+    assert "not both" in capsys.readouterr().err
