@@ -28,8 +28,13 @@ def check_arguments(script_args, training_args) -> None:
 
     from beam_sft.errors import UsageError
 
-    if script_args.dataset_name is None:
-        raise UsageError("--dataset_name is required (a file, a directory, or a hub dataset id)")
+    mixture = bool(getattr(script_args, "datasets", None))
+    if script_args.dataset_name is None and not mixture:
+        raise UsageError("--dataset_name is required (a file, a directory, or a hub dataset id), or a `datasets:` "
+                         "list in the --config YAML")
+    if mixture and (script_args.dataset_name or script_args.streaming or script_args.eval_beam):
+        raise UsageError("a `datasets:` mixture takes the place of dataset_name, and does not stream or "
+                         "eval_beam yet")
     if training_args.use_liger_kernel:
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
