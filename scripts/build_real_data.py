@@ -104,6 +104,10 @@ def split(records: list[dict], heldout: int, seed: int) -> tuple[list[dict], lis
         if len(members) <= 3:  # big groups (glaive's shared tools) teach the most; small ones test unseen tools
             held.update(members)
     train = [r for i, r in enumerate(records) if i not in held]
+    # Records that already reason everywhere first (back-fill passes them through), then the small sources, then
+    # glaive's: `--limit` bounds the teacher's work from the end of this order.
+    train.sort(key=lambda r: (not all(m.get("reasoning_content") for m in r["messages"] if m["role"] == "assistant"),
+                              r["source"].startswith("sharegpt/")))
     test = [r for i, r in enumerate(records) if i in held]
     held_tools = sorted(set().union(*(tool_names(r) for r in test)))
     overlap = set(held_tools) & set().union(*(tool_names(r) for r in train))
@@ -135,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-only", action="store_true", help="convert and split; no back-fill")
     parser.add_argument("--heldout", type=int, default=24, help="held-out records to aim for (default: 24)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=80,
+                        help="back-fill only the first N training records (default: 80; the teacher on 2 CPU cores "
+                             "fills ~5-12 s a turn)")
     parser.add_argument("backfill_args", nargs=argparse.REMAINDER, help="after --: more beam-sft backfill options")
     args = parser.parse_args(argv)
     if not args.split_only and not args.teacher:
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     info = {"sources": counts, "records": len(records), "train": len(train), "heldout": len(test),
             "heldout_tools": held_tools, "seed": args.seed}
     if not args.split_only:
-        extra = [a for a in args.backfill_args if a != "--"]
+        extra = ["--limit", str(args.limit), *(a for a in args.backfill_args if a != "--")]
         info["backfill_command"] = " ".join(backfill(args.teacher, extra))
         info["backfill_stats"] = json.loads((OUT / "backfill_stats.json").read_text())
     from beam_sft.records.files import write_json_atomic
