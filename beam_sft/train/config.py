@@ -90,6 +90,13 @@ class ScriptArguments:
         metadata={"help": "Load an MXFP4-quantized checkpoint (gpt-oss) dequantized to --dtype, so it can be "
                   "trained (transformers' Mxfp4Config(dequantize=True))."},
     )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Check the whole run without training: options, tokenizer, model config (no weights "
+                  "for a checkpoint), the data phase's counts (cached like a real run's), the packing probe; "
+                  "prints the effective batch, steps, epochs, tokens, supervised tokens and a memory estimate. "
+                  "Writes nothing to output_dir."},
+    )
 
 
 @dataclass
