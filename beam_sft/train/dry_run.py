@@ -32,6 +32,7 @@ class Plan:
     """What the dry run found: printed by `str(plan)`, one `name: value` line each."""
 
     lines: list[tuple[str, str]] = field(default_factory=list)
+    facts: dict[str, int | float] = field(default_factory=dict)  # the figures, for a caller that checks them
 
     def add(self, name: str, value) -> None:
         self.lines.append((name, str(value)))
@@ -187,6 +188,7 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
                     assistant_only_loss=training_args.assistant_only_loss)
     plan = Plan()
     plan.add("model", model_args.model_name_or_path or "embedded tiny model (random init)")
+    plan.add("dataset", f"{script_args.dataset_name} (format {script_args.dataset_format})")
     total, trainable = parameter_counts(config, script_args, model_args)
     plan.add("parameters", f"{total:,} ({trainable:,} trainable)")
     settings = data_settings(script_args, training_args)
@@ -203,6 +205,7 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
         _data_lines(plan, stats, train, eval_ds, rows, training_args)
     _batch_lines(plan, rows, training_args, world_size, stats.get("train", {}))
     memory = estimate_memory(config, total, trainable, dtype_name(model_args, embedded), training_args, longest)
+    plan.facts.update(memory_bytes=memory["total"], parameters=total, trainable=trainable)
     plan.add("memory (estimate)", f"{_gib(memory['total'])} per process: " + ", ".join(
         f"{k} {_gib(v)}" for k, v in memory.items() if k != "total"))
     plan.add("packing probe", probe(config, embedded, training_args, model_args))
@@ -230,6 +233,9 @@ def _batch_lines(plan: Plan, rows: int | None, training_args, world_size: int, s
     if rows is None:
         return
     per_epoch, total_steps, epochs = steps(rows, training_args, world_size)
+    plan.facts.update(rows=rows, steps=total_steps, steps_per_epoch=per_epoch, epochs=epochs,
+                      tokens_per_epoch=split.get("total_tokens", 0),
+                      supervised_per_epoch=split.get("supervised_tokens", 0), effective_batch=effective)
     plan.add("steps", f"{total_steps} ({per_epoch} per epoch)")
     plan.add("epochs", f"{epochs:g}")
     tokens, supervised = split.get("total_tokens", 0), split.get("supervised_tokens", 0)
