@@ -74,6 +74,22 @@ def test_launch_hands_the_training_options_to_accelerate(monkeypatch, tmp_path):
     assert seen["training_script_args"] == [*SMALL, "--output_dir", str(tmp_path / "o")]
 
 
+def test_several_cpu_processes_default_to_the_cpu_ddp_config(monkeypatch):
+    """Without a GPU or an accelerate config, `--num_processes 2` would be mpirun's single process."""
+    monkeypatch.setattr(train_cli, "_cpu_only_without_default_config", lambda: True)
+    launch = train_cli.resolve_launch_config(["--num_processes", "2"])
+    assert launch == ["--num_processes", "2", "--config_file", str(REPO / "configs" / "accelerate" / "cpu_ddp.yaml")]
+    assert train_cli.resolve_launch_config(["--num_processes", "1"]) == ["--num_processes", "1"]
+    monkeypatch.setattr(train_cli, "_cpu_only_without_default_config", lambda: False)
+    assert train_cli.resolve_launch_config(["--num_processes", "2"]) == ["--num_processes", "2"]
+
+
+def test_launch_options_are_split_from_the_training_options():
+    launch, rest = train_cli.split_launch_args(["--config", "q", "--num_processes=2", "--machine_rank", "1", "--seed",
+                                                "3"])
+    assert launch == ["--num_processes", "2", "--machine_rank", "1"] and rest == ["--config", "q", "--seed", "3"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("packing", ["false", "true"])
 def test_dry_run_predicts_the_real_run(tmp_path, packing):
@@ -111,7 +127,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_push_uploads_the_servable_directory(tmp_path, monkeypatch):
     """What reaches the hub is the finished output directory: one upload, after the servable save."""
-    import transformers.utils.hub as hub
+    from transformers.utils import hub
 
     from beam_sft.train.sft import main, make_parser
 
@@ -174,3 +190,48 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
     model = work / "outputs" / "quickstart" / "model"
     assert (model / "model.safetensors").is_file() and (model / "chat_template.jinja").is_file()
     assert "trained 4 steps" in real.stdout + real.stderr
+
+
+@pytest.mark.slow
+def test_eval_beam_steps_logs_the_metrics_beam_sft_eval_gives_for_the_checkpoint(tmp_path):
+    """`--eval_beam_steps 20`: eval_beam/<metric> at steps 20 and 40, in the log history and TensorBoard, equal to
+    `beam-sft eval` of checkpoint-20 on the same held-out records."""
+    import torch
+
+    from beam_sft.cli import main as cli_main
+    from beam_sft.dataset.prepare import eval_records
+    from beam_sft.train.config import data_settings
+    from beam_sft.train.sft import main, make_parser
+
+    torch.set_num_threads(1)
+    out = tmp_path / "model"
+    argv = [*SMALL, "--max_steps", "40", "--eval_split_size", "4", "--eval_beam_steps", "20", "--save_strategy",
+            "steps", "--save_steps", "20", "--num_train_epochs", "20", "--output_dir", str(out), "--prepared_cache_dir", str(tmp_path / "cache"),
+            "--report_to", "tensorboard", "--learning_rate", "3e-3", "--warmup_steps", "0"]
+    script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
+    settings = data_settings(script_args, training_args)
+    trainer = main(script_args, training_args, model_args)
+    logged = {e["step"]: e for e in trainer.state.log_history if "eval_beam/well_formed" in e}
+    assert sorted(logged) == [20, 40], trainer.state.log_history
+
+    records = list(eval_records(script_args.dataset_name, settings, tmp_path / "work"))
+    assert len(records) == 4
+    data = tmp_path / "held_out.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = tmp_path / "eval.json"
+    assert cli_main(["eval", str(out / "checkpoint-20"), "--tokenizer", str(out), "--data", str(data), "--format",
+                     "beam", "--json", str(report), "--quiet"]) == 0
+    overall = json.loads(report.read_text())
+    overall = overall.get("overall", overall)
+    compared = [k.removeprefix("eval_beam/") for k in logged[20] if k.startswith("eval_beam/")
+                and k != "eval_beam/tokens_per_second"]
+    print("logged at step 20:", logged[20], "\nbeam-sft eval:", overall)
+    assert "well_formed" in compared and "stopped" in compared
+    for metric in compared:
+        assert logged[20][f"eval_beam/{metric}"] == pytest.approx(float(overall[metric])), metric
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(next((out / "runs").iterdir()))).Reload()
+    beam_tags = [t for t in events.Tags()["scalars"] if "beam" in t and t.endswith("well_formed")]
+    assert beam_tags and [e.step for e in events.Scalars(beam_tags[0])] == [20, 40], events.Tags()["scalars"]

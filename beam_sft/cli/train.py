@@ -62,7 +62,20 @@ def resolve_launch_config(launch: list[str]) -> list[str]:
                 out[i + 1] = str(resolve_config(out[i + 1], kind="accelerate"))
             except ValueError as err:
                 raise UsageError(f"--config_file {err}") from None
+    if "--config_file" not in out and launched_world_size(out) > 1 and _cpu_only_without_default_config():
+        # accelerate would start several CPU processes through mpirun, which without an MPI hostfile runs ONE
+        # process silently (see configs/accelerate/cpu_ddp.yaml): torchrun over gloo instead.
+        out += ["--config_file", str(resolve_config("cpu_ddp", kind="accelerate"))]
+        print("beam-sft train: no GPU and no accelerate config: launching with the shipped cpu_ddp config "
+              "(torchrun, gloo)", file=sys.stderr)
     return out
+
+
+def _cpu_only_without_default_config() -> bool:
+    import torch
+    from accelerate.commands.config import default_config_file
+
+    return not torch.cuda.is_available() and not os.path.isfile(default_config_file)
 
 
 def launched_world_size(launch: list[str]) -> int:

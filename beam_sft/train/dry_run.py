@@ -214,7 +214,8 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
 
 def _data_lines(plan: Plan, stats: dict, train, eval_ds, rows: int, training_args) -> None:
     counts = stats.get("data", {})
-    plan.add("data", f"{counts.get('path')} ({'built now' if counts.get('action') == 'tokenized' else 'cached'})")
+    action = counts.get("action")
+    plan.add("data", f"{counts.get('path')} ({'built now' if action == 'tokenized' else action})")
     if "records_in" in counts:
         plan.add("records", f"{counts['records_in']} in, {len(train)} training, "
                  f"{len(eval_ds) if eval_ds is not None else 0} eval, {counts['rejected_total']} rejected "

@@ -34,9 +34,12 @@ def check_arguments(script_args, training_args) -> None:
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
-    if script_args.eval_beam and not (script_args.eval_dataset_name or script_args.eval_split_size > 0):
-        # Refused now rather than noticed after the whole training run.
-        raise UsageError("--eval_beam needs an eval split: set --eval_dataset_name or --eval_split_size")
+    for name in ("eval_beam", "eval_beam_steps"):
+        if getattr(script_args, name) and not (script_args.eval_dataset_name or script_args.eval_split_size > 0):
+            # Refused now rather than noticed after the whole training run.
+            raise UsageError(f"--{name} needs an eval split: set --eval_dataset_name or --eval_split_size")
+    if script_args.eval_beam_steps is not None and script_args.eval_beam_steps < 1:
+        raise UsageError(f"--eval_beam_steps must be a positive number of steps, not {script_args.eval_beam_steps}")
     if script_args.streaming and training_args.max_steps <= 0:
         raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
     if training_args.bf16 and not torch.cuda.is_available():

@@ -12,6 +12,7 @@ DESCRIPTION = "Fine-tune on Beam Harmony data with TRL's SFTTrainer, loss on ass
 def main(script_args, training_args, model_args, callbacks=None):
     """Prepare data, train, save model + tokenizer (both templates), push. Returns the trainer."""
     from beam_sft.train import run
+    from beam_sft.train.beam_eval import add_beam_eval
     from beam_sft.train.config import data_settings
     from beam_sft.train.data import training_datasets
     from beam_sft.train.model import check_tokenizer, load_model_and_tokenizer
@@ -39,6 +40,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     # Trainer, training, saving
     trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
                                 model_args, callbacks)
+    add_beam_eval(trainer, tokenizer, script_args, settings)  # --eval_beam_steps
     trainer.train(resume_from_checkpoint=run.resume_checkpoint(training_args))
     run.save(trainer, tokenizer, training_args.output_dir)
     if script_args.eval_beam:
