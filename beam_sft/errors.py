@@ -44,6 +44,7 @@ class Reason(StrEnum):
     BAD_TEMPLATE_KWARGS = "bad_template_kwargs"
     TOOL_MARKUP_IN_TEXT = "tool_markup_in_text"
     BAD_TOOL_CALL = "bad_tool_call"
+    DUPLICATE = "duplicate"
     INTERNAL_ERROR = "internal_error"
 
 

@@ -22,7 +22,9 @@ Rows:
   sha256 of the written data (must be equal across `--num-proc`) and the peak RSS of the largest process;
 * convert: `beam-sft convert` on the first size, each `--num-proc`, wall clock and output bytes;
 * base: the encoder against TRL on the Llama 3 and Qwen3 vocabularies (scripts/build_base_tokenizer.py),
-  with ids and masks compared.
+  with ids and masks compared;
+* dedup: `beam-sft prepare --num-proc 1` with exact deduplication on (default) and off (`--keep-duplicates`)
+  at each size, on records 10% of which are copies of earlier ones: CPU rate on / off, peak RSS of both.
 
 ```bash
 python scripts/bench_prepare.py --json /tmp/bench_prepare.json            # o200k tokenizer, 20k and 80k records
@@ -254,14 +256,15 @@ def _measured(command: list[str], report: Path, log: Path) -> dict:
     return usage
 
 
-def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str | None, work: Path) -> dict:
+def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str | None, work: Path,
+                      extra: tuple[str, ...] = ()) -> dict:
     import orjson
 
     report = work / f"{dst.name}.rusage.json"
     command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--force",
                "--missing-reasoning", "keep",
                "--max-length", "0", "--num-proc", str(num_proc),
-               *(["--tokenizer", tokenizer_path] if tokenizer_path else [])]
+               *(["--tokenizer", tokenizer_path] if tokenizer_path else []), *extra]
     usage = _measured(command, report, work / f"{dst.name}.log")
     manifest = orjson.loads((dst / "beam_sft_manifest.json").read_bytes())
     counts = manifest["counts"]
@@ -340,7 +343,61 @@ def write_jsonl(records: list[dict], path: Path) -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
-ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "convert", "base")
+def with_duplicates(records: list[dict], share: float) -> list[dict]:
+    """`records` with every (1/share)-th position followed by a copy of a record from far earlier (another
+    chunk of 5,000 once the input is large enough): the duplicates dedup has to find across chunks."""
+    step = max(2, round(1 / share))
+    out = []
+    for i, record in enumerate(records):
+        out.append(record)
+        if i % step == step - 1:
+            out.append(records[(i * 7919) % (i + 1)])
+    return out
+
+
+def _dedup_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int], tokenizer_path: str) -> int:
+    """`beam-sft prepare --num-proc 1` with exact deduplication on (the default) and off (--keep-duplicates),
+    at each size, on records of which 10% are copies of earlier ones: CPU rate per input record, the ratio on
+    / off within a repeat, and the peak RSS of both (flat across sizes: keys, not records, are kept)."""
+    if "dedup" not in args.rows:
+        return start
+    runs = []
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+        work = Path(tmp)
+        for size in sizes:
+            write_jsonl(with_duplicates(derived(pool, size, start, False), 0.1), work / f"dedup-{size}.jsonl")
+            start += size
+        for rep in range(args.repeat):
+            for size in sizes:
+                for label, extra in (("on", ()), ("off", ("--keep-duplicates",))):
+                    _log(f"dedup {label}: {size} records (+10% copies), run {rep + 1}/{args.repeat}")
+                    run = bench_prepare_run(work / f"dedup-{size}.jsonl", work / f"dedup-out-{size}-{label}", 1,
+                                            tokenizer_path, work, extra)
+                    runs.append({"size": size, "repeat": rep, "dedup": label, **run})
+    fig["dedup_runs"] = runs
+    fig["dedup"] = _dedup_summary(runs)
+    return start
+
+
+def _dedup_summary(runs: list[dict]) -> list[dict]:
+    import statistics
+
+    out = []
+    for size in sorted({r["size"] for r in runs}):
+        on = [r for r in runs if r["size"] == size and r["dedup"] == "on"]
+        off = {r["repeat"]: r for r in runs if r["size"] == size and r["dedup"] == "off"}
+        ratios = sorted(r["records_per_cpu_s"] / off[r["repeat"]]["records_per_cpu_s"] for r in on)
+        out.append({"size": size, "records_in": on[0]["records"], "kept_on": on[0]["kept"],
+                    "kept_off": next(iter(off.values()))["kept"],
+                    "cpu_rate_on": statistics.median(r["records_per_cpu_s"] for r in on),
+                    "cpu_rate_off": statistics.median(r["records_per_cpu_s"] for r in off.values()),
+                    "on_vs_off": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios],
+                    "peak_rss_mb_on": max(r["peak_rss_mb"] for r in on),
+                    "peak_rss_mb_off": max(r["peak_rss_mb"] for r in off.values())})
+    return out
+
+
+ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "convert", "base", "dedup")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -499,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             fig["breakdown"] = bench_breakdown(tok, src, Path(tmp))
     start = _side_by_side_rows(args, fig, tok, pool, start, sizes, tokenizer_path, n_encoder)
     start = _convert_rows(args, fig, pool, start, sizes)
+    start = _dedup_rows(args, fig, pool, start, sizes, tokenizer_path)
     if "base" in args.rows:
         from build_base_tokenizer import cached_build as base_build
 
@@ -583,6 +641,10 @@ def summary(fig: dict) -> list[str]:
                 lines.append(f"convert {run['size']:,}: --num-proc {procs} wall rate "
                              f"{run['records_per_wall_s'] / runs[1]['records_per_wall_s']:.2f}x one process, same bytes: "
                              f"{run['output_sha256'] == runs[1]['output_sha256']}")
+    for row in fig.get("dedup", []):
+        lines.append(f"dedup {row['size']:,} records (+10% copies): CPU rate on/off {row['on_vs_off']:.3f} "
+                     f"(goal >= 0.9; {row['ratios']}), kept {row['kept_on']:,} of {row['records_in']:,}, peak RSS "
+                     f"{row['peak_rss_mb_on']:,.0f} MiB on, {row['peak_rss_mb_off']:,.0f} MiB off")
     return lines
 
 

@@ -40,7 +40,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
+sys.path.insert(0, str(REPO))
 from build_tokenizer import staging_dir, swap_in  # noqa: E402
+
+from beam_sft.template.servable import apply_umask  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ def dequantize(gguf_path: Path, out: Path, spec: BaseModel, sha256: str) -> dict
                                                           "answer": tokenizer.decode(expected)},
     }
     (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    apply_umask(out)  # safetensors writes 0600; a server or another user must read the files
     return info
 
 

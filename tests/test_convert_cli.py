@@ -42,11 +42,14 @@ def test_samples_convert_with_rejects_stats_and_every_output_renders(tmp_path, c
     assert code == 0, err
     records, rejects, st = read_jsonl(out), read_jsonl(rej), json.loads(stats.read_text())
     assert st["records_in"] == len(records) + len(rejects) == st["records_out"] + st["rejected_total"]
-    assert st["records_out"] == len(records) == 144
+    # 144 valid records, 3 of them exact copies of another (two in harmony.jsonl, one shared by ShareGPT and
+    # OpenAI): rejected as `duplicate`, the first kept (tests/test_dedup.py)
+    assert st["records_out"] == len(records) == 141 and st["rejected"]["duplicate"] == 3
     # every sample file holds 2-4 deliberately bad records, each rejected for a different reason
     by_file: dict[str, set] = {}
     for r in rejects:
-        by_file.setdefault(Path(r["source"]).name, set()).add(r["reason"])
+        if r["reason"] != "duplicate":
+            by_file.setdefault(Path(r["source"]).name, set()).add(r["reason"])
         assert r["message"] and ("line" in r or "index" in r)
     assert {k: len(v) for k, v in by_file.items()} == {"openai.jsonl": 4, "sharegpt.json": 3, "harmony.jsonl": 3}
     # the good records teach the format: reasoning on every assistant turn, tool calls, several efforts
@@ -82,10 +85,11 @@ def test_real_data_every_file_accounted_for(tmp_path, capsys):
         assert all(r["reason"] and r["message"] for r in rejects)
         assert "render_failed" not in st["rejected"]  # validation catches everything before the safety net
         if policy == "keep":
-            kept = st["records_out"]
+            kept = st["records_out"] + st["rejected"].get("duplicate", 0)
             assert kept > 700 and "nothing_to_train" not in st["rejected"]
-    # Most third-party data has no reasoning: under the default those records have nothing to train.
-    assert st["records_out"] + st["rejected"]["nothing_to_train"] == kept
+    # Most third-party data has no reasoning: under the default those records have nothing to train (and a
+    # record rejected as nothing_to_train is no longer there to be a duplicate).
+    assert st["records_out"] + st["rejected"]["nothing_to_train"] + st["rejected"].get("duplicate", 0) == kept
     assert "beam-sft backfill" in err
 
 
@@ -284,7 +288,8 @@ def test_missing_reasoning_counts_nothing_to_train_and_points_to_backfill(tmp_pa
     assert st["policy"] == {"masked_missing_reasoning": 1, "masked_weight": 1}
     assert "beam-sft backfill" in err  # 5 of 7 turns lack reasoning (3 in the rejected records)
     assert majority_hint(4, 2) is None and majority_hint(0, 0) is None and "backfill" in majority_hint(4, 3)
-    _, _, err = run([src, "-o", out, "--stats", stats, "-q", "--missing-reasoning", "keep"], capsys)
+    _, _, err = run([src, "-o", out, "--stats", stats, "-q", "--missing-reasoning", "keep", "--keep-duplicates"],
+                    capsys)
     st = json.loads(stats.read_text())
     assert st["records_out"] == 5 and st["policy"] == {"missing_reasoning": 4, "masked_weight": 1}
     assert "beam-sft backfill" in err  # 5 of 7 turns lack reasoning

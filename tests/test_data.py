@@ -138,7 +138,8 @@ def test_num_proc_1_and_2_give_the_same_bytes(tok, tmp_path, eval_split):
     path, _ = _hostile_file(tmp_path)
     inputs = [str(path), OPENAI, str(SAMPLES / "sharegpt.json")]
     size = eval_split if isinstance(eval_split, float) else 0.0
-    eval_inputs = [str(SAMPLES / "sharegpt.json")] if eval_split == "inputs" else None
+    # (not one of the training inputs: an eval record that is also a training one is a duplicate, test_dedup.py)
+    eval_inputs = [str(SAMPLES / "harmony.jsonl")] if eval_split == "inputs" else None
     settings = DataSettings(max_length=200, eval_split_size=size, seed=1)
     runs = {}
     for procs in (1, 2):

@@ -231,12 +231,13 @@ def test_beamify_prefix_space_fix_and_what_it_prevents():
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_beamify_resizes_model_with_mean_rows(tie):
     tokenizer = FACTORIES["gpt2_like"]()
+    tokenizer_eos = tokenizer.eos_token
     old_len = len(tokenizer)
     model = tiny_causal_lm(old_len, tie_word_embeddings=tie)
     old_in = model.get_input_embeddings().weight.detach().clone()
     old_out = model.get_output_embeddings().weight.detach().clone()
-    model.generation_config.eos_token_id = base_eos = 7  # the base model's own EOS
-    beamify(tokenizer, model)
+    model.generation_config.eos_token_id = 7  # the base model's own EOS
+    beamify(tokenizer, model, init="mean")
     new_len = len(tokenizer)
     assert new_len == old_len + len(MARKERS) + 1  # + <|pad|>
     new_in = model.get_input_embeddings().weight.detach()
@@ -248,8 +249,10 @@ def test_beamify_resizes_model_with_mean_rows(tie):
     assert (model.get_input_embeddings().weight is model.get_output_embeddings().weight) == tie
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     assert model.config.eos_token_id == eos
-    # Generation stops at either stop token, and still where the base model would have.
-    assert model.generation_config.eos_token_id == [eos, tokenizer.convert_tokens_to_ids("<|call|>"), base_eos]
+    # Generation stops at either stop token only: the base's own EOS is no Beam stop (BEAMIFY_EOS_DECISION).
+    assert model.generation_config.eos_token_id == [eos, tokenizer.convert_tokens_to_ids("<|call|>")]
+    assert model.config.beam_sft["new_token_ids"] == list(range(old_len, new_len))
+    assert model.config.beam_sft["init"] == "mean" and model.config.beam_sft["base_eos"] == tokenizer_eos
     assert model.config.pad_token_id == model.generation_config.pad_token_id == tokenizer.pad_token_id
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hi"}], add_generation_prompt=True, return_dict=True
@@ -262,7 +265,7 @@ def test_beamify_with_padded_embeddings_fills_rows_without_resizing():
     old_len = len(tokenizer)
     model = tiny_causal_lm(old_len + 64)  # embeddings padded past the vocabulary, as many checkpoints are
     old_in = model.get_input_embeddings().weight.detach().clone()
-    beamify(tokenizer, model)
+    beamify(tokenizer, model, init="mean")
     new_in = model.get_input_embeddings().weight.detach()
     assert new_in.shape[0] == old_len + 64
     assert torch.equal(

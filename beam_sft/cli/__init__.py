@@ -21,6 +21,7 @@ COMMANDS = {
     "eval": "eval",
     "export": "export",
     "backfill": "backfill",
+    "beamify": "beamify",
     "train": "train",
 }
 

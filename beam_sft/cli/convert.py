@@ -109,6 +109,26 @@ class Stats:
             else:
                 setattr(self, key, getattr(self, key) + value)
 
+    def take_back(self, payload: bytes, fmt: str) -> None:
+        """Undo `add_ok` of a written record found to be a duplicate (its JSON line, as written), and count it
+        as a `duplicate` reject. The conversion counters (policy, detected) stay: the conversion happened."""
+        import orjson
+
+        from beam_sft.errors import Reason
+
+        row = orjson.loads(payload)
+        rec = {k: v for k, v in row.items() if k == "messages" or v}  # to_row's empty columns: absent in add_ok
+        delta = Stats()
+        delta.add_ok(rec, fmt, {})
+        for key, value in vars(delta).items():
+            if isinstance(value, Counter):
+                mine = getattr(self, key)
+                mine.subtract(value)
+                setattr(self, key, +mine)
+            else:
+                setattr(self, key, getattr(self, key) - value)
+        self.add_reject(Reason.DUPLICATE.value)
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: (dict(v.most_common()) if isinstance(v, Counter) else v) for k, v in vars(self).items()}
         d["rejected_total"] = sum(self.rejected.values())
@@ -167,8 +187,9 @@ def _render_this(seq: int) -> bool:
     return mode == "all" or (mode == "sample" and (seq < SAMPLE_HEAD or seq % SAMPLE_EVERY == 0))
 
 
-def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -> tuple[list[tuple[bool, Any]], Stats]:
-    """Convert a chunk of (payload, raw, preset_error) → ([(ok, json bytes | (code, index, message))], stats).
+def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -> tuple[list[tuple], Stats]:
+    """Convert a chunk of (payload, raw, preset_error) → ([(ok, json bytes | (code, index, message), meta)],
+    stats); `meta` of a written record: (its dedup key, the converter used), else None.
 
     `start` is the run-wide sequence number of the chunk's first record (it picks the render-check sample,
     so the sample is the same with any --num-proc)."""
@@ -176,6 +197,7 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
 
     from beam_sft.errors import RecordError
     from beam_sft.formats import detect, to_row
+    from beam_sft.records.dedup import record_key
     from beam_sft.records.files import parse_line
     from beam_sft.validate.convert import try_convert
 
@@ -186,7 +208,7 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
     for seq, (payload, raw, preset) in enumerate(chunk, start):
         if preset is not None:
             stats.add_reject(preset[0])
-            out.append((False, preset))
+            out.append((False, preset, None))
             continue
         rec, name = payload, fmt
         if auto:  # detected here too, for the report of what each source held
@@ -202,11 +224,12 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
         result, used, err = try_convert(rec, name, rendering if _render_this(seq) else plain, counters, raw=raw)
         if err is not None:
             stats.add_reject(err.code.value)
-            out.append((False, (err.code.value, err.message_index, err.message)))
+            out.append((False, (err.code.value, err.message_index, err.message), None))
             continue
         # The on-disk row shape (README, "Beam records on disk"): all three keys on every row, so that
         # `load_dataset("json")` infers one schema and TRL can spread `chat_template_kwargs` with **.
-        out.append((True, orjson.dumps(to_row(result), option=orjson.OPT_APPEND_NEWLINE)))
+        out.append((True, orjson.dumps(to_row(result), option=orjson.OPT_APPEND_NEWLINE),
+                    (record_key(result), used)))
         stats.add_ok(result, used, counters)
     return out, stats
 
@@ -299,6 +322,9 @@ def run(args: argparse.Namespace) -> int:
     first_internal: list[str] = []  # where the first internal errors happened, for the warning
     per_source: dict[str, Counter] = {}
     init_args = (args.format, args.late_system, args.missing_reasoning, args.render_check, chat_template)
+    from beam_sft.records.dedup import Seen
+
+    seen = None if args.keep_duplicates else Seen()  # first occurrences, in input order
     from tqdm import tqdm
 
     bar = tqdm(desc="converting", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5)
@@ -307,7 +333,10 @@ def run(args: argparse.Namespace) -> int:
         for prov, results, stats in _results(_chunks(items, CHUNK), args, init_args):
             total.merge(stats)
             per_source.setdefault(prov[0][0], Counter()).update(stats.detected)
-            for (source, pos, by_line), (ok, payload) in zip(prov, results, strict=True):
+            for (source, pos, by_line), (ok, payload, meta) in zip(prov, results, strict=True):
+                if ok and seen is not None and (dup := seen.check(meta[0], source, pos, by_line)) is not None:
+                    total.take_back(payload, meta[1])
+                    ok, payload = False, (dup.code.value, None, dup.message)
                 if ok:
                     writer.write_raw(payload)
                     continue
@@ -404,6 +433,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "message up to the first instructions (default: reject)")
     parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
                         help=reasoning.HELP)
+    parser.add_argument("--keep-duplicates", action="store_true",
+                        help="write exact duplicates too; by default a validated record equal to an earlier one "
+                             "(in any input, whatever its format) is rejected as `duplicate`, the first kept")
     parser.add_argument("--max-record-bytes", type=int, metavar="N",
                         help="reject records larger than N bytes of JSON (default: no limit)")
     parser.add_argument("--render-check", choices=RENDER_CHECK_CHOICES, default="all",

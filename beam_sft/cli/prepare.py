@@ -90,6 +90,21 @@ def _tokenizer(args: argparse.Namespace, settings):
     return tokenizer
 
 
+def _inputs(args: argparse.Namespace):
+    """The INPUT list, or the `datasets:` mixture of --config (beam_sft.dataset.mixture); not both."""
+    from beam_sft.errors import UsageError
+
+    if args.config and args.inputs:
+        raise UsageError("give INPUT files or --config, not both")
+    if not args.config:
+        if not args.inputs:
+            raise UsageError("no INPUT: give data files, or a --config with a `datasets:` list")
+        return args.inputs
+    from beam_sft.dataset.mixture import read_mixture
+
+    return read_mixture(args.config, seed=args.seed)
+
+
 def run(args: argparse.Namespace) -> int:
     from beam_sft.dataset.prepare import build_prepared
     from beam_sft.dataset.settings import (
@@ -112,20 +127,26 @@ def run(args: argparse.Namespace) -> int:
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")
     max_length = args.max_length or None
+    inputs = _inputs(args)
+    # TRL's mixture key `test_split_size`, unless --eval-split-size says otherwise
+    eval_size = args.eval_split_size or (0.0 if isinstance(inputs, list) else
+                                         float(inputs.settings.get("test_split_size") or 0.0))
     settings = DataSettings(format=args.format, max_length=max_length, truncation_policy=args.truncation_policy,
                             assistant_only_loss=not args.full_sequence_loss, split=args.split,
-                            max_records=args.limit, eval_split_size=args.eval_split_size, seed=args.seed,
-                            missing_reasoning=args.missing_reasoning)
+                            max_records=args.limit, eval_split_size=eval_size, seed=args.seed,
+                            missing_reasoning=args.missing_reasoning, dedup=not args.keep_duplicates)
     settings.check()
     out = os.path.abspath(args.output)
     if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(
             os.path.join(out, MANIFEST)))):
         raise UsageError(f"{args.output}: exists and is not a prepared dataset; refusing to replace it")
-    sources = data_sources(args.inputs, args.split)
+    from beam_sft.dataset.prepare import train_identity
+
+    sources = inputs.sources if not isinstance(inputs, list) else data_sources(inputs, args.split)
     for src in sources:
         if os.path.abspath(src.name) == out:
             raise UsageError(f"{args.output}: output is also an input")
-    identity = {"train": source_identity(sources)}
+    identity = train_identity(inputs, settings)
     # Up to date? Decided from the tokenizer's files, before paying for loading transformers and the tokenizer.
     files = tokenizer_files_hash(args.tokenizer)
     quick = None
@@ -145,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             import datasets
 
             datasets.disable_progress_bars()
-        manifest = build_prepared(args.inputs, tokenizer, settings, out, num_proc=args.num_proc,
+        manifest = build_prepared(inputs, tokenizer, settings, out, num_proc=args.num_proc,
                                   progress=not args.quiet, identity=identity,
                                   fingerprint=fingerprint(identity, tokenizer, settings),
                                   extra_manifest={"inputs_fingerprint": quick})
@@ -171,9 +192,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.validate.convert import INPUT_FORMATS
     from beam_sft.validate.rules import MISSING_REASONING_CHOICES
 
-    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+    parser.add_argument("inputs", nargs="*", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet, .txt), globs, directories, save_to_disk dirs, or "
-                             "hub dataset ids")
+                             "hub dataset ids (or --config)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="a YAML file with a `datasets:` list (TRL's mixture: path, data_files, data_dir, split, "
+                             "fraction; plus format, max_records, missing_reasoning, shuffle per source), e.g. the "
+                             "config scripts/train.py trains with; the manifest counts every source")
     parser.add_argument("-o", "--output", required=True, metavar="DIR",
                         help="the prepared dataset directory (replaced if it already holds one)")
     parser.add_argument("--tokenizer", metavar="PATH_OR_ID", default=None,
@@ -189,6 +214,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(turn), drop them (drop), or cut at N (keep_start) (default: turn)")
     parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
                         help=reasoning.HELP)
+    parser.add_argument("--keep-duplicates", action="store_true",
+                        help="keep exact duplicates; by default a validated record equal to an earlier one (in any "
+                             "input, whatever its format; an eval record equal to a training one) is rejected as "
+                             "`duplicate`, the first kept")
     parser.add_argument("--full-sequence-loss", action="store_true",
                         help="label every token (training's --assistant_only_loss false); default: assistant "
                              "turns only")

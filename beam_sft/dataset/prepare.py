@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beam_sft.dataset.mixture import Mixture
 from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
 from beam_sft.dataset.settings import (
     DATA_VERSION,
@@ -49,7 +50,7 @@ from beam_sft.dataset.settings import (
     source_identity,
 )
 from beam_sft.dataset.stages import CHUNK_ROWS, convert_source, read_chunks, token_counts
-from beam_sft.errors import FatalError, UsageError
+from beam_sft.errors import FatalError, Reason, UsageError
 from beam_sft.records.files import data_sources
 
 logger = logging.getLogger(__name__)
@@ -92,18 +93,34 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
     the records of `eval_dataset_name` (its "test" split), or else the same seeded share of `dataset_name`'s
     converted records that `build_prepared` puts in `eval/`. Nothing when there is no eval split.
     """
+    from beam_sft.records.dedup import Seen
+
     Path(work_dir).mkdir(parents=True, exist_ok=True)
+    if not eval_dataset_name and settings.eval_split_size <= 0:
+        return
+    seen = Seen() if settings.dedup else None
+    train = convert_source(dataset_name, work_dir, format=settings.format, split=settings.split,
+                           limit=settings.max_records, missing_reasoning=settings.missing_reasoning)
+    # the training records' keys (their copies are not eval records), and how many are first occurrences
+    n_train = sum(1 for _ in _first_occurrences(train.iter_records(), seen))
     if eval_dataset_name:
-        yield from convert_source(eval_dataset_name, work_dir, format=settings.format, split="test",
-                                  missing_reasoning=settings.missing_reasoning).iter_records()
+        yield from _first_occurrences(convert_source(
+            eval_dataset_name, work_dir, format=settings.format, split="test",
+            missing_reasoning=settings.missing_reasoning).iter_records(), seen)
         return
-    if settings.eval_split_size <= 0:
-        return
-    converted = convert_source(dataset_name, work_dir, format=settings.format, split=settings.split,
-                               limit=settings.max_records, missing_reasoning=settings.missing_reasoning)
-    mask = _eval_mask(len(converted.records), settings)
-    for held, record in zip(mask, converted.iter_records(), strict=True):
+    mask = _eval_mask(n_train, settings)
+    again = Seen() if settings.dedup else None
+    for held, record in zip(mask, _first_occurrences(train.iter_records(), again), strict=True):
         if held:
+            yield record
+
+
+def _first_occurrences(records, seen) -> Iterator[dict[str, Any]]:
+    """`records` without the ones `seen` already holds (all of them when `seen` is None: no dedup)."""
+    from beam_sft.records.dedup import record_key
+
+    for i, record in enumerate(records):
+        if seen is None or seen.check(record_key(record), "", i) is None:
             yield record
 
 
@@ -162,20 +179,60 @@ class _Chunk:
     converted: str | None
     names: list[str]
     is_eval: bool
-    n_records: int = 0  # records converted (the rest of its rows are rejects)
+    n_records: int = 0  # records converted (the rest of its rows are rejects), less duplicates
+    skip: Any = None  # numpy bool per row: duplicates (convert-only chunks with dedup), not tokenized
 
 
 class _Tally:
     """Records in, rejects by reason (written to the rejects file as they come), per split PrepStats sums,
     and the split writers the shards go to: all taken from the workers' results, in input order."""
 
-    def __init__(self, rejects, writers: dict[str, _SplitWriter]) -> None:
+    def __init__(self, rejects, writers: dict[str, _SplitWriter], dedup: bool = False) -> None:
+        from beam_sft.records.dedup import Seen
+
+        self.seen = Seen() if dedup else None  # first occurrences across chunks (and train -> eval)
         self.rejects = rejects
         self.writers = writers
         self.records_in = 0
         self.rejected: Counter = Counter()
         self.reasoning: Counter = Counter()  # beam_sft.dataset.reasoning_stats.KEYS over converted records
         self.splits: dict[str, Counter] = {name: Counter() for name in writers}
+        self.by_source: dict[str, Counter] = {}  # source name -> rejects by reason
+
+    def deduplicate(self, result, chunk: _Chunk) -> list[int]:
+        """Take the records earlier chunks already hold out of `result` (counts, rejects, shard rows), as
+        `duplicate` rejects; returns their rows of a convert-only chunk."""
+        import orjson
+
+        from beam_sft.dataset import workers
+        from beam_sft.dataset.reasoning_stats import KEYS
+        from beam_sft.errors import reject_entry
+
+        if self.seen is None:
+            return []
+        dups = [(row, err) for row in result.rows
+                if (err := self.seen.check(row.key, chunk.names[row.src], row.pos, row.by_line)) is not None]
+        retract, drops = set(), {}
+        for row, err in dups:
+            result.reasoning.subtract(dict(zip(KEYS, row.reasoning, strict=True)))
+            if row.stats:
+                result.stats[row.split].subtract(row.stats)
+            if row.reject >= 0:
+                retract.add(row.reject)
+                result.rejected[orjson.loads(result.rejects[row.reject])["reason"]] -= 1
+            if row.shard_row >= 0:
+                drops.setdefault(row.split, []).append(row.shard_row)
+            result.rejected[err.code.value] += 1
+        result.rejected = +result.rejected
+        result.rejects = [text for i, text in enumerate(result.rejects) if i not in retract] + [
+            orjson.dumps(reject_entry(err, chunk.names[row.src], row.pos, row.by_line)).decode() for row, err in dups]
+        if result.rejected.get(Reason.DUPLICATE.value):
+            result.rejects = _in_input_order(result.rejects, chunk.names)
+        for split, rows in drops.items():
+            if not workers.drop_rows(result.shards[split], rows):
+                del result.shards[split]
+        result.n_records -= len(dups)
+        return [row.index for row, _ in dups]
 
     def take(self, result, bar) -> None:
         from beam_sft.dataset import workers
@@ -185,6 +242,7 @@ class _Tally:
         self.reasoning.update(result.reasoning)
         for entry in workers.result_rejects(result):
             self.rejects.write(entry)
+            self.by_source.setdefault(entry["source"], Counter())[entry["reason"]] += 1
         for name, counts in result.stats.items():
             self.splits[name].update(counts)
         for name, shard in result.shards.items():
@@ -192,12 +250,44 @@ class _Tally:
         bar.update(result.records_in or sum(c["records_in"] for c in result.stats.values()))
 
 
+def _in_input_order(rejects: list[str], names: list[str]) -> list[str]:
+    """A chunk's rejects in input order (duplicates are found in other stages than the rest): one chunk holds
+    rows of its sources in order, so (source, line or index) sorts them."""
+    import orjson
+
+    index = {name: i for i, name in enumerate(names)}
+
+    def where(text: str) -> tuple[int, int]:
+        entry = orjson.loads(text)
+        return index.get(entry["source"], -1), entry.get("line", entry.get("index")) or 0
+
+    return sorted(rejects, key=where)
+
+
+def _input_names(inputs) -> list[str]:
+    return [src.name for src in inputs.sources] if isinstance(inputs, Mixture) else list(inputs)
+
+
+def _mixture_counts(mixture: Mixture, tally: _Tally) -> list[dict[str, Any]]:
+    """Per entry of the mixture: rows read, taken, rejected by reason, duplicates."""
+    out = []
+    for entry, plan in zip(mixture.identity(), mixture.plans, strict=True):
+        rejected: Counter = Counter()
+        for src in {src.name for src in plan.files}:
+            rejected.update(tally.by_source.get(src, {}))
+        out.append({"path": entry["path"], "data_files": entry["data_files"], "fraction": entry["fraction"],
+                    "files": [src.name for src in plan.files], "read": plan.rows, "taken": plan.taken,
+                    "rejected": dict(rejected.most_common()), "duplicates": rejected.get(Reason.DUPLICATE.value, 0)})
+    return out
+
+
 def _job(tokenizer, settings: DataSettings):
     from beam_sft.dataset import workers
     from beam_sft.template.tokenizer import stop_token_ids
 
     return workers.Job(tokenizer, settings.format, settings.max_length, settings.truncation_policy,
-                       settings.assistant_only_loss, list(stop_token_ids(tokenizer)), settings.missing_reasoning)
+                       settings.assistant_only_loss, list(stop_token_ids(tokenizer)), settings.missing_reasoning,
+                       settings.dedup)
 
 
 def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: list[_Chunk], writers, *,
@@ -210,21 +300,28 @@ def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: 
     if eval_inputs:
         parts.append((eval_inputs, "test", None, True))
     for part_inputs, split, limit, is_eval in parts:
-        sources = data_sources(part_inputs, split)
+        formats = policies = items = None
+        if isinstance(part_inputs, Mixture):
+            sources, items = part_inputs.sources, part_inputs.items()
+            formats = part_inputs.formats(settings.format)
+            policies = part_inputs.policies(settings.missing_reasoning)
+        else:
+            sources = data_sources(part_inputs, split)
         names = [src.name for src in sources]
         for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
-                               prefix="eval" if is_eval else "train"):
+                               prefix="eval" if is_eval else "train", items=items):
             raw_path = raw.cache_files[0]["filename"]
             del raw  # its memory map: the worker opens the file itself
             i = len(chunks)
             if draw_eval:
                 converted = str(work / f"converted-{i:05d}.arrow")
                 chunks.append(_Chunk(raw_path, converted, names, is_eval))
-                yield workers.Task(i, names, raw=raw_path, convert_to=converted, tokenize=False)
+                yield workers.Task(i, names, raw=raw_path, convert_to=converted, tokenize=False, formats=formats,
+                                   policies=policies)
             else:
                 chunks.append(_Chunk(raw_path, None, names, is_eval))
                 split_name = "eval" if is_eval else "train"
-                yield workers.Task(i, names, raw=raw_path, all_eval=is_eval,
+                yield workers.Task(i, names, raw=raw_path, all_eval=is_eval, formats=formats, policies=policies,
                                    shards={split_name: workers.shard_path(writers[split_name].dir, i)})
 
 
@@ -241,11 +338,18 @@ def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, ta
     with tqdm(desc="converting" if draw_eval else "preparing", unit=" rec", disable=not progress or None,
               mininterval=0.5) as bar:
         for result in workers.run_tasks(tasks, job, num_proc):
-            chunks[result.index].n_records = result.n_records
+            chunk = chunks[result.index]
+            dup_rows = tally.deduplicate(result, chunk)
+            if dup_rows and draw_eval:
+                import numpy as np
+
+                chunk.skip = np.zeros(result.records_in, dtype=bool)
+                chunk.skip[dup_rows] = True
+            chunk.n_records = result.n_records
             tally.take(result, bar)
             os.unlink(chunks[result.index].raw)
     if not any(c.n_records for c in chunks if not c.is_eval):
-        raise UsageError(f"no usable training records in {', '.join(inputs)}: {tally.records_in} read, "
+        raise UsageError(f"no usable training records in {', '.join(_input_names(inputs))}: {tally.records_in} read, "
                          f"{sum(tally.rejected.values())} rejected ({dict(tally.rejected)})")
     return chunks
 
@@ -262,10 +366,12 @@ def _tokenize_tasks(chunks: list[_Chunk], eval_mask, writers):
         table = workers._open(chunk.converted).read_all()
         has_record = pc.is_valid(table.column("record")).to_numpy(zero_copy_only=False)
         del table
+        if chunk.skip is not None:
+            has_record &= ~chunk.skip
         eval_rows = np.zeros(len(has_record), dtype=bool)
         eval_rows[has_record] = eval_mask[offset: offset + chunk.n_records]
         offset += chunk.n_records
-        yield workers.Task(i, chunk.names, converted=chunk.converted, eval_rows=eval_rows,
+        yield workers.Task(i, chunk.names, converted=chunk.converted, eval_rows=eval_rows, skip_rows=chunk.skip,
                            shards={name: workers.shard_path(w.dir, i) for name, w in writers.items()})
 
 
@@ -325,7 +431,8 @@ def _manifest(tokenizer, settings: DataSettings, inputs, eval_inputs, identity, 
         "max_records": settings.max_records,
         "eval_split_size": settings.eval_split_size if not eval_inputs else None,
         "seed": settings.seed,
-        "inputs": list(inputs),
+        "inputs": _input_names(inputs),
+        "mixture": _mixture_counts(inputs, tally) if isinstance(inputs, Mixture) else None,
         "eval_inputs": list(eval_inputs) if eval_inputs else None,
         "sources": identity,
         "counts": {
@@ -394,7 +501,7 @@ def build_prepared(
         writers = {"train": _SplitWriter(final / "train_parts")}
         if eval_inputs or draw_eval:
             writers["eval"] = _SplitWriter(final / "eval_parts")
-        tally = _Tally(rejects, writers)
+        tally = _Tally(rejects, writers, dedup=settings.dedup)
         job = _job(tokenizer, settings)
         chunks = _first_pass(inputs, eval_inputs, settings, work, job, tally, draw_eval=draw_eval,
                              chunk_rows=chunk_rows or CHUNK_ROWS, num_proc=num_proc, progress=progress)
@@ -428,6 +535,14 @@ def load_prepared(path: str | os.PathLike, tokenizer=None, settings: DataSetting
     train = load_from_disk(str(path))
     eval_ds = load_from_disk(str(Path(path) / EVAL_DIR)) if (Path(path) / EVAL_DIR).is_dir() else None
     return Prepared(train, eval_ds, manifest, str(path), "loaded", dict(manifest.get("splits") or {}))
+
+
+def train_identity(inputs, settings: DataSettings) -> dict[str, Any]:
+    """The identity of the training sources in the cache fingerprint: their files (and, for a mixture, every
+    entry as given with the rows it takes)."""
+    if isinstance(inputs, Mixture):
+        return {"train": source_identity(inputs.sources), "mixture": inputs.identity()}
+    return {"train": source_identity(data_sources(inputs, settings.split))}
 
 
 def _record_action(record_dir: str | os.PathLike | None, rank: int, action: str, path: str, fp: str) -> None:
@@ -513,14 +628,13 @@ def prepare_data(
     if isinstance(inputs, str):
         inputs = [inputs]
     state = PartialState()
-    if len(inputs) == 1 and read_manifest(inputs[0]) is not None:
+    if not isinstance(inputs, Mixture) and len(inputs) == 1 and read_manifest(inputs[0]) is not None:
         prepared = _use_prepared(inputs[0], tokenizer, settings, eval_inputs)
         _record_action(record_dir, state.process_index, "loaded", str(inputs[0]), prepared.manifest["tokenizer"])
         return prepared
 
     settings.check()
-    sources = data_sources(inputs, settings.split)
-    identity = {"train": source_identity(sources)}
+    identity = train_identity(inputs, settings)
     if eval_inputs:
         identity["eval"] = source_identity(data_sources(eval_inputs, "test"))
     fp = fingerprint(identity, tokenizer, settings)

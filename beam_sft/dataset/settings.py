@@ -40,6 +40,7 @@ class DataSettings:
     eval_split_size: float = 0.0
     seed: int = 0
     missing_reasoning: str = "mask"  # beam_sft.validate.rules.MISSING_REASONING_CHOICES
+    dedup: bool = True  # exact duplicates rejected (beam_sft.records.dedup); train -> eval too
 
     def check(self) -> None:
         from beam_sft.dataset.examples import TRUNCATION_POLICIES

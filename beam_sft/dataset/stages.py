@@ -45,7 +45,7 @@ def _raw_schema():
 
 
 def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None = None, limit: int | None = None,
-                progress: bool = False, prefix: str = "raw") -> Iterator[Any]:
+                progress: bool = False, prefix: str = "raw", items=None) -> Iterator[Any]:
     """The input records of `sources`, `chunk_rows` at a time, each chunk a memory-mapped Arrow dataset.
 
     Reads through `beam_sft.records.files.iter_items` (the readers `convert-dataset` uses), writing record batches as it
@@ -62,7 +62,8 @@ def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None 
     schema = _raw_schema()
     cols: dict[str, list] = {k: [] for k in schema.names}
     bar = tqdm(desc="reading", unit=" rec", disable=not progress or None, mininterval=0.5)
-    items = iter_items(sources, limit=limit)
+    # `items`: the rows to read when not all of `sources` (a mixture's taken rows, beam_sft.dataset.mixture)
+    items = iter_items(sources, limit=limit) if items is None else items
     n_chunk = 0
     done = False
     while not done:
@@ -114,25 +115,31 @@ def read_source(sources, work_dir: str | os.PathLike, *, limit: int | None = Non
 
 
 def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts: bool = False,
-                   missing_reasoning: str = "mask", with_counts: bool = False) -> dict[str, Any]:
+                   missing_reasoning: str = "mask", with_counts: bool = False,
+                   with_keys: bool = False) -> dict[str, Any]:
     """`as_dicts`: the records as the converter returned them (still checked to serialise), for a caller
     that tokenizes them right away instead of storing their JSON (`beam_sft.dataset.workers`).
     `missing_reasoning`: the validator's policy (mask | keep | reject). `with_counts`: `reasoning` in the
     result holds the kept records' `reasoning_stats.reasoning_counts` (not a column: `datasets.map` callers
-    leave it off)."""
+    leave it off). `with_keys`: `key` holds each kept record's (`key`, reasoning counts) for deduplication
+    (`beam_sft.records.dedup`), None for a reject; the records' reasoning is then counted per row there."""
     from beam_sft.dataset.reasoning_stats import reasoning_counts
+    from beam_sft.records.dedup import record_key
     from beam_sft.validate.convert import try_convert
     from beam_sft.validate.rules import Options
 
-    options = Options(missing_reasoning=missing_reasoning)
-    records, reasons, rejects, kept = [], [], [], []
+    # per source (a mixture, beam_sft.dataset.mixture): lists indexed by `src`
+    options = {policy: Options(missing_reasoning=policy) for policy in
+               ([missing_reasoning] if isinstance(missing_reasoning, str) else set(missing_reasoning))}
+    records, reasons, rejects, kept, keys = [], [], [], [], []
     for src, pos, by_line, payload, error in zip(batch["src"], batch["pos"], batch["by_line"], batch["payload"],
                                                   batch["error"], strict=True):
         if error is not None:
             code, index, message = json.loads(error)
             rec, reject = None, RecordError(code, message, message_index=index)
         else:
-            rec, _, reject = try_convert(payload, fmt, options, raw=True)
+            rec, _, reject = try_convert(payload, fmt if isinstance(fmt, str) else fmt[src], options[
+                missing_reasoning if isinstance(missing_reasoning, str) else missing_reasoning[src]], raw=True)
         if reject is None:
             try:
                 text = orjson.dumps(rec)
@@ -141,16 +148,23 @@ def _convert_batch(batch: dict[str, list], fmt: str, names: list[str], as_dicts:
             else:
                 records.append(rec if as_dicts else text.decode())
                 kept.append(rec)
+                if with_keys:
+                    keys.append((record_key(rec), tuple(reasoning_counts([rec]).values())))
                 reasons.append(None)
                 rejects.append(None)
                 continue
         records.append(None)
+        if with_keys:
+            keys.append(None)
         reasons.append(reject.code.value)
         rejects.append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
     out: dict[str, Any] = {"record": records, "reason": reasons, "reject": rejects}
     if with_counts:
         out["reasoning"] = reasoning_counts(kept)
+    if with_keys:
+        out["key"] = keys
     return out
+
 
 
 @dataclass

@@ -66,6 +66,7 @@ class Job:
     assistant_only_loss: bool
     stop_ids: list[int]
     missing_reasoning: str = "mask"
+    dedup: bool = False  # exact deduplication (beam_sft.records.dedup): keys and per-row counts sent back
 
 
 @dataclass
@@ -83,6 +84,9 @@ class Task:
     eval_rows: Any = None  # numpy bool array or None
     all_eval: bool = False  # every row goes to the eval split (separate eval data)
     shards: dict[str, str] = field(default_factory=dict)
+    skip_rows: Any = None  # numpy bool array or None: duplicates (decided by the main process), not tokenized
+    formats: list[str] | None = None  # per source (a mixture), else Job.fmt
+    policies: list[str] | None = None  # per source missing_reasoning (a mixture), else Job.missing_reasoning
 
 
 @dataclass
@@ -97,6 +101,26 @@ class Result:
     stats: dict[str, Counter] = field(default_factory=dict)
     shards: dict[str, str] = field(default_factory=dict)  # split -> file, only where rows were written
     reasoning: Counter = field(default_factory=Counter)  # beam_sft.dataset.reasoning_stats.KEYS, converted rows
+    # With Job.dedup, one Row per converted record this chunk did not already hold (in row order): what the
+    # main process needs to decide duplicates across chunks and to take a duplicate back out of the counts.
+    rows: list[Row] = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    """One record's part of a Result: its key, provenance, split, and where it went (a shard row, a reject, or
+    neither: dropped by truncation), with the counts it added."""
+
+    key: int
+    src: int
+    pos: int
+    by_line: bool
+    reasoning: tuple[int, int, int]
+    split: str = "train"
+    shard_row: int = -1
+    reject: int = -1  # index into Result.rejects
+    index: int = -1  # row of the chunk (convert-only tasks)
+    stats: dict[str, int] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -134,16 +158,18 @@ def _converted_batches(task: Task, job: Job, result: Result) -> Iterator[dict[st
         for part in _slices(batch):
             cols = part.to_pydict()
             # Tokenized right here: the records need not go through JSON text again.
-            out = _convert_batch(cols, job.fmt, task.names, as_dicts=task.tokenize,
-                                 missing_reasoning=job.missing_reasoning, with_counts=True)
-            result.reasoning.update(out["reasoning"])
+            out = _convert_batch(cols, task.formats or job.fmt, task.names, as_dicts=task.tokenize,
+                                 missing_reasoning=task.policies or job.missing_reasoning, with_counts=not job.dedup,
+                                 with_keys=job.dedup)
+            result.reasoning.update(out.get("reasoning", {}))
             result.records_in += len(cols["src"])
             for reason, reject in zip(out["reason"], out["reject"], strict=True):
                 if reason is not None:
                     result.rejected[reason] += 1
                     result.rejects.append(reject)
             result.n_records += len(out["record"]) - sum(r is not None for r in out["reason"])
-            yield {"src": cols["src"], "pos": cols["pos"], "by_line": cols["by_line"], "record": out["record"]}
+            yield {"src": cols["src"], "pos": cols["pos"], "by_line": cols["by_line"], "record": out["record"],
+                   **({"key": out["key"]} if job.dedup else {})}
 
 
 def _slices(batch) -> Iterator[Any]:
@@ -157,19 +183,23 @@ class _ShardWriters:
     def __init__(self, paths: dict[str, str]) -> None:
         self.paths = paths
         self.open: dict[str, Any] = {}
+        self.rows: Counter = Counter()  # rows written per split so far
 
-    def write(self, split: str, ids: list[list[int]], masks: list[list[int]], job: Job) -> dict[str, int]:
-        """Write rows (ids and their assistant masks: the labels are made here) and return their token counts."""
+    def write(self, split: str, ids: list[list[int]], masks: list[list[int]], job: Job) -> tuple[dict, Any]:
+        """Write rows (ids and their assistant masks: the labels are made here); return their token counts and,
+        with `job.dedup`, each row's (a list of dicts), else None."""
         import pyarrow as pa
 
         if not ids:
-            return {}
+            return {}, []
         if split not in self.open:
             sink = pa.OSFile(self.paths[split], "wb")
             self.open[split] = (sink, pa.ipc.new_stream(sink, _final_schema()))
-        input_ids, labels, counts = _labelled(ids, masks, job.assistant_only_loss, job.stop_ids)
+        input_ids, labels, counts, per_row = _labelled(ids, masks, job.assistant_only_loss, job.stop_ids,
+                                                       per_row=job.dedup)
         self.open[split][1].write_batch(pa.record_batch([input_ids, labels], schema=_final_schema()))
-        return counts
+        self.rows[split] += len(ids)
+        return counts, per_row
 
     def close(self) -> dict[str, str]:
         for sink, writer in self.open.values():
@@ -178,11 +208,16 @@ class _ShardWriters:
         return {split: self.paths[split] for split in self.open}
 
 
-def _labelled(ids: list[list[int]], masks: list[list[int]], assistant_only_loss: bool, stop_ids):
+_TOKEN_KEYS = ("total_tokens", "supervised_tokens", "supervised_return", "supervised_call")
+
+
+def _labelled(ids: list[list[int]], masks: list[list[int]], assistant_only_loss: bool, stop_ids,
+              per_row: bool = False):
     """(input_ids, labels) as Arrow list<int32> arrays, and the batch's token counts: the rule of
     `examples.build_example` (IGNORE_INDEX off the mask, or every token without assistant-only loss) applied to
     the whole batch at once on the flat arrays, instead of a Python list of labels per row (a fifth of the data
-    phase's time outside the encoder, measured)."""
+    phase's time outside the encoder, measured). `per_row`: the same counts row by row (from cumulative sums
+    at the row offsets), else None."""
     import numpy as np
     import pyarrow as pa
 
@@ -200,53 +235,145 @@ def _labelled(ids: list[list[int]], masks: list[list[int]], assistant_only_loss:
         if len(trained) != len(flat):
             raise ValueError(f"{len(trained)} mask entries for {len(flat)} tokens")
         values = np.where(trained, flat, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
-        supervised = int(np.count_nonzero(trained))
     else:
-        values, supervised = flat, len(flat)
+        values, trained = flat, np.ones(len(flat), dtype=bool)
     labels = pa.ListArray.from_arrays(input_ids.offsets, pa.array(values, pa.int32()))
-    counts = {"total_tokens": len(flat), "supervised_tokens": supervised,
-              "supervised_return": int(np.count_nonzero(values == stop_ids[0])) if stop_ids else 0,
-              "supervised_call": int(np.count_nonzero(values == stop_ids[1])) if len(stop_ids) > 1 else 0}
-    return input_ids, labels, counts
+    columns = (np.ones(len(flat), dtype=bool), trained,
+               values == stop_ids[0] if stop_ids else np.zeros(len(flat), dtype=bool),
+               values == stop_ids[1] if len(stop_ids) > 1 else np.zeros(len(flat), dtype=bool))
+    counts = {key: int(np.count_nonzero(col)) for key, col in zip(_TOKEN_KEYS, columns, strict=True)}
+    rows = None
+    if per_row:
+        offsets = input_ids.offsets.to_numpy()
+        sums = [np.concatenate(([0], np.cumsum(col, dtype=np.int64))) for col in columns]
+        rows = [dict(zip(_TOKEN_KEYS, r, strict=True)) for r in
+                zip(*((cs[offsets[1:]] - cs[offsets[:-1]]).tolist() for cs in sums), strict=True)]
+    return input_ids, labels, counts, rows
+
+
+def _unique_rows(cols: dict[str, list], present: list[int], task: Task, seen, result: Result) -> list[int]:
+    """With dedup: the rows of `present` that this chunk has not met yet (the others become `duplicate` rejects
+    here, before tokenizing), each given its Row."""
+    from beam_sft.errors import reject_entry
+
+    unique = []
+    for i in present:
+        key, reasoning = cols["key"][i]
+        src, pos, by_line = cols["src"][i], cols["pos"][i], cols["by_line"][i]
+        dup = seen.check(key, task.names[src], pos, by_line)
+        if dup is not None:
+            result.rejected[dup.code.value] += 1
+            result.rejects.append(orjson.dumps(reject_entry(dup, task.names[src], pos, by_line)).decode())
+            continue
+        result.rows.append(_row(result, key, src, pos, by_line, reasoning))
+        unique.append(i)
+    return unique
+
+
+def _row(result: Result, key: int, src: int, pos: int, by_line: bool, reasoning) -> Row:
+    """A Row; its record's reasoning counted (the main process takes a duplicate's back out)."""
+    from beam_sft.dataset.reasoning_stats import KEYS
+
+    result.reasoning.update(dict(zip(KEYS, reasoning, strict=True)))
+    return Row(key, src, pos, by_line, reasoning)
+
+
+def _keyed(batches: Iterable[dict[str, list]], result: Result) -> Iterator[dict[str, list]]:
+    """The batches as they pass, each converted record given its Row (convert-only tasks with dedup: the main
+    process decides the duplicates before the second pass tokenizes)."""
+    index = 0
+    for cols in batches:
+        for key, src, pos, by_line in zip(cols["key"], cols["src"], cols["pos"], cols["by_line"], strict=True):
+            if key is not None:
+                result.rows.append(_row(result, key[0], src, pos, by_line, key[1]))
+                result.rows[-1].index = index
+            index += 1
+        yield cols
+
+
+class _RowCounts:
+    """One chunk's counts per split, and with dedup the same counts on each Row."""
+
+    def __init__(self, task: Task, job: Job, result: Result) -> None:
+        self.result = result
+        self.stats = {split: Counter() for split in task.shards}
+        self.dedup = job.dedup
+
+    def reject(self, row: Row | None, reason: str, entry: str) -> None:
+        self.result.rejected[reason] += 1
+        self.result.rejects.append(entry)
+        if row is not None:
+            row.reject = len(self.result.rejects) - 1
+
+    def tokenized(self, row: Row | None, split: str, done: dict[str, list], j: int) -> None:
+        counts = {"records_in": 1, **{key: done[column][j] for column, key in _SUMMED.items()}}
+        self.stats[split].update(counts)
+        if row is not None:
+            row.split, row.stats = split, counts
+
+    def kept(self, row: Row | None, split: str, shard_row: int) -> None:
+        self.stats[split]["records_kept"] += 1
+        if row is not None:
+            row.shard_row = shard_row
+            row.stats["records_kept"] = 1
+
+    def written(self, split: str, counts: dict, per_row, rows: list) -> None:
+        self.stats[split].update(counts)
+        for row, row_counts in zip(rows, per_row, strict=True):
+            if row is not None:
+                row.stats.update(row_counts)
 
 
 def _tokenize_into(batches: Iterable[dict[str, list]], task: Task, job: Job, result: Result) -> None:
-    from beam_sft.dataset.stages import _tokenize_batch
+    from beam_sft.records.dedup import Seen
 
     writers = _ShardWriters(task.shards)
-    stats = {split: Counter() for split in task.shards}
+    tally = _RowCounts(task, job, result)
+    seen = Seen() if job.dedup and task.raw is not None else None
     row = 0
     try:
         for cols in batches:
-            present = [i for i, text in enumerate(cols["record"]) if text is not None]
             n = len(cols["record"])
+            present = [i for i, text in enumerate(cols["record"]) if text is not None
+                       and (task.skip_rows is None or not task.skip_rows[row + i])]
+            rows: list[Row | None] = [None] * len(present)
+            if seen is not None:
+                first = len(result.rows)
+                present = _unique_rows(cols, present, task, seen, result)
+                rows = result.rows[first:]
             if present:
-                sub = {k: [cols[k][i] for i in present] for k in ("src", "pos", "by_line", "record")}
-                done = _tokenize_batch(sub, job.tokenizer, job.max_length, job.policy, job.assistant_only_loss,
-                                       job.stop_ids, task.names, with_labels=False)
-                kept: dict[str, tuple[list, list]] = {split: ([], []) for split in task.shards}
-                for j, i in enumerate(present):
-                    held = task.all_eval or (task.eval_rows is not None and task.eval_rows[row + i])
-                    split = "eval" if held else "train"
-                    reason = done["reason"][j]
-                    if reason is not None:
-                        result.rejected[reason] += 1
-                        result.rejects.append(done["reject"][j])
-                        continue
-                    counts = stats[split]
-                    counts["records_in"] += 1
-                    for column, key in _SUMMED.items():
-                        counts[key] += done[column][j]
-                    if done["keep"][j]:
-                        counts["records_kept"] += 1
-                        kept[split][0].append(done["input_ids"][j])
-                        kept[split][1].append(done["mask"][j])
-                for split, (ids, masks) in kept.items():
-                    stats[split].update(writers.write(split, ids, masks, job))
+                _tokenize_present(cols, present, rows, row, task, job, writers, tally)
             row += n
     finally:
         result.shards = writers.close()
-    result.stats = stats
+    result.stats = tally.stats
+
+
+def _tokenize_present(cols, present: list[int], rows: list, row: int, task: Task, job: Job,
+                      writers: _ShardWriters, tally: _RowCounts) -> None:
+    """Tokenize the batch's rows `present` and write the kept ones to their split's shard."""
+    from beam_sft.dataset.stages import _tokenize_batch
+
+    sub = {k: [cols[k][i] for i in present] for k in ("src", "pos", "by_line", "record")}
+    done = _tokenize_batch(sub, job.tokenizer, job.max_length, job.policy, job.assistant_only_loss,
+                           job.stop_ids, task.names, with_labels=False)
+    kept: dict[str, tuple[list, list, list]] = {split: ([], [], []) for split in task.shards}
+    for j, i in enumerate(present):
+        held = task.all_eval or (task.eval_rows is not None and task.eval_rows[row + i])
+        split = "eval" if held else "train"
+        if done["reason"][j] is not None:
+            tally.reject(rows[j], done["reason"][j], done["reject"][j])
+            continue
+        tally.tokenized(rows[j], split, done, j)
+        if done["keep"][j]:
+            ids, masks, kept_rows = kept[split]
+            tally.kept(rows[j], split, writers.rows[split] + len(ids))
+            ids.append(done["input_ids"][j])
+            masks.append(done["mask"][j])
+            kept_rows.append(rows[j])
+    for split, (ids, masks, kept_rows) in kept.items():
+        counts, per_row = writers.write(split, ids, masks, job)
+        tally.written(split, counts, per_row or [None] * len(kept_rows), kept_rows)
 
 
 def _write_converted(batches: Iterable[dict[str, list]], path: str) -> None:
@@ -266,7 +393,7 @@ def run_task(task: Task, job: Job) -> Result:
     if task.tokenize:
         _tokenize_into(batches, task, job, result)
     else:
-        _write_converted(batches, task.convert_to)
+        _write_converted(_keyed(batches, result) if job.dedup else batches, task.convert_to)
     return result
 
 
@@ -349,6 +476,31 @@ def _start_method() -> str:
     torch = sys.modules.get("torch")
     cuda = torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized()
     return "fork" if "fork" in multiprocessing.get_all_start_methods() and not cuda else "spawn"
+
+
+def drop_rows(path: str, rows: list[int]) -> bool:
+    """Rewrite a shard without `rows` (duplicates found after it was written), one record batch at a time (a
+    whole chunk's tokens never in memory); False when nothing is left (the file is then gone)."""
+    import numpy as np
+    import pyarrow as pa
+
+    drop = np.asarray(sorted(rows), dtype=np.int64)
+    written = start = 0
+    with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, _final_schema()) as writer:
+        for batch in _open(path):
+            keep = np.ones(batch.num_rows, dtype=bool)
+            here = drop[(drop >= start) & (drop < start + batch.num_rows)] - start
+            keep[here] = False
+            start += batch.num_rows
+            if keep.any():
+                writer.write_batch(batch.filter(pa.array(keep)))
+                written += int(keep.sum())
+    if not written:
+        os.unlink(path + ".tmp")
+        os.unlink(path)
+        return False
+    os.replace(path + ".tmp", path)
+    return True
 
 
 def result_rejects(result: Result) -> Iterator[dict[str, Any]]:

@@ -14,12 +14,13 @@ Usage:
 
     from beam_sft.template.tokenizer import load_tokenizer, beamify
     tok = load_tokenizer()                       # data/tokenizer, the small bundled byte-level BPE
-    beamify(hf_tokenizer, model)                 # any tokenizer, in place; resizes + mean-inits embeddings
+    beamify(hf_tokenizer, model)                 # any tokenizer, in place; resizes, inits new rows by meaning
 
 What `beamify` guarantees, for any fast (tokenizers-backed) tokenizer: the marker/EOS/pad/template
 properties above; the markers match raw text (`normalized=False`), so a normalizer cannot split them; marker
 ids that already existed keep their ids (a gpt-oss vocabulary stays aligned with its embeddings); with a
-model, new embedding rows are the mean of the old ones, so the new tokens start out neutral.
+model, each new embedding row starts from what its marker means (`marker_init`), so the rows are
+distinct and a closing marker already scores where the base would end a message.
 
 What it fixes: SentencePiece-style tokenizers that prepend "▁" to every text segment (Metaspace
 `prepend_scheme="always"`, or Llama-2's `Prepend("▁")` normalizer) would put a space after every marker
@@ -421,17 +422,26 @@ def _install_pad(tokenizer) -> None:
         tokenizer.add_special_tokens({"pad_token": AddedToken(PAD_TOKEN, special=True, normalized=False)})
 
 
-def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fix_prefix_space: bool = True):
+def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fix_prefix_space: bool = True,
+            init: str = "semantic"):
     """Make `tokenizer` (and `model`, if given) Beam Harmony capable, in place.
 
     Adds the markers (only `<|return|>` special; it becomes EOS), a special pad token when there is none or
-    it is a marker, and both templates. With `model`, grows the embedding matrices to `len(tokenizer)`,
-    initialises every row of a newly added token to the mean of the pre-existing rows (input embeddings,
-    and the output projection when it is not tied), and sets eos/pad ids on `model.config` and
-    `model.generation_config` (there EOS is `[<|return|>, <|call|>, base EOS...]`). Both are modified in
-    place; returns `tokenizer`. `fix_prefix_space`: see the module docstring. Calling it again is a no-op.
+    it is a marker, and both templates. With `model`, grows the embedding matrices to `len(tokenizer)` and
+    initialises every row of a newly added token as `init` says (`beam_sft.template.marker_init`: "semantic",
+    the default, from what each marker means; "mean", the mean of the old rows), in the input embeddings and
+    in the output projection when it is not tied; sets eos/pad ids on `model.config` and
+    `model.generation_config`, where EOS is exactly `[<|return|>, <|call|>]` (the base's own EOS is dropped:
+    see `BEAMIFY_EOS_DECISION`); and records what it added in `model.config.beam_sft` (the new ids, so a LoRA
+    run makes their rows trainable, and how each was initialised). Both are modified in place; returns
+    `tokenizer`. `fix_prefix_space`: see the module docstring. Calling it again is a no-op.
     """
+    from beam_sft.template.marker_init import INIT_CHOICES, initialise_rows
+
+    if init not in INIT_CHOICES:
+        raise ValueError(f"beamify init {init!r}: choose one of {', '.join(INIT_CHOICES)}")
     old_len = len(tokenizer)
+    base_eos = tokenizer.eos_token
     _install_markers(tokenizer, fix_prefix_space)
     _install_pad(tokenizer)
     install_templates(tokenizer, template_dir)
@@ -440,42 +450,36 @@ def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fi
         assert len(ids) == 1, f"marker {marker!r} encodes to {len(ids)} tokens after beamify: {ids}"
     if model is None:
         return tokenizer
-    _resize_model(model, old_len, len(tokenizer))
+    new_len = len(tokenizer)
+    if new_len > model.get_input_embeddings().weight.shape[0]:
+        # mean_resizing=False: transformers' mean resizing samples around the mean; marker_init sets each row.
+        model.resize_token_embeddings(new_len, mean_resizing=False)
+    # Ids from the old tokenizer length on are the new tokens (a padded matrix may already have rows there).
+    rows = initialise_rows(model, tokenizer, old_len, new_len, init, base_eos) if new_len > old_len else []
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    call_id = tokenizer.convert_tokens_to_ids("<|call|>")
     pad_id = tokenizer.pad_token_id
     model.config.eos_token_id = eos_id
     model.config.pad_token_id = pad_id
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
-        # Generation stops at either stop token; the base model's own EOS stays after them, so a server that
-        # reads generation_config.json also stops where the base model would have.
-        call_id = tokenizer.convert_tokens_to_ids("<|call|>")
-        base_eos = generation_config.eos_token_id
-        base_eos = list(base_eos) if isinstance(base_eos, (list, tuple)) else [] if base_eos is None else [base_eos]
-        generation_config.eos_token_id = [eos_id, call_id, *(i for i in base_eos if i not in (eos_id, call_id))]
+        generation_config.eos_token_id = [eos_id, call_id]
         generation_config.pad_token_id = pad_id
+    if rows:
+        model.config.beam_sft = {"new_token_ids": [r.id for r in rows], "init": init,
+                                 "rows": {r.token: r.parts for r in rows}, "base_eos": base_eos}
     return tokenizer
 
 
-def _resize_model(model, old_len: int, new_len: int) -> None:
-    """Grow embeddings to hold `new_len` tokens; rows for ids >= `old_len` become the mean of rows < `old_len`."""
-    import torch
+# Why a beamified base stops only at <|return|> / <|call|> (docs/real-model.md, "Stop tokens"): a Beam turn
+# ends only there, and a partly trained model that falls back on the base's end token (SmolLM2 after 54 steps
+# wrote <|im_end|> as its first token) would otherwise be served as a clean, empty stop; without it the
+# failure shows (`stopped` false, `marker_leak`) instead of passing for an answer.
+BEAMIFY_EOS_DECISION = "[<|return|>, <|call|>] only"
 
-    input_embeddings = model.get_input_embeddings()
-    if new_len > input_embeddings.weight.shape[0]:
-        # mean_resizing=False: transformers' mean resizing samples from a normal around the mean; we want
-        # the mean itself, set below, so new tokens start out neutral and reproducibly.
-        model.resize_token_embeddings(new_len, mean_resizing=False)
-    if new_len <= old_len:
-        return
-    matrices = [model.get_input_embeddings().weight]
-    output = model.get_output_embeddings()
-    if output is not None and output.weight is not matrices[0]:
-        matrices.append(output.weight)
-    with torch.no_grad():
-        for weight in matrices:
-            mean = weight[:old_len].float().mean(dim=0)
-            weight[old_len:new_len] = mean.to(weight.dtype)
-        if output is not None and getattr(output, "bias", None) is not None:
-            bias = output.bias
-            bias[old_len:new_len] = bias[:old_len].float().mean().to(bias.dtype)
+
+def new_token_ids(model) -> list[int]:
+    """The ids `beamify` added to `model` (recorded in its config, so also after save and load); [] if none."""
+    info = getattr(getattr(model, "config", None), "beam_sft", None)
+    ids = info.get("new_token_ids") if isinstance(info, dict) else None
+    return [int(i) for i in ids] if isinstance(ids, list) else []

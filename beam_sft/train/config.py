@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trl import SFTConfig  # BeamSFTConfig subclasses it: TRL is imported with this module
+from trl.scripts.utils import DatasetConfig
 
 from beam_sft.dataset.settings import DataSettings
 
@@ -54,6 +55,25 @@ class ScriptArguments:
                   "no eval_dataset_name is given. The split is seeded by --seed."},
     )
     max_records: int | None = field(default=None, metadata={"help": "Use only the first N training records."})
+    # The annotation is TRL's (`DatasetMixtureConfig.datasets`), so a TRL YAML parses the same; the entries stay
+    # dicts: beam_sft.dataset.mixture reads them, beam-sft's own keys included.
+    datasets: list[DatasetConfig] = field(
+        default_factory=list,
+        metadata={"help": "A dataset mixture, in a --config YAML only: TRL's `datasets:` list (path, data_files, "
+                  "data_dir, split, fraction) plus beam-sft's per-source format, max_records, missing_reasoning "
+                  "and shuffle; replaces dataset_name (docs/training.md#dataset-mixtures)."},
+    )
+    test_split_size: float | None = field(
+        default=None,
+        metadata={"help": "TRL's mixture key: the eval share of the mixture (eval_split_size, when that is 0)."},
+    )
+    dedup: bool = field(
+        default=True,
+        metadata={"help": "Reject exact duplicates (validated Beam records equal to an earlier one, whatever format "
+                  "each came in; an eval record equal to a training one), counted as `duplicate`, the first "
+                  "kept. `--dedup false` keeps them (same as `beam-sft prepare --keep-duplicates`). Not applied "
+                  "with --streaming."},
+    )
     tokenizer_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Tokenizer to use. Default: the model's own; data/tokenizer for the embedded model."},
@@ -67,6 +87,13 @@ class ScriptArguments:
         default=False,
         metadata={"help": "Add the Beam markers, pad token and both templates to a non-Beam tokenizer, and grow "
                   "the model's embeddings to match."},
+    )
+    beamify_init: str = field(
+        default="semantic",
+        metadata={"help": "With --beamify: how the new marker rows start. semantic: from the base's own "
+                  "message-start/end tokens and the markers' words (docs/real-model.md); mean: all the mean of "
+                  "the old rows (the markers start indistinguishable).",
+                  "choices": ["semantic", "mean"]},
     )
     check_template: bool = field(
         default=True,
@@ -153,6 +180,6 @@ def data_settings(script_args: ScriptArguments, training_args: BeamSFTConfig) ->
         format=script_args.dataset_format, max_length=training_args.max_length,
         truncation_policy=training_args.truncation_policy, assistant_only_loss=training_args.assistant_only_loss,
         split=script_args.dataset_train_split, max_records=script_args.max_records,
-        eval_split_size=script_args.eval_split_size, seed=training_args.seed,
-        missing_reasoning=script_args.missing_reasoning,
+        eval_split_size=script_args.eval_split_size or script_args.test_split_size or 0.0, seed=training_args.seed,
+        missing_reasoning=script_args.missing_reasoning, dedup=script_args.dedup,
     )

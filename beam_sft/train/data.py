@@ -17,8 +17,29 @@ from beam_sft.errors import FatalError, Reason
 logger = logging.getLogger(__name__)
 
 
+def training_inputs(script_args, *, seed: int = 0, base: str | os.PathLike = "."):
+    """What the data phase reads: the `datasets:` mixture of the config (beam_sft.dataset.mixture), resolved,
+    else `dataset_name`."""
+    if getattr(script_args, "datasets", None):
+        from beam_sft.dataset.mixture import resolve
+
+        entries = [e if isinstance(e, dict) else {k: v for k, v in vars(e).items() if v is not None}
+                   for e in script_args.datasets]
+        return resolve(entries, base=base, seed=seed, where="datasets (--config)")
+    return script_args.dataset_name
+
+
+def prepared_mixture_note(inputs) -> str | None:
+    """One line naming a mixture's entries and shares (None for plain inputs)."""
+    plans = getattr(inputs, "plans", None)
+    if not plans:
+        return None
+    return ", ".join(f"{p.entry.path}{'' if p.entry.data_files is None else ':' + str(p.entry.data_files)} "
+                     f"({p.taken}/{p.rows})" for p in plans)
+
+
 def training_datasets(
-    dataset_name: str,
+    dataset_name,
     tokenizer,
     settings: DataSettings,
     *,
@@ -48,9 +69,14 @@ def training_datasets(
                                            max_records=None), world_size=world_size, rejects_dir=output_dir)
         logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)", dataset_name, train.n_shards)
         return train, eval_ds, {}
+    if counts_mixture := prepared_mixture_note(dataset_name):
+        logger.info("data: mixture of %s", counts_mixture)
     prepared = prepare_data(dataset_name, tokenizer, settings, eval_inputs=[eval_dataset_name] if eval_dataset_name
                             else None, cache_dir=cache_dir, num_proc=num_proc, record_dir=output_dir)
     counts = prepared.manifest.get("counts", {})
+    for entry in prepared.manifest.get("mixture") or ():
+        logger.info("data: source %s: %d rows read, %d taken, %d rejected (%d duplicates)", entry["files"],
+                    entry["read"], entry["taken"], sum(entry["rejected"].values()), entry["duplicates"])
     logger.info("data: %s (%s)", prepared.path, "built now" if prepared.action == "tokenized" else "from cache")
     if counts:
         logger.info("data: %d records in, %d kept, %d rejected %s, %d dropped by truncation", counts["records_in"],

@@ -179,7 +179,7 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
     """Check the run and return its plan; trains nothing, writes nothing to output_dir."""
     from beam_sft.train import run
     from beam_sft.train.config import data_settings
-    from beam_sft.train.data import training_datasets
+    from beam_sft.train.data import training_datasets, training_inputs
     from beam_sft.train.model import check_tokenizer
 
     run.check_arguments(script_args, training_args)
@@ -188,7 +188,8 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
                     assistant_only_loss=training_args.assistant_only_loss)
     plan = Plan()
     plan.add("model", model_args.model_name_or_path or "embedded tiny model (random init)")
-    plan.add("dataset", f"{script_args.dataset_name} (format {script_args.dataset_format})")
+    plan.add("dataset", f"{script_args.dataset_name} (format {script_args.dataset_format})" if script_args.dataset_name
+             else f"mixture of {len(script_args.datasets)} sources (--config datasets:)")
     total, trainable = parameter_counts(config, script_args, model_args)
     plan.add("parameters", f"{total:,} ({trainable:,} trainable)")
     settings = data_settings(script_args, training_args)
@@ -198,7 +199,8 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
         stats, rows, longest = {}, None, training_args.max_length
     else:
         train, eval_ds, stats = training_datasets(
-            script_args.dataset_name, tokenizer, settings, eval_dataset_name=script_args.eval_dataset_name,
+            training_inputs(script_args, seed=training_args.seed), tokenizer, settings,
+            eval_dataset_name=script_args.eval_dataset_name,
             cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc, output_dir=None)
         rows = packed_rows(train, training_args)
         longest = training_args.max_length if training_args.packing else max(len(x) for x in train["input_ids"])

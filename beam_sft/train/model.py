@@ -95,7 +95,7 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     init_kwargs.update(training_args.model_init_kwargs or {})
     model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **init_kwargs)
     if script_args.beamify:
-        beamify(tokenizer, model)
+        beamify(tokenizer, model, init=script_args.beamify_init)
     elif not tokenizer.chat_template or getattr(tokenizer, "response_template", None) is None:
         from beam_sft.errors import UsageError
 

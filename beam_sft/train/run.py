@@ -28,14 +28,21 @@ def check_arguments(script_args, training_args) -> None:
 
     from beam_sft.errors import UsageError
 
-    if script_args.dataset_name is None:
-        raise UsageError("--dataset_name is required (a file, a directory, or a hub dataset id)")
+    mixture = bool(getattr(script_args, "datasets", None))
+    if script_args.dataset_name is None and not mixture:
+        raise UsageError("--dataset_name is required (a file, a directory, or a hub dataset id), or a `datasets:` "
+                         "list in the --config YAML")
+    if mixture and (script_args.dataset_name or script_args.streaming or script_args.eval_beam
+                    or script_args.eval_beam_steps):
+        raise UsageError("a `datasets:` mixture takes the place of dataset_name, and does not stream, "
+                         "eval_beam or eval_beam_steps yet")
     if training_args.use_liger_kernel:
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
+    held_out = script_args.eval_dataset_name or (script_args.eval_split_size or script_args.test_split_size or 0) > 0
     for name in ("eval_beam", "eval_beam_steps"):
-        if getattr(script_args, name) and not (script_args.eval_dataset_name or script_args.eval_split_size > 0):
+        if getattr(script_args, name) and not held_out:
             # Refused now rather than noticed after the whole training run.
             raise UsageError(f"--{name} needs an eval split: set --eval_dataset_name or --eval_split_size")
     if script_args.eval_beam_steps is not None and script_args.eval_beam_steps < 1:
@@ -63,10 +70,12 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
     """`BeamSFTTrainer` with LoRA (when asked), its loss path, and packing made exact (probed) before training."""
     from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
+    from beam_sft.train.new_tokens import check_new_rows_trainable, make_new_rows_trainable
     from beam_sft.train.packing import ensure_exact_packing
     from beam_sft.train.trainer import make_trainer_class
 
     peft_config = build_peft_config(model_args, model, target_experts=script_args.lora_target_experts)
+    new_rows = make_new_rows_trainable(peft_config, model)  # LoRA: beamify's marker rows train too
     plain_loss = training_args.loss_path == "plain" or (
         training_args.loss_path == "auto" and training_args.device.type == "cpu"
     )
@@ -85,6 +94,8 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
         trainer.add_callback(make_sharding_report())
     if peft_config is not None:
         check_expert_adapters(trainer.model, wanted=script_args.lora_target_experts)
+        if new_rows is not None:
+            check_new_rows_trainable(trainer.model, new_rows["new_token_ids"])
     # After the trainer is built: the model is on its device and wrapped as it will train (LoRA B = 0, so the
     # adapters do not change the probe). Every rank probes and, if needed, hooks its own copy.
     packing = ensure_exact_packing(trainer.model, training_args, training_args.packing_check)

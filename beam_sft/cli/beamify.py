@@ -1,0 +1,63 @@
+"""`beam-sft beamify BASE -o DIR`: make a base model a Beam base model, ready to fine-tune and to serve.
+
+    beam-sft beamify outputs/base/smollm2 -o outputs/base/smollm2-beam
+    beam-sft beamify Qwen/Qwen2.5-0.5B-Instruct -o qwen-beam --dtype bfloat16    # a cached hub id
+    beam-sft beamify outputs/base/smollm2 -o /tmp/mean-init --init mean           # the old init, to compare
+
+Adds the seven Beam markers as single tokens (only <|return|> special), a pad token where needed, the Beam
+chat and response templates; grows the embeddings and initialises each new row from what the marker means
+(--init semantic: the base's own message-start / message-end token and the marker's word; docs/real-model.md
+has the measurements); sets eos_token_id to [<|return|>, <|call|>]; records the new ids in config.json
+(`beam_sft`), so `scripts/train.py --use_peft true` on DIR trains those rows too. DIR is written only when it
+passes every check-template rule and is servable as is; it is replaced if it exists.
+
+Exit status: 0 when DIR was written, 1 when a check failed (DIR not written), 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    from beam_sft.serve.export import DTYPES
+    from beam_sft.template.marker_init import DEFAULT_INIT, INIT_CHOICES
+
+    parser = subparsers.add_parser(
+        "beamify",
+        help="Make a base model a Beam base: markers, templates, embeddings grown and initialised, eos list.",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    parser.add_argument("base", metavar="BASE", help="a base model directory or a cached hub id")
+    parser.add_argument("-o", "--output", required=True, metavar="DIR", help="the Beam base model directory to write")
+    parser.add_argument("--init", choices=INIT_CHOICES, default=DEFAULT_INIT,
+                        help="how the new rows start (default: %(default)s; mean: all equal, for comparison)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="dtype to load and save in (default: auto)")
+    parser.add_argument("--json", action="store_true", help="print what was done as JSON on stdout")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from beam_sft.serve.beamify import beamify_directory, describe
+
+    print(f"beamifying {args.base} -> {args.output} ...", file=sys.stderr)
+    report = beamify_directory(args.base, args.output, init=args.init, dtype=args.dtype)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join(describe(report)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_command
+
+    return run_command(register, "beamify", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

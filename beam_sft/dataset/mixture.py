@@ -1,0 +1,201 @@
+"""Dataset mixtures: the YAML `datasets:` list TRL's scripts read, with TRL's fraction rule, plus beam-sft's
+per-source keys.
+
+    datasets:
+      - path: json                        # a `datasets` builder (json, parquet, csv, text) + data_files,
+        data_files: data/tools.jsonl      # or a local file / directory / save_to_disk dir, with data_dir
+        fraction: 0.5
+        format: hermes                    # beam-sft: converter (default: the run's format)
+        max_records: 20000                # beam-sft: at most this many rows of this source, before fractions
+        missing_reasoning: keep           # beam-sft: the validator's policy for this source
+        shuffle: true                     # beam-sft: a seeded sample of the rows instead of the first ones
+      - path: data/reasoning.jsonl
+        fraction: 0.3
+      - {path: data/chat.jsonl, fraction: 0.2}
+
+TRL's rule (`trl.scripts.utils.get_dataset`): with `fraction` set on every source (or on none), the shares
+are normalised to sum to one and the first `round(share * N)` rows of each source are taken, N the largest
+mixture size that takes no source beyond its rows; without fractions every row is taken. Rows are counted as
+`datasets.load_dataset` counts them (one per JSONL line, JSON array element, Parquet row), before conversion:
+the rows TRL would load are the rows converted here, then validated, deduplicated and tokenized like any
+input. `shuffle` (true, or an int seed; default seed: the run's) draws the taken rows at random, kept in file
+order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from beam_sft.errors import UsageError
+from beam_sft.records.files import Source, data_sources, iter_items
+
+# `datasets` packaged builders whose rows come from `data_files`, and beam-sft's reader for each.
+BUILDERS = ("json", "parquet", "text")
+TRL_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
+
+
+@dataclass
+class MixtureSource:
+    """One entry of `datasets:` (TRL's `DatasetConfig` keys, then beam-sft's)."""
+
+    path: str
+    name: str | None = None
+    data_dir: str | None = None
+    data_files: str | list[str] | dict[str, Any] | None = None
+    split: str = "train"
+    columns: list[str] | None = None
+    fraction: float | None = None
+    format: str | None = None
+    max_records: int | None = None
+    missing_reasoning: str | None = None
+    shuffle: bool | int = False
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any], where: str) -> MixtureSource:
+        if not isinstance(entry, dict) or "path" not in entry:
+            raise UsageError(f"{where}: a dataset entry needs a `path` (got {entry!r})")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} in dataset {entry['path']!r}; known: "
+                             f"{', '.join(sorted(known))}")
+        source = cls(**entry)
+        source.check(where)
+        return source
+
+    def check(self, where: str) -> None:
+        if self.columns is not None:
+            raise UsageError(f"{where}: `columns` is not supported yet (dataset {self.path!r})")
+        if self.name is not None:
+            raise UsageError(f"{where}: `name` (a hub subset) is not supported yet (dataset {self.path!r})")
+        if self.fraction is not None and self.fraction < 0:
+            raise UsageError(f"{where}: fraction must be >= 0 (dataset {self.path!r})")
+        if self.max_records is not None and self.max_records < 0:
+            raise UsageError(f"{where}: max_records must be >= 0 (dataset {self.path!r})")
+        if self.path in BUILDERS and not self.data_files:
+            raise UsageError(f"{where}: `path: {self.path}` needs `data_files`")
+
+    def sources(self, base: Path) -> list[Source]:
+        """The files (or saved / hub dataset) this entry reads, relative paths taken from `base`."""
+        if self.path in BUILDERS:
+            files = self.data_files
+            if isinstance(files, dict):
+                if self.split not in files:
+                    raise UsageError(f"dataset {self.path!r}: data_files has no split {self.split!r}")
+                files = files[self.split]
+            files = [files] if isinstance(files, str) else list(files)
+            if self.data_dir:
+                files = [os.path.join(self.data_dir, f) for f in files]
+            return data_sources([_under(base, f) for f in files], self.split)
+        path = self.path if not self.data_dir else os.path.join(self.path, self.data_dir)
+        local = _under(base, path)
+        return data_sources([local if os.path.exists(local) else path], self.split)
+
+
+def _under(base: Path, path: str) -> str:
+    """A relative path from the working directory where it exists there (as TRL reads it), else from `base`."""
+    if os.path.isabs(path) or os.path.exists(path) or not (base / path).exists():
+        return path
+    return str(base / path)
+
+
+@dataclass
+class SourcePlan:
+    """What the mixture takes of one entry: its files, rows read (after max_records) and rows taken."""
+
+    entry: MixtureSource
+    files: list[Source]
+    rows: int
+    taken: int = 0
+
+
+@dataclass
+class Mixture:
+    """A `datasets:` list, resolved: every entry's files and row counts, and what TRL's rule takes of each."""
+
+    plans: list[SourcePlan]
+    seed: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)  # other keys of the YAML (test_split_size, ...)
+
+    @property
+    def sources(self) -> list[Source]:
+        return [src for plan in self.plans for src in plan.files]
+
+    def items(self) -> Iterator[Any]:
+        """The taken rows (`beam_sft.records.files.Item`), source after source, each in file order."""
+        import numpy as np
+
+        for plan in self.plans:
+            shuffle = plan.entry.shuffle
+            chosen = None
+            if shuffle is not False and shuffle is not None and plan.taken < plan.rows:
+                seed = self.seed if shuffle is True else int(shuffle)
+                chosen = set(np.random.default_rng(seed).choice(plan.rows, size=plan.taken, replace=False).tolist())
+            for i, item in enumerate(iter_items(plan.files, limit=plan.rows)):
+                if chosen is None and i >= plan.taken:
+                    break
+                if chosen is None or i in chosen:
+                    yield item
+
+    def formats(self, default: str) -> list[str]:
+        """The converter of every file of `sources`, in order."""
+        return [plan.entry.format or default for plan in self.plans for _ in plan.files]
+
+    def policies(self, default: str) -> list[str]:
+        return [plan.entry.missing_reasoning or default for plan in self.plans for _ in plan.files]
+
+    def identity(self) -> list[dict[str, Any]]:
+        """The entries as given and what was taken of each: part of the cache fingerprint and the manifest."""
+        return [{**asdict(plan.entry), "rows": plan.rows, "taken": plan.taken} for plan in self.plans]
+
+
+def taken_counts(rows: list[int], fractions: list[float | None]) -> list[int]:
+    """TRL's rule: with every fraction set, shares normalised, N the largest mixture that oversamples no source,
+    round(share * N) rows of each; with none set, every row. Mixed: an error, as in TRL."""
+    if all(f is None for f in fractions):
+        return list(rows)
+    if any(f is None for f in fractions):
+        raise UsageError("`fraction` must be set for either all datasets in the mixture or none of them")
+    total_share = sum(fractions)
+    if total_share <= 0:
+        raise UsageError("the fractions of the mixture sum to 0")
+    weights = [f / total_share for f in fractions]
+    total = min(n / w for n, w in zip(rows, weights, strict=True) if w > 0)
+    return [round(w * total) for w in weights]
+
+
+def resolve(entries: list[dict[str, Any]], *, base: str | os.PathLike = ".", seed: int = 0,
+            where: str = "datasets", settings: dict[str, Any] | None = None) -> Mixture:
+    """`datasets:` entries (dicts, as YAML gives them) -> a Mixture: files found, rows counted (one read of
+    each source), TRL's fraction rule applied."""
+    if not entries:
+        raise UsageError(f"{where}: the `datasets` list is empty")
+    plans = []
+    for entry in entries:
+        spec = MixtureSource.from_dict(entry, where)
+        files = spec.sources(Path(base))
+        rows = sum(1 for _ in iter_items(files, limit=spec.max_records))
+        plans.append(SourcePlan(spec, files, rows))
+    for plan, taken in zip(plans, taken_counts([p.rows for p in plans], [p.entry.fraction for p in plans]),
+                           strict=True):
+        plan.taken = taken
+    return Mixture(plans, seed, dict(settings or {}))
+
+
+def read_mixture(path: str | os.PathLike, *, seed: int = 0) -> Mixture:
+    """A YAML config's `datasets:` list (a TRL config, or one written for `beam-sft prepare --config`); relative
+    paths are taken from the working directory, else from the file's directory."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise UsageError(f"{path}: cannot read the config: {err}") from err
+    if not isinstance(config, dict) or not isinstance(config.get("datasets"), list):
+        raise UsageError(f"{path}: no `datasets:` list")
+    rest = {k: v for k, v in config.items() if k != "datasets"}
+    return resolve(config["datasets"], base=Path(path).parent, seed=seed, where=str(path), settings=rest)

@@ -1,0 +1,124 @@
+"""How `beamify` initialises the embedding rows of the tokens it adds: from what each marker means.
+
+A base model meets the seven Beam markers as new rows. If every new row is the same vector (the mean of the
+old rows, what beamify did first), the model cannot tell them apart at step 0, nor for long after: measured
+on SmolLM2-135M-Instruct (docs/real-model.md), all seven marker logits were equal at every position, the
+loss on a marker could not fall below ln 7 under LoRA, and full fine-tuning still wrote `<|im_end|>` where
+markers belong after three epochs. So each row starts from what it means (`init="semantic"`, the default):
+
+* its **structural role**: a marker that opens something (`<|start|>`, `<|channel|>`, `<|message|>`,
+  `<|constrain|>`) takes the base's own message-start token (ChatML `<|im_start|>`, Llama 3
+  `<|start_header_id|>`, Gemma `<start_of_turn>`, else BOS); one that closes (`<|end|>`, `<|return|>`,
+  `<|call|>`) its message-end token (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, else EOS) — so the model
+  already prefers a closing marker where the base would end a message;
+* its **word**: the mean row of the spelled-out word's tokens (" channel", " message", " end", " call",
+  " constrain") — so the rows differ from each other.
+
+A row is the mean of the two (`<|start|>` and `<|return|>` have no word: they *are* the base's start and
+end); a part the base lacks is left out, and a marker with neither gets the mean of the old rows. Mixing the
+structural row into every word-derived row keeps a marker row from equalling an ordinary word's row (a
+model that learned `<|channel|>` from " channel" alone leaked it into plain text: "Read about<|channel|>").
+Rows are set in the input embeddings and, when it is not tied to them, in the output projection, each from
+its own matrix. Any other added token (a new pad) gets the mean. `init="mean"` keeps the old behaviour for
+comparison (`scripts/bench_marker_init.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+INIT_CHOICES = ("semantic", "mean")
+DEFAULT_INIT = "semantic"
+
+# marker -> (structural role, spelled-out word or None)
+MEANINGS: dict[str, tuple[str, str | None]] = {
+    "<|start|>": ("start", None),
+    "<|channel|>": ("start", " channel"),
+    "<|message|>": ("start", " message"),
+    "<|constrain|>": ("start", " constrain"),
+    "<|end|>": ("end", " end"),
+    "<|return|>": ("end", None),
+    "<|call|>": ("end", " call"),
+}
+# The base's analogous special tokens, most specific first; BOS / EOS are the last resort.
+ROLE_TOKENS = {
+    "start": ("<|im_start|>", "<|start_header_id|>", "<start_of_turn>", "<|start|>"),
+    "end": ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>"),
+}
+
+
+@dataclass
+class RowInit:
+    """How one new row was initialised: token, id and the parts averaged (token strings or "mean")."""
+
+    token: str
+    id: int
+    parts: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return f"{self.token} (id {self.id}) = " + (" + ".join(f"1/{len(self.parts)} {p!r}" for p in self.parts)
+                                                    if len(self.parts) > 1 else repr(self.parts[0]))
+
+
+def _role_token(tokenizer, role: str, old_len: int) -> str | None:
+    vocab = tokenizer.get_vocab()
+    for token in ROLE_TOKENS[role]:
+        if vocab.get(token, old_len) < old_len:
+            return token
+    fallback = tokenizer.bos_token if role == "start" else None
+    return fallback if fallback is not None and vocab.get(fallback, old_len) < old_len else None
+
+
+def _word_ids(tokenizer, word: str, old_len: int) -> list[int]:
+    ids = tokenizer.encode(word, add_special_tokens=False)
+    return ids if ids and all(i < old_len for i in ids) else []
+
+
+def plan(tokenizer, old_len: int, new_len: int, init: str = DEFAULT_INIT, base_eos: str | None = None):
+    """For each new id (old_len ≤ id < new_len): a RowInit and the old ids whose rows it averages, as
+    [(RowInit, [[ids of part 1], [ids of part 2]])]; an empty part list means the mean of all old rows."""
+    if init not in INIT_CHOICES:
+        raise ValueError(f"marker init {init!r}: choose one of {', '.join(INIT_CHOICES)}")
+    vocab = tokenizer.get_vocab()
+    roles = {"start": _role_token(tokenizer, "start", old_len),
+             "end": _role_token(tokenizer, "end", old_len) or (
+                 base_eos if base_eos is not None and vocab.get(base_eos, old_len) < old_len else None)}
+    out = []
+    for token_id in range(old_len, new_len):
+        token = tokenizer.convert_ids_to_tokens(token_id)
+        row, parts = RowInit(token, token_id), []
+        if init == "semantic" and token in MEANINGS:
+            role, word = MEANINGS[token]
+            if roles[role] is not None:
+                row.parts.append(roles[role])
+                parts.append([vocab[roles[role]]])
+            if word is not None and (ids := _word_ids(tokenizer, word, old_len)):
+                row.parts.append(word)
+                parts.append(ids)
+        if not parts:
+            row.parts = ["mean"]
+        out.append((row, parts))
+    return out
+
+
+def initialise_rows(model, tokenizer, old_len: int, new_len: int, init: str = DEFAULT_INIT,
+                    base_eos: str | None = None) -> list[RowInit]:
+    """Set the rows of ids old_len..new_len-1 as `plan` says, in place; returns what was done."""
+    import torch
+
+    steps = plan(tokenizer, old_len, new_len, init, base_eos)
+    matrices = [model.get_input_embeddings().weight]
+    output = model.get_output_embeddings()
+    if output is not None and output.weight is not matrices[0]:
+        matrices.append(output.weight)
+    with torch.no_grad():
+        for weight in matrices:
+            old = weight[:old_len].float()
+            mean = old.mean(dim=0)
+            for row, parts in steps:
+                value = mean if not parts else torch.stack([old[ids].mean(dim=0) for ids in parts]).mean(dim=0)
+                weight[row.id] = value.to(weight.dtype)
+        bias = getattr(output, "bias", None) if output is not None else None
+        if bias is not None:
+            bias[old_len:new_len] = bias[:old_len].float().mean().to(bias.dtype)
+    return [row for row, _ in steps]

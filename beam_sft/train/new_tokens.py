@@ -1,0 +1,90 @@
+"""LoRA on a beamified base: the rows of the tokens beamify added must train, or the markers never learn.
+
+A LoRA run trains adapters only; embedding rows stay frozen. For a model whose vocabulary beamify grew
+(`model.config.beam_sft["new_token_ids"]`), frozen marker rows mean the model can never tell `<|return|>` from
+`<|start|>` better than at initialisation (measured: with the shipped configs, the spread of the seven
+marker logits stayed exactly 0.0 under mean init). TRL makes rows trainable only for tokens its own
+`clone_chat_template` added, so this does it for beamify's: PEFT's `trainable_token_indices` on the input
+embeddings, which PEFT ties to the output projection on a tied model; on an untied model the output rows
+are listed too. A few thousand parameters, saved in the adapter and merged by `merge_and_unload`
+(`beam-sft export --merge`, `scripts/merge_lora.py`).
+
+Refused, with the fix named: `modules_to_save` holding the output projection of a tied model (two full
+copies of the matrix, the tie silently broken: 61.5 M trainable parameters on SmolLM2-135M instead of ~4 k).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from beam_sft.errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+
+def _module_name(model, module) -> str | None:
+    for name, candidate in model.named_modules():
+        if candidate is module:
+            return name.rsplit(".", 1)[-1]
+    return None
+
+
+def _tied(model) -> bool:
+    output = model.get_output_embeddings()
+    return output is not None and output.weight is model.get_input_embeddings().weight
+
+
+def make_new_rows_trainable(peft_config, model) -> dict | None:
+    """Add beamify's new token ids to `peft_config.trainable_token_indices` (in place); what was done, or None
+    when there is nothing to do (no LoRA, or no new tokens)."""
+    from beam_sft.template.tokenizer import new_token_ids
+
+    ids = new_token_ids(model)
+    if peft_config is None or not ids:
+        return None
+    embed = _module_name(model, model.get_input_embeddings())
+    output_module = model.get_output_embeddings()
+    output = _module_name(model, output_module) if output_module is not None else None
+    tied = _tied(model)
+    saved = set(peft_config.modules_to_save or [])
+    if tied and output in saved:
+        raise UsageError(
+            f"modules_to_save lists {output!r}, the output projection tied to {embed!r}: PEFT would train two full "
+            "copies and break the tie. Drop it: beam-sft makes the new marker rows trainable by itself "
+            "(trainable_token_indices, tied to the output)")
+    if embed in saved:
+        return {"new_token_ids": ids, "how": f"modules_to_save ({embed} trained whole)"}
+    wanted = {embed: ids}
+    if not tied and output is not None and output not in saved:
+        wanted[output] = ids
+    current = peft_config.trainable_token_indices
+    if isinstance(current, list):
+        current = {embed: current}
+    merged = dict(current or {})
+    for name, names_ids in wanted.items():
+        merged[name] = sorted(set(merged.get(name, [])) | set(names_ids))
+    peft_config.trainable_token_indices = merged
+    logger.info("LoRA: the %d token rows beamify added train too (trainable_token_indices %s%s)", len(ids),
+                sorted(merged), ", tied to the output projection" if tied else "")
+    return {"new_token_ids": ids, "how": "trainable_token_indices", "modules": sorted(merged), "tied": tied}
+
+
+def check_new_rows_trainable(model, ids: list[int]) -> None:
+    """After PEFT wrapped the model: every new row trains (a TrainableTokens adapter or a trained copy of the
+    whole embedding covers it), so a LoRA run never silently leaves them frozen."""
+    if not ids:
+        return
+    embeddings = model.get_input_embeddings()
+    adapter = getattr(embeddings, "token_adapter", None)
+    if adapter is not None:
+        covered = set()
+        for indices in adapter.token_indices.values():
+            covered |= set(indices)
+        missing = sorted(set(ids) - covered)
+    else:
+        weight = getattr(embeddings, "weight", None)
+        trained = any(p.requires_grad for p in embeddings.parameters())
+        missing = [] if trained and weight is not None else sorted(ids)
+    if missing:
+        raise UsageError(f"{len(missing)} token rows beamify added would stay frozen under LoRA (ids {missing[:8]}"
+                         f"{'...' if len(missing) > 8 else ''}): their markers could never be learned")

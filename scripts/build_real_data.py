@@ -1,0 +1,162 @@
+"""Build `data/real/`: real third-party tool-calling records for `make demo-real`, split so that the held-out
+records *and their tools* are never trained, the training half's missing reasoning filled in by a real teacher.
+
+Sources (copied unchanged in tests/data/realdata/, licenses in its SOURCES.md): LLaMA-Factory's glaive tool-call
+demo (100 ShareGPT records, no reasoning), LLaMA-Factory's reason-tool-use demo (50 OpenAI records with real
+reasoning), Hammer's ToolAlpaca and API-Bank samples (xLAM-like), data-genie's Hermes samples.
+
+1. **convert**: every source through the one per-record conversion (`--missing-reasoning keep`, so turns
+   without reasoning survive until the teacher fills them); rejects counted.
+2. **split by tool**: records that declare a common tool name are joined (union-find over names); whole
+   groups go to the held-out side, seeded, until it has `--heldout` records, so no held-out tool name is
+   declared by any training record (checked). Tool-less records always train.
+3. **back-fill** (`--teacher DIR`): `beam-sft backfill` with a local transformers teacher on the training
+   half; filled turns carry `reasoning_source`, filtered ones stay without reasoning (masked in training).
+
+```bash
+python scripts/build_base_model.py smollm2 -o outputs/base/smollm2
+python scripts/build_real_data.py --teacher outputs/base/smollm2        # writes data/real/
+python scripts/build_real_data.py --split-only                          # steps 1-2 only (no teacher)
+```
+
+Outputs: `data/real/heldout.jsonl` (Beam records, reference turns as the sources wrote them),
+`data/real/train.raw.jsonl` (training half before back-fill), `data/real/train.jsonl` (after),
+`data/real/split.json` (sources, counts, the held-out tool names, the back-fill command and its stats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+REAL = REPO / "tests" / "data" / "realdata"
+SOURCES = (
+    "sharegpt/llamafactory_glaive_toolcall_en_demo.json",
+    "openai/llamafactory_v1_reason_tool_use_demo_50.jsonl",
+    "xlam_like/Hammer__test_original_toolalpaca.first10.json",
+    "xlam_like/Hammer__test_original_apibank_l1.first8.json",
+    "hermes/data-genie__sharegpt_example.json",
+    "hermes/data-genie__sharegpt_new_format.json",
+    "hermes/data-genie__weather_api_example.json",
+)
+OUT = REPO / "data" / "real"
+
+
+def tool_names(record: dict) -> set[str]:
+    return {t.get("function", t).get("name") for t in record.get("tools") or []}
+
+
+def convert_sources() -> tuple[list[dict], dict]:
+    """(records with `source` provenance, counts per source: read, converted, rejected by reason)."""
+    from beam_sft.records.files import read_items
+    from beam_sft.validate.convert import convert_item
+    from beam_sft.validate.rules import Options
+
+    options = Options(missing_reasoning="keep")
+    records, counts = [], {}
+    for rel in SOURCES:
+        tally = counts.setdefault(rel, {"read": 0, "converted": 0, "rejected": {}})
+        for item in read_items([str(REAL / rel)]):
+            tally["read"] += 1
+            record, _fmt, error = convert_item(item, "auto", options)
+            if record is None:
+                reason = str(error.get("reason", "error"))
+                tally["rejected"][reason] = tally["rejected"].get(reason, 0) + 1
+                continue
+            tally["converted"] += 1
+            records.append({**record, "source": f"{rel}#{tally['read'] - 1}"})
+    return records, counts
+
+
+def split(records: list[dict], heldout: int, seed: int) -> tuple[list[dict], list[dict], list[str]]:
+    """(train, held-out, held-out tool names): whole tool-sharing groups held out, tool-less records trained."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for record in records:
+        names = sorted(tool_names(record))
+        for name in names[1:]:
+            parent[find(name)] = find(names[0])
+    groups: dict[str, list[int]] = {}
+    for i, record in enumerate(records):
+        names = tool_names(record)
+        if names:
+            groups.setdefault(find(next(iter(names))), []).append(i)
+    order = sorted(groups)
+    random.Random(seed).shuffle(order)
+    held: set[int] = set()
+    for root in order:
+        members = groups[root]
+        if len(held) >= heldout:
+            break
+        if len(members) <= 3:  # big groups (glaive's shared tools) teach the most; small ones test unseen tools
+            held.update(members)
+    train = [r for i, r in enumerate(records) if i not in held]
+    test = [r for i, r in enumerate(records) if i in held]
+    held_tools = sorted(set().union(*(tool_names(r) for r in test)))
+    overlap = set(held_tools) & set().union(*(tool_names(r) for r in train))
+    assert not overlap, f"held-out tools also declared in training records: {sorted(overlap)}"
+    return train, test, held_tools
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    from beam_sft.records.files import atomic_output
+
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def backfill(teacher: str, extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "beam_sft", "backfill", str(OUT / "train.raw.jsonl"), "-o", str(OUT / "train.jsonl"),
+           "--format", "beam", "--backend", "transformers", "--model", teacher,
+           "--stats", str(OUT / "backfill_stats.json"), "--cache", str(OUT.parent.parent / "outputs" / "real-backfill-cache.jsonl"),
+           *extra]
+    subprocess.run(cmd, check=True)
+    return ["beam-sft", *cmd[3:]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--teacher", help="a local teacher model directory (transformers backend)")
+    parser.add_argument("--split-only", action="store_true", help="convert and split; no back-fill")
+    parser.add_argument("--heldout", type=int, default=24, help="held-out records to aim for (default: 24)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("backfill_args", nargs=argparse.REMAINDER, help="after --: more beam-sft backfill options")
+    args = parser.parse_args(argv)
+    if not args.split_only and not args.teacher:
+        parser.error("--teacher DIR is required unless --split-only")
+    records, counts = convert_sources()
+    train, test, held_tools = split(records, args.heldout, args.seed)
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_jsonl(OUT / "heldout.jsonl", test)
+    write_jsonl(OUT / "train.raw.jsonl", train)
+    info = {"sources": counts, "records": len(records), "train": len(train), "heldout": len(test),
+            "heldout_tools": held_tools, "seed": args.seed}
+    if not args.split_only:
+        extra = [a for a in args.backfill_args if a != "--"]
+        info["backfill_command"] = " ".join(backfill(args.teacher, extra))
+        info["backfill_stats"] = json.loads((OUT / "backfill_stats.json").read_text())
+    from beam_sft.records.files import write_json_atomic
+
+    write_json_atomic(str(OUT / "split.json"), info)
+    print(f"{len(records)} records: {len(train)} train, {len(test)} held out ({len(held_tools)} tools never "
+          f"trained) -> {OUT}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

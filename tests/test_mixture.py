@@ -1,0 +1,146 @@
+"""Dataset mixtures (beam_sft.dataset.mixture): TRL's `datasets:` YAML and fraction rule, per-source keys,
+counted per source in the manifest; `beam-sft prepare --config` and scripts/train.py agree."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from beam_sft.dataset.mixture import read_mixture, taken_counts
+from beam_sft.dataset.prepare import build_prepared
+from beam_sft.dataset.settings import DataSettings
+from beam_sft.errors import UsageError
+
+
+def _openai(tag: str, i: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"{tag}-{i}: what is {i} + 1?"},
+                         {"role": "assistant", "content": f"{i + 1}.", "reasoning_content": f"{i} plus one."}]}
+
+
+def _sharegpt(tag: str, i: int) -> dict:
+    return {"conversations": [{"from": "human", "value": f"{tag}-{i}: what is {i} + 1?"},
+                              {"from": "gpt", "value": f"<think>{i} plus one.</think>{i + 1}."}]}
+
+
+def _files(tmp_path: Path) -> dict[str, str]:
+    """Three sources of 30, 20 and 50 rows: tool-ish, reasoning, chat (each row tagged with its source)."""
+    out = {}
+    for tag, n, make in (("A", 30, _openai), ("B", 20, _openai), ("C", 50, _sharegpt)):
+        path = tmp_path / f"{tag}.jsonl"
+        path.write_bytes(b"".join(orjson.dumps(make(tag, i)) + b"\n" for i in range(n)))
+        out[tag] = str(path)
+    return out
+
+
+def _yaml(tmp_path: Path, entries: list[dict], **rest) -> Path:
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump({"datasets": entries, **rest}))
+    return path
+
+
+def _trl_counts(config: Path) -> Counter:
+    """Rows per source tag as TRL's own get_dataset loads the mixture."""
+    from trl import DatasetMixtureConfig
+    from trl.scripts.utils import get_dataset
+
+    entries = yaml.safe_load(config.read_text())["datasets"]
+    mixture = DatasetMixtureConfig(datasets=[{k: v for k, v in e.items() if k in (
+        "path", "name", "data_dir", "data_files", "split", "columns", "fraction")} for e in entries])
+    train = get_dataset(mixture)["train"]
+    tags = Counter()
+    for row in train:
+        first = (row.get("messages") or row.get("conversations"))[0]
+        tags[(first.get("content") or first.get("value")).split("-")[0]] += 1
+    return tags
+
+
+def _kept_tags(tok, path: Path) -> Counter:
+    from datasets import load_from_disk
+
+    texts = [tok.decode(ids) for ids in load_from_disk(str(path))["input_ids"]]
+    return Counter(next(tag for tag in "ABC" if f"{tag}-" in t) for t in texts)
+
+
+@pytest.mark.parametrize("fractions", [(0.5, 0.3, 0.2), (1, 1, 1), (0.2, 0.0, 0.8), None])
+def test_three_source_mixture_takes_exactly_trls_rows(tok, tmp_path, fractions):
+    files = _files(tmp_path)
+    entries = [{"path": "json", "data_files": files[tag], **({"fraction": f} if fractions else {})}
+               for tag, f in zip("ABC", fractions or (None,) * 3, strict=True)]
+    entries[2]["format"] = "sharegpt"  # beam-sft's own key (TRL's loader is given only its keys)
+    config = _yaml(tmp_path, entries)
+    trl = _trl_counts(config)
+    manifest = build_prepared(read_mixture(config), tok, DataSettings(), tmp_path / "p")
+    taken = {Path(m["files"][0]).stem: m["taken"] for m in manifest["mixture"]}
+    assert {tag: n for tag, n in taken.items() if n} == dict(trl)
+    assert _kept_tags(tok, tmp_path / "p") == trl
+    assert [m["read"] for m in manifest["mixture"]] == [30, 20, 50]
+
+
+def test_taken_counts_is_trls_rule():
+    assert taken_counts([30, 20, 50], [0.5, 0.3, 0.2]) == [30, 18, 12]
+    assert taken_counts([30, 20, 50], [None] * 3) == [30, 20, 50]
+    with pytest.raises(UsageError, match="either all"):
+        taken_counts([1, 2], [0.5, None])
+
+
+def test_per_source_max_records_shuffle_format_and_counts(tok, tmp_path):
+    files = _files(tmp_path)
+    dup = tmp_path / "dup.jsonl"  # 5 rows of A again, 1 bad row
+    dup.write_bytes(b"".join(orjson.dumps(_openai("A", i)) + b"\n" for i in range(5)) + b"{broken\n")
+    config = _yaml(tmp_path, [
+        {"path": files["A"], "max_records": 10},
+        {"path": files["C"], "format": "sharegpt", "max_records": 40, "shuffle": 7},
+        {"path": "json", "data_files": [str(dup)]},
+    ])
+    manifest = build_prepared(read_mixture(config), tok, DataSettings(), tmp_path / "p")
+    a, c, d = manifest["mixture"]
+    assert (a["read"], a["taken"], c["read"], c["taken"]) == (10, 10, 40, 40)
+    assert d == {**d, "read": 6, "taken": 6, "duplicates": 5, "rejected": {"duplicate": 5, "malformed_json": 1}}
+    assert manifest["counts"]["records_kept"] == 50
+    # a seeded sample: the same seed takes the same rows, another seed others
+    sample = read_mixture(_yaml(tmp_path, [{"path": files["C"], "fraction": 0.5, "shuffle": 3},
+                                           {"path": files["B"], "fraction": 0.5}]))
+    rows = [item.position for item in sample.items() if item.source == files["C"]]
+    again = [item.position for item in read_mixture(tmp_path / "mix.yaml").items() if item.source == files["C"]]
+    assert len(rows) == 20 and rows == again and rows != list(range(1, 21)) and rows == sorted(rows)
+
+
+def test_mixture_config_errors(tmp_path):
+    files = _files(tmp_path)
+    with pytest.raises(UsageError, match="unknown key"):
+        read_mixture(_yaml(tmp_path, [{"path": files["A"], "fractoin": 0.5}]))
+    with pytest.raises(UsageError, match="either all"):
+        read_mixture(_yaml(tmp_path, [{"path": files["A"], "fraction": 0.5}, {"path": files["B"]}]))
+    with pytest.raises(UsageError, match="data_files"):
+        read_mixture(_yaml(tmp_path, [{"path": "json"}]))
+
+
+def test_prepare_config_and_train_data_phase_agree(tok, tmp_path, capsys):
+    """`beam-sft prepare --config` and scripts/train.py's data phase (`--config` with `datasets:`) make the same
+    rows from the same YAML, and a changed source file is a new cache entry."""
+    from datasets import load_from_disk
+
+    from beam_sft.cli import main
+    from beam_sft.train.config import ScriptArguments
+    from beam_sft.train.data import training_datasets, training_inputs
+
+    files = _files(tmp_path)
+    config = _yaml(tmp_path, [{"path": "json", "data_files": files["A"], "fraction": 0.5},
+                              {"path": files["B"], "fraction": 0.3},
+                              {"path": files["C"], "format": "sharegpt", "fraction": 0.2}])
+    assert main(["prepare", "--config", str(config), "-o", str(tmp_path / "p"), "-q", "--num-proc", "1",
+                 "--max-length", "0"]) == 0
+    manifest = json.loads((tmp_path / "p" / "beam_sft_manifest.json").read_text())
+    assert [m["taken"] for m in manifest["mixture"]] == [30, 18, 12]
+    args = ScriptArguments(datasets=yaml.safe_load(config.read_text())["datasets"])
+    inputs = training_inputs(args, seed=0, base=config.parent)
+    train, _, _ = training_datasets(inputs, tok, DataSettings(), cache_dir=str(tmp_path / "cache"))
+    assert train["input_ids"] == load_from_disk(str(tmp_path / "p"))["input_ids"]
+    capsys.readouterr()
+    assert main(["prepare", files["A"], "--config", str(config), "-o", str(tmp_path / "q"), "-q"]) == 2
+    assert "not both" in capsys.readouterr().err
