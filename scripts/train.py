@@ -78,7 +78,6 @@ python scripts/train.py --config configs/quickstart.yaml --resume_from_checkpoin
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -86,59 +85,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def main(script_args, training_args, model_args, callbacks=None):
-    """Prepare data, train, save model + tokenizer (both templates). Returns the trainer."""
-    from beam_sft.train import run
-    from beam_sft.train.config import data_settings
-    from beam_sft.train.data import training_datasets, training_inputs
-    from beam_sft.train.model import check_tokenizer, load_model_and_tokenizer
+# The job itself lives in the package: `beam-sft train` runs the same main.
+from beam_sft.train.sft import main, make_parser
 
-    run.setup_logging(training_args)
-    run.check_arguments(script_args, training_args)
-
-    # Model and tokenizer
-    model, tokenizer, embedded = load_model_and_tokenizer(script_args, training_args, model_args)
-    check_tokenizer(tokenizer, conformance=script_args.check_template and not embedded,
-                    assistant_only_loss=training_args.assistant_only_loss)
-
-    # Data: converted, tokenized and counted once per job (or streamed)
-    settings = data_settings(script_args, training_args)
-    train_dataset, eval_dataset, _ = training_datasets(
-        training_inputs(script_args, seed=training_args.seed), tokenizer, settings,
-        eval_dataset_name=script_args.eval_dataset_name,
-        cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc,
-        output_dir=training_args.output_dir, is_main_process=training_args.process_index == 0,
-        streaming=script_args.streaming, world_size=training_args.world_size,
-    )
-    # The labels are already built from the template's masks, so TRL must take the dataset as tokenized;
-    # its own assistant_only_loss path expects raw conversations.
-    training_args.assistant_only_loss = False
-
-    # Trainer, training, saving
-    trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
-                                model_args, callbacks)
-    trainer.train(resume_from_checkpoint=run.resume_checkpoint(training_args))
-    run.save(trainer, tokenizer, training_args.output_dir)
-    if script_args.eval_beam:
-        run.eval_beam(trainer, tokenizer, script_args, settings)
-    run.finish(trainer)
-    return trainer
-
-
-def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):
-    from trl import ModelConfig, TrlParser
-
-    from beam_sft.train.config import BeamSFTConfig, ScriptArguments
-
-    dataclass_types = (ScriptArguments, BeamSFTConfig, ModelConfig)
-    if subparsers is not None:
-        return subparsers.add_parser("train", help="Fine-tune on Beam data", dataclass_types=dataclass_types)
-    return TrlParser(dataclass_types, prog=prog, description=__doc__.split("\n\n")[0])
+__all__ = ["main", "make_parser"]
 
 
 if __name__ == "__main__":
-    parser = make_parser()
-    script_args, training_args, model_args = parser.parse_args_and_config()
     from beam_sft.cli import run_guarded
 
-    sys.exit(run_guarded(lambda _: main(script_args, training_args, model_args) and 0, None))
+    sys.exit(run_guarded(lambda _: main(*make_parser(prog="train.py").parse_args_and_config()) and 0, None))

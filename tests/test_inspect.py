@@ -512,6 +512,9 @@ def test_html_screenshot_shows_the_masks(tmp_path):
         "3",
         "--max-length",
         str(cut),
+        # keep_start: the records cut at `cut`, shown untrained (the default policy, turn, drops them whole)
+        "--truncation-policy",
+        "keep_start",
         "--html",
         str(control),
     ]

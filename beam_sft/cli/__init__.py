@@ -22,6 +22,7 @@ COMMANDS = {
     "export": "export",
     "backfill": "backfill",
     "beamify": "beamify",
+    "train": "train",
 }
 
 

@@ -199,7 +199,7 @@ def evaluate_trainer(trainer, tokenizer, records: Sequence[dict], *, max_new_tok
                           progress=not trainer.args.disable_tqdm, total=len(records))
         summary = result.summary()
         logger.info("Beam eval on %d eval records:\n%s", len(records), summary_table(result))
-        trainer.log({f"eval_beam/{k}": float(v) for k in (*METRICS, "turns", "tokens_per_second")
+        trainer.log({f"eval_beam/{k}": float(v) for k in (*METRICS, "turns", "generation_tokens", "tokens_per_second")
                      if (v := summary.get(k)) is not None})
     accelerator.wait_for_everyone()
     return summary

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError
+from beam_sft.records.messages import STOP_MARKERS  # defined once, with the other Harmony markers
 
 logger = logging.getLogger(__name__)
 
 SERVING_FIELDS = ("thinking", "content", "tool_calls")
 TEXT_FIELDS = ("thinking", "content")
-STOP_MARKERS = ("<|return|>", "<|call|>")
 TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
 EOS_FILES = ("generation_config.json", "config.json")
 

@@ -48,6 +48,7 @@ from typing import Any
 from beam_sft.errors import FatalError
 from beam_sft.records.messages import HARMONY_MARKERS as MARKERS
 from beam_sft.records.messages import RETURN, STOP_MARKERS
+from beam_sft.template.bundled import bundled
 
 EOS_TOKEN = RETURN
 # Distinct from EOS on purpose (see module docstring); special so decode(skip_special_tokens=True) drops it.
@@ -58,9 +59,8 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 TEMPLATES_DIR = PACKAGE_DIR / "template"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 RESPONSE_TEMPLATE_FILE = "response_template.json"
-# The repo's data/tokenizer. An installed (non-editable) package has no repo around it; load_tokenizer then
-# says so instead of guessing.
-DEFAULT_TOKENIZER_DIR = PACKAGE_DIR.parent / "data" / "tokenizer"
+# data/tokenizer: the checkout's, or the copy an installed wheel carries (beam_sft/template/bundled.py).
+DEFAULT_TOKENIZER_DIR = bundled("data/tokenizer")
 
 
 def stop_token_ids(tokenizer) -> tuple[int, int]:

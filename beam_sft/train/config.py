@@ -117,6 +117,19 @@ class ScriptArguments:
         metadata={"help": "Load an MXFP4-quantized checkpoint (gpt-oss) dequantized to --dtype, so it can be "
                   "trained (transformers' Mxfp4Config(dequantize=True))."},
     )
+    eval_beam_steps: int | None = field(
+        default=None,
+        metadata={"help": "During training, every N steps (and at the last), generate on the eval split's records "
+                  "and log the `beam-sft eval` metrics as eval_beam/<metric> (TensorBoard, W&B, ...). Needs an eval "
+                  "split; the main process generates; not under FSDP/DeepSpeed."},
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Check the whole run without training: options, tokenizer, model config (no weights "
+                  "for a checkpoint), the data phase's counts (cached like a real run's), the packing probe; "
+                  "prints the effective batch, steps, epochs, tokens, supervised tokens and a memory estimate. "
+                  "Writes nothing to output_dir."},
+    )
 
 
 @dataclass

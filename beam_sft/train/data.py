@@ -51,7 +51,8 @@ def training_datasets(
     streaming: bool = False,
     world_size: int = 1,
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """The data phase of `scripts/train.py`: (train, eval or None, stats), logged and checked.
+    """The data phase of `scripts/train.py`: (train, eval or None, stats), logged and checked; stats is what
+    `output_dir/data_stats.json` holds (per split, and `data`: the whole input's counts).
 
     On the main process the rejects go to `output_dir/rejects.jsonl` (the log shows the first few) and the
     counts to `output_dir/data_stats.json`; every rank writes `output_dir/data_phase.rank<N>.json`.
@@ -104,6 +105,7 @@ def training_datasets(
             with open(rejects, "rb") as f:
                 for _, line in zip(range(5), f, strict=False):
                     logger.warning("rejected: %s", line.decode().rstrip())
-        write_json_atomic(os.path.join(output_dir, "data_stats.json"),
-                          {**prepared.stats, "data": {"path": prepared.path, "action": prepared.action, **counts}})
-    return prepared.train, prepared.eval, prepared.stats
+    stats = {**prepared.stats, "data": {"path": prepared.path, "action": prepared.action, **counts}}
+    if is_main_process and output_dir is not None:
+        write_json_atomic(os.path.join(output_dir, "data_stats.json"), stats)
+    return prepared.train, prepared.eval, stats

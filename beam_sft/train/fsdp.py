@@ -122,7 +122,8 @@ def save_final_model(trainer, output_dir: str) -> None:
     safetensors; the tokenizer is the caller's (save_tokenizer keeps both templates).
     """
     if not getattr(trainer, "is_fsdp_enabled", False):
-        trainer.save_model(output_dir)
+        # _internal_call: no push from here; run.push uploads the directory once it is servable.
+        trainer.save_model(output_dir, _internal_call=True)
         return
     import torch
     from transformers.trainer import TRAINING_ARGS_NAME

@@ -12,11 +12,12 @@ import logging
 from pathlib import Path
 
 from beam_sft.errors import FatalError
+from beam_sft.template.bundled import bundled
 
 logger = logging.getLogger(__name__)
 
-REPO_DIR = Path(__file__).resolve().parents[2]
-TINY_MODEL_DIR = REPO_DIR / "configs" / "models" / "tiny"
+# configs/models/tiny: the checkout's, or the copy an installed wheel carries (beam_sft/template/bundled.py).
+TINY_MODEL_DIR = bundled("configs/models/tiny")
 
 
 def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int = 0):

@@ -32,13 +32,21 @@ def check_arguments(script_args, training_args) -> None:
     if script_args.dataset_name is None and not mixture:
         raise UsageError("--dataset_name is required (a file, a directory, or a hub dataset id), or a `datasets:` "
                          "list in the --config YAML")
-    if mixture and (script_args.dataset_name or script_args.streaming or script_args.eval_beam):
-        raise UsageError("a `datasets:` mixture takes the place of dataset_name, and does not stream or "
-                         "eval_beam yet")
+    if mixture and (script_args.dataset_name or script_args.streaming or script_args.eval_beam
+                    or script_args.eval_beam_steps):
+        raise UsageError("a `datasets:` mixture takes the place of dataset_name, and does not stream, "
+                         "eval_beam or eval_beam_steps yet")
     if training_args.use_liger_kernel:
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
+    held_out = script_args.eval_dataset_name or (script_args.eval_split_size or script_args.test_split_size or 0) > 0
+    for name in ("eval_beam", "eval_beam_steps"):
+        if getattr(script_args, name) and not held_out:
+            # Refused now rather than noticed after the whole training run.
+            raise UsageError(f"--{name} needs an eval split: set --eval_dataset_name or --eval_split_size")
+    if script_args.eval_beam_steps is not None and script_args.eval_beam_steps < 1:
+        raise UsageError(f"--eval_beam_steps must be a positive number of steps, not {script_args.eval_beam_steps}")
     if script_args.streaming and training_args.max_steps <= 0:
         raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
     if training_args.bf16 and not torch.cuda.is_available():
@@ -129,6 +137,27 @@ def eval_beam(trainer, tokenizer, script_args, settings) -> None:
                                     eval_dataset_name=script_args.eval_dataset_name)) \
             if trainer.accelerator.is_main_process else []
         evaluate_trainer(trainer, tokenizer, records)
+
+
+def push(trainer, training_args) -> None:
+    """`push_to_hub`: upload the output directory once it is servable (model, tokenizer with both templates,
+    the servable fixes). The trainer's own push runs inside its save, before any of those."""
+    if not training_args.push_to_hub:
+        return
+    trainer.accelerator.wait_for_everyone()
+    if not trainer.is_world_process_zero():
+        return
+    from transformers.utils.hub import hf_api
+
+    trainer._finish_current_push()  # a checkpoint push (hub_strategy every_save) still running
+    trainer.create_model_card(model_name=(training_args.hub_model_id or Path(training_args.output_dir).name)
+                              .split("/")[-1])
+    hf_api().upload_folder(
+        repo_id=trainer.hub_model_id, folder_path=training_args.output_dir, commit_message="End of training",
+        token=training_args.hub_token, revision=training_args.hub_revision,
+        ignore_patterns=["_*", "checkpoint-*"],  # the trainer's own: no checkpoints, no temporary files
+    )
+    logger.info("pushed %s to the hub as %s", training_args.output_dir, trainer.hub_model_id)
 
 
 def finish(trainer) -> None:

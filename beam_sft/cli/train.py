@@ -1,0 +1,135 @@
+"""`beam-sft train`: fine-tune from an install, with the options and YAML of `scripts/train.py`.
+
+    beam-sft train --config quickstart                                # a shipped config, in any directory
+    beam-sft train --config quickstart --dry_run                      # check it all, print the plan
+    beam-sft train --config my.yaml --learning_rate 1e-4              # a YAML file, the command line winning
+    beam-sft train --config quickstart --num_processes 2 --config_file cpu_ddp   # under accelerate
+
+The training options are `beam_sft/train/config.py`'s dataclasses and TRL's ModelConfig (`beam-sft train
+--help`). The launch options (`LAUNCH_OPTIONS`) go to `accelerate launch`, which starts this same module in
+each process, as `trl sft` does; `--config_file` takes a path or a shipped accelerate config's name.
+The options are checked once before anything is launched, so a config error is one line in the launching
+process (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# accelerate launch's options beam-sft train passes on (each takes a value).
+LAUNCH_OPTIONS = ("--num_processes", "--config_file", "--num_machines", "--machine_rank", "--main_process_ip",
+                  "--main_process_port", "--mixed_precision")
+HELP = "Fine-tune on Beam data (the options of scripts/train.py; `beam-sft train --help` lists them)"
+
+
+def register(subparsers) -> None:
+    # Parsed by TRL's parser in `main`, not here: the subcommand only dispatches (as `trl sft` does).
+    parser = subparsers.add_parser("train", help=HELP, add_help=False, prefix_chars="\0")
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=lambda args: main(args.argv))
+
+
+def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(accelerate launch's options, the training options) from one command line."""
+    from beam_sft.errors import UsageError
+
+    launch, rest, i = [], [], 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in LAUNCH_OPTIONS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{name} needs a value")
+                value, i = argv[i + 1], i + 1
+            launch += [name, value]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return launch, rest
+
+
+def resolve_launch_config(launch: list[str]) -> list[str]:
+    """`--config_file NAME` -> the shipped configs/accelerate/NAME.yaml (a path stays a path)."""
+    from beam_sft.errors import UsageError
+    from beam_sft.template.bundled import resolve_config
+
+    out = list(launch)
+    for i in range(0, len(out), 2):
+        if out[i] == "--config_file":
+            try:
+                out[i + 1] = str(resolve_config(out[i + 1], kind="accelerate"))
+            except ValueError as err:
+                raise UsageError(f"--config_file {err}") from None
+    if "--config_file" not in out and launched_world_size(out) > 1 and _cpu_only_without_default_config():
+        # accelerate would start several CPU processes through mpirun, which without an MPI hostfile runs ONE
+        # process silently (see configs/accelerate/cpu_ddp.yaml): torchrun over gloo instead.
+        out += ["--config_file", str(resolve_config("cpu_ddp", kind="accelerate"))]
+        print("beam-sft train: no GPU and no accelerate config: launching with the shipped cpu_ddp config "
+              "(torchrun, gloo)", file=sys.stderr)
+    return out
+
+
+def _cpu_only_without_default_config() -> bool:
+    import torch
+    from accelerate.commands.config import default_config_file
+
+    return not torch.cuda.is_available() and not os.path.isfile(default_config_file)
+
+
+def launched_world_size(launch: list[str]) -> int:
+    """The number of processes a launch would start (for the dry run's arithmetic)."""
+    values = dict(zip(launch[::2], launch[1::2], strict=True))
+    if "--num_processes" in values:
+        return int(values["--num_processes"])
+    if "--config_file" in values:
+        import yaml
+
+        with open(values["--config_file"], encoding="utf-8") as f:
+            return int((yaml.safe_load(f) or {}).get("num_processes", 1))
+    return 1
+
+
+def launch(launch_args: list[str], train_args: list[str]) -> int:
+    """`accelerate launch [launch_args] -m beam_sft.cli.train [train_args]`, in this process as accelerate does."""
+    import subprocess
+
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args([*launch_args, "-m", "beam_sft.cli.train", *train_args])
+    try:
+        launch_command(args)
+    except subprocess.CalledProcessError as err:
+        return err.returncode or 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_guarded
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_guarded(lambda _: _run(argv), None)
+
+
+def _run(argv: list[str]) -> int:
+    from beam_sft.train.sft import main as train_main
+    from beam_sft.train.sft import make_parser
+
+    launch_args, train_args = split_launch_args(argv)
+    launch_args = resolve_launch_config(launch_args)
+    script_args, training_args, model_args = make_parser(prog="beam-sft train").parse_args_and_config(train_args)
+    if script_args.dry_run:
+        from beam_sft.train.dry_run import dry_run
+
+        world = launched_world_size(launch_args) if launch_args else int(os.environ.get("WORLD_SIZE", "1"))
+        print(dry_run(script_args, training_args, model_args, world_size=world))
+        return 0
+    if launch_args:
+        return launch(launch_args, train_args)
+    train_main(script_args, training_args, model_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The training job of `beam-sft train` and `scripts/train.py`: parse -> model -> data -> trainer -> train -> save.
+
+`main` is TRL's `sft.py` main with Beam's steps (`beam_sft/train/run.py`): the template checks, the data phase
+(`beam_sft/train/data.py`), the servable save, and the hub push after it.
+"""
+
+from __future__ import annotations
+
+DESCRIPTION = "Fine-tune on Beam Harmony data with TRL's SFTTrainer, loss on assistant turns only."
+
+
+def main(script_args, training_args, model_args, callbacks=None):
+    """Prepare data, train, save model + tokenizer (both templates), push. Returns the trainer."""
+    from beam_sft.train import run
+    from beam_sft.train.beam_eval import add_beam_eval
+    from beam_sft.train.config import data_settings
+    from beam_sft.train.data import training_datasets, training_inputs
+    from beam_sft.train.model import check_tokenizer, load_model_and_tokenizer
+
+    run.setup_logging(training_args)
+    run.check_arguments(script_args, training_args)
+
+    # Model and tokenizer
+    model, tokenizer, embedded = load_model_and_tokenizer(script_args, training_args, model_args)
+    check_tokenizer(tokenizer, conformance=script_args.check_template and not embedded,
+                    assistant_only_loss=training_args.assistant_only_loss)
+
+    # Data: converted, tokenized and counted once per job (or streamed)
+    settings = data_settings(script_args, training_args)
+    train_dataset, eval_dataset, _ = training_datasets(
+        training_inputs(script_args, seed=training_args.seed), tokenizer, settings,
+        eval_dataset_name=script_args.eval_dataset_name,
+        cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc,
+        output_dir=training_args.output_dir, is_main_process=training_args.process_index == 0,
+        streaming=script_args.streaming, world_size=training_args.world_size,
+    )
+    # The labels are already built from the template's masks, so TRL must take the dataset as tokenized;
+    # its own assistant_only_loss path expects raw conversations.
+    training_args.assistant_only_loss = False
+
+    # Trainer, training, saving
+    trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
+                                model_args, callbacks)
+    add_beam_eval(trainer, tokenizer, script_args, settings)  # --eval_beam_steps
+    trainer.train(resume_from_checkpoint=run.resume_checkpoint(training_args))
+    run.save(trainer, tokenizer, training_args.output_dir)
+    if script_args.eval_beam:
+        run.eval_beam(trainer, tokenizer, script_args, settings)
+    run.push(trainer, training_args)
+    run.finish(trainer)
+    return trainer
+
+
+def make_parser(prog: str | None = None):
+    """The options: `beam_sft/train/options.py` (TRL's parser, config errors as one line)."""
+    from beam_sft.train.options import make_parser as options_parser
+
+    return options_parser(prog=prog, description=DESCRIPTION)
