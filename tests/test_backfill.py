@@ -65,13 +65,12 @@ def data(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def model_server(tiny_model_dir, tmp_path_factory):
-    """tests/loopback_server.py over the tiny model, in its own process; (base_url, request log)."""
+def _server(model_dir, tmp_path_factory, *extra):
+    """tests/loopback_server.py over a model, in its own process; (base_url, request log)."""
     log = tmp_path_factory.mktemp("server") / "requests.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "loopback_server.py"), "--model",
-                             str(tiny_model_dir), "--port", "0", "--delay", "0.3", "--log", str(log)],
+                             str(model_dir), "--port", "0", "--log", str(log), *extra],
                             stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -82,12 +81,27 @@ def model_server(tiny_model_dir, tmp_path_factory):
         proc.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def model_server(tiny_model_dir, tmp_path_factory):
+    """The tiny model behind the loopback server, saying `finish_reason: stop` (it never ends a text itself;
+    these tests are about the transport)."""
+    yield from _server(tiny_model_dir, tmp_path_factory, "--delay", "0.3", "--finish-reason", "stop")
+
+
+@pytest.fixture(scope="module")
+def honest_server(tiny_model_dir, tmp_path_factory):
+    """The tiny model behind the loopback server reporting the real `finish_reason` (`length`: it never
+    writes its end-of-sequence token)."""
+    yield from _server(tiny_model_dir, tmp_path_factory)
+
+
 class LocalServer:
     """A real loopback HTTP server in a thread, answering canned text (after `fail_first` errors)."""
 
-    def __init__(self, fail_first=0, fail_status=500, delay=0.0, text="The user asks; I answer from the result."):
+    def __init__(self, fail_first=0, fail_status=500, delay=0.0, text="The user asks; I answer from the result.",
+                 finish_reason="stop"):
         args = SimpleNamespace(fail_first=fail_first, fail_status=fail_status, delay=delay, log=None,
-                               max_new_tokens=16)
+                               max_new_tokens=16, finish_reason=finish_reason)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(lambda m, n: text, "canned", args))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -235,6 +249,22 @@ def test_a_canned_filter_failure_is_cached_and_counted(data, tmp_path):
     assert all(not m["reasoning_content"] and "reasoning_source" not in m for m in call_turns)
 
 
+def test_a_teacher_cut_at_its_bound_is_filtered_as_truncated(honest_server, data, tmp_path):
+    url, _ = honest_server
+    out = tmp_path / "out.jsonl"
+    assert _run(data, out, url, "--limit", "1", "--max-tokens", "6") == 0
+    stats = json.loads(Path(str(out) + ".stats.json").read_text())
+    assert stats["filtered"] == {"truncated": 3} and stats["filled"] == 0  # finish_reason: length, each turn
+    assert all(not m.get("reasoning_content") for m in _read(out)[0]["messages"])
+
+
+def test_finish_reasons_read_as_stopped_or_cut():
+    from beam_sft.backfill.teachers import stopped_from_finish_reason
+
+    assert [stopped_from_finish_reason(r) for r in ("stop", "tool_calls", "length", "content_filter", None)] == [
+        True, True, False, False, None]
+
+
 def test_dry_run_prints_prompts_and_calls_nothing(data, tmp_path, capsys):
     assert backfill_main([str(data), "-o", str(tmp_path / "o.jsonl"), "--base-url", "http://127.0.0.1:9/v1",
                           "--model", "x", "--dry-run", "2"]) == 0
@@ -248,4 +278,5 @@ def test_local_transformers_teacher(tiny_model_dir, data, tmp_path):
     assert backfill_main([str(data), "-o", str(out), "--backend", "transformers", "--model", str(tiny_model_dir),
                           "--max-tokens", "8", "--limit", "1", "-q", "--stats", str(tmp_path / "s.json")]) == 0
     stats = json.loads((tmp_path / "s.json").read_text())
-    assert stats["turns_missing"] == 3 and stats["filled"] + sum(stats["filtered"].values()) == 3
+    # The random tiny model never writes its end-of-sequence token: every answer is cut at the 8 tokens.
+    assert stats["turns_missing"] == 3 and stats["filtered"] == {"truncated": 3}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from beam_sft.records.messages import find_marker
 
-FILTERS = ("empty", "too_long", "harmony_marker", "names_other_tool")
+FILTERS = ("empty", "harmony_marker", "truncated", "too_long", "names_other_tool")
 
 
 def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) -> str | None:
@@ -31,12 +31,15 @@ def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) 
 
 
 def check(reasoning: str | None, reference: dict, tools: list[dict] | None, *, max_tokens: int | None,
-          count_tokens: Callable[[str], int]) -> str | None:
-    """The first filter `reasoning` fails (one of FILTERS), or None when it may be used."""
+          count_tokens: Callable[[str], int], stopped: bool | None = None) -> str | None:
+    """The first filter `reasoning` fails (one of FILTERS), or None when it may be used. `stopped` is the
+    teacher's word on whether it ended the text itself (False: cut at the generation bound)."""
     if not isinstance(reasoning, str) or not reasoning.strip():
         return "empty"
     if find_marker(reasoning):
         return "harmony_marker"
+    if stopped is False:
+        return "truncated"
     if max_tokens is not None and count_tokens(reasoning) > max_tokens:
         return "too_long"
     if names_other_tool(reasoning, reference, tools):

@@ -22,7 +22,7 @@ from typing import Any
 from beam_sft.backfill.cache import TurnCache, record_key, turn_key
 from beam_sft.backfill.filters import check
 from beam_sft.backfill.prompt import PROMPT_VERSION, teacher_messages
-from beam_sft.backfill.teachers import TeacherError
+from beam_sft.backfill.teachers import Answer, TeacherError
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Stats:
         return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
-def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> str | None:
+def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> Answer:
     """One teacher answer, retried with exponential backoff on what may pass (timeouts, 429, 5xx)."""
     for attempt in range(settings.retries + 1):
         counts["requests"] += 1
@@ -107,14 +107,15 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
             counts["from_cache"] += 1
         else:
             try:
-                text = ask(teacher, teacher_messages(record, index), settings, counts)
+                answer = ask(teacher, teacher_messages(record, index), settings, counts)
             except TeacherError as err:
                 counts[f"failed:{err.kind}"] += 1
                 continue
-            text = text.strip() if isinstance(text, str) else text
+            text = answer.text.strip() if isinstance(answer.text, str) else answer.text
             reason = check(text, message, record.get("tools"), max_tokens=settings.max_reasoning_tokens,
-                           count_tokens=count_tokens)
-            cache.put(key, text if reason is None else None, reason or "ok")
+                           count_tokens=count_tokens, stopped=answer.stopped)
+            # A filtered answer is kept aside (`text`), never as reasoning: the stats sample it.
+            cache.put(key, text if reason is None else None, reason or "ok", text=None if reason is None else text)
             entry = cache.get(key)
         if entry["status"] == "ok":
             message["reasoning_content"] = entry["reasoning"]

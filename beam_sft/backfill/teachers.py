@@ -1,12 +1,33 @@
 """Teacher models for `beam-sft backfill`: any OpenAI-compatible chat-completions endpoint, or a local
-transformers model. Both answer `complete(messages) -> text` and raise `TeacherError`, which says whether
-asking again may help (timeouts, connection errors, 429 and 5xx answers) or not (other 4xx answers)."""
+transformers model. Both answer `complete(messages) -> Answer` and raise `TeacherError`, which says whether
+asking again may help (timeouts, connection errors, 429 and 5xx answers) or not (other 4xx answers).
+
+An `Answer` says whether the teacher stopped on its own: a text cut at the generation bound reads like
+reasoning but ends mid-thought (`… This is a defin`), and only the teacher knows it was cut (the server's
+`finish_reason: length`, or no end-of-sequence token among the generated ones)."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str | None
+    stopped: bool | None  # True: the teacher ended it; False: cut at the bound; None: the server did not say
+
+
+# `finish_reason` values that mean the text was cut, not finished (OpenAI's and vLLM's names).
+CUT_REASONS = frozenset({"length", "content_filter"})
+
+
+def stopped_from_finish_reason(reason: str | None) -> bool | None:
+    if reason is None:
+        return None
+    return reason not in CUT_REASONS
 
 
 class TeacherError(Exception):
@@ -30,7 +51,7 @@ class OpenAITeacher:
         self.temperature = temperature
         self.id = f"openai:{model}"
 
-    def complete(self, messages: list[dict[str, str]]) -> str | None:
+    def complete(self, messages: list[dict[str, str]]) -> Answer:
         import openai
 
         try:
@@ -44,11 +65,12 @@ class OpenAITeacher:
             code = err.status_code
             raise TeacherError(f"http_{code}", str(err)[:200], retryable=code == 429 or code >= 500) from None
         if not response.choices:
-            return None
-        message = response.choices[0].message
+            return Answer(None, None)
+        choice = response.choices[0]
         # A reasoning server (vLLM --reasoning-parser) puts the teacher's own thinking aside; its answer, the
         # reasoning we asked for, is the content.
-        return message.content or getattr(message, "reasoning_content", None)
+        text = choice.message.content or getattr(choice.message, "reasoning_content", None)
+        return Answer(text, stopped_from_finish_reason(getattr(choice, "finish_reason", None)))
 
 
 class TransformersTeacher:
@@ -62,10 +84,11 @@ class TransformersTeacher:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(path).to(self.device).eval()
         self.max_tokens = max_tokens
+        self.eos_ids = eos_ids(self.model, self.tokenizer)
         self.id = f"transformers:{Path(path).resolve().name}"
         self._lock = threading.Lock()
 
-    def complete(self, messages: list[dict[str, str]]) -> str | None:
+    def complete(self, messages: list[dict[str, str]]) -> Answer:
         import torch
 
         try:
@@ -75,8 +98,18 @@ class TransformersTeacher:
             raise TeacherError("template", f"{type(err).__name__}: {err}", retryable=False) from None
         with self._lock, torch.no_grad():
             out = self.model.generate(**inputs, max_new_tokens=self.max_tokens, do_sample=False)
-        new = out[0, inputs["input_ids"].shape[1]:]
-        return _answer(self.tokenizer, new)
+        new = out[0, inputs["input_ids"].shape[1]:].tolist()
+        return Answer(_answer(self.tokenizer, new), any(t in self.eos_ids for t in new))
+
+
+def eos_ids(model, tokenizer) -> frozenset[int]:
+    """Every token id that ends the teacher's generation: its generation config's (one id or a list: a Beam
+    teacher ends on <|return|> or <|call|>) and its tokenizer's."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return frozenset(ids)
 
 
 def _answer(tokenizer, ids: Any) -> str | None:
