@@ -245,8 +245,23 @@ def test_a_canned_filter_failure_is_cached_and_counted(data, tmp_path):
         server.close()
     stats = json.loads(Path(str(out) + ".stats.json").read_text())
     assert stats["filtered"] == {"names_other_tool": 5} and stats["filled"] == MISSING - 5
+    assert stats["samples"] == {"names_other_tool": ["Let me call get_time first."] * 3}  # the first three
     call_turns = [r["messages"][3] for r in _read(out)[:5]]
     assert all(not m["reasoning_content"] and "reasoning_source" not in m for m in call_turns)
+
+
+def test_a_looping_teacher_is_filtered_counted_and_sampled(data, tmp_path, capsys):
+    loop = "The assistant's next reply is: " * 20
+    server = LocalServer(text=loop)
+    try:
+        out = tmp_path / "out.jsonl"
+        assert _run(data, out, server.url) == 0
+    finally:
+        server.close()
+    stats = json.loads(Path(str(out) + ".stats.json").read_text())
+    assert stats["filtered"] == {"repetitive": MISSING} and stats["filled"] == 0
+    assert stats["samples"]["repetitive"][0].startswith("The assistant's next reply is: The assistant's")
+    assert "repetitive" in capsys.readouterr().err  # the summary table, with an example
 
 
 def test_a_teacher_cut_at_its_bound_is_filtered_as_truncated(honest_server, data, tmp_path):

@@ -25,6 +25,15 @@ from beam_sft.backfill.prompt import PROMPT_VERSION, teacher_messages
 from beam_sft.backfill.teachers import Answer, TeacherError
 
 
+SAMPLES = 3  # refused answers kept per filter in the stats
+SAMPLE_CHARS = 400
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
 @dataclass
 class Settings:
     mode: str = "rationalize"
@@ -47,6 +56,12 @@ class Stats:
     failed: Counter = field(default_factory=Counter)
     requests: int = 0
     retried: int = 0
+    samples: dict = field(default_factory=dict)  # filter -> the first SAMPLES answers it refused
+
+    def add_sample(self, reason: str, text: str | None) -> None:
+        kept = self.samples.setdefault(reason, [])
+        if len(kept) < SAMPLES:
+            kept.append(_clip(text or "", SAMPLE_CHARS))
 
     def add(self, counts: Counter) -> None:
         for key, value in counts.items():
@@ -55,6 +70,13 @@ class Stats:
                 getattr(self, group)[name] += value
             else:
                 setattr(self, key, getattr(self, key) + value)
+
+    def filtered_rows(self) -> list[tuple[str, Any]]:
+        rows = []
+        for code, n in self.filtered.most_common():
+            example = (self.samples.get(code) or [""])[0]
+            rows.append((f"  {code}", f"{n}  e.g. {_clip(example, 90)!r}" if example else n))
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, Counter) else v) for k, v in vars(self).items()}
@@ -66,7 +88,7 @@ class Stats:
                 ("assistant turns", self.assistant_turns), ("without reasoning", self.turns_missing),
                 ("filled", f"{self.filled} ({self.from_cache} from the cache)"),
                 ("filtered out", sum(self.filtered.values())),
-                *((f"  {code}", n) for code, n in self.filtered.most_common()),
+                *self.filtered_rows(),
                 ("failed calls (asked again next run)", sum(self.failed.values())),
                 *((f"  {code}", n) for code, n in self.failed.most_common()),
                 ("requests", f"{self.requests} ({self.retried} retries)")]
@@ -89,9 +111,11 @@ def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> A
 
 
 def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Settings,
-                count_tokens: Callable[[str], int]) -> tuple[dict[str, Any], Counter]:
-    """The record with its missing reasoning filled (in place, turn by turn), and what happened, counted."""
+                count_tokens: Callable[[str], int]) -> tuple[dict[str, Any], Counter, list]:
+    """The record with its missing reasoning filled (in place, turn by turn), what happened, counted, and
+    the answers the filters refused, as (filter, text)."""
     counts: Counter = Counter()
+    refused: list[tuple[str, str | None]] = []
     record_hash = record_key(record)
     source = f"{teacher.id} ({settings.mode}, {PROMPT_VERSION})"
     for index, message in enumerate(record["messages"]):
@@ -123,7 +147,8 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
             counts["filled"] += 1
         else:
             counts[f"filtered:{entry['status']}"] += 1
-    return record, counts
+            refused.append((entry["status"], entry.get("text")))
+    return record, counts, refused
 
 
 def backfill(records: Iterable[tuple[dict | None, dict | None]], teacher, cache: TurnCache, settings: Settings,
@@ -136,8 +161,10 @@ def backfill(records: Iterable[tuple[dict | None, dict | None]], teacher, cache:
     workers = max(1, settings.concurrency)
 
     def finish_one() -> None:
-        record, counts = window.popleft().result()
+        record, counts, refused = window.popleft().result()
         stats.add(counts)
+        for reason, text in refused:
+            stats.add_sample(reason, text)
         write(record)
         stats.records_out += 1
         if progress is not None:
