@@ -264,6 +264,20 @@ def test_a_looping_teacher_is_filtered_counted_and_sampled(data, tmp_path, capsy
     assert "repetitive" in capsys.readouterr().err  # the summary table, with an example
 
 
+def test_the_generation_bound_follows_the_reasoning_bound(model_server, data, tmp_path):
+    from beam_sft.backfill.run import generation_bound
+
+    url, log = model_server
+    asked = []
+    for extra in ([], ["--max-reasoning-tokens", "100"], ["--max-tokens", "20"], ["--max-reasoning-tokens", "0"]):
+        before = _requests(log)
+        assert _run(data, tmp_path / "out.jsonl", url, "--limit", "1", "--cache", str(tmp_path / f"c{len(asked)}"),
+                    *extra) == 0
+        asked.append({json.loads(line)["max_tokens"] for line in log.read_text().splitlines()[before:]})
+    assert asked == [{352}, {157}, {20}, {4096}]  # 256 + 64 + 32 by default
+    assert generation_bound(None, 256) == 352 and generation_bound(7, 256) == 7
+
+
 def test_a_teacher_cut_at_its_bound_is_filtered_as_truncated(honest_server, data, tmp_path):
     url, _ = honest_server
     out = tmp_path / "out.jsonl"

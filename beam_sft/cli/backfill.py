@@ -68,15 +68,17 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 
 def make_teacher(args: argparse.Namespace):
+    from beam_sft.backfill.run import generation_bound
     from beam_sft.backfill.teachers import OpenAITeacher, TransformersTeacher
     from beam_sft.errors import UsageError
 
+    max_tokens = generation_bound(args.max_tokens, args.max_reasoning_tokens)
     if args.backend == "transformers":
-        return TransformersTeacher(args.model, max_tokens=args.max_tokens)
+        return TransformersTeacher(args.model, max_tokens=max_tokens)
     if not args.base_url:
         raise UsageError("--base-url is required with --backend openai (e.g. http://127.0.0.1:8000/v1)")
     return OpenAITeacher(args.base_url, args.model, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
-                         max_tokens=args.max_tokens, temperature=args.temperature)
+                         max_tokens=max_tokens, temperature=args.temperature)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1 or args.retries < 0:
         raise UsageError("--concurrency must be at least 1 and --retries at least 0")
+    if args.max_tokens is not None and args.max_tokens < 1 or args.max_reasoning_tokens < 0:
+        raise UsageError("--max-tokens must be at least 1 and --max-reasoning-tokens at least 0")
     if args.dry_run:
         return _dry_run(args)
     import orjson
@@ -142,6 +146,7 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.backfill.prompt import MODES
+    from beam_sft.backfill.run import MAX_REASONING_TOKENS, UNBOUNDED_GENERATION
     from beam_sft.validate.convert import INPUT_FORMATS
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -158,10 +163,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="environment variable holding the API key (default: OPENAI_API_KEY)")
     parser.add_argument("--mode", choices=MODES, default="rationalize",
                         help="rationalize: the reasoning that leads to the reference reply (default)")
-    parser.add_argument("--max-reasoning-tokens", type=int, default=2048, metavar="N",
-                        help="filter out longer reasoning, counted with --tokenizer; 0: no limit (default: 2048)")
-    parser.add_argument("--max-tokens", type=int, default=4096, metavar="N",
-                        help="the teacher's generation budget per turn (default: 4096)")
+    parser.add_argument("--max-reasoning-tokens", type=int, default=MAX_REASONING_TOKENS, metavar="N",
+                        help="filter out longer reasoning, counted with --tokenizer; 0: no limit "
+                             f"(default: {MAX_REASONING_TOKENS})")
+    parser.add_argument("--max-tokens", type=int, metavar="N",
+                        help="the teacher's generation budget per turn (default: --max-reasoning-tokens plus a "
+                             f"quarter and 32; {UNBOUNDED_GENERATION} when that is 0)")
     parser.add_argument("--temperature", type=float, default=0.0, help="teacher sampling temperature (default: 0)")
     parser.add_argument("--concurrency", type=int, default=8, metavar="N",
                         help="records in flight at once (openai backend) (default: 8)")
