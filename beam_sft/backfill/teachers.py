@@ -9,6 +9,7 @@ reasoning but ends mid-thought (`… This is a defin`), and only the teacher kno
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 class Answer:
     text: str | None
     stopped: bool | None  # True: the teacher ended it; False: cut at the bound; None: the server did not say
+    tokens: int | None = None  # generated tokens, where known
 
 
 # `finish_reason` values that mean the text was cut, not finished (OpenAI's and vLLM's names).
@@ -73,10 +75,22 @@ class OpenAITeacher:
         return Answer(text, stopped_from_finish_reason(getattr(choice, "finish_reason", None)))
 
 
-class TransformersTeacher:
-    """A local model (greedy generation). One generation at a time: `--concurrency` does not apply."""
+class _Request:
+    __slots__ = ("ids", "answer", "error", "done")
 
-    def __init__(self, path: str, *, max_tokens: int, device: str | None = None) -> None:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids, self.answer, self.error, self.done = ids, None, None, False
+
+
+class TransformersTeacher:
+    """A local model, greedy. Up to `batch_size` prompts are generated at once: `complete` is called from
+    the run's worker threads (one record each), and the calls that arrive together are generated as one
+    left-padded batch, with the teacher's own pad and end-of-sequence tokens. A batch starts when it is full
+    or when no prompt has arrived for `batch_wait` seconds (the last records of a run, or fewer records than
+    the batch); greedy answers are the same as one prompt at a time (tests/test_backfill_teacher.py)."""
+
+    def __init__(self, path: str, *, max_tokens: int, device: str | None = None, batch_size: int = 1,
+                 batch_wait: float = 0.05) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,21 +99,81 @@ class TransformersTeacher:
         self.model = AutoModelForCausalLM.from_pretrained(path).to(self.device).eval()
         self.max_tokens = max_tokens
         self.eos_ids = eos_ids(self.model, self.tokenizer)
+        self.pad_id = pad_id(self.model, self.tokenizer)
+        self.batch_size = max(1, batch_size)
+        self.batch_wait = batch_wait
         self.id = f"transformers:{Path(path).resolve().name}"
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._running = False
+        self._last_event = 0.0
 
-    def complete(self, messages: list[dict[str, str]]) -> Answer:
-        import torch
-
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
         try:
-            inputs = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                                        return_tensors="pt").to(self.device)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
         except Exception as err:  # noqa: BLE001 - the teacher's template refused the prompt
             raise TeacherError("template", f"{type(err).__name__}: {err}", retryable=False) from None
-        with self._lock, torch.no_grad():
-            out = self.model.generate(**inputs, max_new_tokens=self.max_tokens, do_sample=False)
-        new = out[0, inputs["input_ids"].shape[1]:].tolist()
-        return Answer(_answer(self.tokenizer, new), any(t in self.eos_ids for t in new))
+        return list(ids["input_ids"])
+
+    def complete(self, messages: list[dict[str, str]]) -> Answer:
+        request = _Request(self.encode(messages))
+        with self._cond:
+            self._pending.append(request)
+            self._last_event = time.monotonic()
+            self._cond.notify_all()
+            while not request.done:
+                quiet = time.monotonic() - self._last_event
+                if not self._running and (len(self._pending) >= self.batch_size or quiet >= self.batch_wait):
+                    self._run_next()
+                else:
+                    self._cond.wait(None if self._running else self.batch_wait - quiet)
+        if request.error is not None:
+            raise request.error
+        return request.answer
+
+    def _run_next(self) -> None:
+        """Generate the oldest pending prompts, a batch, with the lock released meanwhile (called holding it)."""
+        batch, self._pending = self._pending[:self.batch_size], self._pending[self.batch_size:]
+        self._running = True
+        self._cond.release()
+        try:
+            answers, error = self.generate([r.ids for r in batch]), None
+        except Exception as err:  # noqa: BLE001 - every caller of the batch gets the failure
+            answers, error = [None] * len(batch), TeacherError("generate", f"{type(err).__name__}: {err}",
+                                                               retryable=False)
+        finally:
+            self._cond.acquire()
+        for request, answer in zip(batch, answers):
+            request.answer, request.error, request.done = answer, error, True
+        self._running = False
+        self._last_event = time.monotonic()
+        self._cond.notify_all()
+
+    def generate(self, prompts: list[list[int]]) -> list[Answer]:
+        """Greedy answers to `prompts` (token ids), generated together: left-padded to the longest."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_tokens,
+                                      do_sample=False, pad_token_id=self.pad_id)
+        return [self._answer(row[width:].tolist()) for row in out]
+
+    def _answer(self, new: list[int]) -> Answer:
+        ends = [k for k, t in enumerate(new) if t in self.eos_ids]
+        if ends:
+            new = new[:ends[0] + 1]  # what follows the end is the batch's padding
+        return Answer(_answer(self.tokenizer, new), bool(ends), len(new))
+
+
+def pad_id(model, tokenizer) -> int:
+    """The teacher's pad token (its tokenizer's, else its generation config's, else its first eos)."""
+    for value in (tokenizer.pad_token_id, getattr(model.generation_config, "pad_token_id", None)):
+        if isinstance(value, int):
+            return value
+    return min(eos_ids(model, tokenizer))
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:

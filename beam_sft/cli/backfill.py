@@ -74,7 +74,7 @@ def make_teacher(args: argparse.Namespace):
 
     max_tokens = generation_bound(args.max_tokens, args.max_reasoning_tokens)
     if args.backend == "transformers":
-        return TransformersTeacher(args.model, max_tokens=max_tokens)
+        return TransformersTeacher(args.model, max_tokens=max_tokens, batch_size=args.batch_size)
     if not args.base_url:
         raise UsageError("--base-url is required with --backend openai (e.g. http://127.0.0.1:8000/v1)")
     return OpenAITeacher(args.base_url, args.model, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
@@ -84,8 +84,8 @@ def make_teacher(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from beam_sft.errors import FatalError, UsageError
 
-    if args.concurrency < 1 or args.retries < 0:
-        raise UsageError("--concurrency must be at least 1 and --retries at least 0")
+    if args.concurrency < 1 or args.batch_size < 1 or args.retries < 0:
+        raise UsageError("--concurrency and --batch-size must be at least 1 and --retries at least 0")
     if args.max_tokens is not None and args.max_tokens < 1 or args.max_reasoning_tokens < 0:
         raise UsageError("--max-tokens must be at least 1 and --max-reasoning-tokens at least 0")
     if args.dry_run:
@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
     teacher = make_teacher(args)
     settings = Settings(mode=args.mode, max_reasoning_tokens=args.max_reasoning_tokens or None,
-                        concurrency=1 if args.backend == "transformers" else args.concurrency, retries=args.retries,
+                        concurrency=args.batch_size if args.backend == "transformers" else args.concurrency,
+                        retries=args.retries,
                         retry_wait=args.retry_wait)
     cache = TurnCache(args.cache or f"{args.output}.backfill-cache.jsonl")
     writer = open_writer(args.output)
@@ -172,6 +173,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="teacher sampling temperature (default: 0)")
     parser.add_argument("--concurrency", type=int, default=8, metavar="N",
                         help="records in flight at once (openai backend) (default: 8)")
+    parser.add_argument("--batch-size", type=int, default=8, metavar="N",
+                        help="prompts generated at once by the local model, one record each (--backend "
+                             "transformers); greedy answers are the same as one at a time (default: 8)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="seconds per request before it counts as failed and is retried (default: 300)")
     parser.add_argument("--retries", type=int, default=4, help="retries per call, with backoff (default: 4)")
