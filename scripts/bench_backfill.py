@@ -93,7 +93,7 @@ def kept_figures(answers, turns, max_reasoning_tokens: int | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from beam_sft.backfill.prompt import PROMPT_VERSION
+    from beam_sft.backfill.prompt import PROMPT_VERSION, STOP
     from beam_sft.backfill.run import MAX_REASONING_TOKENS, generation_bound
     from beam_sft.backfill.teachers import TransformersTeacher
 
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     reasoning_bound = MAX_REASONING_TOKENS if args.max_reasoning_tokens is None else args.max_reasoning_tokens
     bound = generation_bound(args.max_new_tokens, reasoning_bound)
-    teacher = TransformersTeacher(args.model, max_tokens=bound, device="cpu", batch_size=args.batch_size)
+    teacher = TransformersTeacher(args.model, max_tokens=bound, device="cpu", batch_size=args.batch_size,
+                                 stop=STOP)
     turns = real_turns(args.input, args.turns)
     prompts = [teacher.encode(messages) for messages, _, _ in turns]
     teacher.max_tokens = 2

@@ -54,7 +54,7 @@ def make_handler(generate, model_name: str, args: argparse.Namespace):
                 n = state["requests"]
                 if args.log:
                     with open(args.log, "a", encoding="utf-8") as f:
-                        f.write(json.dumps({"n": n, "last": body["messages"][-1]["content"][-200:],
+                        f.write(json.dumps({"n": n, "last": body["messages"][-1]["content"][-1000:],
                                             "max_tokens": body.get("max_tokens")}) + "\n")
             if n <= args.fail_first:
                 self._send(args.fail_status, {"error": {"message": f"failing on purpose ({n})"}})

@@ -144,7 +144,7 @@ def test_fills_missing_turns_in_order_against_a_real_server(model_server, data, 
     assert records[0]["messages"][3]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}  # reference kept
     # Later turns see the reasoning filled into earlier ones.
     prompts = [json.loads(line)["last"] for line in log.read_text().splitlines()[before:]]
-    assert any("[assistant reasoning]" in p for p in prompts)
+    assert any("Assistant thinks: " in p for p in prompts)
 
 
 def test_killed_mid_run_resumes_with_no_duplicate_or_lost_record(model_server, data, tmp_path):
@@ -298,7 +298,7 @@ def test_dry_run_prints_prompts_and_calls_nothing(data, tmp_path, capsys):
     assert backfill_main([str(data), "-o", str(tmp_path / "o.jsonl"), "--base-url", "http://127.0.0.1:9/v1",
                           "--model", "x", "--dry-run", "2"]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("--- prompt") == 2 and "## The assistant's next reply" in printed
+    assert printed.count("--- prompt") == 2 and "Thoughts before this reply?" in printed
     assert "Hi 0!" in printed and not (tmp_path / "o.jsonl").exists()
 
 

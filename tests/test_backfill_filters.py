@@ -22,7 +22,7 @@ REAL = REPO / "tests" / "data" / "realdata"
 REAL_REASONING = [REAL / "harmony", REAL / "reasoning", REAL / "openai" / "llamafactory_v1_reason_tool_use_demo_50.jsonl",
                   REPO / "data" / "samples"]
 _ANALYSIS_RE = re.compile(r"<\|channel\|>analysis<\|message\|>(.*?)(?=<\|end\|>|<\|call\|>|<\|return\|>|<\|start\|>|$)",
-                          re.S)
+                          re.DOTALL)
 ANSWER = {"role": "assistant", "content": "Of course! I can help you with that. Please tell me what ingredients you "
                                           "have and how much time you want to spend cooking tonight."}
 CALL = {"role": "assistant", "tool_calls": [{"function": {"name": "search_recipes", "arguments": {"q": "rice"}}}]}
@@ -112,6 +112,19 @@ def test_copies_of_the_reference_answer(text):
     assert _check(text) == "restates_reply"
 
 
+def test_a_near_verbatim_restatement_is_a_copy():
+    ref = {"role": "assistant", "content": "The Great Wall of China is one of the most iconic landmarks in the world, "
+                                           "known for its size and the ingenuity that was required to build it."}
+    text = ("The Great Wall of China is one of the most famous landmarks in the world, known for its size and the "
+            "ingenuity required to build it.")  # no run of 12 words, but nearly every 3-gram
+    assert F.longest_common_run(text, ref["content"]) < F.MIN_COPIED_RUN and _check(text, ref) == "restates_reply"
+
+
+def test_the_worked_example_copied_into_another_conversation():
+    text = "The user wants to know what Photoshop is. I do not know today's term, and call it with base Photoshop."
+    assert _check(text) == "copies_example"
+
+
 def test_a_short_answer_drafted_in_reasoning_is_not_a_copy():
     ref = {"role": "assistant", "content": "The capital of Japan is Tokyo."}
     assert _check("The capital of Japan is Tokyo. One short sentence is enough.", ref) is None
@@ -127,6 +140,8 @@ def test_tool_arguments_may_be_named_before_a_call():
     "The assistant responds with a greeting and asks for the ingredients.",
     "The next reply asks the user for their ingredients.",
     "In the given response, the AI offers help.",
+    "The assistant calls:\n\nThe area of the circle is 12 units.",
+    "The user wants to know how blockchain works.\n\nThe answer is:\n\nBlockchain is a ledger.",
 ])
 def test_narration_about_the_reply(text):
     assert _check(text) == "narration"
@@ -153,5 +168,15 @@ def test_a_tool_ruled_out_is_not_argued_for():
     assert _check("I should call calculate_area first.", CALL, tools=tools) == "names_other_tool"
 
 
+def test_an_answer_that_goes_on_to_the_next_prompt_is_cut_there():
+    from beam_sft.backfill.prompt import STOP
+    from beam_sft.backfill.teachers import Answer, cut_at_stop
+
+    cut = cut_at_stop(Answer("I ask for the ingredients.\n\nThoughts before this reply?\nThe", False), STOP)
+    assert cut == Answer("I ask for the ingredients.\n", True)  # it ended its thought: not truncated
+    assert cut_at_stop(Answer("I ask.", False), STOP) == Answer("I ask.", False)
+
+
 def test_every_reason_is_a_declared_filter():
-    assert {"repetitive", "truncated", "restates_reply", "narration", "echoes_prompt"} <= set(F.FILTERS)
+    assert {"repetitive", "truncated", "restates_reply", "narration", "echoes_prompt", "copies_example"} <= set(
+        F.FILTERS)

@@ -12,101 +12,75 @@ seen on SmolLM2-135M-Instruct (docs/reasoning.md has a real example of each):
   `The assistant calls tools:`);
 - `narration`: talk *about* the reply (`The assistant's next reply is ...`, `The assistant responds: ...`)
   instead of reasoning towards it;
-- `restates_reply`: the reference answer copied (a long verbatim run of its words) instead of reasoned to.
+- `restates_reply`: the reference answer copied (a long verbatim run of its words, or most of the reasoning's
+  word 3-grams taken from it) instead of reasoned to;
+- `copies_example`: the prompt's worked example copied into the wrong conversation.
 
 The thresholds were chosen on real teacher output and checked against every reasoning trace in the real
-samples (`tests/test_backfill_filters.py`): none of those is filtered.
+samples (`tests/test_backfill_filters.py`): none of those is filtered. The two checks that need no reference
+(`repetitive`, `truncated`) live in `beam_sft.eval.degenerate`: `beam-sft eval` applies them to a model's
+own analysis.
 """
 
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import Callable
 
+from beam_sft.backfill.prompt import EXAMPLES
+from beam_sft.eval.degenerate import (  # noqa: F401 - the measures and thresholds, re-exported for the tests
+    MAX_LINE_REPEATS,
+    MAX_REPEATED_NGRAMS,
+    MIN_COMPRESSION_RATIO,
+    MIN_NGRAMS,
+    NGRAM,
+    compression_ratio,
+    degenerate,
+    is_repetitive,
+    max_line_repeats,
+    repeated_ngram_share,
+    words,
+)
 from beam_sft.records.messages import find_marker
 
 FILTERS = ("empty", "harmony_marker", "repetitive", "truncated", "echoes_prompt", "narration", "restates_reply",
-           "too_long", "names_other_tool")
+           "copies_example", "too_long", "names_other_tool")
 
-# Repetition, measured on the 397 reasoning traces of the real samples (harmony/, reasoning/, the llamafactory
-# reason/tool-use demo, data/samples) and on SmolLM2-135M-Instruct's answers to real glaive turns. Real
-# reasoning repeats names and short phrases, rarely four words in a row: at most 28% of the 4-grams of a real
-# trace repeat (a palindrome check spelling the string out twice), while the teacher's loops repeat 39-97%.
-# The compression ratio catches loops with a varying word that the 4-gram share misses; it only means
-# something on longer texts (a short text never compresses well): real traces of 400+ characters compress to
-# 0.37 or more, the teacher's loops to 0.05-0.32.
-NGRAM = 4
-MAX_REPEATED_NGRAMS = 0.35
-MIN_NGRAMS = 12
-MIN_COMPRESS_CHARS = 400
-MIN_COMPRESSION_RATIO = 0.3
-# The same line written three times or more (headings and list markers excluded by the length floor).
-MAX_LINE_REPEATS = 2
-MIN_REPEATED_LINE_CHARS = 16
-
-_WORD_RE = re.compile(r"\w+", re.UNICODE)
-
-# The headings and role labels `beam_sft.backfill.prompt` writes: real reasoning never contains them.
+# The headings and role labels `beam_sft.backfill.prompt` writes (and wrote, before rationalize-2): real
+# reasoning never starts a line with them.
 _PROMPT_ECHO_RE = re.compile(
     r"^\s*##\s*(tools|conversation so far|the assistant's next reply)\b|^\s*\[(assistant( reasoning| tool calls)?|"
-    r"user|system|developer|result of [^\]]*)\]\s*$|\bthe assistant (calls tools|answers):", re.I | re.M)
+    r"user|system|developer|result of [^\]]*)\]\s*$|\bthe assistant (calls tools|answers):|"
+    r"^\s*(tools|conversation|reply|thoughts before this reply\??|assistant (thinks|calls)|result of [\w.-]+|"
+    r"user|assistant)\s*:", re.IGNORECASE | re.MULTILINE)
 
 # Narration about the reply rather than reasoning towards it: the teacher describes what "the assistant"
 # says next. First-person reasoning ("I should answer ...") is never matched.
 _NARRATION_RE = re.compile(
     r"\bthe (assistant'?s?|model'?s?|ai'?s?) (next |final |following )?(reply|response|answer)\b|"
     r"\bthe (next|following|given|reference) (reply|response)\b|"
-    r"\bthe assistant (responds|replies|says|writes|answers|will respond|will reply|will say)\b|"
-    r"\b(i was|i am|i'm) (shown|given) the (reply|response|answer)\b", re.I)
+    r"\bthe assistant (responds|replies|says|writes|answers|calls|will respond|will reply|will say|will call)\b|"
+    r"\b(i was|i am|i'm) (shown|given) the (reply|response|answer)\b|"
+    r"^\s*the (answer|reply|response) is:\s*$", re.IGNORECASE | re.MULTILINE)
 
 # Restating the reference answer. Real reasoning drafts its answer ("The capital of Japan is Tokyo. One short
 # sentence is enough." before the answer "The capital of Japan is Tokyo.") and quotes the tool results it
 # sums up (runs of up to 15 words shared with the answer, at most 36% of it); the teacher copies the whole
 # answer, or writes little else. Filtered: a shared run of MIN_COPIED_RUN words that is at least half of the
 # answer or of the reasoning, or a reasoning that is mostly (MAX_COPIED_SHARE) one run of the answer.
+# Near-verbatim (a few words changed, so no long run): the share of the reasoning's word 3-grams found in the
+# answer; real traces reach 0.31 at most (a tool result summed up), the teacher's restatements 0.6 and more.
+MAX_COVERED_TRIGRAMS = 0.6
+MIN_TRIGRAMS = 10
 MIN_COPIED_RUN = 12
 MIN_COPIED_SHARE = 0.5
 MAX_COPIED_SHARE = 0.8
 MIN_SHORT_COPY = 4
 
+MIN_EXAMPLE_RUN = 6
+
 # A tool named only to be ruled out ("So no need to call calculate_area.") does not argue for it.
-_NEGATION_RE = re.compile(r"\b(no need|not|n't|never|without|instead of|rather than|no)\b[^.\n]{0,40}$", re.I)
-
-
-def words(text: str) -> list[str]:
-    return _WORD_RE.findall(text.lower())
-
-
-def repeated_ngram_share(text: str, n: int = NGRAM) -> float:
-    """The share of the word n-grams of `text` that repeat an earlier one (0 when there are too few)."""
-    tokens = words(text)
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
-    if len(grams) < MIN_NGRAMS:
-        return 0.0
-    return 1 - len(set(grams)) / len(grams)
-
-
-def compression_ratio(text: str) -> float:
-    """zlib-compressed size over raw size (lower: more repetitive); 1 for texts too short to say."""
-    raw = text.encode()
-    if len(raw) < MIN_COMPRESS_CHARS:
-        return 1.0
-    return len(zlib.compress(raw, 9)) / len(raw)
-
-
-def max_line_repeats(text: str) -> int:
-    counts: dict[str, int] = {}
-    for line in text.splitlines():
-        line = " ".join(line.split()).lower()
-        if len(line) >= MIN_REPEATED_LINE_CHARS:
-            counts[line] = counts.get(line, 0) + 1
-    return max(counts.values(), default=0)
-
-
-def is_repetitive(text: str) -> bool:
-    return (repeated_ngram_share(text) > MAX_REPEATED_NGRAMS or compression_ratio(text) < MIN_COMPRESSION_RATIO
-            or max_line_repeats(text) > MAX_LINE_REPEATS)
+_NEGATION_RE = re.compile(r"\b(no need|not|n't|never|without|instead of|rather than|no)\b[^.\n]{0,40}$", re.IGNORECASE)
 
 
 def longest_common_run(text: str, reference: str) -> int:
@@ -136,7 +110,25 @@ def restates_reply(reasoning: str, reference: dict) -> bool:
     answer, own = len(words(content)), len(words(reasoning))
     if run >= MIN_COPIED_RUN and run >= MIN_COPIED_SHARE * min(answer, own):
         return True
-    return run >= MIN_SHORT_COPY and run >= MAX_COPIED_SHARE * own
+    return run >= MIN_SHORT_COPY and run >= MAX_COPIED_SHARE * own or covered_trigrams(reasoning, content) >= \
+        MAX_COVERED_TRIGRAMS
+
+
+def covered_trigrams(text: str, reference: str) -> float:
+    """The share of the word 3-grams of `text` that occur in `reference` (0 when `text` has too few)."""
+    a, b = words(text), words(reference)
+    grams = [tuple(a[i:i + 3]) for i in range(len(a) - 2)]
+    if len(grams) < MIN_TRIGRAMS:
+        return 0.0
+    known = {tuple(b[i:i + 3]) for i in range(len(b) - 2)}
+    return sum(g in known for g in grams) / len(grams)
+
+
+def copies_example(reasoning: str) -> bool:
+    """A run of the prompt's worked examples' thoughts (a small teacher copies them into the wrong
+    domain: "I do not know today's term, and call it with base "Photoshop" ..."); real traces share at most
+    three words in a row with them."""
+    return any(longest_common_run(reasoning, example[3]) >= MIN_EXAMPLE_RUN for example in EXAMPLES)
 
 
 def _argues_for(name: str, reasoning: str) -> bool:
@@ -162,16 +154,6 @@ def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) 
     return None
 
 
-def degenerate(reasoning: str, stopped: bool | None = None) -> str | None:
-    """The checks that need no reference: `repetitive`, `truncated` (what `beam-sft eval` also measures on
-    a model's own analysis), or None."""
-    if is_repetitive(reasoning):
-        return "repetitive"
-    if stopped is False:
-        return "truncated"
-    return None
-
-
 def check(reasoning: str | None, reference: dict, tools: list[dict] | None, *, max_tokens: int | None,
           count_tokens: Callable[[str], int], stopped: bool | None = None) -> str | None:
     """The first filter `reasoning` fails (one of FILTERS), or None when it may be used. `stopped` is the
@@ -182,13 +164,15 @@ def check(reasoning: str | None, reference: dict, tools: list[dict] | None, *, m
         return "harmony_marker"
     reason = degenerate(reasoning, stopped)
     if reason:
-        return reason
+        return reason  # "repetitive" or "truncated"
     if _PROMPT_ECHO_RE.search(reasoning):
         return "echoes_prompt"
     if _NARRATION_RE.search(reasoning):
         return "narration"
     if restates_reply(reasoning, reference):
         return "restates_reply"
+    if copies_example(reasoning):
+        return "copies_example"
     if max_tokens is not None and count_tokens(reasoning) > max_tokens:
         return "too_long"
     if names_other_tool(reasoning, reference, tools):

@@ -24,7 +24,6 @@ from beam_sft.backfill.filters import check
 from beam_sft.backfill.prompt import PROMPT_VERSION, teacher_messages
 from beam_sft.backfill.teachers import Answer, TeacherError
 
-
 SAMPLES = 3  # refused answers kept per filter in the stats
 SAMPLE_CHARS = 400
 

@@ -26,6 +26,17 @@ class Answer:
 CUT_REASONS = frozenset({"length", "content_filter"})
 
 
+def cut_at_stop(answer: Answer, stop: tuple[str, ...]) -> Answer:
+    """`answer` cut at the first of the stop sequences in it; the teacher then ended its text (it went on
+    to something else), whatever stopped the generation afterwards."""
+    if not stop or not isinstance(answer.text, str):
+        return answer
+    cuts = [k for k in (answer.text.find(s) for s in stop) if k >= 0]
+    if not cuts:
+        return answer
+    return Answer(answer.text[:min(cuts)], True, answer.tokens)
+
+
 def stopped_from_finish_reason(reason: str | None) -> bool | None:
     if reason is None:
         return None
@@ -44,13 +55,14 @@ class OpenAITeacher:
     client, with its own retries off: `beam_sft.backfill.run` retries with backoff and counts the failures."""
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None, timeout: float, max_tokens: int,
-                 temperature: float) -> None:
+                 temperature: float, stop: tuple[str, ...] = ()) -> None:
         import openai
 
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0)
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.stop = tuple(stop)
         self.id = f"openai:{model}"
 
     def complete(self, messages: list[dict[str, str]]) -> Answer:
@@ -58,7 +70,8 @@ class OpenAITeacher:
 
         try:
             response = self.client.chat.completions.create(model=self.model, messages=messages,
-                                                           max_tokens=self.max_tokens, temperature=self.temperature)
+                                                           max_tokens=self.max_tokens, temperature=self.temperature,
+                                                           **({"stop": list(self.stop)} if self.stop else {}))
         except openai.APITimeoutError as err:
             raise TeacherError("timeout", str(err), retryable=True) from None
         except openai.APIConnectionError as err:
@@ -72,11 +85,12 @@ class OpenAITeacher:
         # A reasoning server (vLLM --reasoning-parser) puts the teacher's own thinking aside; its answer, the
         # reasoning we asked for, is the content.
         text = choice.message.content or getattr(choice.message, "reasoning_content", None)
-        return Answer(text, stopped_from_finish_reason(getattr(choice, "finish_reason", None)))
+        return cut_at_stop(Answer(text, stopped_from_finish_reason(getattr(choice, "finish_reason", None))),
+                           self.stop)
 
 
 class _Request:
-    __slots__ = ("ids", "answer", "error", "done")
+    __slots__ = ("answer", "done", "error", "ids")
 
     def __init__(self, ids: list[int]) -> None:
         self.ids, self.answer, self.error, self.done = ids, None, None, False
@@ -90,7 +104,7 @@ class TransformersTeacher:
     the batch); greedy answers are the same as one prompt at a time (tests/test_backfill_teacher.py)."""
 
     def __init__(self, path: str, *, max_tokens: int, device: str | None = None, batch_size: int = 1,
-                 batch_wait: float = 0.05) -> None:
+                 batch_wait: float = 0.05, stop: tuple[str, ...] = ()) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -102,6 +116,7 @@ class TransformersTeacher:
         self.pad_id = pad_id(self.model, self.tokenizer)
         self.batch_size = max(1, batch_size)
         self.batch_wait = batch_wait
+        self.stop = tuple(stop)
         self.id = f"transformers:{Path(path).resolve().name}"
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
@@ -157,15 +172,19 @@ class TransformersTeacher:
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         with torch.no_grad():
+            # Stop strings end each row on its own (the rest of the batch goes on); the text is cut there.
+            extra = {"stop_strings": list(self.stop), "tokenizer": self.tokenizer} if self.stop else {}
             out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_tokens,
-                                      do_sample=False, pad_token_id=self.pad_id)
+                                      do_sample=False, pad_token_id=self.pad_id, **extra)
         return [self._answer(row[width:].tolist()) for row in out]
 
     def _answer(self, new: list[int]) -> Answer:
         ends = [k for k, t in enumerate(new) if t in self.eos_ids]
         if ends:
             new = new[:ends[0] + 1]  # what follows the end is the batch's padding
-        return Answer(_answer(self.tokenizer, new), bool(ends), len(new))
+        if not ends:
+            new = [t for t in new if t != self.pad_id] if self.stop else new  # a row ended by a stop string
+        return cut_at_stop(Answer(_answer(self.tokenizer, new), bool(ends), len(new)), self.stop)
 
 
 def pad_id(model, tokenizer) -> int:

@@ -68,17 +68,18 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 
 def make_teacher(args: argparse.Namespace):
+    from beam_sft.backfill.prompt import STOP
     from beam_sft.backfill.run import generation_bound
     from beam_sft.backfill.teachers import OpenAITeacher, TransformersTeacher
     from beam_sft.errors import UsageError
 
     max_tokens = generation_bound(args.max_tokens, args.max_reasoning_tokens)
     if args.backend == "transformers":
-        return TransformersTeacher(args.model, max_tokens=max_tokens, batch_size=args.batch_size)
+        return TransformersTeacher(args.model, max_tokens=max_tokens, batch_size=args.batch_size, stop=STOP)
     if not args.base_url:
         raise UsageError("--base-url is required with --backend openai (e.g. http://127.0.0.1:8000/v1)")
     return OpenAITeacher(args.base_url, args.model, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
-                         max_tokens=max_tokens, temperature=args.temperature)
+                         max_tokens=max_tokens, temperature=args.temperature, stop=STOP)
 
 
 def run(args: argparse.Namespace) -> int:
