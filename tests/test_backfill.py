@@ -250,6 +250,21 @@ def test_a_canned_filter_failure_is_cached_and_counted(data, tmp_path):
     assert all(not m["reasoning_content"] and "reasoning_source" not in m for m in call_turns)
 
 
+def test_review_prints_filled_turns_with_context_and_reference(data, tmp_path, capsys):
+    server = LocalServer(text="The user asks about the weather, so I look it up for Paris.")
+    try:
+        assert _run(data, tmp_path / "out.jsonl", server.url, "--review", "2") == 0
+    finally:
+        server.close()
+    printed = capsys.readouterr().out
+    assert printed.count("=== filled turn") == 2 and "=== filled turn 2 of 2 ===" in printed
+    first = printed.split("=== filled turn 2")[0]
+    from beam_sft.backfill.prompt import PROMPT_VERSION
+
+    assert "[user] Hello 0" in first and f"reasoning (openai:tiny (rationalize, {PROMPT_VERSION})):" in first
+    assert "I look it up for Paris." in first and "reference:\n  Answer: Hi 0!" in first
+
+
 def test_a_looping_teacher_is_filtered_counted_and_sampled(data, tmp_path, capsys):
     loop = "The assistant's next reply is: " * 20
     server = LocalServer(text=loop)

@@ -113,9 +113,15 @@ def run(args: argparse.Namespace) -> int:
     writer = open_writer(args.output)
     rejects = JsonlSink(args.rejects) if args.rejects else None
     bar = tqdm(desc="backfill", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5)
+    review: list[str] = []
+
+    def write(record: dict[str, Any]) -> None:
+        if len(review) < args.review:
+            review.extend(review_texts(record, args.review - len(review)))
+        writer.write_raw(orjson.dumps(_row(record)))
+
     try:
-        stats = backfill(_records(args), teacher, cache, settings, count_tokens,
-                         write=lambda rec: writer.write_raw(orjson.dumps(_row(rec))),
+        stats = backfill(_records(args), teacher, cache, settings, count_tokens, write=write,
                          write_reject=rejects.write if rejects is not None else lambda _: None, progress=bar.update)
         if stats.records_in != stats.records_out + sum(stats.rejected.values()):
             raise FatalError(f"bookkeeping error: {stats.records_in} in != {stats.records_out} out + "
@@ -133,12 +139,43 @@ def run(args: argparse.Namespace) -> int:
         cache.close()
     print(f"backfill: wrote {stats.records_out} records to {args.output} (teacher {teacher.id})", file=sys.stderr)
     print(stats.table(), file=sys.stderr)
+    for k, text in enumerate(review, 1):
+        print(f"=== filled turn {k} of {len(review)} ===\n{text}\n")
     if args.stats:
         write_json_atomic(args.stats, {"teacher": teacher.id, "mode": args.mode, **stats.to_dict()})
     if stats.failed:
         print(f"warning: {sum(stats.failed.values())} turn(s) got no answer after {args.retries} retries; run the "
               "same command again to ask for them (finished turns come from the cache)", file=sys.stderr)
     return 0
+
+
+REVIEW_CONTEXT = 3  # messages shown before a filled turn
+REVIEW_CHARS = 500
+
+
+def _short(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= REVIEW_CHARS else text[:REVIEW_CHARS] + " ..."
+
+
+def review_texts(record: dict[str, Any], n: int) -> list[str]:
+    """Up to `n` turns of `record` that this run filled, each as text for a person to read: the last
+    messages before it, the teacher's reasoning, and the reference reply it leads to."""
+    from beam_sft.backfill.prompt import reply_text
+
+    texts = []
+    messages = record["messages"]
+    for index, message in enumerate(messages):
+        if len(texts) == n:
+            break
+        if message["role"] != "assistant" or not message.get("reasoning_source"):
+            continue
+        context = "\n".join(f"  [{m['role']}] {_short(m.get('content') or reply_text(m))}"
+                            for m in messages[max(0, index - REVIEW_CONTEXT):index])
+        texts.append(f"context (messages {max(0, index - REVIEW_CONTEXT)}-{index - 1}):\n{context}\n"
+                     f"reasoning ({message['reasoning_source']}):\n  {message['reasoning_content']}\n"
+                     f"reference:\n  {_short(reply_text(message))}")
+    return texts
 
 
 def _row(record: dict[str, Any]) -> dict[str, Any]:
@@ -190,6 +227,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
     parser.add_argument("--dry-run", type=int, nargs="?", const=3, default=0, metavar="N",
                         help="print the teacher prompts of the first N records (default 3) and stop")
+    parser.add_argument("--review", type=int, default=0, metavar="N",
+                        help="print N filled turns (the messages before, the reasoning, the reference reply) on "
+                             "stdout when the run ends, to read before training")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
