@@ -179,12 +179,13 @@ class TransformersTeacher:
         return [self._answer(row[width:].tolist()) for row in out]
 
     def _answer(self, new: list[int]) -> Answer:
-        ends = [k for k, t in enumerate(new) if t in self.eos_ids]
-        if ends:
-            new = new[:ends[0] + 1]  # what follows the end is the batch's padding
-        if not ends:
-            new = [t for t in new if t != self.pad_id] if self.stop else new  # a row ended by a stop string
-        return cut_at_stop(Answer(_answer(self.tokenizer, new), bool(ends), len(new)), self.stop)
+        """The answer in a row of generated ids. It ends at the first end-of-sequence token (kept for the
+        response parser) or pad (a row that a stop string ended early, then padded while the batch went
+        on), so batched and one-at-a-time rows give the same text and the same token count."""
+        end = next((k for k, t in enumerate(new) if t in self.eos_ids or t == self.pad_id), len(new))
+        by_eos = end < len(new) and new[end] in self.eos_ids
+        text = _answer(self.tokenizer, new[:end + 1] if by_eos else new[:end])
+        return cut_at_stop(Answer(text, by_eos, end), self.stop)
 
 
 def pad_id(model, tokenizer) -> int:

@@ -10,10 +10,14 @@
 Mode `rationalize` (the only one so far): for each assistant turn without reasoning, in order, the teacher
 sees the conversation so far (earlier turns with their reasoning, filled or original), the tools, and the
 turn's reference answer or tool calls, and writes only the reasoning that leads to it; the reference is
-never changed. Answers are filtered, each filter counted: empty, too long (--max-reasoning-tokens, counted
-with --tokenizer), Harmony markers, and reasoning that names a declared tool other than the ones the
-reference calls. Filtered turns stay without reasoning, so the default `--missing-reasoning mask` of
-convert/prepare/train keeps them out of the loss. Filled turns carry `reasoning_source`.
+never changed. Answers are filtered, each filter counted and its first refusals sampled in --stats: empty,
+Harmony markers, repetitive (loops), truncated (the teacher stopped at the bound), echoes of the prompt,
+narration about the reply, a restatement of the reference, a copy of the prompt's worked example, too long
+(--max-reasoning-tokens, counted with --tokenizer), and reasoning that names a declared tool other than the
+ones the reference calls. Filtered turns stay without reasoning, so the default `--missing-reasoning mask`
+of convert/prepare/train keeps them out of the loss. Filled turns carry `reasoning_source`; --review N prints
+some to read. The generation bound follows --max-reasoning-tokens unless --max-tokens is given; a local
+model generates --batch-size records' prompts at once.
 
 Calls are retried with exponential backoff on timeouts, connection errors, 429 and 5xx answers. Every
 finished turn goes to a cache (--cache, default OUT.backfill-cache.jsonl) keyed by (record, turn, teacher,
@@ -67,6 +71,14 @@ def _dry_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_batch_size() -> int:
+    """8 on a GPU. 1 on a CPU: measured there, a batch whose rows mostly end early (the teacher stops) runs
+    until its longest row and is slower than one prompt at a time (docs/benchmarks.md#backfill)."""
+    import torch
+
+    return 8 if torch.cuda.is_available() else 1
+
+
 def make_teacher(args: argparse.Namespace):
     from beam_sft.backfill.prompt import STOP
     from beam_sft.backfill.run import generation_bound
@@ -85,6 +97,8 @@ def make_teacher(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from beam_sft.errors import FatalError, UsageError
 
+    if args.batch_size is None:
+        args.batch_size = default_batch_size()
     if args.concurrency < 1 or args.batch_size < 1 or args.retries < 0:
         raise UsageError("--concurrency and --batch-size must be at least 1 and --retries at least 0")
     if args.max_tokens is not None and args.max_tokens < 1 or args.max_reasoning_tokens < 0:
@@ -211,9 +225,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="teacher sampling temperature (default: 0)")
     parser.add_argument("--concurrency", type=int, default=8, metavar="N",
                         help="records in flight at once (openai backend) (default: 8)")
-    parser.add_argument("--batch-size", type=int, default=8, metavar="N",
+    parser.add_argument("--batch-size", type=int, metavar="N",
                         help="prompts generated at once by the local model, one record each (--backend "
-                             "transformers); greedy answers are the same as one at a time (default: 8)")
+                             "transformers); greedy answers are the same as one at a time (default: 8 on a "
+                             "GPU, 1 on a CPU, where a batch waits for its longest row: docs/benchmarks.md)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="seconds per request before it counts as failed and is retried (default: 300)")
     parser.add_argument("--retries", type=int, default=4, help="retries per call, with backoff (default: 4)")
