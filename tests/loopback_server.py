@@ -5,6 +5,9 @@ install; this stdlib server is what the backfill tests talk to over the loopback
 applies the model's chat template, generates greedily with `model.generate`, and answers in the
 chat-completions shape. `--fail-first N --fail-status 500` answers the first N requests with that status
 (a flaky server); `--delay S` slows every answer; `--log PATH` appends one line per request.
+`finish_reason` is `length` when the generation ended without the model's end-of-sequence token, `stop`
+otherwise, as real servers report it; `--finish-reason stop` always says `stop` (the tiny random model never
+ends a text; the transport tests want its answers kept).
 
     python tests/loopback_server.py --model DIR --port 0     # prints "PORT <n>" once it listens
 """
@@ -51,15 +54,19 @@ def make_handler(generate, model_name: str, args: argparse.Namespace):
                 n = state["requests"]
                 if args.log:
                     with open(args.log, "a", encoding="utf-8") as f:
-                        f.write(json.dumps({"n": n, "last": body["messages"][-1]["content"][-200:]}) + "\n")
+                        f.write(json.dumps({"n": n, "last": body["messages"][-1]["content"][-1000:],
+                                            "max_tokens": body.get("max_tokens")}) + "\n")
             if n <= args.fail_first:
                 self._send(args.fail_status, {"error": {"message": f"failing on purpose ({n})"}})
                 return
             if args.delay:
                 time.sleep(args.delay)
             text = generate(body["messages"], min(int(body.get("max_tokens") or 16), args.max_new_tokens))
+            text, finish = text if isinstance(text, tuple) else (text, "stop")
+            if getattr(args, "finish_reason", "auto") != "auto":
+                finish = args.finish_reason
             self._send(200, {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": int(time.time()),
-                             "model": model_name, "choices": [{"index": 0, "finish_reason": "stop",
+                             "model": model_name, "choices": [{"index": 0, "finish_reason": finish,
                                                                "message": {"role": "assistant", "content": text}}],
                              "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
 
@@ -74,12 +81,16 @@ def model_generator(path: str):
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     lock = threading.Lock()
 
-    def generate(messages, max_new_tokens: int) -> str:
+    eos = model.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or []) | {tokenizer.eos_token_id}
+
+    def generate(messages, max_new_tokens: int) -> tuple[str, str]:
         inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
                                                return_tensors="pt")
         with lock, torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        return tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        new = out[0, inputs["input_ids"].shape[1]:].tolist()
+        return tokenizer.decode(new, skip_special_tokens=True), "stop" if eos & set(new) else "length"
 
     return generate
 
@@ -93,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--fail-status", type=int, default=500)
     parser.add_argument("--log")
+    parser.add_argument("--finish-reason", choices=("auto", "stop"), default="auto")
     args = parser.parse_args(argv)
     generate = model_generator(args.model)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(generate, "tiny", args))

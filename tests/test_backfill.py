@@ -65,13 +65,12 @@ def data(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def model_server(tiny_model_dir, tmp_path_factory):
-    """tests/loopback_server.py over the tiny model, in its own process; (base_url, request log)."""
+def _server(model_dir, tmp_path_factory, *extra):
+    """tests/loopback_server.py over a model, in its own process; (base_url, request log)."""
     log = tmp_path_factory.mktemp("server") / "requests.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "loopback_server.py"), "--model",
-                             str(tiny_model_dir), "--port", "0", "--delay", "0.3", "--log", str(log)],
+                             str(model_dir), "--port", "0", "--log", str(log), *extra],
                             stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -82,12 +81,27 @@ def model_server(tiny_model_dir, tmp_path_factory):
         proc.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def model_server(tiny_model_dir, tmp_path_factory):
+    """The tiny model behind the loopback server, saying `finish_reason: stop` (it never ends a text itself;
+    these tests are about the transport)."""
+    yield from _server(tiny_model_dir, tmp_path_factory, "--delay", "0.3", "--finish-reason", "stop")
+
+
+@pytest.fixture(scope="module")
+def honest_server(tiny_model_dir, tmp_path_factory):
+    """The tiny model behind the loopback server reporting the real `finish_reason` (`length`: it never
+    writes its end-of-sequence token)."""
+    yield from _server(tiny_model_dir, tmp_path_factory)
+
+
 class LocalServer:
     """A real loopback HTTP server in a thread, answering canned text (after `fail_first` errors)."""
 
-    def __init__(self, fail_first=0, fail_status=500, delay=0.0, text="The user asks; I answer from the result."):
+    def __init__(self, fail_first=0, fail_status=500, delay=0.0, text="The user asks; I answer from the result.",
+                 finish_reason="stop"):
         args = SimpleNamespace(fail_first=fail_first, fail_status=fail_status, delay=delay, log=None,
-                               max_new_tokens=16)
+                               max_new_tokens=16, finish_reason=finish_reason)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(lambda m, n: text, "canned", args))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -130,7 +144,7 @@ def test_fills_missing_turns_in_order_against_a_real_server(model_server, data, 
     assert records[0]["messages"][3]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}  # reference kept
     # Later turns see the reasoning filled into earlier ones.
     prompts = [json.loads(line)["last"] for line in log.read_text().splitlines()[before:]]
-    assert any("[assistant reasoning]" in p for p in prompts)
+    assert any("Assistant thinks: " in p for p in prompts)
 
 
 def test_killed_mid_run_resumes_with_no_duplicate_or_lost_record(model_server, data, tmp_path):
@@ -231,15 +245,75 @@ def test_a_canned_filter_failure_is_cached_and_counted(data, tmp_path):
         server.close()
     stats = json.loads(Path(str(out) + ".stats.json").read_text())
     assert stats["filtered"] == {"names_other_tool": 5} and stats["filled"] == MISSING - 5
+    assert stats["samples"] == {"names_other_tool": ["Let me call get_time first."] * 3}  # the first three
     call_turns = [r["messages"][3] for r in _read(out)[:5]]
     assert all(not m["reasoning_content"] and "reasoning_source" not in m for m in call_turns)
+
+
+def test_review_prints_filled_turns_with_context_and_reference(data, tmp_path, capsys):
+    server = LocalServer(text="The user asks about the weather, so I look it up for Paris.")
+    try:
+        assert _run(data, tmp_path / "out.jsonl", server.url, "--review", "2") == 0
+    finally:
+        server.close()
+    printed = capsys.readouterr().out
+    assert printed.count("=== filled turn") == 2 and "=== filled turn 2 of 2 ===" in printed
+    first = printed.split("=== filled turn 2")[0]
+    from beam_sft.backfill.prompt import PROMPT_VERSION
+
+    assert "[user] Hello 0" in first and f"reasoning (openai:tiny (rationalize, {PROMPT_VERSION})):" in first
+    assert "I look it up for Paris." in first and "reference:\n  Answer: Hi 0!" in first
+
+
+def test_a_looping_teacher_is_filtered_counted_and_sampled(data, tmp_path, capsys):
+    loop = "The assistant's next reply is: " * 20
+    server = LocalServer(text=loop)
+    try:
+        out = tmp_path / "out.jsonl"
+        assert _run(data, out, server.url) == 0
+    finally:
+        server.close()
+    stats = json.loads(Path(str(out) + ".stats.json").read_text())
+    assert stats["filtered"] == {"repetitive": MISSING} and stats["filled"] == 0
+    assert stats["samples"]["repetitive"][0].startswith("The assistant's next reply is: The assistant's")
+    assert "repetitive" in capsys.readouterr().err  # the summary table, with an example
+
+
+def test_the_generation_bound_follows_the_reasoning_bound(model_server, data, tmp_path):
+    from beam_sft.backfill.run import generation_bound
+
+    url, log = model_server
+    asked = []
+    for extra in ([], ["--max-reasoning-tokens", "100"], ["--max-tokens", "20"], ["--max-reasoning-tokens", "0"]):
+        before = _requests(log)
+        assert _run(data, tmp_path / "out.jsonl", url, "--limit", "1", "--cache", str(tmp_path / f"c{len(asked)}"),
+                    *extra) == 0
+        asked.append({json.loads(line)["max_tokens"] for line in log.read_text().splitlines()[before:]})
+    assert asked == [{352}, {157}, {20}, {4096}]  # 256 + 64 + 32 by default
+    assert generation_bound(None, 256) == 352 and generation_bound(7, 256) == 7
+
+
+def test_a_teacher_cut_at_its_bound_is_filtered_as_truncated(honest_server, data, tmp_path):
+    url, _ = honest_server
+    out = tmp_path / "out.jsonl"
+    assert _run(data, out, url, "--limit", "1", "--max-tokens", "6") == 0
+    stats = json.loads(Path(str(out) + ".stats.json").read_text())
+    assert stats["filtered"] == {"truncated": 3} and stats["filled"] == 0  # finish_reason: length, each turn
+    assert all(not m.get("reasoning_content") for m in _read(out)[0]["messages"])
+
+
+def test_finish_reasons_read_as_stopped_or_cut():
+    from beam_sft.backfill.teachers import stopped_from_finish_reason
+
+    assert [stopped_from_finish_reason(r) for r in ("stop", "tool_calls", "length", "content_filter", None)] == [
+        True, True, False, False, None]
 
 
 def test_dry_run_prints_prompts_and_calls_nothing(data, tmp_path, capsys):
     assert backfill_main([str(data), "-o", str(tmp_path / "o.jsonl"), "--base-url", "http://127.0.0.1:9/v1",
                           "--model", "x", "--dry-run", "2"]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("--- prompt") == 2 and "## The assistant's next reply" in printed
+    assert printed.count("--- prompt") == 2 and "Thoughts before this reply?" in printed
     assert "Hi 0!" in printed and not (tmp_path / "o.jsonl").exists()
 
 
@@ -248,4 +322,5 @@ def test_local_transformers_teacher(tiny_model_dir, data, tmp_path):
     assert backfill_main([str(data), "-o", str(out), "--backend", "transformers", "--model", str(tiny_model_dir),
                           "--max-tokens", "8", "--limit", "1", "-q", "--stats", str(tmp_path / "s.json")]) == 0
     stats = json.loads((tmp_path / "s.json").read_text())
-    assert stats["turns_missing"] == 3 and stats["filled"] + sum(stats["filtered"].values()) == 3
+    # The random tiny model never writes its end-of-sequence token: every answer is cut at the 8 tokens.
+    assert stats["turns_missing"] == 3 and stats["filtered"] == {"truncated": 3}

@@ -76,11 +76,13 @@ def test_the_reference_itself_passes_every_metric(tok):
     full = tok.apply_chat_template([*USER, CALL_REF], tools=TOOLS, tokenize=False)
     metrics, reason = score(tok, CALL_REF, full[len(prompt):], "<|call|>")
     assert reason == ""
-    assert metrics == {"well_formed": True, "stopped": True, "has_reasoning": True, "action_match": True,
+    assert metrics == {"well_formed": True, "stopped": True, "has_reasoning": True, "degenerate_reasoning": False,
+                       "action_match": True,
                        "tool_name_accuracy": True, "tool_args_exact": True, "tool_args_valid": True,
                        "marker_leak": False, "answer_exact": None}
     metrics, _ = score(tok, ANSWER_REF, answer_text(), "<|return|>")
-    assert metrics == {"well_formed": True, "stopped": True, "has_reasoning": True, "action_match": True,
+    assert metrics == {"well_formed": True, "stopped": True, "has_reasoning": True, "degenerate_reasoning": False,
+                       "action_match": True,
                        "tool_name_accuracy": None, "tool_args_exact": None, "tool_args_valid": None,
                        "marker_leak": False, "answer_exact": True}
 
@@ -261,3 +263,31 @@ def test_reasoning_figures_empty_analysis_and_mean_length(tok):
     assert summary["empty_analysis"] == 0.5 and summary["has_reasoning"] == 0.5
     assert summary["mean_analysis_tokens"] == analysis_tokens(tok, {"thinking": "Say hello."}) / 2
     assert "empty_analysis" in summary_table(result) and "mean analysis tokens" in summary_table(result)
+
+
+def test_degenerate_reasoning_counts_loops_and_analyses_cut_at_the_bound(tok):
+    from beam_sft.eval.metrics import degenerate_reasoning
+
+    final = "<|start|>assistant<|channel|>final<|message|>"
+    loop = "I check the weather again. " * 12
+    texts = [f"<|channel|>analysis<|message|>The user greets me; I greet back.<|end|>{final}Hello<|return|>",
+             f"<|channel|>analysis<|message|>{loop}<|end|>{final}Hello<|return|>",  # a loop, then an answer
+             "<|channel|>analysis<|message|>First I need to look at the forecast for",  # cut inside the analysis
+             f"<|channel|>analysis<|message|><|end|>{final}Hi<|return|>"]  # no reasoning: not counted
+    stops = ["<|return|>", "<|return|>", None, "<|return|>"]
+
+    class Canned:
+        name = "canned"
+
+        def generate(self, prompts):
+            return [Generation(texts[k], 5, stops[k]) for k in range(len(prompts))]
+
+    records = [({"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "Hello",
+                                                                    "reasoning_content": "r"}]}, "openai")
+               for k in range(4)]
+    result = evaluate(Canned(), tok, records, progress=False)
+    summary = result.summary()
+    assert summary["has_reasoning"] == 0.75 and summary["degenerate_reasoning"] == 2 / 3
+    assert "degenerate_reasoning" in summary_table(result)
+    assert degenerate_reasoning({"thinking": "ok", "content": "x"}, None) is False  # cut in the answer, not in it
+    assert degenerate_reasoning({"content": "x"}, "<|return|>") is None

@@ -49,8 +49,10 @@ class TurnCache:
     def get(self, key: str) -> dict[str, Any] | None:
         return self.entries.get(key)
 
-    def put(self, key: str, reasoning: str | None, status: str) -> None:
+    def put(self, key: str, reasoning: str | None, status: str, *, text: str | None = None) -> None:
         entry = {"key": key, "reasoning": reasoning, "status": status}
+        if text is not None:
+            entry["text"] = text  # the answer a filter refused
         with self._lock:
             self.entries[key] = entry
             if self._file is not None:

@@ -1,7 +1,25 @@
 """Checks on a teacher's reasoning before it goes into a record; each failure has a counted reason.
 
 A turn whose reasoning fails stays without reasoning, so the default `--missing-reasoning mask` keeps it out
-of the loss rather than training a bad trace.
+of the loss rather than training a bad trace. Besides the plain checks (`empty`, Harmony markers, over the
+length bound, a tool other than the called ones), these catch what a weak or misprompted teacher writes,
+seen on SmolLM2-135M-Instruct (docs/reasoning.md has a real example of each):
+
+- `truncated`: the teacher did not stop on its own (cut at the generation bound, mid-word or mid-loop);
+- `repetitive`: a loop (`The assistant's next reply is: The assistant's next reply is: ...`), measured as the
+  share of repeated word 4-grams and as the zlib compression ratio of longer texts;
+- `echoes_prompt`: the prompt's own scaffolding copied out (`## Conversation so far`, `[assistant]`,
+  `The assistant calls tools:`);
+- `narration`: talk *about* the reply (`The assistant's next reply is ...`, `The assistant responds: ...`)
+  instead of reasoning towards it;
+- `restates_reply`: the reference answer copied (a long verbatim run of its words, or most of the reasoning's
+  word 3-grams taken from it) instead of reasoned to;
+- `copies_example`: the prompt's worked example copied into the wrong conversation.
+
+The thresholds were chosen on real teacher output and checked against every reasoning trace in the real
+samples (`tests/test_backfill_filters.py`): none of those is filtered. The two checks that need no reference
+(`repetitive`, `truncated`) live in `beam_sft.eval.degenerate`: `beam-sft eval` applies them to a model's
+own analysis.
 """
 
 from __future__ import annotations
@@ -9,9 +27,116 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from beam_sft.backfill.prompt import EXAMPLES
+from beam_sft.eval.degenerate import (  # noqa: F401 - the measures and thresholds, re-exported for the tests
+    MAX_LINE_REPEATS,
+    MAX_REPEATED_NGRAMS,
+    MIN_COMPRESSION_RATIO,
+    MIN_NGRAMS,
+    NGRAM,
+    compression_ratio,
+    degenerate,
+    is_repetitive,
+    max_line_repeats,
+    repeated_ngram_share,
+    words,
+)
 from beam_sft.records.messages import find_marker
 
-FILTERS = ("empty", "too_long", "harmony_marker", "names_other_tool")
+FILTERS = ("empty", "harmony_marker", "repetitive", "truncated", "echoes_prompt", "narration", "restates_reply",
+           "copies_example", "too_long", "names_other_tool")
+
+# The headings and role labels `beam_sft.backfill.prompt` writes (and wrote, before rationalize-2): real
+# reasoning never starts a line with them.
+_PROMPT_ECHO_RE = re.compile(
+    r"^\s*##\s*(tools|conversation so far|the assistant's next reply)\b|^\s*\[(assistant( reasoning| tool calls)?|"
+    r"user|system|developer|result of [^\]]*)\]\s*$|\bthe assistant (calls tools|answers):|"
+    r"^\s*(tools|conversation|reply|thoughts before this reply\??|assistant (thinks|calls)|result of [\w.-]+|"
+    r"user|assistant)\s*:", re.IGNORECASE | re.MULTILINE)
+
+# Narration about the reply rather than reasoning towards it: the teacher describes what "the assistant"
+# says next. First-person reasoning ("I should answer ...") is never matched.
+_NARRATION_RE = re.compile(
+    r"\bthe (assistant'?s?|model'?s?|ai'?s?) (next |final |following )?(reply|response|answer)\b|"
+    r"\bthe (next|following|given|reference) (reply|response)\b|"
+    r"\bthe assistant (responds|replies|says|writes|answers|calls|will respond|will reply|will say|will call)\b|"
+    r"\b(i was|i am|i'm) (shown|given) the (reply|response|answer)\b|"
+    r"^\s*the (answer|reply|response) is:\s*$", re.IGNORECASE | re.MULTILINE)
+
+# Restating the reference answer. Real reasoning drafts its answer ("The capital of Japan is Tokyo. One short
+# sentence is enough." before the answer "The capital of Japan is Tokyo.") and quotes the tool results it
+# sums up (runs of up to 15 words shared with the answer, at most 36% of it); the teacher copies the whole
+# answer, or writes little else. Filtered: a shared run of MIN_COPIED_RUN words that is at least half of the
+# answer or of the reasoning, or a reasoning that is mostly (MAX_COPIED_SHARE) one run of the answer.
+# Near-verbatim (a few words changed, so no long run): the share of the reasoning's word 3-grams found in the
+# answer; real traces reach 0.31 at most (a tool result summed up), the teacher's restatements 0.6 and more.
+MAX_COVERED_TRIGRAMS = 0.6
+MIN_TRIGRAMS = 10
+MIN_COPIED_RUN = 12
+MIN_COPIED_SHARE = 0.5
+MAX_COPIED_SHARE = 0.8
+MIN_SHORT_COPY = 4
+
+MIN_EXAMPLE_RUN = 6
+
+# A tool named only to be ruled out ("So no need to call calculate_area.") does not argue for it.
+_NEGATION_RE = re.compile(r"\b(no need|not|n't|never|without|instead of|rather than|no)\b[^.\n]{0,40}$", re.IGNORECASE)
+
+
+def longest_common_run(text: str, reference: str) -> int:
+    """The longest run of consecutive words (lower-cased) that `text` and `reference` share."""
+    a, b = words(text), words(reference)
+    if not a or not b:
+        return 0
+    best = 0
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0] * (len(b) + 1)
+        for j, y in enumerate(b, 1):
+            if x == y:
+                current[j] = previous[j - 1] + 1
+                best = max(best, current[j])
+        previous = current
+    return best
+
+
+def restates_reply(reasoning: str, reference: dict) -> bool:
+    """The reasoning copies the reference answer (tool calls are not checked: naming the arguments to pass
+    is what reasoning before a call does)."""
+    content = reference.get("content")
+    if reference.get("tool_calls") or not isinstance(content, str):
+        return False
+    run = longest_common_run(reasoning, content)
+    answer, own = len(words(content)), len(words(reasoning))
+    if run >= MIN_COPIED_RUN and run >= MIN_COPIED_SHARE * min(answer, own):
+        return True
+    return run >= MIN_SHORT_COPY and run >= MAX_COPIED_SHARE * own or covered_trigrams(reasoning, content) >= \
+        MAX_COVERED_TRIGRAMS
+
+
+def covered_trigrams(text: str, reference: str) -> float:
+    """The share of the word 3-grams of `text` that occur in `reference` (0 when `text` has too few)."""
+    a, b = words(text), words(reference)
+    grams = [tuple(a[i:i + 3]) for i in range(len(a) - 2)]
+    if len(grams) < MIN_TRIGRAMS:
+        return 0.0
+    known = {tuple(b[i:i + 3]) for i in range(len(b) - 2)}
+    return sum(g in known for g in grams) / len(grams)
+
+
+def copies_example(reasoning: str) -> bool:
+    """A run of the prompt's worked examples' thoughts (a small teacher copies them into the wrong
+    domain: "I do not know today's term, and call it with base "Photoshop" ..."); real traces share at most
+    three words in a row with them."""
+    return any(longest_common_run(reasoning, example[3]) >= MIN_EXAMPLE_RUN for example in EXAMPLES)
+
+
+def _argues_for(name: str, reasoning: str) -> bool:
+    """`name` appears in `reasoning` other than ruled out by a negation just before it."""
+    for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])", reasoning):
+        if not _NEGATION_RE.search(reasoning[max(0, match.start() - 60):match.start()]):
+            return True
+    return False
 
 
 def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) -> str | None:
@@ -24,19 +149,30 @@ def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) 
     called = {c["function"]["name"] for c in calls}
     for tool in tools:
         name = tool.get("function", tool).get("name")
-        if isinstance(name, str) and name not in called and re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])",
-                                                                      reasoning):
+        if isinstance(name, str) and name not in called and _argues_for(name, reasoning):
             return name
     return None
 
 
 def check(reasoning: str | None, reference: dict, tools: list[dict] | None, *, max_tokens: int | None,
-          count_tokens: Callable[[str], int]) -> str | None:
-    """The first filter `reasoning` fails (one of FILTERS), or None when it may be used."""
+          count_tokens: Callable[[str], int], stopped: bool | None = None) -> str | None:
+    """The first filter `reasoning` fails (one of FILTERS), or None when it may be used. `stopped` is the
+    teacher's word on whether it ended the text itself (False: cut at the generation bound)."""
     if not isinstance(reasoning, str) or not reasoning.strip():
         return "empty"
     if find_marker(reasoning):
         return "harmony_marker"
+    reason = degenerate(reasoning, stopped)
+    if reason:
+        return reason  # "repetitive" or "truncated"
+    if _PROMPT_ECHO_RE.search(reasoning):
+        return "echoes_prompt"
+    if _NARRATION_RE.search(reasoning):
+        return "narration"
+    if restates_reply(reasoning, reference):
+        return "restates_reply"
+    if copies_example(reasoning):
+        return "copies_example"
     if max_tokens is not None and count_tokens(reasoning) > max_tokens:
         return "too_long"
     if names_other_tool(reasoning, reference, tools):

@@ -4,6 +4,13 @@ The teacher sees the conversation so far (with the reasoning of earlier turns, f
 tools, and the reference reply (answer or tool calls); it writes only the reasoning. The reference reply is
 never changed. `PROMPT_VERSION` is part of every cache key: change it whenever the words below change, so a
 cache never mixes answers to different prompts.
+
+Written for small teachers as much as for large ones (measured with SmolLM2-135M-Instruct, docs/reasoning.md):
+a 135M model copies the shape of what it is shown. Under `rationalize-1` (Markdown headings, the tools as
+JSON schemas, "## The assistant's next reply") it wrote "The assistant's next reply is: ..." and looped on
+it. So: two short worked examples as earlier chat turns (one tool call, one answer from a tool result) whose
+reasoning is what we want back; plain labels; the tools as one line each (name, parameters, description);
+long tool results clipped; and no words in the prompt that read well as the start of an answer.
 """
 
 from __future__ import annotations
@@ -11,21 +18,46 @@ from __future__ import annotations
 import json
 from typing import Any
 
-PROMPT_VERSION = "rationalize-1"
+PROMPT_VERSION = "rationalize-2"
 MODES = ("rationalize",)
 
 SYSTEM = (
-    "You write the private reasoning of an AI assistant. You are shown a conversation, the tools the assistant "
-    "may call, and the assistant's next reply. Write the reasoning the assistant would think through right "
-    "before that reply and that leads to exactly that reply: what the user needs, what is known, which tool to "
-    "call with which arguments or what to answer, and why. Write plain text in the first person, as thoughts, "
-    "without headings. Do not write the reply itself, do not address the user, and do not mention that you "
-    "were shown the reply."
+    "You write the private thoughts of an AI assistant. You are given a conversation and the reply the "
+    "assistant gave next. Write the thoughts the assistant had just before that reply, in the first person: "
+    "what the user wants, what is known, and why this reply (which tool to call with which arguments, or "
+    "what to answer). Two to four sentences. Do not copy the reply and do not address the user."
+)
+
+# Where a teacher's answer ends when it goes on to write the next prompt of the pattern (a small one does:
+# "... I can help.\n\nThoughts before this reply?" or "\nUser: ..."). Sent as stop sequences (at most four:
+# the OpenAI API's limit) and cut at afterwards, so a server that ignores them gives the same text.
+STOP = ("\nThoughts before this reply", "\nUser:", "\nReply:", "\nConversation:")
+
+RESULT_CHARS = 600  # a tool result longer than this is clipped in the prompt
+
+# The worked examples: (tools, conversation, reply, thoughts). Other domains than the data's, so that the
+# teacher copies their form, not their content.
+EXAMPLES = (
+    ("- get_exchange_rate(base, target): the exchange rate between two currencies",
+     "User: How many euros is 100 dollars?",
+     'call get_exchange_rate({"base": "USD", "target": "EUR"})',
+     ("The user wants 100 US dollars in euros. I do not know today's rate, and get_exchange_rate gives it, so "
+     "I call it with base USD and target EUR and will multiply the rate by 100.")),
+    ("- get_exchange_rate(base, target): the exchange rate between two currencies",
+     ('User: How many euros is 100 dollars?\nAssistant calls: get_exchange_rate({"base": "USD", "target": '
+     '"EUR"})\nResult of get_exchange_rate: {"rate": 0.92}'),
+     "Answer: 100 US dollars are about 92 euros at today's rate of 0.92.",
+     ("The tool says one dollar is 0.92 euros. 100 times 0.92 is 92, so I tell the user it is about 92 euros "
+     "and mention the rate I used.")),
 )
 
 
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n] + " ..."
+
+
 def _calls_text(calls: list[dict]) -> str:
-    return "\n".join(f"call {c['function']['name']}({json.dumps(c['function'].get('arguments'), ensure_ascii=False)})"
+    return "\n".join(f"{c['function']['name']}({json.dumps(c['function'].get('arguments'), ensure_ascii=False)})"
                      for c in calls)
 
 
@@ -34,33 +66,45 @@ def _message_text(message: dict) -> str:
     if role == "assistant":
         parts = []
         if message.get("reasoning_content"):
-            parts.append(f"[assistant reasoning]\n{message['reasoning_content']}")
+            parts.append(f"Assistant thinks: {message['reasoning_content']}")
         if message.get("tool_calls"):
-            parts.append(f"[assistant tool calls]\n{_calls_text(message['tool_calls'])}")
+            parts.append("Assistant calls: " + _calls_text(message["tool_calls"]))
         if message.get("content"):
-            parts.append(f"[assistant]\n{message['content']}")
-        return "\n\n".join(parts)
+            parts.append(f"Assistant: {message['content']}")
+        return "\n".join(parts)
     if role == "tool":
-        return f"[result of {message.get('name') or 'tool'}]\n{message.get('content', '')}"
-    return f"[{role}]\n{message.get('content', '')}"
+        return f"Result of {message.get('name') or 'the tool'}: {_clip(message.get('content') or '', RESULT_CHARS)}"
+    if role in ("system", "developer"):
+        return f"{role.capitalize()}: {_clip(message.get('content') or '', RESULT_CHARS)}"
+    return f"{role.capitalize()}: {message.get('content', '')}"
+
+
+def _tool_line(tool: dict) -> str:
+    fn = tool.get("function", tool)
+    params = ", ".join((fn.get("parameters") or {}).get("properties") or {})
+    description = " ".join(str(fn.get("description") or "").split())
+    return f"- {fn.get('name')}({params})" + (f": {description}" if description else "")
 
 
 def reply_text(message: dict) -> str:
     """The reference reply as the teacher sees it."""
     if message.get("tool_calls"):
-        return "The assistant calls tools:\n" + _calls_text(message["tool_calls"])
-    return "The assistant answers:\n" + (message.get("content") or "")
+        return "call " + "\ncall ".join(_calls_text(message["tool_calls"]).splitlines())
+    return "Answer: " + (message.get("content") or "")
+
+
+def _task(tools: str, conversation: str, reply: str) -> str:
+    return f"Tools:\n{tools}\n\nConversation:\n{conversation}\n\nReply:\n{reply}\n\nThoughts before this reply?"
 
 
 def teacher_messages(record: dict[str, Any], index: int) -> list[dict[str, str]]:
     """The chat messages sent to the teacher for the assistant turn at `record["messages"][index]`."""
     messages = record["messages"]
-    parts = []
-    tools = record.get("tools")
-    if tools:
-        parts.append("## Tools\n" + json.dumps([t.get("function", t) for t in tools], ensure_ascii=False, indent=1))
-    history = "\n\n".join(_message_text(m) for m in messages[:index])
-    parts.append("## Conversation so far\n" + (history or "(empty)"))
-    parts.append("## The assistant's next reply\n" + reply_text(messages[index]))
-    parts.append("Write only the reasoning that leads to this reply.")
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
+    tools = "\n".join(_tool_line(t) for t in record.get("tools") or []) or "(none)"
+    history = "\n".join(_message_text(m) for m in messages[:index]) or "(empty)"
+    chat = [{"role": "system", "content": SYSTEM}]
+    for example_tools, conversation, reply, thoughts in EXAMPLES:
+        chat += [{"role": "user", "content": _task(example_tools, conversation, reply)},
+                 {"role": "assistant", "content": thoughts}]
+    chat.append({"role": "user", "content": _task(tools, history, reply_text(messages[index]))})
+    return chat

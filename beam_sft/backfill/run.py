@@ -22,13 +22,42 @@ from typing import Any
 from beam_sft.backfill.cache import TurnCache, record_key, turn_key
 from beam_sft.backfill.filters import check
 from beam_sft.backfill.prompt import PROMPT_VERSION, teacher_messages
-from beam_sft.backfill.teachers import TeacherError
+from beam_sft.backfill.teachers import Answer, TeacherError
+
+SAMPLES = 3  # refused answers kept per filter in the stats
+SAMPLE_CHARS = 400
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+# The reasoning bound: a rationale for one known reply. Measured on the real traces (counted with the bundled
+# tokenizer): data/samples' median is 21 tokens, the llamafactory reason/tool-use demo's (a strong reasoner's
+# own thinking) 166, p90 565; 256 keeps 91% of all 397 and is where a small teacher's answers that run on are
+# loops, not reasoning.
+MAX_REASONING_TOKENS = 256
+UNBOUNDED_GENERATION = 4096  # the generation bound when the reasoning has none
+
+
+def generation_bound(max_tokens: int | None, max_reasoning_tokens: int | None) -> int:
+    """The teacher's generation budget per turn: `max_tokens` when given, else the reasoning bound plus a
+    quarter and 32 tokens. The bound is counted with --tokenizer, the generation with the teacher's own:
+    SmolLM2's tokenizer takes 0.4-1.4 times the bundled one's count on the real traces (median 0.7), and a
+    Beam teacher wraps its answer in a few channel tokens. Generating further is work the `too_long` filter
+    throws away."""
+    if max_tokens:
+        return max_tokens
+    if not max_reasoning_tokens:
+        return UNBOUNDED_GENERATION
+    return max_reasoning_tokens + max_reasoning_tokens // 4 + 32
 
 
 @dataclass
 class Settings:
     mode: str = "rationalize"
-    max_reasoning_tokens: int | None = 2048
+    max_reasoning_tokens: int | None = MAX_REASONING_TOKENS
     concurrency: int = 8
     retries: int = 4
     retry_wait: float = 1.0  # seconds before the first retry; doubled each time, with jitter
@@ -47,6 +76,12 @@ class Stats:
     failed: Counter = field(default_factory=Counter)
     requests: int = 0
     retried: int = 0
+    samples: dict = field(default_factory=dict)  # filter -> the first SAMPLES answers it refused
+
+    def add_sample(self, reason: str, text: str | None) -> None:
+        kept = self.samples.setdefault(reason, [])
+        if len(kept) < SAMPLES:
+            kept.append(_clip(text or "", SAMPLE_CHARS))
 
     def add(self, counts: Counter) -> None:
         for key, value in counts.items():
@@ -55,6 +90,13 @@ class Stats:
                 getattr(self, group)[name] += value
             else:
                 setattr(self, key, getattr(self, key) + value)
+
+    def filtered_rows(self) -> list[tuple[str, Any]]:
+        rows = []
+        for code, n in self.filtered.most_common():
+            example = (self.samples.get(code) or [""])[0]
+            rows.append((f"  {code}", f"{n}  e.g. {_clip(example, 90)!r}" if example else n))
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, Counter) else v) for k, v in vars(self).items()}
@@ -66,7 +108,7 @@ class Stats:
                 ("assistant turns", self.assistant_turns), ("without reasoning", self.turns_missing),
                 ("filled", f"{self.filled} ({self.from_cache} from the cache)"),
                 ("filtered out", sum(self.filtered.values())),
-                *((f"  {code}", n) for code, n in self.filtered.most_common()),
+                *self.filtered_rows(),
                 ("failed calls (asked again next run)", sum(self.failed.values())),
                 *((f"  {code}", n) for code, n in self.failed.most_common()),
                 ("requests", f"{self.requests} ({self.retried} retries)")]
@@ -74,7 +116,7 @@ class Stats:
         return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
-def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> str | None:
+def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> Answer:
     """One teacher answer, retried with exponential backoff on what may pass (timeouts, 429, 5xx)."""
     for attempt in range(settings.retries + 1):
         counts["requests"] += 1
@@ -89,9 +131,11 @@ def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> s
 
 
 def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Settings,
-                count_tokens: Callable[[str], int]) -> tuple[dict[str, Any], Counter]:
-    """The record with its missing reasoning filled (in place, turn by turn), and what happened, counted."""
+                count_tokens: Callable[[str], int]) -> tuple[dict[str, Any], Counter, list]:
+    """The record with its missing reasoning filled (in place, turn by turn), what happened, counted, and
+    the answers the filters refused, as (filter, text)."""
     counts: Counter = Counter()
+    refused: list[tuple[str, str | None]] = []
     record_hash = record_key(record)
     source = f"{teacher.id} ({settings.mode}, {PROMPT_VERSION})"
     for index, message in enumerate(record["messages"]):
@@ -107,14 +151,15 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
             counts["from_cache"] += 1
         else:
             try:
-                text = ask(teacher, teacher_messages(record, index), settings, counts)
+                answer = ask(teacher, teacher_messages(record, index), settings, counts)
             except TeacherError as err:
                 counts[f"failed:{err.kind}"] += 1
                 continue
-            text = text.strip() if isinstance(text, str) else text
+            text = answer.text.strip() if isinstance(answer.text, str) else answer.text
             reason = check(text, message, record.get("tools"), max_tokens=settings.max_reasoning_tokens,
-                           count_tokens=count_tokens)
-            cache.put(key, text if reason is None else None, reason or "ok")
+                           count_tokens=count_tokens, stopped=answer.stopped)
+            # A filtered answer is kept aside (`text`), never as reasoning: the stats sample it.
+            cache.put(key, text if reason is None else None, reason or "ok", text=None if reason is None else text)
             entry = cache.get(key)
         if entry["status"] == "ok":
             message["reasoning_content"] = entry["reasoning"]
@@ -122,7 +167,8 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
             counts["filled"] += 1
         else:
             counts[f"filtered:{entry['status']}"] += 1
-    return record, counts
+            refused.append((entry["status"], entry.get("text")))
+    return record, counts, refused
 
 
 def backfill(records: Iterable[tuple[dict | None, dict | None]], teacher, cache: TurnCache, settings: Settings,
@@ -135,8 +181,10 @@ def backfill(records: Iterable[tuple[dict | None, dict | None]], teacher, cache:
     workers = max(1, settings.concurrency)
 
     def finish_one() -> None:
-        record, counts = window.popleft().result()
+        record, counts, refused = window.popleft().result()
         stats.add(counts)
+        for reason, text in refused:
+            stats.add_sample(reason, text)
         write(record)
         stats.records_out += 1
         if progress is not None:

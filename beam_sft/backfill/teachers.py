@@ -1,12 +1,46 @@
 """Teacher models for `beam-sft backfill`: any OpenAI-compatible chat-completions endpoint, or a local
-transformers model. Both answer `complete(messages) -> text` and raise `TeacherError`, which says whether
-asking again may help (timeouts, connection errors, 429 and 5xx answers) or not (other 4xx answers)."""
+transformers model. Both answer `complete(messages) -> Answer` and raise `TeacherError`, which says whether
+asking again may help (timeouts, connection errors, 429 and 5xx answers) or not (other 4xx answers).
+
+An `Answer` says whether the teacher stopped on its own: a text cut at the generation bound reads like
+reasoning but ends mid-thought (`… This is a defin`), and only the teacher knows it was cut (the server's
+`finish_reason: length`, or no end-of-sequence token among the generated ones)."""
 
 from __future__ import annotations
 
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str | None
+    stopped: bool | None  # True: the teacher ended it; False: cut at the bound; None: the server did not say
+    tokens: int | None = None  # generated tokens, where known
+
+
+# `finish_reason` values that mean the text was cut, not finished (OpenAI's and vLLM's names).
+CUT_REASONS = frozenset({"length", "content_filter"})
+
+
+def cut_at_stop(answer: Answer, stop: tuple[str, ...]) -> Answer:
+    """`answer` cut at the first of the stop sequences in it; the teacher then ended its text (it went on
+    to something else), whatever stopped the generation afterwards."""
+    if not stop or not isinstance(answer.text, str):
+        return answer
+    cuts = [k for k in (answer.text.find(s) for s in stop) if k >= 0]
+    if not cuts:
+        return answer
+    return Answer(answer.text[:min(cuts)], True, answer.tokens)
+
+
+def stopped_from_finish_reason(reason: str | None) -> bool | None:
+    if reason is None:
+        return None
+    return reason not in CUT_REASONS
 
 
 class TeacherError(Exception):
@@ -21,21 +55,23 @@ class OpenAITeacher:
     client, with its own retries off: `beam_sft.backfill.run` retries with backoff and counts the failures."""
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None, timeout: float, max_tokens: int,
-                 temperature: float) -> None:
+                 temperature: float, stop: tuple[str, ...] = ()) -> None:
         import openai
 
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0)
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.stop = tuple(stop)
         self.id = f"openai:{model}"
 
-    def complete(self, messages: list[dict[str, str]]) -> str | None:
+    def complete(self, messages: list[dict[str, str]]) -> Answer:
         import openai
 
         try:
             response = self.client.chat.completions.create(model=self.model, messages=messages,
-                                                           max_tokens=self.max_tokens, temperature=self.temperature)
+                                                           max_tokens=self.max_tokens, temperature=self.temperature,
+                                                           **({"stop": list(self.stop)} if self.stop else {}))
         except openai.APITimeoutError as err:
             raise TeacherError("timeout", str(err), retryable=True) from None
         except openai.APIConnectionError as err:
@@ -44,17 +80,31 @@ class OpenAITeacher:
             code = err.status_code
             raise TeacherError(f"http_{code}", str(err)[:200], retryable=code == 429 or code >= 500) from None
         if not response.choices:
-            return None
-        message = response.choices[0].message
+            return Answer(None, None)
+        choice = response.choices[0]
         # A reasoning server (vLLM --reasoning-parser) puts the teacher's own thinking aside; its answer, the
         # reasoning we asked for, is the content.
-        return message.content or getattr(message, "reasoning_content", None)
+        text = choice.message.content or getattr(choice.message, "reasoning_content", None)
+        return cut_at_stop(Answer(text, stopped_from_finish_reason(getattr(choice, "finish_reason", None))),
+                           self.stop)
+
+
+class _Request:
+    __slots__ = ("answer", "done", "error", "ids")
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids, self.answer, self.error, self.done = ids, None, None, False
 
 
 class TransformersTeacher:
-    """A local model (greedy generation). One generation at a time: `--concurrency` does not apply."""
+    """A local model, greedy. Up to `batch_size` prompts are generated at once: `complete` is called from
+    the run's worker threads (one record each), and the calls that arrive together are generated as one
+    left-padded batch, with the teacher's own pad and end-of-sequence tokens. A batch starts when it is full
+    or when no prompt has arrived for `batch_wait` seconds (the last records of a run, or fewer records than
+    the batch); greedy answers are the same as one prompt at a time (tests/test_backfill_teacher.py)."""
 
-    def __init__(self, path: str, *, max_tokens: int, device: str | None = None) -> None:
+    def __init__(self, path: str, *, max_tokens: int, device: str | None = None, batch_size: int = 1,
+                 batch_wait: float = 0.05, stop: tuple[str, ...] = ()) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -62,21 +112,98 @@ class TransformersTeacher:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(path).to(self.device).eval()
         self.max_tokens = max_tokens
+        self.eos_ids = eos_ids(self.model, self.tokenizer)
+        self.pad_id = pad_id(self.model, self.tokenizer)
+        self.batch_size = max(1, batch_size)
+        self.batch_wait = batch_wait
+        self.stop = tuple(stop)
         self.id = f"transformers:{Path(path).resolve().name}"
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._running = False
+        self._last_event = 0.0
 
-    def complete(self, messages: list[dict[str, str]]) -> str | None:
-        import torch
-
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
         try:
-            inputs = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                                        return_tensors="pt").to(self.device)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
         except Exception as err:  # noqa: BLE001 - the teacher's template refused the prompt
             raise TeacherError("template", f"{type(err).__name__}: {err}", retryable=False) from None
-        with self._lock, torch.no_grad():
-            out = self.model.generate(**inputs, max_new_tokens=self.max_tokens, do_sample=False)
-        new = out[0, inputs["input_ids"].shape[1]:]
-        return _answer(self.tokenizer, new)
+        return list(ids["input_ids"])
+
+    def complete(self, messages: list[dict[str, str]]) -> Answer:
+        request = _Request(self.encode(messages))
+        with self._cond:
+            self._pending.append(request)
+            self._last_event = time.monotonic()
+            self._cond.notify_all()
+            while not request.done:
+                quiet = time.monotonic() - self._last_event
+                if not self._running and (len(self._pending) >= self.batch_size or quiet >= self.batch_wait):
+                    self._run_next()
+                else:
+                    self._cond.wait(None if self._running else self.batch_wait - quiet)
+        if request.error is not None:
+            raise request.error
+        return request.answer
+
+    def _run_next(self) -> None:
+        """Generate the oldest pending prompts, a batch, with the lock released meanwhile (called holding it)."""
+        batch, self._pending = self._pending[:self.batch_size], self._pending[self.batch_size:]
+        self._running = True
+        self._cond.release()
+        try:
+            answers, error = self.generate([r.ids for r in batch]), None
+        except Exception as err:  # noqa: BLE001 - every caller of the batch gets the failure
+            answers, error = [None] * len(batch), TeacherError("generate", f"{type(err).__name__}: {err}",
+                                                               retryable=False)
+        finally:
+            self._cond.acquire()
+        for request, answer in zip(batch, answers):
+            request.answer, request.error, request.done = answer, error, True
+        self._running = False
+        self._last_event = time.monotonic()
+        self._cond.notify_all()
+
+    def generate(self, prompts: list[list[int]]) -> list[Answer]:
+        """Greedy answers to `prompts` (token ids), generated together: left-padded to the longest."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        with torch.no_grad():
+            # Stop strings end each row on its own (the rest of the batch goes on); the text is cut there.
+            extra = {"stop_strings": list(self.stop), "tokenizer": self.tokenizer} if self.stop else {}
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_tokens,
+                                      do_sample=False, pad_token_id=self.pad_id, **extra)
+        return [self._answer(row[width:].tolist()) for row in out]
+
+    def _answer(self, new: list[int]) -> Answer:
+        """The answer in a row of generated ids. It ends at the first end-of-sequence token (kept for the
+        response parser) or pad (a row that a stop string ended early, then padded while the batch went
+        on), so batched and one-at-a-time rows give the same text and the same token count."""
+        end = next((k for k, t in enumerate(new) if t in self.eos_ids or t == self.pad_id), len(new))
+        by_eos = end < len(new) and new[end] in self.eos_ids
+        text = _answer(self.tokenizer, new[:end + 1] if by_eos else new[:end])
+        return cut_at_stop(Answer(text, by_eos, end), self.stop)
+
+
+def pad_id(model, tokenizer) -> int:
+    """The teacher's pad token (its tokenizer's, else its generation config's, else its first eos)."""
+    for value in (tokenizer.pad_token_id, getattr(model.generation_config, "pad_token_id", None)):
+        if isinstance(value, int):
+            return value
+    return min(eos_ids(model, tokenizer))
+
+
+def eos_ids(model, tokenizer) -> frozenset[int]:
+    """Every token id that ends the teacher's generation: its generation config's (one id or a list: a Beam
+    teacher ends on <|return|> or <|call|>) and its tokenizer's."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return frozenset(ids)
 
 
 def _answer(tokenizer, ids: Any) -> str | None:

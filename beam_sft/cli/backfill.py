@@ -10,10 +10,14 @@
 Mode `rationalize` (the only one so far): for each assistant turn without reasoning, in order, the teacher
 sees the conversation so far (earlier turns with their reasoning, filled or original), the tools, and the
 turn's reference answer or tool calls, and writes only the reasoning that leads to it; the reference is
-never changed. Answers are filtered, each filter counted: empty, too long (--max-reasoning-tokens, counted
-with --tokenizer), Harmony markers, and reasoning that names a declared tool other than the ones the
-reference calls. Filtered turns stay without reasoning, so the default `--missing-reasoning mask` of
-convert/prepare/train keeps them out of the loss. Filled turns carry `reasoning_source`.
+never changed. Answers are filtered, each filter counted and its first refusals sampled in --stats: empty,
+Harmony markers, repetitive (loops), truncated (the teacher stopped at the bound), echoes of the prompt,
+narration about the reply, a restatement of the reference, a copy of the prompt's worked example, too long
+(--max-reasoning-tokens, counted with --tokenizer), and reasoning that names a declared tool other than the
+ones the reference calls. Filtered turns stay without reasoning, so the default `--missing-reasoning mask`
+of convert/prepare/train keeps them out of the loss. Filled turns carry `reasoning_source`; --review N prints
+some to read. The generation bound follows --max-reasoning-tokens unless --max-tokens is given; a local
+model generates --batch-size records' prompts at once.
 
 Calls are retried with exponential backoff on timeouts, connection errors, 429 and 5xx answers. Every
 finished turn goes to a cache (--cache, default OUT.backfill-cache.jsonl) keyed by (record, turn, teacher,
@@ -67,23 +71,38 @@ def _dry_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_batch_size() -> int:
+    """8 on a GPU. 1 on a CPU: measured there, a batch whose rows mostly end early (the teacher stops) runs
+    until its longest row and is slower than one prompt at a time (docs/benchmarks.md#backfill)."""
+    import torch
+
+    return 8 if torch.cuda.is_available() else 1
+
+
 def make_teacher(args: argparse.Namespace):
+    from beam_sft.backfill.prompt import STOP
+    from beam_sft.backfill.run import generation_bound
     from beam_sft.backfill.teachers import OpenAITeacher, TransformersTeacher
     from beam_sft.errors import UsageError
 
+    max_tokens = generation_bound(args.max_tokens, args.max_reasoning_tokens)
     if args.backend == "transformers":
-        return TransformersTeacher(args.model, max_tokens=args.max_tokens)
+        return TransformersTeacher(args.model, max_tokens=max_tokens, batch_size=args.batch_size, stop=STOP)
     if not args.base_url:
         raise UsageError("--base-url is required with --backend openai (e.g. http://127.0.0.1:8000/v1)")
     return OpenAITeacher(args.base_url, args.model, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
-                         max_tokens=args.max_tokens, temperature=args.temperature)
+                         max_tokens=max_tokens, temperature=args.temperature, stop=STOP)
 
 
 def run(args: argparse.Namespace) -> int:
     from beam_sft.errors import FatalError, UsageError
 
-    if args.concurrency < 1 or args.retries < 0:
-        raise UsageError("--concurrency must be at least 1 and --retries at least 0")
+    if args.batch_size is None:
+        args.batch_size = default_batch_size()
+    if args.concurrency < 1 or args.batch_size < 1 or args.retries < 0:
+        raise UsageError("--concurrency and --batch-size must be at least 1 and --retries at least 0")
+    if args.max_tokens is not None and args.max_tokens < 1 or args.max_reasoning_tokens < 0:
+        raise UsageError("--max-tokens must be at least 1 and --max-reasoning-tokens at least 0")
     if args.dry_run:
         return _dry_run(args)
     import orjson
@@ -101,15 +120,22 @@ def run(args: argparse.Namespace) -> int:
 
     teacher = make_teacher(args)
     settings = Settings(mode=args.mode, max_reasoning_tokens=args.max_reasoning_tokens or None,
-                        concurrency=1 if args.backend == "transformers" else args.concurrency, retries=args.retries,
+                        concurrency=args.batch_size if args.backend == "transformers" else args.concurrency,
+                        retries=args.retries,
                         retry_wait=args.retry_wait)
     cache = TurnCache(args.cache or f"{args.output}.backfill-cache.jsonl")
     writer = open_writer(args.output)
     rejects = JsonlSink(args.rejects) if args.rejects else None
     bar = tqdm(desc="backfill", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5)
+    review: list[str] = []
+
+    def write(record: dict[str, Any]) -> None:
+        if len(review) < args.review:
+            review.extend(review_texts(record, args.review - len(review)))
+        writer.write_raw(orjson.dumps(_row(record)))
+
     try:
-        stats = backfill(_records(args), teacher, cache, settings, count_tokens,
-                         write=lambda rec: writer.write_raw(orjson.dumps(_row(rec))),
+        stats = backfill(_records(args), teacher, cache, settings, count_tokens, write=write,
                          write_reject=rejects.write if rejects is not None else lambda _: None, progress=bar.update)
         if stats.records_in != stats.records_out + sum(stats.rejected.values()):
             raise FatalError(f"bookkeeping error: {stats.records_in} in != {stats.records_out} out + "
@@ -127,12 +153,43 @@ def run(args: argparse.Namespace) -> int:
         cache.close()
     print(f"backfill: wrote {stats.records_out} records to {args.output} (teacher {teacher.id})", file=sys.stderr)
     print(stats.table(), file=sys.stderr)
+    for k, text in enumerate(review, 1):
+        print(f"=== filled turn {k} of {len(review)} ===\n{text}\n")
     if args.stats:
         write_json_atomic(args.stats, {"teacher": teacher.id, "mode": args.mode, **stats.to_dict()})
     if stats.failed:
         print(f"warning: {sum(stats.failed.values())} turn(s) got no answer after {args.retries} retries; run the "
               "same command again to ask for them (finished turns come from the cache)", file=sys.stderr)
     return 0
+
+
+REVIEW_CONTEXT = 3  # messages shown before a filled turn
+REVIEW_CHARS = 500
+
+
+def _short(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= REVIEW_CHARS else text[:REVIEW_CHARS] + " ..."
+
+
+def review_texts(record: dict[str, Any], n: int) -> list[str]:
+    """Up to `n` turns of `record` that this run filled, each as text for a person to read: the last
+    messages before it, the teacher's reasoning, and the reference reply it leads to."""
+    from beam_sft.backfill.prompt import reply_text
+
+    texts = []
+    messages = record["messages"]
+    for index, message in enumerate(messages):
+        if len(texts) == n:
+            break
+        if message["role"] != "assistant" or not message.get("reasoning_source"):
+            continue
+        context = "\n".join(f"  [{m['role']}] {_short(m.get('content') or reply_text(m))}"
+                            for m in messages[max(0, index - REVIEW_CONTEXT):index])
+        texts.append(f"context (messages {max(0, index - REVIEW_CONTEXT)}-{index - 1}):\n{context}\n"
+                     f"reasoning ({message['reasoning_source']}):\n  {message['reasoning_content']}\n"
+                     f"reference:\n  {_short(reply_text(message))}")
+    return texts
 
 
 def _row(record: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +199,7 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.backfill.prompt import MODES
+    from beam_sft.backfill.run import MAX_REASONING_TOKENS, UNBOUNDED_GENERATION
     from beam_sft.validate.convert import INPUT_FORMATS
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -158,13 +216,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="environment variable holding the API key (default: OPENAI_API_KEY)")
     parser.add_argument("--mode", choices=MODES, default="rationalize",
                         help="rationalize: the reasoning that leads to the reference reply (default)")
-    parser.add_argument("--max-reasoning-tokens", type=int, default=2048, metavar="N",
-                        help="filter out longer reasoning, counted with --tokenizer; 0: no limit (default: 2048)")
-    parser.add_argument("--max-tokens", type=int, default=4096, metavar="N",
-                        help="the teacher's generation budget per turn (default: 4096)")
+    parser.add_argument("--max-reasoning-tokens", type=int, default=MAX_REASONING_TOKENS, metavar="N",
+                        help="filter out longer reasoning, counted with --tokenizer; 0: no limit "
+                             f"(default: {MAX_REASONING_TOKENS})")
+    parser.add_argument("--max-tokens", type=int, metavar="N",
+                        help="the teacher's generation budget per turn (default: --max-reasoning-tokens plus a "
+                             f"quarter and 32; {UNBOUNDED_GENERATION} when that is 0)")
     parser.add_argument("--temperature", type=float, default=0.0, help="teacher sampling temperature (default: 0)")
     parser.add_argument("--concurrency", type=int, default=8, metavar="N",
                         help="records in flight at once (openai backend) (default: 8)")
+    parser.add_argument("--batch-size", type=int, metavar="N",
+                        help="prompts generated at once by the local model, one record each (--backend "
+                             "transformers); greedy answers are the same as one at a time (default: 8 on a "
+                             "GPU, 1 on a CPU, where a batch waits for its longest row: docs/benchmarks.md)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="seconds per request before it counts as failed and is retried (default: 300)")
     parser.add_argument("--retries", type=int, default=4, help="retries per call, with backoff (default: 4)")
@@ -178,6 +242,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
     parser.add_argument("--dry-run", type=int, nargs="?", const=3, default=0, metavar="N",
                         help="print the teacher prompts of the first N records (default 3) and stop")
+    parser.add_argument("--review", type=int, default=0, metavar="N",
+                        help="print N filled turns (the messages before, the reasoning, the reference reply) on "
+                             "stdout when the run ends, to read before training")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from beam_sft.eval.degenerate import degenerate
 from beam_sft.records.messages import CALL, HARMONY_MARKERS, RETURN
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ METRICS = (
     "stopped",
     "has_reasoning",
     "empty_analysis",
+    "degenerate_reasoning",
     "action_match",
     "tool_name_accuracy",
     "tool_args_exact",
@@ -38,6 +40,7 @@ APPLIES_TO = {
     "stopped": "all turns",
     "has_reasoning": "all turns",
     "empty_analysis": "all turns (lower is better)",
+    "degenerate_reasoning": "turns with reasoning (lower is better)",
     "action_match": "all turns",
     "tool_name_accuracy": "turns whose reference calls tools",
     "tool_args_exact": "turns whose reference calls tools",
@@ -45,7 +48,7 @@ APPLIES_TO = {
     "marker_leak": "all turns (lower is better)",
     "answer_exact": "turns whose reference answers",
 }
-_LOWER_IS_BETTER = ("empty_analysis", "marker_leak")  # metrics a turn fails when True
+_LOWER_IS_BETTER = ("empty_analysis", "degenerate_reasoning", "marker_leak")  # metrics a turn fails when True
 
 
 def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set[str] | None = None) -> tuple[bool, str]:
@@ -218,6 +221,17 @@ def call_errors(parsed: dict[str, Any] | None, tools: Sequence[dict] | None) -> 
     return errors
 
 
+def degenerate_reasoning(parsed: dict[str, Any] | None, stop: str | None) -> bool | None:
+    """The generated analysis loops (`beam_sft.eval.degenerate`, the checks `beam-sft backfill` applies to
+    a teacher's reasoning), or the generation ran into its bound while still in it (no stop token, and
+    neither an answer nor a call after it); None for a turn without reasoning."""
+    thinking = (parsed or {}).get("thinking")
+    if not isinstance(thinking, str) or not thinking.strip():
+        return None
+    cut_inside = stop is None and not (parsed or {}).get("content") and not (parsed or {}).get("tool_calls")
+    return degenerate(thinking, stopped=False if cut_inside else None) is not None
+
+
 def score_turn(
     reference: dict[str, Any],
     parsed: dict[str, Any] | None,
@@ -230,6 +244,7 @@ def score_turn(
     * well_formed: `is_well_formed` (any stop token, thinking, content or known tool calls, no marker leak)
     * stopped: ended on the *right* stop token: `<|call|>` when the reference calls, `<|return|>` when it answers
     * has_reasoning: non-empty thinking
+    * degenerate_reasoning: the thinking loops, or the generation was cut inside it (lower is better)
     * action_match: called tools exactly when the reference does
     * tool_name_accuracy: the called tool names, in order, equal the reference's
     * tool_args_exact: names and arguments, in order, equal the reference's (JSON equality)
@@ -246,6 +261,7 @@ def score_turn(
         "well_formed": well_formed,
         "stopped": stop == (CALL if expects_call else RETURN),
         "has_reasoning": isinstance(thinking, str) and bool(thinking.strip()),
+        "degenerate_reasoning": degenerate_reasoning(parsed, stop),
         "action_match": bool(gen_calls) == expects_call,
         "tool_name_accuracy": None,
         "tool_args_exact": None,

@@ -1,0 +1,77 @@
+"""Degenerate reasoning: loops and cut-off text, whoever wrote it.
+
+`beam-sft backfill` refuses a teacher's reasoning that is degenerate (`beam_sft.backfill.filters`), and
+`beam-sft eval` counts a fine-tune's generated analysis that is (`degenerate_reasoning`): a model trained on
+looping traces learns to loop, and it shows there before anywhere else. Two checks, on the text alone:
+
+- repetitive: a share of repeated word 4-grams, a zlib compression ratio, or one line written again and
+  again (`is_repetitive`);
+- truncated: the generation did not stop on its own (it ran into its token bound).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+# Repetition, measured on the 397 reasoning traces of the real samples (harmony/, reasoning/, the llamafactory
+# reason/tool-use demo, data/samples) and on SmolLM2-135M-Instruct's answers to real glaive turns. Real
+# reasoning repeats names and short phrases, rarely four words in a row: at most 28% of the 4-grams of a real
+# trace repeat (a palindrome check spelling the string out twice), while the teacher's loops repeat 39-97%.
+# The compression ratio catches loops with a varying word that the 4-gram share misses; it only means
+# something on longer texts (a short text never compresses well): real traces of 400+ characters compress to
+# 0.37 or more, the teacher's loops to 0.05-0.32.
+NGRAM = 4
+MAX_REPEATED_NGRAMS = 0.35
+MIN_NGRAMS = 12
+MIN_COMPRESS_CHARS = 400
+MIN_COMPRESSION_RATIO = 0.3
+# The same line written three times or more (headings and list markers excluded by the length floor).
+MAX_LINE_REPEATS = 2
+MIN_REPEATED_LINE_CHARS = 16
+
+_WORD_RE = re.compile(r"\w+", re.UNICODE)
+
+
+def words(text: str) -> list[str]:
+    return _WORD_RE.findall(text.lower())
+
+
+def repeated_ngram_share(text: str, n: int = NGRAM) -> float:
+    """The share of the word n-grams of `text` that repeat an earlier one (0 when there are too few)."""
+    tokens = words(text)
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    if len(grams) < MIN_NGRAMS:
+        return 0.0
+    return 1 - len(set(grams)) / len(grams)
+
+
+def compression_ratio(text: str) -> float:
+    """zlib-compressed size over raw size (lower: more repetitive); 1 for texts too short to say."""
+    raw = text.encode()
+    if len(raw) < MIN_COMPRESS_CHARS:
+        return 1.0
+    return len(zlib.compress(raw, 9)) / len(raw)
+
+
+def max_line_repeats(text: str) -> int:
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        line = " ".join(line.split()).lower()
+        if len(line) >= MIN_REPEATED_LINE_CHARS:
+            counts[line] = counts.get(line, 0) + 1
+    return max(counts.values(), default=0)
+
+
+def is_repetitive(text: str) -> bool:
+    return (repeated_ngram_share(text) > MAX_REPEATED_NGRAMS or compression_ratio(text) < MIN_COMPRESSION_RATIO
+            or max_line_repeats(text) > MAX_LINE_REPEATS)
+
+
+def degenerate(reasoning: str, stopped: bool | None = None) -> str | None:
+    """"repetitive", "truncated" (`stopped` False: cut at the bound; None: unknown, not counted), or None."""
+    if is_repetitive(reasoning):
+        return "repetitive"
+    if stopped is False:
+        return "truncated"
+    return None
