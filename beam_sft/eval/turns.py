@@ -32,7 +32,12 @@ def _load_records(
     from beam_sft.formats import detect
     from beam_sft.records.files import parse_line, read_items
     from beam_sft.validate.convert import convert_item
+    from beam_sft.validate.rules import Options
 
+    # A reference turn needs no reasoning to be scored: the metrics compare the action and the answer, and the
+    # generated reasoning is judged on its own (has_reasoning, degenerate_reasoning). Under the training default
+    # (`mask`) a held-out tool-calling record without reasoning would be rejected as nothing_to_train.
+    options = Options(missing_reasoning="keep")
     specs = [path] if isinstance(path, str) else list(path)
     for item in read_items(specs, split, limit=max_records):
         source_format = fmt
@@ -41,7 +46,7 @@ def _load_records(
                 source_format = detect(parse_line(item.json())) or "unknown"
             except (RecordError, TypeError):  # unparsable, or nested deeper than orjson writes
                 source_format = "unknown"
-        record, _, reject = convert_item(item, fmt)
+        record, _, reject = convert_item(item, fmt, options)
         yield record, reject, source_format
 
 
