@@ -133,11 +133,13 @@ def test_three_steps_learn_and_serve(beam_base, records, tmp_path, peft):
     # save -> load -> generate -> parse, as a server would
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True,
-                                           return_dict=True, return_tensors="pt")
+    messages = [{"role": "user", "content": "Say hi."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    prefix = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     out = model.generate(**prompt, max_new_tokens=24, do_sample=False)
     text = tokenizer.decode(out[0, prompt["input_ids"].shape[1]:])
     assert text and model.generation_config.eos_token_id[:2] == [tokenizer.convert_tokens_to_ids("<|return|>"),
                                                                    tokenizer.convert_tokens_to_ids("<|call|>")]
-    parsed = tokenizer.parse_response(text if "<|return|>" in text or "<|call|>" in text else text + "<|return|>")
+    parsed = tokenizer.parse_response(text if "<|return|>" in text or "<|call|>" in text else text + "<|return|>",
+                                      prefix=prefix)
     assert isinstance(parsed, dict)
