@@ -124,11 +124,13 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def backfill(teacher: str, extra: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "beam_sft", "backfill", str(OUT / "train.raw.jsonl"), "-o", str(OUT / "train.jsonl"),
-           "--format", "beam", "--backend", "transformers", "--model", teacher,
-           "--stats", str(OUT / "backfill_stats.json"), "--cache", str(OUT.parent.parent / "outputs" / "real-backfill-cache.jsonl"),
-           *extra]
-    subprocess.run(cmd, check=True)
+    """`beam-sft backfill` on the training half, run from the repository root with relative paths, so the
+    command recorded in split.json rebuilds the file anywhere."""
+    rel = lambda p: str(Path(p).resolve().relative_to(REPO)) if Path(p).resolve().is_relative_to(REPO) else str(p)  # noqa: E731
+    cmd = [sys.executable, "-m", "beam_sft", "backfill", rel(OUT / "train.raw.jsonl"), "-o", rel(OUT / "train.jsonl"),
+           "--format", "beam", "--backend", "transformers", "--model", rel(teacher),
+           "--stats", rel(OUT / "backfill_stats.json"), "--cache", "outputs/real-backfill-cache.jsonl", *extra]
+    subprocess.run(cmd, check=True, cwd=REPO)
     return ["beam-sft", *cmd[3:]]
 
 
@@ -139,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-only", action="store_true", help="convert and split; no back-fill")
     parser.add_argument("--heldout", type=int, default=24, help="held-out records to aim for (default: 24)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--limit", type=int, default=80,
-                        help="back-fill only the first N training records (default: 80; the teacher on 2 CPU cores "
+    parser.add_argument("--limit", type=int, default=58,
+                        help="back-fill only the first N training records (default: 58, all but glaive and its first 5; the teacher on 2 CPU cores "
                              "fills ~5-12 s a turn)")
     parser.add_argument("backfill_args", nargs=argparse.REMAINDER, help="after --: more beam-sft backfill options")
     args = parser.parse_args(argv)

@@ -129,7 +129,7 @@ def evaluate(model: Path, out: Path, max_new_tokens: int, name: str) -> dict:
     from beam_sft.cli.eval import main as eval_main
 
     result = out / f"{name}.json"
-    argv = [str(model), "--data", str(REAL / "heldout.jsonl"), "--format", "beam", "--batch-size", "8",
+    argv = [str(model), "--data", str(REAL / "heldout.jsonl"), "--format", "beam", "--batch-size", "4",
             "--max-new-tokens", str(max_new_tokens), "--json", str(result), "--report", str(out / f"{name}.html")]
     print(f"== 5. beam-sft eval {' '.join(argv)}", flush=True)
     eval_main(argv)
