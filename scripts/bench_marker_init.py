@@ -124,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-
     from build_base_model import cached_build
 
     torch.set_num_threads(args.threads)

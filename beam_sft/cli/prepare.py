@@ -113,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
         DataSettings,
         fingerprint,
         read_manifest,
-        source_identity,
         tokenizer_files_hash,
     )
     from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError

@@ -20,12 +20,10 @@ def beamify_directory(base: str, output: str | Path, *, init: str = "semantic", 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.records.files import atomic_output
-    from beam_sft.serve.export import DTYPES, check_export
+    from beam_sft.serve.export import DTYPES, save_checked
     from beam_sft.template.conformance import run_suite
     from beam_sft.template.marker_init import INIT_CHOICES
-    from beam_sft.template.servable import make_servable
-    from beam_sft.template.tokenizer import beamify, save_tokenizer
+    from beam_sft.template.tokenizer import beamify
 
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -43,14 +41,9 @@ def beamify_directory(base: str, output: str | Path, *, init: str = "semantic", 
         raise UsageError(f"{base} is already a Beam model (it has a response template or beam_sft config)")
     old_len, base_eos = len(tokenizer), tokenizer.eos_token
     beamify(tokenizer, model, init=init)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(output, directory=True) as tmp:
-        model.save_pretrained(str(tmp))
-        save_tokenizer(tokenizer, tmp)
-        servable = make_servable(tmp, tokenizer, strict=True)
-        if problems := check_export(tmp):
-            raise FatalError(f"{output} would not be a usable Beam base:\n  " + "\n  ".join(problems))
-        checks = len(run_suite(AutoTokenizer.from_pretrained(str(tmp)), tmp))
+    servable = save_checked(model, tokenizer, output, "would not be a usable Beam base")
+    # save_checked ran every check-template rule on the written files and raised if one failed: count them
+    checks = len(run_suite(AutoTokenizer.from_pretrained(str(output)), output))
     info = model.config.beam_sft or {}
     return {"output": str(output), "base": base, "old_vocab": old_len, "new_vocab": len(tokenizer),
             "init": init, "rows": info.get("rows", {}), "new_token_ids": info.get("new_token_ids", []),
@@ -63,9 +56,9 @@ def beamify_directory(base: str, output: str | Path, *, init: str = "semantic", 
 def describe(report: dict[str, Any]) -> list[str]:
     """What a person reads after `beam-sft beamify`: one line per fact."""
     rows = report["rows"]
-    lines = [f"{report['base']} -> {report['output']}: vocabulary {report['old_vocab']:,} -> {report['new_vocab']:,} "
-             f"({len(rows)} rows added, init {report['init']}, embeddings "
-             f"{'tied' if report['tied'] else 'untied: input and output rows both set'})"]
+    lines = [(f"{report['base']} -> {report['output']}: vocabulary {report['old_vocab']:,} -> {report['new_vocab']:,} "
+              f"({len(rows)} rows added, init {report['init']}, embeddings "
+              f"{'tied' if report['tied'] else 'untied: input and output rows both set'})")]
     for token, parts in rows.items():
         lines.append(f"  {token:<14} = " + " + ".join(
             f"{'1/' + str(len(parts)) + ' ' if len(parts) > 1 else ''}{'mean of the old rows' if p == 'mean' else repr(p)}"

@@ -101,13 +101,26 @@ def check_export(directory: Path) -> list[str]:
     return problems
 
 
-def export(checkpoint: str, output: str | Path, *, adapter: str | None = None, merge: bool = False,
-           dtype: str = "auto") -> dict[str, Any]:
-    """Write CHECKPOINT (+ adapter, merged) to `output` as a servable directory; returns what was done."""
+def save_checked(model, tokenizer, output: Path, failure: str) -> dict[str, Any]:
+    """Save `model` + `tokenizer` into `output` atomically, made servable and checked (`check_export`); nothing
+    is written when a check fails (FatalError "{output} {failure}: ..."). Returns `make_servable`'s report."""
     from beam_sft.records.files import atomic_output
     from beam_sft.template.servable import make_servable
     from beam_sft.template.tokenizer import save_tokenizer
 
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(output, directory=True) as tmp:
+        model.save_pretrained(str(tmp))
+        save_tokenizer(tokenizer, tmp)
+        report = make_servable(tmp, tokenizer, strict=True)
+        if problems := check_export(tmp):
+            raise FatalError(f"{output} {failure}:\n  " + "\n  ".join(problems))
+    return report
+
+
+def export(checkpoint: str, output: str | Path, *, adapter: str | None = None, merge: bool = False,
+           dtype: str = "auto") -> dict[str, Any]:
+    """Write CHECKPOINT (+ adapter, merged) to `output` as a servable directory; returns what was done."""
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     output = Path(output)
@@ -115,13 +128,7 @@ def export(checkpoint: str, output: str | Path, *, adapter: str | None = None, m
         raise UsageError("the output directory must differ from the checkpoint and the adapter")
     base, adapter = resolve_sources(checkpoint, adapter)
     model, tokenizer, experts = _load(base, adapter, merge, dtype)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(output, directory=True) as tmp:
-        model.save_pretrained(str(tmp))
-        save_tokenizer(tokenizer, tmp)
-        report = make_servable(tmp, tokenizer, strict=True)
-        if problems := check_export(tmp):
-            raise FatalError(f"{output} would not be servable as is:\n  " + "\n  ".join(problems))
+    report = save_checked(model, tokenizer, output, "would not be servable as is")
     model_type = getattr(model.config, "model_type", None)
     return {"output": str(output), "base": base, "adapter": adapter, "expert_adapters": experts,
             "model_type": model_type, **report}
