@@ -78,13 +78,14 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(data_dir, tmp_path_factory):
-    """scripts/train.py on the 12 rows, with --eval_beam true on the same rows. (output_dir, trainer)"""
+    """scripts/train.py on the 12 rows, with --eval_beam true on the same rows (so --dedup false: deduplication
+    would drop every eval record that is also trained). (output_dir, trainer)"""
     out = tmp_path_factory.mktemp("evaltrain") / "model"
     train = load_train_module()
     args = train.make_parser().parse_args_and_config(args=[
         "--config", str(REPO / "configs" / "quickstart.yaml"),
         "--dataset_name", str(data_dir), "--dataset_format", "auto",
-        "--eval_dataset_name", str(data_dir), "--eval_beam", "true",
+        "--eval_dataset_name", str(data_dir), "--eval_beam", "true", "--dedup", "false",
         "--output_dir", str(out), *TRAIN_ARGS,
     ])
     trainer = train.main(*args)
