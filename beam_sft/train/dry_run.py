@@ -46,14 +46,11 @@ def tokenizer_and_config(script_args, training_args, model_args):
     """(tokenizer, model config, embedded model or None): no checkpoint weights are read."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from beam_sft.template.tokenizer import beamify, load_tokenizer
-    from beam_sft.train.model import build_tiny_model
+    from beam_sft.template.tokenizer import beamify
+    from beam_sft.train.model import embedded_model
 
     if model_args.model_name_or_path is None:
-        tokenizer = load_tokenizer(script_args.tokenizer_name_or_path)
-        if script_args.beamify:
-            beamify(tokenizer)
-        model = build_tiny_model(tokenizer, script_args.tiny_model_config, seed=training_args.seed)
+        model, tokenizer = embedded_model(script_args, training_args)
         return tokenizer, model.config, model
     kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code}
     tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name_or_path or model_args.model_name_or_path,

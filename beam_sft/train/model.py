@@ -50,6 +50,16 @@ def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int 
     return model
 
 
+def embedded_model(script_args, training_args):
+    """(model, tokenizer) of the embedded source: the bundled (or given) tokenizer and the tiny random model."""
+    from beam_sft.template.tokenizer import beamify, load_tokenizer
+
+    tokenizer = load_tokenizer(script_args.tokenizer_name_or_path)
+    if script_args.beamify:
+        beamify(tokenizer)
+    return build_tiny_model(tokenizer, script_args.tiny_model_config, seed=training_args.seed), tokenizer
+
+
 def load_model_and_tokenizer(script_args, training_args, model_args):
     """(model, tokenizer, embedded) for the three sources: embedded tiny model, Beam checkpoint, --beamify."""
     import torch
@@ -57,13 +67,10 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import get_quantization_config
 
-    from beam_sft.template.tokenizer import beamify, load_tokenizer
+    from beam_sft.template.tokenizer import beamify
 
     if model_args.model_name_or_path is None:
-        tokenizer = load_tokenizer(script_args.tokenizer_name_or_path)
-        if script_args.beamify:
-            beamify(tokenizer)
-        model = build_tiny_model(tokenizer, script_args.tiny_model_config, seed=training_args.seed)
+        model, tokenizer = embedded_model(script_args, training_args)
         return model, tokenizer, True
 
     tokenizer = AutoTokenizer.from_pretrained(
