@@ -253,13 +253,20 @@ def _served(client, turn, max_tokens: int, *, stream: bool):
     return parsed_message(message), finish, None
 
 
-def _right_offline(turn, parsed) -> bool:
+def _right_offline(turn, generation, parsed) -> bool:
     from beam_sft.eval.metrics import score_turn
 
-    metrics, _ = score_turn(turn.reference, parsed, "<|call|>" if turn.expects_call else "<|return|>", turn.tools)
+    metrics, _ = score_turn(turn.reference, parsed, "<|call|>" if turn.expects_call else "<|return|>", turn.tools,
+                            generation.text)
     if not metrics["well_formed"]:
         return False
     return bool(metrics["tool_args_exact"]) if turn.expects_call else not (parsed or {}).get("tool_calls")
+
+
+def _well_formed_offline(turn, generation, parsed) -> bool:
+    from beam_sft.eval.metrics import score_turn
+
+    return bool(score_turn(turn.reference, parsed, generation.stop, turn.tools, generation.text)[0]["well_formed"])
 
 
 def check_turns(client, turns, reference, max_tokens: int, failures: Failures) -> None:
@@ -280,10 +287,12 @@ def check_turns(client, turns, reference, max_tokens: int, failures: Failures) -
         else:
             counts["answers"] += 1
             counts["answer_finish"] += finish == "stop"
-            if (offline or {}).get("content"):  # one turn the tiny model ends inside its reasoning, offline too
+            # Turns well-formed offline: on a malformed one (a final closed by <|end|> and followed by more finals)
+            # parse_response keeps the last final and vLLM joins them; both score it malformed.
+            if (offline or {}).get("content") and _well_formed_offline(turn, generation, offline):
                 counts["with_content"] += 1
                 counts["content_same"] += parsed.get("content") == offline["content"]
-        if _right_offline(turn, offline):
+        if _right_offline(turn, generation, offline):
             counts["right_offline"] += 1
             counts["same_as_offline"] += parsed == offline
             if parsed != offline:
@@ -346,7 +355,7 @@ def check_eval_backend(port: int, served: Path, out_dir: Path, turns, reference,
     summary = json.loads(out_json.read_text())
     from beam_sft.eval.metrics import score_turn
 
-    offline = sum(score_turn(t.reference, p, g.stop, t.tools)[0]["well_formed"]
+    offline = sum(score_turn(t.reference, p, g.stop, t.tools, g.text)[0]["well_formed"]
                   for t, (g, p) in zip(turns, reference, strict=True))
     served_ok = round(summary["well_formed"] * summary["turns"])
     failures.check(summary["turns"] == len(turns) and served_ok == offline,

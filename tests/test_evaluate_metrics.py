@@ -291,3 +291,38 @@ def test_degenerate_reasoning_counts_loops_and_analyses_cut_at_the_bound(tok):
     assert "degenerate_reasoning" in summary_table(result)
     assert degenerate_reasoning({"thinking": "ok", "content": "x"}, None) is False  # cut in the answer, not in it
     assert degenerate_reasoning({"content": "x"}, "<|return|>") is None
+
+
+def test_a_final_answer_followed_by_more_messages_is_not_well_formed(tok):
+    # What the quickstart model wrote once: finals closed by <|end|>, the turn going on. parse_response keeps the
+    # last final and vLLM's parser joins them, so only the raw text can say the turn is malformed.
+    from beam_sft.eval.metrics import structure_error
+
+    final = "<|start|>assistant<|channel|>final<|message|>"
+    text = (f"<|channel|>analysis<|message|>Uppercase every letter.<|end|>{final}A one-line function.<|end|>"
+            f"{final}The capital of 16.<|return|>")
+    assert "closed by <|end|>" in structure_error(text)
+    assert structure_error(answer_text()) == structure_error(call_text()) == structure_error(None) == ""
+    assert structure_error(answer_text(stop="")) == ""  # a server's token ids may leave the stop token out
+    assert "closed by <|call|>" in structure_error(answer_text(stop="<|call|>") + f"{final}x<|return|>")
+    two_calls = call_text(stop="<|end|>") + "<|start|>assistant" + call_text(stop="<|call|>").split("<|start|>assistant")[1]
+    assert structure_error(two_calls) == ""  # parallel calls: each closed by <|end|>, the last by <|call|>
+    # SmolLM2 on a held-out record: a call closed by <|end|>, then an analysis and a final answer
+    assert "followed by something other than a call" in structure_error(
+        call_text(stop="<|end|>") + "<|start|>assistant" + answer_text())
+    assert "followed by something other than a call" in structure_error(
+        call_text(stop="<|end|>") + "<|start|>assistant<|channel|>analysis<|message|>More.<|end|>")
+
+    class Canned:
+        name = "canned"
+
+        def generate(self, prompts):
+            return [Generation([text, answer_text("Hello")][k % 2], 5, "<|return|>") for k in range(len(prompts))]
+
+    records = [({"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "Hello",
+                                                                    "reasoning_content": "r"}]}, "openai")
+               for k in range(2)]
+    result = evaluate(Canned(), tok, records, progress=False)
+    assert result.summary()["well_formed"] == 0.5
+    [failed] = [r for r in result.failures if not r.metrics["well_formed"]]
+    assert "closed by <|end|>" in failed.reason and failed.parsed["content"] == "The capital of 16."

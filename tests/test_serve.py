@@ -252,13 +252,13 @@ def test_gpt_oss_serve_commands_say_what_vllm_does():
 # ---------- eval --backend openai ----------
 
 
-def _completion(message: dict, finish_reason: str, stop_reason=None, tokens=5):
+def _completion(message: dict, finish_reason: str, stop_reason=None, tokens=5, **choice):
     from openai.types.chat import ChatCompletion
 
     return ChatCompletion.model_validate({
         "id": "x", "object": "chat.completion", "created": 0, "model": "beam",
         "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish_reason,
-                     "stop_reason": stop_reason}],
+                     "stop_reason": stop_reason, **choice}],
         "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
     })
 
@@ -323,7 +323,8 @@ def test_openai_backend_request_and_refusal(tok):
     backend = OpenAIBackend("http://unused/v1", "beam", tok, client=client)
     turn = Turn(0, 3, {"role": "assistant", "content": "x"}, None, "openai", "default", "", history,
                 {"allow_missing_thinking": False})
-    assert backend.request(turn)["extra_body"] == {"chat_template_kwargs": {"allow_missing_thinking": False}}
+    assert backend.request(turn)["extra_body"] == {"chat_template_kwargs": {"allow_missing_thinking": False},
+                                                  "return_token_ids": True}
     [generation] = backend.generate_turns([turn])
     assert generation.parsed is None and generation.stop is None and "400" in generation.error
 
@@ -332,3 +333,44 @@ def test_eval_cli_openai_backend_needs_a_base_url(capsys):
     assert cli(["eval", "--backend", "openai", "--model", "beam", "--tokenizer", str(REPO / "data" / "tokenizer"),
                 "--data", str(REPO / "data" / "samples" / "openai.jsonl")]) == 2
     assert "--base-url" in capsys.readouterr().err
+
+
+def test_openai_backend_scores_the_raw_turn_from_token_ids_and_drops_the_field_when_refused(tok):
+    # vLLM returns `token_ids` when asked: the raw turn shows a final closed by <|end|> that its parser joined
+    # into one content; transformers serve refuses unknown fields with 422, and is then asked without it.
+    import openai
+
+    from beam_sft.eval.openai_backend import OpenAIBackend
+    from beam_sft.eval.run import evaluate
+
+    final = "<|start|>assistant<|channel|>final<|message|>"
+    raw = f"<|channel|>analysis<|message|>Think.<|end|>{final}One.<|end|>{final}Two.<|return|>"
+    ids = tok.encode(raw, add_special_tokens=False)
+    seen = []
+
+    def vllm(**kwargs):
+        seen.append(kwargs["extra_body"])
+        return _completion({"content": "One.Two.", "reasoning": "Think."}, "stop", token_ids=ids)
+
+    def strict(**kwargs):
+        seen.append(kwargs.get("extra_body"))
+        if "return_token_ids" in (kwargs.get("extra_body") or {}):
+            err = openai.UnprocessableEntityError.__new__(openai.UnprocessableEntityError)
+            Exception.__init__(err, "Unexpected fields in the request: {'return_token_ids'}")
+            err.status_code, err.message = 422, "Unexpected fields in the request: {'return_token_ids'}"
+            raise err
+        return _completion({"content": "One.Two.", "reasoning": "Think."}, "stop")
+
+    records = [({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "One.Two.",
+                                                                "reasoning_content": "r"}]}, "openai")]
+    for create, well_formed in ((vllm, 0.0), (strict, 1.0)):
+        seen.clear()
+        client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+        backend = OpenAIBackend("http://unused/v1", "beam", tok, client=client)
+        result = evaluate(backend, tok, records, progress=False)
+        assert result.summary()["well_formed"] == well_formed
+        assert seen[0] == {"return_token_ids": True}
+    assert seen == [{"return_token_ids": True}, None] and backend.token_ids is False
+    [failed] = evaluate(OpenAIBackend("http://unused/v1", "beam", tok, client=SimpleNamespace(
+        chat=SimpleNamespace(completions=SimpleNamespace(create=vllm)))), tok, records, progress=False).failures
+    assert "closed by <|end|>" in failed.reason

@@ -51,17 +51,51 @@ APPLIES_TO = {
 _LOWER_IS_BETTER = ("empty_analysis", "degenerate_reasoning", "marker_leak")  # metrics a turn fails when True
 
 
-def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set[str] | None = None) -> tuple[bool, str]:
+_START = "<|start|>assistant"
+_CLOSES = ("<|end|>", RETURN, CALL)
+
+
+def _close(body: str) -> str | None:
+    found = [(body.find(marker), marker) for marker in _CLOSES if marker in body]
+    return min(found)[1] if found else None
+
+
+def structure_error(text: str | None) -> str:
+    """What is wrong with the shape of a generated turn's raw text, or "" (also when there is no text).
+
+    The page: a turn ends with either its `final` answer and `<|return|>`, or its tool calls, each closed by
+    `<|end|>` but the last by `<|call|>`. Text that goes on after a final closed by `<|end|>`, or after a call
+    closed by `<|end|>` with something other than a call, parses without error — `parse_response` keeps the last
+    final, vLLM's streaming parser joins them all — so the parsed dict alone would call it well-formed, and the
+    two parsers would disagree on it. A missing closer at the very end is fine: servers may drop the stop token.
+    """
+    messages = (text or "").split(_START)
+    for k, message in enumerate(messages):
+        header, _, body = message.partition("<|message|>")
+        closer, last = _close(body), k == len(messages) - 1
+        if "<|channel|>final" in header and not last:
+            return f"the final answer is closed by {closer}, not {RETURN}: the turn goes on after its answer"
+        if header.startswith(" to=") and closer == "<|end|>" and not (not last and messages[k + 1].startswith(" to=")):
+            return f"a tool call closed by <|end|> is followed by something other than a call, not {CALL}"
+    return ""
+
+
+def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set[str] | None = None,
+                   text: str | None = None) -> tuple[bool, str]:
     """Whether a parsed generation is a proper Beam assistant turn; (ok, reason when not).
 
     Proper: generation stopped on `<|return|>` / `<|call|>` (not at max_new_tokens), non-empty thinking, and
     either non-empty content or at least one tool call with a known name (when `tool_names` is given) and dict
-    arguments; no Harmony marker leaked into any text field.
+    arguments; no Harmony marker leaked into any text field; and, when the raw `text` is known, a final answer
+    that is the turn's last message (`structure_error`).
     """
     if not stopped:
         return False, "no stop token before max_new_tokens"
     if not parsed:
         return False, "nothing parsed"
+    shape = structure_error(text)
+    if shape:
+        return False, shape
     thinking = parsed.get("thinking")
     if not isinstance(thinking, str) or not thinking.strip():
         return False, "no thinking"
@@ -76,8 +110,8 @@ def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set
                 return False, f"unknown tool {function['name']!r}"
     elif not isinstance(content, str) or not content.strip():
         return False, "neither content nor tool_calls"
-    for text in (thinking, content if isinstance(content, str) else ""):
-        if any(marker in text for marker in HARMONY_MARKERS):
+    for field_text in (thinking, content if isinstance(content, str) else ""):
+        if any(marker in field_text for marker in HARMONY_MARKERS):
             return False, "Harmony marker inside a text field"
     return True, ""
 
@@ -237,11 +271,14 @@ def score_turn(
     parsed: dict[str, Any] | None,
     stop: str | None,
     tools: Sequence[dict] | None = None,
+    text: str | None = None,
 ) -> tuple[dict[str, bool | None], str]:
     """Every metric for one generated turn against its reference: ({metric: True/False/None}, why not
-    well-formed). None means the metric does not apply to this turn (see APPLIES_TO).
+    well-formed). None means the metric does not apply to this turn (see APPLIES_TO). `text` is the raw
+    generation when known (offline, or a server that returned its token ids).
 
-    * well_formed: `is_well_formed` (any stop token, thinking, content or known tool calls, no marker leak)
+    * well_formed: `is_well_formed` (any stop token, thinking, content or known tool calls, no marker leak,
+      the final answer last)
     * stopped: ended on the *right* stop token: `<|call|>` when the reference calls, `<|return|>` when it answers
     * has_reasoning: non-empty thinking
     * degenerate_reasoning: the thinking loops, or the generation was cut inside it (lower is better)
@@ -255,7 +292,7 @@ def score_turn(
     ref_calls = _calls(reference)
     expects_call = bool(ref_calls)
     gen_calls = _calls(parsed)
-    well_formed, reason = is_well_formed(parsed, stop is not None, set(tool_schemas(tools)))
+    well_formed, reason = is_well_formed(parsed, stop is not None, set(tool_schemas(tools)), text)
     thinking = (parsed or {}).get("thinking")
     metrics: dict[str, bool | None] = {
         "well_formed": well_formed,

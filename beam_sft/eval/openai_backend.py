@@ -11,6 +11,12 @@ token comes from vLLM's `stop_reason` (the id of `<|call|>`, or None for EOS, `<
 refuses (HTTP 4xx, e.g. the template's error for a history without reasoning) scores as a failed turn; a
 server that cannot be reached stops the run.
 
+Each request also asks for the generated token ids (vLLM's `return_token_ids`): decoded with the tokenizer,
+they give the raw turn, markers included, so a turn whose shape is wrong (a final answer closed by `<|end|>`
+and followed by more messages, which the server's parser joins into one `content`) is scored as offline. A
+server that refuses the field (`transformers serve` answers 422 to unknown fields) is asked again without it,
+and from then on is scored on its parse alone.
+
     from beam_sft.eval.openai_backend import OpenAIBackend
     backend = OpenAIBackend("http://127.0.0.1:8000/v1", "beam", tokenizer)
     result = evaluate(backend, tokenizer, records)
@@ -37,6 +43,7 @@ class ServedGeneration(Generation):
     parsed: dict[str, Any] | None = None
     error: str = ""
     finish_reason: str | None = None
+    raw: str | None = None  # the generated tokens decoded, markers kept, when the server returned them
 
 
 def request_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -117,6 +124,8 @@ class OpenAIBackend:
         self.client, self.model = client, model
         self.max_new_tokens, self.concurrency = max_new_tokens, max(1, concurrency)
         self.stops = stop_ids(tokenizer)
+        self.tokenizer = tokenizer
+        self.token_ids = True  # ask for them until the server refuses the field
 
     def generate(self, prompts: Sequence[str]) -> list[Generation]:
         raise UsageError("--backend openai generates from conversations (generate_turns), not rendered prompts")
@@ -131,8 +140,13 @@ class OpenAIBackend:
                                   "max_tokens": self.max_new_tokens, "temperature": 0.0}
         if turn.tools:
             kwargs["tools"] = turn.tools
+        extra: dict[str, Any] = {}
         if turn.template_kwargs:
-            kwargs["extra_body"] = {"chat_template_kwargs": dict(turn.template_kwargs)}
+            extra["chat_template_kwargs"] = dict(turn.template_kwargs)
+        if self.token_ids:
+            extra["return_token_ids"] = True
+        if extra:
+            kwargs["extra_body"] = extra
         return kwargs
 
     def _stop(self, choice) -> str | None:
@@ -146,18 +160,34 @@ class OpenAIBackend:
     def _one(self, turn) -> ServedGeneration:
         import openai
 
-        try:
-            response = self.client.chat.completions.create(**self.request(turn))
-        except (openai.APIConnectionError, openai.APITimeoutError) as err:
-            raise FatalError(f"--backend openai: cannot reach the server: {err}") from err
-        except openai.APIStatusError as err:
-            return ServedGeneration("", 0, None, error=f"server refused the request ({err.status_code}): "
-                                    f"{getattr(err, 'message', err)}")
+        for _ in range(2):
+            asked_ids = self.token_ids
+            try:
+                response = self.client.chat.completions.create(**self.request(turn))
+                break
+            except (openai.APIConnectionError, openai.APITimeoutError) as err:
+                raise FatalError(f"--backend openai: cannot reach the server: {err}") from err
+            except openai.APIStatusError as err:
+                message = f"{getattr(err, 'message', err)}"
+                if asked_ids and err.status_code in (400, 422) and "return_token_ids" in message:
+                    self.token_ids = False
+                    continue
+                return ServedGeneration("", 0, None, error=f"server refused the request ({err.status_code}): "
+                                        f"{message}")
         choice = response.choices[0]
         parsed = parsed_message(choice.message)
         n_tokens = response.usage.completion_tokens if response.usage is not None else 0
         text = json.dumps(parsed, ensure_ascii=False)
-        return ServedGeneration(text, n_tokens, self._stop(choice), parsed=parsed, finish_reason=choice.finish_reason)
+        return ServedGeneration(text, n_tokens, self._stop(choice), parsed=parsed, finish_reason=choice.finish_reason,
+                                raw=self._raw(choice))
+
+    def _raw(self, choice) -> str | None:
+        ids = getattr(choice, "token_ids", None)
+        if ids is None:
+            ids = (getattr(choice, "model_extra", None) or {}).get("token_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return None
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def backend_from_args(args, tokenizer) -> OpenAIBackend:

@@ -47,6 +47,13 @@ def _parse(tokenizer, turn: Turn, generation: Generation) -> tuple[dict | None, 
         return None, f"parse error: {type(err).__name__}: {err}"
 
 
+def raw_text(generation: Generation) -> str | None:
+    """The generated text with its markers: offline always; served only when the server sent its token ids."""
+    if getattr(generation, "parsed", None) is not None or getattr(generation, "error", ""):
+        return getattr(generation, "raw", None)
+    return generation.text
+
+
 def evaluate(
     backend,
     tokenizer,
@@ -86,7 +93,7 @@ def evaluate(
         result.generation_seconds += time.perf_counter() - start
         for turn, generation in zip(pending, generations, strict=True):
             parsed, error = _parse(tokenizer, turn, generation)
-            metrics, reason = score_turn(turn.reference, parsed, generation.stop, turn.tools)
+            metrics, reason = score_turn(turn.reference, parsed, generation.stop, turn.tools, raw_text(generation))
             metrics["empty_analysis"] = turn_empty_analysis(generation, parsed)
             scored = TurnResult(turn, generation, parsed, error, metrics, error or reason,
                                 analysis_tokens(tokenizer, parsed))
