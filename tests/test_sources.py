@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -303,3 +304,27 @@ def test_arrow_files_as_datasets_writes_them_stream_and_file_format(tmp_path, to
     manifest = build_prepared([str(copy), str(tmp_path / "file.arrow"), str(tmp_path / "junk.arrow")], tok,
                               DataSettings(), tmp_path / "p")
     assert manifest["counts"]["records_kept"] == 8 and manifest["counts"]["rejected"] == {"malformed_row": 1}
+
+
+# ------------------------------------------------------------------------------------------ streaming shuffle
+
+
+def test_stream_shuffle_buffer_is_seeded_and_keeps_every_record(tmp_path, tok):
+    from beam_sft.dataset.stream import stream_training_data
+
+    data = tmp_path / "d.jsonl"
+    _write(data, [_chat("R", i) for i in range(40)])
+
+    def order(seed: int, buffer: int | None) -> list[str]:
+        stream = stream_training_data(str(data), tok, DataSettings(seed=seed), shuffle_buffer=buffer)
+        return [re.search(r"R-(\d+):", tok.decode(row["input_ids"])).group(1) for row in stream]
+
+    plain = order(0, None)
+    assert plain == [str(i) for i in range(40)]
+    one, again, other = order(1, 8), order(1, 8), order(2, 8)
+    assert one == again and one != plain and one != other
+    assert sorted(one, key=int) == plain == sorted(other, key=int)
+    # a buffer of N only moves a record up to N places early: memory is N records, not the input
+    assert all(int(r) <= i + 8 for i, r in enumerate(one))
+    with pytest.raises(UsageError, match="at least 1"):
+        stream_training_data(str(data), tok, DataSettings(), shuffle_buffer=-1)

@@ -26,6 +26,11 @@ class ScriptArguments:
                   "takes its own share of the records): for data larger than the disk. Needs max_steps; no "
                   "eval_split_size; nothing is cached."},
     )
+    shuffle_buffer: int | None = field(
+        default=None,
+        metadata={"help": "With --streaming: draw records from a seeded buffer of N (seed: --seed; memory bounded "
+                  "by N records) instead of input order."},
+    )
     prepared_cache_dir: str | None = field(
         default=None,
         metadata={"help": "Where raw data is kept once converted and tokenized (one directory per fingerprint of "

@@ -101,6 +101,7 @@ def training_datasets(
     is_main_process: bool = True,
     streaming: bool = False,
     world_size: int = 1,
+    shuffle_buffer: int | None = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The data phase of `scripts/train.py`: (train, eval or None, stats), logged and checked; stats is what
     `output_dir/data_stats.json` holds (per split, and `data`: the whole input's counts).
@@ -114,7 +115,8 @@ def training_datasets(
     from beam_sft.records.files import atomic_output, write_json_atomic
 
     if streaming:
-        train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir)
+        train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir,
+                                     shuffle_buffer=shuffle_buffer)
         eval_ds = None
         if eval_dataset_name:
             eval_ds = stream_training_data(eval_dataset_name, tokenizer, replace(settings, split="test",

@@ -47,6 +47,8 @@ def check_arguments(script_args, training_args) -> None:
             raise UsageError(f"--{name} needs an eval split: set --eval_dataset_name or --eval_split_size")
     if script_args.eval_beam_steps is not None and script_args.eval_beam_steps < 1:
         raise UsageError(f"--eval_beam_steps must be a positive number of steps, not {script_args.eval_beam_steps}")
+    if script_args.shuffle_buffer and not script_args.streaming:
+        raise UsageError("--shuffle_buffer applies to --streaming (prepared data is shuffled by the trainer)")
     if script_args.streaming and training_args.max_steps <= 0:
         raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
     if training_args.bf16 and not torch.cuda.is_available():

@@ -32,7 +32,7 @@ def main(script_args, training_args, model_args, callbacks=None):
         eval_dataset_name=eval_inputs(script_args),
         cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc,
         output_dir=training_args.output_dir, is_main_process=training_args.process_index == 0,
-        streaming=script_args.streaming, world_size=training_args.world_size,
+        streaming=script_args.streaming, world_size=training_args.world_size, shuffle_buffer=script_args.shuffle_buffer,
     )
     # The labels are already built from the template's masks, so TRL must take the dataset as tokenized;
     # its own assistant_only_loss path expects raw conversations.
