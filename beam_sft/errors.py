@@ -17,6 +17,7 @@ class Reason(StrEnum):
 
     MALFORMED_JSON = "malformed_json"
     INVALID_UTF8 = "invalid_utf8"
+    MALFORMED_ROW = "malformed_row"
     NOT_AN_OBJECT = "not_an_object"
     UNKNOWN_FORMAT = "unknown_format"
     EMPTY_CONVERSATION = "empty_conversation"

@@ -80,3 +80,27 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a hub (or hub-like local) dataset and the column mapping, shared by the commands that
+    read INPUTs as the data phase does (`beam_sft.records.files.expand_inputs`)."""
+    group = parser.add_argument_group("hub datasets (an id, or a directory laid out like a hub repository)")
+    group.add_argument("--dataset-config", metavar="NAME",
+                       help="the subset (load_dataset's `name`; TRL's dataset_config)")
+    group.add_argument("--revision", metavar="REV", help="branch, tag or commit sha of the hub dataset")
+    group.add_argument("--data-dir", metavar="DIR", help="load_dataset's data_dir inside the dataset")
+    group.add_argument("--data-files", metavar="PATTERN", action="append",
+                       help="load_dataset's data_files inside the dataset (repeatable)")
+    parser.add_argument("--columns", metavar="KEY=COLUMN[,...]",
+                        help="rename columns to the record keys the converters read, before the format is "
+                             "detected, e.g. messages=conversations,tools=functions")
+
+
+def source_options(args: argparse.Namespace) -> dict:
+    """`add_source_arguments`' values as `expand_inputs` options."""
+    from beam_sft.records.files import parse_columns
+
+    options = {"config": args.dataset_config, "revision": args.revision, "data_dir": args.data_dir,
+               "data_files": args.data_files, "columns": parse_columns(args.columns)}
+    return {k: v for k, v in options.items() if v is not None}

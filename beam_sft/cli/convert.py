@@ -29,6 +29,7 @@ import sys
 from collections import Counter, deque
 from typing import Any
 
+from beam_sft.cli import source_options
 from beam_sft.validate.rules import STRIPPED_PREFIX
 
 # Records per task: big enough that pickling and scheduling vanish next to conversion, small enough that
@@ -310,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
 
     INTERNAL = Reason.INTERNAL_ERROR.value
     chat_template = _check_args(args)
-    sources = data_sources(args.inputs, split=args.split)
+    sources = data_sources(args.inputs, split=args.split, options=source_options(args))
     out_abs = os.path.abspath(args.output)
     for src in sources:
         if os.path.abspath(src.name) == out_abs:
@@ -428,6 +429,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="worker processes; output order is the same for any N (default: 1)")
     parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
     parser.add_argument("--split", default="train", help="split of a hub dataset or DatasetDict (default: train)")
+    from beam_sft.cli import add_source_arguments
+
+    add_source_arguments(parser)
     parser.add_argument("--late-system", choices=LATE_SYSTEM_CHOICES, default="reject",
                         help="a system/developer message after other messages: reject the record, or move the "
                              "message up to the first instructions (default: reject)")

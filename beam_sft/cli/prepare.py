@@ -96,13 +96,60 @@ def _inputs(args: argparse.Namespace):
 
     if args.config and args.inputs:
         raise UsageError("give INPUT files or --config, not both")
+    from beam_sft.cli import source_options
+
     if not args.config:
         if not args.inputs:
             raise UsageError("no INPUT: give data files, or a --config with a `datasets:` list")
-        return args.inputs
+        options = source_options(args)
+        if not options:
+            return args.inputs
+        from beam_sft.records.files import data_sources
+
+        return data_sources(args.inputs, args.split, options)
+    if source_options(args):
+        raise UsageError("--dataset-config/--revision/--data-dir/--data-files/--columns describe INPUTs; with "
+                         "--config, give them per dataset (name, revision, data_dir, data_files, columns)")
     from beam_sft.dataset.mixture import read_mixture
 
     return read_mixture(args.config, seed=args.seed)
+
+
+def _eval_inputs(args: argparse.Namespace, inputs):
+    """`--eval-split NAME`: that split of the INPUTs (hub datasets or dataset directories), as DIR/eval."""
+    from beam_sft.errors import UsageError
+
+    if not args.eval_split:
+        return None
+    if not isinstance(inputs, list):
+        raise UsageError("--eval-split picks a split of the INPUTs; a --config mixture draws its eval split "
+                         "(test_split_size, --eval-split-size)")
+    from beam_sft.cli import source_options
+    from beam_sft.records.files import data_sources
+
+    sources = data_sources(args.inputs, args.eval_split, source_options(args))
+    if not all(src.kind in ("hub", "disk") for src in sources):
+        raise UsageError(f"--eval-split {args.eval_split}: some INPUTs are files, which have no splits")
+    if args.eval_split == args.split:
+        raise UsageError(f"--eval-split {args.eval_split} is the training split (--split)")
+    return sources
+
+
+def _settings(args: argparse.Namespace, inputs):
+    from beam_sft.dataset.settings import DataSettings
+    from beam_sft.errors import UsageError
+
+    if args.eval_split and args.eval_split_size:
+        raise UsageError("--eval-split reads separate eval data; --eval-split-size draws it: not both")
+    # TRL's mixture key `test_split_size`, unless --eval-split-size says otherwise
+    eval_size = args.eval_split_size or (0.0 if isinstance(inputs, list) or args.eval_split else
+                                         float(inputs.settings.get("test_split_size") or 0.0))
+    settings = DataSettings(format=args.format, max_length=args.max_length or None,
+                            truncation_policy=args.truncation_policy, assistant_only_loss=not args.full_sequence_loss,
+                            split=args.split, max_records=args.limit, eval_split_size=eval_size, seed=args.seed,
+                            missing_reasoning=args.missing_reasoning, dedup=not args.keep_duplicates)
+    settings.check()
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +157,6 @@ def run(args: argparse.Namespace) -> int:
     from beam_sft.dataset.settings import (
         DATA_VERSION,
         MANIFEST,
-        DataSettings,
         fingerprint,
         read_manifest,
         tokenizer_files_hash,
@@ -125,16 +171,8 @@ def run(args: argparse.Namespace) -> int:
         args.num_proc = default_num_proc()
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")
-    max_length = args.max_length or None
     inputs = _inputs(args)
-    # TRL's mixture key `test_split_size`, unless --eval-split-size says otherwise
-    eval_size = args.eval_split_size or (0.0 if isinstance(inputs, list) else
-                                         float(inputs.settings.get("test_split_size") or 0.0))
-    settings = DataSettings(format=args.format, max_length=max_length, truncation_policy=args.truncation_policy,
-                            assistant_only_loss=not args.full_sequence_loss, split=args.split,
-                            max_records=args.limit, eval_split_size=eval_size, seed=args.seed,
-                            missing_reasoning=args.missing_reasoning, dedup=not args.keep_duplicates)
-    settings.check()
+    settings = _settings(args, inputs)
     out = os.path.abspath(args.output)
     if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(
             os.path.join(out, MANIFEST)))):
@@ -142,10 +180,15 @@ def run(args: argparse.Namespace) -> int:
     from beam_sft.dataset.prepare import train_identity
 
     sources = inputs.sources if not isinstance(inputs, list) else data_sources(inputs, args.split)
+    eval_inputs = _eval_inputs(args, inputs)
     for src in sources:
         if os.path.abspath(src.name) == out:
             raise UsageError(f"{args.output}: output is also an input")
     identity = train_identity(inputs, settings)
+    if eval_inputs:
+        from beam_sft.dataset.settings import source_identity
+
+        identity["eval"] = source_identity(eval_inputs)
     # Up to date? Decided from the tokenizer's files, before paying for loading transformers and the tokenizer.
     files = tokenizer_files_hash(args.tokenizer)
     quick = None
@@ -165,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             import datasets
 
             datasets.disable_progress_bars()
-        manifest = build_prepared(inputs, tokenizer, settings, out, num_proc=args.num_proc,
+        manifest = build_prepared(inputs, tokenizer, settings, out, eval_inputs=eval_inputs, num_proc=args.num_proc,
                                   progress=not args.quiet, identity=identity,
                                   fingerprint=fingerprint(identity, tokenizer, settings),
                                   extra_manifest={"inputs_fingerprint": quick})
@@ -230,6 +273,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also copy the rejects here (they are always in DIR/rejects.jsonl)")
     parser.add_argument("--stats", metavar="PATH", help="write the manifest (counts included) here as JSON")
     parser.add_argument("--split", default="train", help="split of a hub dataset or DatasetDict (default: train)")
+    parser.add_argument("--eval-split", metavar="NAME",
+                        help="also prepare this split of the INPUTs (hub datasets or dataset directories, e.g. "
+                             "validation) as DIR/eval, deduplicated against the training split")
+    from beam_sft.cli import add_source_arguments
+
+    add_source_arguments(parser)
     parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
     parser.add_argument("--force", action="store_true",
                         help="rebuild DIR even when it was prepared from the same files, tokenizer and settings")

@@ -18,7 +18,13 @@ are normalised to sum to one and the first `round(share * N)` rows of each sourc
 mixture size that takes no source beyond its rows; without fractions every row is taken. Rows are counted as
 `datasets.load_dataset` counts them (one per JSONL line, JSON array element, Parquet row), before conversion:
 the rows TRL would load are the rows converted here, then validated, deduplicated and tokenized like any
-input. `shuffle` (true, or an int seed; default seed: the run's) draws the taken rows at random, kept in file
+input.
+
+A hub dataset (an id, or a local directory laid out like a hub repository: a README.md with `configs:`) is
+read by `datasets.load_dataset(path, name, split=..., data_dir=..., data_files=..., revision=...)`, as TRL
+reads it (`revision` is beam-sft's key: TRL's DatasetConfig has none). `columns`: TRL's list of columns to
+keep, or beam-sft's mapping of record keys to columns (`{messages: conversations, tools: functions}`),
+applied to every row before its format is detected. `shuffle` (true, or an int seed; default seed: the run's) draws the taken rows at random, kept in file
 order.
 """
 
@@ -31,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import UsageError
-from beam_sft.records.files import Source, data_sources, iter_items
+from beam_sft.records.files import Source, check_columns, data_sources, is_hub_layout, iter_items
 
 # `datasets` packaged builders whose rows come from `data_files`, and beam-sft's reader for each.
-BUILDERS = ("json", "parquet", "text")
+BUILDERS = ("json", "parquet", "text", "csv", "arrow")
 TRL_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 
 
@@ -47,8 +53,9 @@ class MixtureSource:
     data_dir: str | None = None
     data_files: str | list[str] | dict[str, Any] | None = None
     split: str = "train"
-    columns: list[str] | None = None
+    columns: list[str] | dict[str, str] | None = None
     fraction: float | None = None
+    revision: str | None = None
     format: str | None = None
     max_records: int | None = None
     missing_reasoning: str | None = None
@@ -68,10 +75,10 @@ class MixtureSource:
         return source
 
     def check(self, where: str) -> None:
-        if self.columns is not None:
-            raise UsageError(f"{where}: `columns` is not supported yet (dataset {self.path!r})")
-        if self.name is not None:
-            raise UsageError(f"{where}: `name` (a hub subset) is not supported yet (dataset {self.path!r})")
+        self.columns = check_columns(self.columns, f"{where}: dataset {self.path!r}")
+        if self.path in BUILDERS and (self.name is not None or self.revision is not None):
+            raise UsageError(f"{where}: `path: {self.path}` reads data_files: `name` and `revision` apply to a hub "
+                             f"dataset or a dataset directory")
         if self.fraction is not None and self.fraction < 0:
             raise UsageError(f"{where}: fraction must be >= 0 (dataset {self.path!r})")
         if self.max_records is not None and self.max_records < 0:
@@ -90,10 +97,16 @@ class MixtureSource:
             files = [files] if isinstance(files, str) else list(files)
             if self.data_dir:
                 files = [os.path.join(self.data_dir, f) for f in files]
-            return data_sources([_under(base, f) for f in files], self.split)
-        path = self.path if not self.data_dir else os.path.join(self.path, self.data_dir)
-        local = _under(base, path)
-        return data_sources([local if os.path.exists(local) else path], self.split)
+            return data_sources([_under(base, f) for f in files], self.split, {"columns": self.columns})
+        local = _under(base, self.path)
+        target = local if os.path.exists(local) else self.path
+        options = {"config": self.name, "revision": self.revision, "data_dir": self.data_dir,
+                   "data_files": self.data_files, "columns": self.columns}
+        if (self.data_dir and self.name is None and self.revision is None and self.data_files is None
+                and os.path.isdir(target) and not is_hub_layout(Path(target))):
+            # a plain directory of files: its data_dir's files (what load_dataset(DIR, data_dir=...) reads)
+            target, options["data_dir"] = os.path.join(target, self.data_dir), None
+        return data_sources([target], self.split, options)
 
 
 def _under(base: Path, path: str) -> str:

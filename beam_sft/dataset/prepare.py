@@ -16,7 +16,8 @@ dataset, so plain TRL can train on it too.
 
 Cache: `prepare_data` keeps prepared directories under `cache_dir` (default `$BEAM_SFT_PREPARED_CACHE`, else
 `$HF_DATASETS_CACHE/beam_sft_prepared`, else `~/.cache/huggingface/datasets/beam_sft_prepared`), one per
-fingerprint of (data files: path + size + mtime, format, split, max_records, tokenizer vocabulary, chat
+fingerprint of (data files: path + size + mtime_ns, small ones hashed; a hub dataset's commit, or when that
+cannot be established, a fresh nonce: rebuilt, never served stale; format, split, max_records, tokenizer vocabulary, chat
 template, max_length, truncation policy, assistant_only_loss, eval split and seed, code version). A second
 run with the same inputs loads it; any change makes a new entry.
 """
@@ -51,7 +52,7 @@ from beam_sft.dataset.settings import (
 )
 from beam_sft.dataset.stages import CHUNK_ROWS, convert_source, read_chunks, token_counts
 from beam_sft.errors import FatalError, Reason, UsageError
-from beam_sft.records.files import data_sources
+from beam_sft.records.files import data_sources, source_label
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
     """The Beam records of the eval split that the data phase holds out for these settings, in order.
 
     For `scripts/train.py --eval_beam`, which generates from conversations, not from the tokenized split:
-    the records of `eval_dataset_name` (its "test" split), or else the same seeded share of `dataset_name`'s
+    the records of `eval_dataset_name` (a path or id: its "test" split; or sources), or else the same seeded share of `dataset_name`'s
     converted records that `build_prepared` puts in `eval/`. Nothing when there is no eval split.
     """
     from beam_sft.records.dedup import Seen
@@ -265,7 +266,7 @@ def _in_input_order(rejects: list[str], names: list[str]) -> list[str]:
 
 
 def _input_names(inputs) -> list[str]:
-    return [src.name for src in inputs.sources] if isinstance(inputs, Mixture) else list(inputs)
+    return [src.name for src in inputs.sources] if isinstance(inputs, Mixture) else [source_label(s) for s in inputs]
 
 
 def _mixture_counts(mixture: Mixture, tally: _Tally) -> list[dict[str, Any]]:
@@ -433,7 +434,7 @@ def _manifest(tokenizer, settings: DataSettings, inputs, eval_inputs, identity, 
         "seed": settings.seed,
         "inputs": _input_names(inputs),
         "mixture": _mixture_counts(inputs, tally) if isinstance(inputs, Mixture) else None,
-        "eval_inputs": list(eval_inputs) if eval_inputs else None,
+        "eval_inputs": _input_names(eval_inputs) if eval_inputs else None,
         "sources": identity,
         "counts": {
             "records_in": tally.records_in,
@@ -628,7 +629,8 @@ def prepare_data(
     if isinstance(inputs, str):
         inputs = [inputs]
     state = PartialState()
-    if not isinstance(inputs, Mixture) and len(inputs) == 1 and read_manifest(inputs[0]) is not None:
+    if (not isinstance(inputs, Mixture) and len(inputs) == 1 and isinstance(inputs[0], str)
+            and read_manifest(inputs[0]) is not None):
         prepared = _use_prepared(inputs[0], tokenizer, settings, eval_inputs)
         _record_action(record_dir, state.process_index, "loaded", str(inputs[0]), prepared.manifest["tokenizer"])
         return prepared
@@ -638,6 +640,11 @@ def prepare_data(
     if eval_inputs:
         identity["eval"] = source_identity(data_sources(eval_inputs, "test"))
     fp = fingerprint(identity, tokenizer, settings)
+    if state.num_processes > 1 and "unresolved" in json.dumps(identity, default=str):
+        # a hub source of unknown commit has a fresh nonce per process: every rank takes the main process's
+        from accelerate.utils import broadcast_object_list
+
+        fp = broadcast_object_list([fp])[0]
     root = Path(cache_dir or default_cache_dir())
     path = root / f"prepared-{fp}"
     action = "loaded"

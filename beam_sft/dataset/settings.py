@@ -1,7 +1,8 @@
 """What decides a prepared dataset, and how a prepared directory says what made it.
 
 `DataSettings` (format, `max_length`, truncation policy, eval split, ...), the hashes of the tokenizer and
-chat template, the identity of the sources (path + size + mtime: known without reading them), the cache
+chat template, the identity of the sources (`source_identity`: path + size + mtime_ns, small files' bytes
+hashed; a hub dataset's commit), the cache
 `fingerprint` of all of these, and the manifest (`beam_sft_manifest.json`) of a prepared directory: read,
 and checked against a run before it trains.
 """
@@ -9,6 +10,7 @@ and checked against a run before it trains.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.files import REJECTS  # noqa: F401  (the prepared dir's rejects file)
 from beam_sft.template.tokenizer import files_digest, short_hash, template_hash, vocab_hash
 from beam_sft.validate.convert import INPUT_FORMATS
+
+logger = logging.getLogger(__name__)
 
 # Part of every cache fingerprint and manifest: bump when what the data phase writes could change.
 DATA_VERSION = "1"
@@ -62,19 +66,70 @@ class DataSettings:
             raise UsageError("eval_split_size must be >= 0")
 
 
+# Local files up to this size are also identified by a hash of their bytes (cheap; catches an edit that keeps
+# size and mtime, e.g. `cp -p` or a rewrite within the filesystem's timestamp granularity). Larger ones, and
+# files past the per-run budget, by size + mtime_ns only: a 10^7-record input is GBs, not hashed every run.
+HASH_FILE_BYTES = 1 << 20
+HASH_BUDGET_BYTES = 64 << 20
+
+
 def source_identity(sources) -> list[dict[str, Any]]:
-    """What identifies the data without reading it: path, size and mtime of every file (hub ids: name + split)."""
+    """What identifies the data without reading much of it: every local file's path, size, mtime_ns and (small
+    files) a hash of its bytes; a hub dataset's id, options and commit (`hub_commit`)."""
     out = []
+    budget = [HASH_BUDGET_BYTES]
     for src in sources:
-        if src.kind == "hub":
-            out.append({"hub": src.name, "split": src.split})
+        options = {k: v for k, v in (("config", src.config), ("revision", src.revision), ("data_dir", src.data_dir),
+                                     ("data_files", src.data_files), ("columns", src.columns)) if v is not None}
+        if src.kind == "hub" and not Path(src.name).is_dir():
+            out.append({"hub": src.name, "split": src.split, **options, **hub_commit(src)})
             continue
         path = Path(src.name)
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        out.append({"path": str(path.resolve()), "split": src.split if src.kind == "disk" else None,
-                    "files": [[str(f.relative_to(path)) if path.is_dir() else f.name, f.stat().st_size,
-                               f.stat().st_mtime_ns] for f in files]})
+        out.append({"path": str(path.resolve()), "split": src.split if src.kind in ("disk", "hub") else None,
+                    **options, "files": [_file_identity(f, f.relative_to(path) if path.is_dir() else f.name, budget)
+                                         for f in files]})
     return out
+
+
+def _file_identity(path: Path, name, budget: list[int]) -> list:
+    import hashlib
+
+    st = path.stat()
+    entry = [str(name), st.st_size, st.st_mtime_ns]
+    if st.st_size <= HASH_FILE_BYTES and st.st_size <= budget[0]:
+        budget[0] -= st.st_size
+        entry.append(hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest())
+    return entry
+
+
+def hub_commit(src) -> dict[str, Any]:
+    """The commit a hub dataset is read at, established as `datasets.load_dataset` will establish it: the
+    revision when it is a full sha; offline (HF_HUB_OFFLINE), the newest copy in the `datasets` cache, which
+    is what an offline load reads; online, the hub's answer for the revision. When none of these answers, it
+    is said in the log and the identity gets a fresh nonce: the data is prepared again, never guessed stale."""
+    import re
+    import secrets
+
+    if src.revision and re.fullmatch(r"[0-9a-f]{40}", src.revision):
+        return {"commit": src.revision}
+    import datasets
+
+    try:
+        if datasets.config.HF_HUB_OFFLINE:
+            from datasets.packaged_modules.cache.cache import _find_hash_in_cache
+
+            kwargs = {k: v for k, v in (("data_files", src.data_files), ("data_dir", src.data_dir)) if v is not None}
+            _, version, commit = _find_hash_in_cache(src.name, src.config, None, kwargs, None)
+            return {"commit": commit, "cached_version": version}
+        from huggingface_hub import HfApi
+
+        return {"commit": HfApi().dataset_info(src.name, revision=src.revision, timeout=30).sha}
+    except Exception as err:  # noqa: BLE001 - any failure means "not established": rebuild, said below
+        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    logger.warning("%s: cannot establish which commit of the hub dataset would be read (%s); preparing it again "
+                   "instead of reusing a cached copy that may be stale", src.name, why)
+    return {"commit": None, "unresolved": secrets.token_hex(8)}
 
 
 def tokenizer_files_hash(path: str | os.PathLike | None) -> str | None:

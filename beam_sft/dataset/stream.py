@@ -69,6 +69,7 @@ def stream_training_data(
     world_size: int = 1,
     shards_per_rank: int = 1,
     rejects_dir: str | os.PathLike | None = None,
+    shuffle_buffer: int | None = None,
 ):
     """Raw data -> a `datasets.IterableDataset` of `input_ids` + `labels`, converted and tokenized on the fly.
 
@@ -80,6 +81,9 @@ def stream_training_data(
     converted or tokenized. Each rank still reads the input bytes once. The same truncation policy, masks
     and empty-mask error as `prepare_data`; records the template rejects are rejects too. Counts are not known
     ahead (use `beam-sft prepare` for them), so there is no eval split and `max_steps` must be set.
+    `shuffle_buffer` N: records come out of a seeded buffer of N raw records (`datasets`'
+    `IterableDataset.shuffle`: `settings.seed`, plus the epoch the Trainer sets), so memory stays bounded by N
+    records; the same seed gives the same order.
     """
     from datasets import Features, IterableDataset, Value
 
@@ -100,6 +104,10 @@ def stream_training_data(
         gen_kwargs={"shard": list(range(n_shards)), "sources": tuple(sources), "n_shards": n_shards,
                     "limit": settings.max_records, "names": names},
     )
+    if shuffle_buffer:
+        if shuffle_buffer < 1:
+            raise UsageError("shuffle_buffer must be at least 1")
+        raw = raw.shuffle(seed=settings.seed, buffer_size=shuffle_buffer)
     converted = raw.map(_convert_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["payload", "error"],
                         fn_kwargs={"fmt": settings.format, "names": list(names),
                                    "missing_reasoning": settings.missing_reasoning})

@@ -7,7 +7,8 @@ datasets. A line that is not JSON, not UTF-8, or over the size limit becomes an 
 until a worker parses them (that parse is part of the conversion cost, and it can run in parallel).
 
 Inputs (`expand_inputs`): files (``.jsonl``, ``.ndjson``, ``.jsonl.gz``, ``.json``, ``.traj``, ``.parquet``,
-``.txt`` — a whole text file is one Harmony record), glob patterns, directories (a `save_to_disk` dataset,
+``.csv`` — a header row, cells holding JSON arrays or objects decoded —, ``.arrow`` — Arrow IPC, as `datasets`
+writes it —, ``.txt`` — a whole text file is one Harmony record), glob patterns, directories (a `save_to_disk` dataset,
 or else every supported file inside, sorted), and hub dataset ids (through `datasets.load_dataset`, so an
 offline cache works). A ``.json`` file holding one conversation object, or a bare list of messages, is one
 record; a ``.json`` file that is really JSON Lines is read as JSON Lines.
@@ -47,7 +48,9 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 JSON_SUFFIXES = (".json", ".traj")
 TEXT_SUFFIXES = (".txt",)
 PARQUET_SUFFIXES = (".parquet",)
-SUPPORTED_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + TEXT_SUFFIXES + PARQUET_SUFFIXES
+CSV_SUFFIXES = (".csv",)
+ARROW_SUFFIXES = (".arrow",)  # Arrow IPC, stream (what `datasets` writes) or file format
+SUPPORTED_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + TEXT_SUFFIXES + PARQUET_SUFFIXES + CSV_SUFFIXES + ARROW_SUFFIXES
 REJECTS = "rejects.jsonl"  # the rejects file the data phase writes beside its output
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
@@ -79,43 +82,165 @@ def _suffix(path: Path) -> str:
     return path.suffix.lower()
 
 
+# `datasets.load_dataset` options of a hub (or hub-like local) dataset: Source field -> load_dataset keyword.
+HUB_OPTIONS = {"config": "name", "revision": "revision", "data_dir": "data_dir", "data_files": "data_files"}
+
+
 @dataclass(slots=True)
 class Source:
-    kind: str  # "jsonl", "json", "text", "parquet", "disk", "hub"
+    """One input. A "hub" source is read by `datasets.load_dataset(name, config, split=..., revision=...,
+    data_dir=..., data_files=...)`: a hub id, or a local directory laid out like a hub dataset repository."""
+
+    kind: str  # "jsonl", "json", "text", "parquet", "csv", "arrow", "disk", "hub"
     name: str
     split: str | None = None
+    config: str | None = None  # load_dataset's `name`: the subset (TRL's dataset_config)
+    revision: str | None = None
+    data_dir: str | None = None
+    data_files: Any = None
+    columns: Any = None  # {target key: column} renames, or TRL's list of columns to keep (`select_columns`)
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """The `load_dataset` keywords this source sets (none of the unset ones)."""
+        return {kw: getattr(self, field) for field, kw in HUB_OPTIONS.items() if getattr(self, field) is not None}
 
 
 def _is_saved_dataset(path: Path) -> bool:
     return (path / "state.json").exists() or (path / "dataset_dict.json").exists()
 
 
-def expand_inputs(specs: list[str], split: str = "train") -> list[Source]:
-    """Turn the command line's INPUT arguments into sources, in the order given (globs and directories sorted)."""
+def is_hub_layout(path: Path) -> bool:
+    """A local directory laid out like a hub dataset repository: a README.md whose YAML header declares
+    `configs:` (what `datasets.load_dataset(DIR, name=...)` reads its subsets and splits from)."""
+    readme = path / "README.md"
+    if not readme.is_file():
+        return False
+    with open(readme, "rb") as f:
+        head = f.read(1 << 20).decode("utf-8", "replace")
+    found = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", head, re.DOTALL)
+    if not found:
+        return False
+    import yaml
+
+    try:
+        meta = yaml.safe_load(found.group(1))
+    except yaml.YAMLError:
+        return False
+    return isinstance(meta, dict) and "configs" in meta
+
+
+# The record keys a converter reads (beam_sft.formats): what `columns` may rename a column to.
+COLUMN_TARGETS = ("messages", "conversations", "history", "tools", "system", "chat_template_kwargs", "text", "chat",
+                  "query", "answers")
+
+
+def check_columns(columns: Any, where: str) -> Any:
+    """`columns` as given (a mapping target key -> column, or TRL's list of columns to keep), checked; a
+    mapping's unknown target key is a `UsageError` naming it and the known ones."""
+    if columns is None:
+        return None
+    if isinstance(columns, (list, tuple)) and all(isinstance(c, str) for c in columns):
+        return list(columns)
+    if not isinstance(columns, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in columns.items()):
+        raise UsageError(f"{where}: columns must map record keys to column names ({{messages: conversations}}) or "
+                         f"list the columns to keep; got {columns!r}")
+    unknown = sorted(set(columns) - set(COLUMN_TARGETS))
+    if unknown:
+        raise UsageError(f"{where}: columns: unknown target key(s) {', '.join(unknown)}; a column can become one of "
+                         f"{', '.join(COLUMN_TARGETS)}")
+    if len(set(columns.values())) != len(columns):
+        raise UsageError(f"{where}: columns: one column mapped to two keys ({columns!r})")
+    return dict(columns)
+
+
+def parse_columns(text: str | None, where: str = "--columns") -> dict[str, str] | None:
+    """``messages=conversations,tools=functions`` (the command line's column mapping) -> a checked mapping."""
+    if not text:
+        return None
+    pairs = [part.strip() for part in text.split(",") if part.strip()]
+    if not all(p.count("=") == 1 and all(p.split("=")) for p in pairs):
+        raise UsageError(f"{where}: expected KEY=COLUMN[,KEY=COLUMN...] (e.g. messages=conversations); got {text!r}")
+    return check_columns(dict(p.split("=") for p in pairs), where)
+
+
+def apply_columns(item: Item, columns: Any) -> Item:
+    """The item with `columns` applied to its record (a JSONL line is parsed here): a mapping renames a column
+    to a record key (the column replaces any value the key had), a list keeps only those columns. Done before
+    format detection, so an unfamiliar key layout converts like a known one."""
+    if columns is None or item.error is not None:
+        return item
+    record = item.payload
+    if item.raw:
+        try:
+            record = parse_line(record)
+        except RecordError as err:
+            return Item(item.source, item.position, item.by_line, None, error=err)
+    if not isinstance(record, dict):
+        return Item(item.source, item.position, item.by_line, record)
+    if isinstance(columns, dict):
+        record = dict(record)
+        for key, column in columns.items():
+            if column in record:
+                record[key] = record.pop(column)
+    else:
+        record = {k: v for k, v in record.items() if k in columns}
+    return Item(item.source, item.position, item.by_line, record)
+
+
+def _options(options: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
+    """(the hub options that are set, columns) of an `options` dict (keys: HUB_OPTIONS' and "columns")."""
+    options = dict(options or {})
+    columns = check_columns(options.pop("columns", None), "columns")
+    unknown = sorted(set(options) - set(HUB_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown source option(s) {unknown}")  # a programming error, not a user's
+    return {k: v for k, v in options.items() if v is not None}, columns
+
+
+def expand_inputs(specs: list, split: str = "train", options: dict[str, Any] | None = None) -> list[Source]:
+    """Turn the command line's INPUT arguments into sources, in the order given (globs and directories sorted).
+
+    `options`: the hub options (`config`, `revision`, `data_dir`, `data_files`) for a hub id or a dataset
+    directory, and `columns` for every source. A `Source` among `specs` is taken as it is."""
+    hub, columns = _options(options)
     out: list[Source] = []
     for spec in specs:
-        path = Path(spec)
-        if path.is_dir():
-            if _is_saved_dataset(path):
-                out.append(Source("disk", spec, split))
-                continue
-            files = sorted(p for p in path.rglob("*") if p.is_file() and _suffix(p) in SUPPORTED_SUFFIXES)
-            if not files:
-                raise UsageError(f"{spec}: directory holds no {'/'.join(SUPPORTED_SUFFIXES)} files")
-            out.extend(_file_source(p) for p in files)
-        elif path.is_file():
-            out.append(_file_source(path))
-        elif any(c in spec for c in "*?["):
-            matches = sorted(glob.glob(spec, recursive=True))
-            files = [Path(m) for m in matches if Path(m).is_file()]
-            if not files:
-                raise UsageError(f"{spec}: no files match")
-            out.extend(_file_source(p) for p in files)
-        elif _HUB_ID.match(spec) and not spec.endswith(SUPPORTED_SUFFIXES):
-            out.append(Source("hub", spec, split))
-        else:
-            raise UsageError(f"{spec}: no such file or directory")
+        if isinstance(spec, Source):
+            out.append(spec)
+            continue
+        found = _expand_one(spec, split, hub)
+        for src in found:
+            src.columns = columns
+        out.extend(found)
     return out
+
+
+def _expand_one(spec: str, split: str, hub: dict[str, Any]) -> list[Source]:
+    path = Path(spec)
+    dataset_dir = path.is_dir() and not _is_saved_dataset(path)
+    if hub and not dataset_dir and (path.exists() or not _HUB_ID.match(spec)):
+        raise UsageError(f"{spec}: {', '.join(sorted(hub))} apply to a hub dataset or a dataset directory, "
+                         "not to a file, glob or saved dataset")
+    if path.is_dir():
+        if not dataset_dir:
+            return [Source("disk", spec, split)]
+        if hub or is_hub_layout(path):
+            return [Source("hub", spec, split, **hub)]
+        files = sorted(p for p in path.rglob("*") if p.is_file() and _suffix(p) in SUPPORTED_SUFFIXES)
+        if not files:
+            raise UsageError(f"{spec}: directory holds no {'/'.join(SUPPORTED_SUFFIXES)} files")
+        return [_file_source(p) for p in files]
+    if path.is_file():
+        return [_file_source(path)]
+    if any(c in spec for c in "*?["):
+        files = [Path(m) for m in sorted(glob.glob(spec, recursive=True)) if Path(m).is_file()]
+        if not files:
+            raise UsageError(f"{spec}: no files match")
+        return [_file_source(p) for p in files]
+    if _HUB_ID.match(spec) and not spec.endswith(SUPPORTED_SUFFIXES):
+        return [Source("hub", spec, split, **hub)]
+    raise UsageError(f"{spec}: no such file or directory")
 
 
 def is_rejects_file(name: str) -> bool:
@@ -124,14 +249,14 @@ def is_rejects_file(name: str) -> bool:
     return "rejects" in Path(name).name
 
 
-def data_sources(specs: list[str], split: str = "train") -> list[Source]:
+def data_sources(specs: list, split: str = "train", options: dict[str, Any] | None = None) -> list[Source]:
     """`expand_inputs`, without the rejects files a directory or glob turns up: convert-dataset and the data
     phase write them beside their outputs, and they are not data. A rejects file named on its own is read.
     Every reader of data (convert-dataset, the data phase, inspect, eval) starts here."""
     out: list[Source] = []
     for spec in specs:
-        sources = expand_inputs([spec], split)
-        if not Path(spec).is_file():  # a directory or a glob found these files
+        sources = expand_inputs([spec], split, options)
+        if not isinstance(spec, Source) and not Path(spec).is_file():  # a directory or a glob found these files
             sources = [s for s in sources if s.kind in ("disk", "hub") or not is_rejects_file(s.name)]
             if not sources:
                 raise UsageError(f"{spec}: no data here (only rejects files)")
@@ -139,10 +264,15 @@ def data_sources(specs: list[str], split: str = "train") -> list[Source]:
     return out
 
 
-def read_items(specs: list[str], split: str = "train", *, max_bytes: int | None = None,
-               limit: int | None = None) -> Iterator[Item]:
+def read_items(specs: list, split: str = "train", *, max_bytes: int | None = None,
+               limit: int | None = None, options: dict[str, Any] | None = None) -> Iterator[Item]:
     """Every input record of `specs` (`data_sources`), in order, with its provenance (`iter_items`)."""
-    return iter_items(data_sources(specs, split), max_bytes=max_bytes, limit=limit)
+    return iter_items(data_sources(specs, split, options), max_bytes=max_bytes, limit=limit)
+
+
+def source_label(spec) -> str:
+    """An input as the manifest and messages name it: the path or id given (a `Source`: its name)."""
+    return spec.name if isinstance(spec, Source) else str(spec)
 
 
 def _file_source(path: Path) -> Source:
@@ -155,6 +285,10 @@ def _file_source(path: Path) -> Source:
         return Source("text", str(path))
     if s in PARQUET_SUFFIXES:
         return Source("parquet", str(path))
+    if s in CSV_SUFFIXES:
+        return Source("csv", str(path))
+    if s in ARROW_SUFFIXES:
+        return Source("arrow", str(path))
     # unknown suffix: JSONL unless the file is one JSON document
     with open(path, "rb") as f:
         head = f.read(1).lstrip()
@@ -280,6 +414,89 @@ def _decode_json_columns(rec: dict) -> dict:
     return rec
 
 
+def _read_csv(src: Source, max_bytes: int | None) -> Iterator[Item]:
+    """A CSV file with a header row, one record per row (`_csv_record`), streamed; a row that does not
+    parse is a `malformed_row` reject and the file reads on. Positions are the row's first line (1-based)."""
+    import csv
+    import io
+
+    csv.field_size_limit(2**31 - 1)  # a `messages` cell can be MBs; the per-record limit is max_bytes
+    with open(src.name, "rb") as raw:
+        # surrogateescape: a bad byte fails its own row (invalid_utf8), not the rest of the file
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        reader = csv.reader(text)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            yield Item(src.name, 1, True, None, error=RecordError(Reason.MALFORMED_ROW, f"CSV header: {err}"))
+            return
+        while True:
+            line = reader.line_num + 1
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                yield Item(src.name, line, True, None, error=RecordError(Reason.MALFORMED_ROW, f"CSV row: {err}"))
+                continue
+            if not cells:
+                continue
+            item = Item(src.name, line, True, None)
+            try:
+                item.payload = _csv_record(header, cells)
+                item.error = _too_large(item.payload, max_bytes)
+            except RecordError as err:
+                item.error = err
+            yield item
+
+
+def _csv_record(header: list[str], cells: list[str]) -> dict[str, Any]:
+    """A CSV row as a record: empty cells are null; a cell holding a JSON array or object (a `messages` or
+    `tools` column) is decoded, as a JSON column of Parquet is (`_decode_json_columns`)."""
+    if len(cells) != len(header):
+        raise RecordError(Reason.MALFORMED_ROW, f"CSV row has {len(cells)} fields, the header {len(header)}")
+    record: dict[str, Any] = {}
+    for key, cell in zip(header, cells, strict=True):
+        try:
+            cell.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise RecordError(Reason.INVALID_UTF8, f"column {key!r}: invalid UTF-8") from err
+        value: Any = cell if cell != "" else None
+        if cell[:1] in ("[", "{"):
+            try:
+                value = orjson.loads(cell)
+            except orjson.JSONDecodeError:
+                pass  # text that starts with a bracket
+        record[key] = value
+    return _decode_json_columns(record)
+
+
+def _read_arrow(src: Source, max_bytes: int | None) -> Iterator[Item]:
+    """An Arrow IPC file (`datasets`' cache and shard files are the stream format; the file format too),
+    memory-mapped and read batch by batch; JSON columns decoded as for Parquet."""
+    import pyarrow as pa
+
+    try:
+        source = pa.memory_map(src.name)
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            source.seek(0)
+            file_reader = pa.ipc.open_file(source)
+            batches = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+        else:
+            batches = iter(reader)
+        i = 0
+        for batch in batches:
+            for rec in batch.to_pylist():
+                yield Item(src.name, i, False, _decode_json_columns(rec), error=_too_large(rec, max_bytes))
+                i += 1
+    except pa.ArrowInvalid as err:
+        yield Item(src.name, 0, False, None, error=RecordError(Reason.MALFORMED_ROW, f"not Arrow IPC data: {err}"))
+
+
 def _read_dataset(src: Source, max_bytes: int | None) -> Iterator[Item]:
     import datasets
 
@@ -287,10 +504,13 @@ def _read_dataset(src: Source, max_bytes: int | None) -> Iterator[Item]:
         if src.kind == "disk":
             ds = datasets.load_from_disk(src.name)
         else:
-            ds = datasets.load_dataset(src.name, split=src.split)
+            ds = datasets.load_dataset(src.name, split=src.split, **src.load_kwargs())
     except Exception as err:  # datasets raises many types; all of them mean "can't read this input"
-        what = "saved dataset" if src.kind == "disk" else "not a local path, and as a hub dataset"
-        raise FatalError(f"{src.name}: {what}: cannot load: {type(err).__name__}: {err}") from err
+        what = ("saved dataset" if src.kind == "disk" else "dataset directory" if Path(src.name).is_dir()
+                else "not a local path, and as a hub dataset")
+        options = "".join(f", {k}={v!r}" for k, v in src.load_kwargs().items())
+        raise FatalError(f"{src.name}: {what} (split={src.split!r}{options}): cannot load: {type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}") from err
     if isinstance(ds, datasets.DatasetDict):
         if src.split not in ds:
             raise UsageError(f"{src.name}: no split {src.split!r} (splits: {', '.join(ds)}); use --split")
@@ -300,7 +520,7 @@ def _read_dataset(src: Source, max_bytes: int | None) -> Iterator[Item]:
 
 
 _READERS = {"jsonl": _read_jsonl, "json": _read_json, "text": _read_text, "parquet": _read_parquet,
-            "disk": _read_dataset, "hub": _read_dataset}
+            "csv": _read_csv, "arrow": _read_arrow, "disk": _read_dataset, "hub": _read_dataset}
 
 
 def iter_items(sources: list[Source], *, max_bytes: int | None = None, limit: int | None = None) -> Iterator[Item]:
@@ -311,7 +531,7 @@ def iter_items(sources: list[Source], *, max_bytes: int | None = None, limit: in
             for item in _READERS[src.kind](src, max_bytes):
                 if limit is not None and n >= limit:
                     return
-                yield item
+                yield item if src.columns is None else apply_columns(item, src.columns)
                 n += 1
         except OSError as err:
             raise FatalError(f"{src.name}: {err.strerror or err}") from err

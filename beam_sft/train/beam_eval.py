@@ -47,10 +47,11 @@ def add_beam_eval(trainer, tokenizer, script_args, settings) -> None:
     import tempfile
 
     from beam_sft.dataset.prepare import eval_records
+    from beam_sft.train.data import eval_inputs, training_inputs
 
     records = []
     if trainer.accelerator.is_main_process:
         with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:
-            records = list(eval_records(script_args.dataset_name, settings, work,
-                                        eval_dataset_name=script_args.eval_dataset_name))
+            records = list(eval_records(training_inputs(script_args), settings, work,
+                                        eval_dataset_name=eval_inputs(script_args)))
     trainer.add_callback(BeamEvalCallback(trainer, tokenizer, records, script_args.eval_beam_steps))

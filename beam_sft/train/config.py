@@ -26,6 +26,11 @@ class ScriptArguments:
                   "takes its own share of the records): for data larger than the disk. Needs max_steps; no "
                   "eval_split_size; nothing is cached."},
     )
+    shuffle_buffer: int | None = field(
+        default=None,
+        metadata={"help": "With --streaming: draw records from a seeded buffer of N (seed: --seed; memory bounded "
+                  "by N records) instead of input order."},
+    )
     prepared_cache_dir: str | None = field(
         default=None,
         metadata={"help": "Where raw data is kept once converted and tokenized (one directory per fingerprint of "
@@ -39,6 +44,36 @@ class ScriptArguments:
                   "choices": ["auto", "beam", "openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"]},
     )
     dataset_train_split: str = field(default="train", metadata={"help": "Split to read from a hub/disk dataset."})
+    dataset_config: str | None = field(
+        default=None,
+        metadata={"help": "TRL's name: the subset (load_dataset's `name`) of a hub dataset or of a local directory "
+                  "laid out like one (a README.md with `configs:`)."},
+    )
+    dataset_revision: str | None = field(
+        default=None,
+        metadata={"help": "The hub dataset's revision (branch, tag or commit sha); part of the cache fingerprint "
+                  "as the commit it resolves to."},
+    )
+    dataset_data_dir: str | None = field(
+        default=None, metadata={"help": "load_dataset's data_dir for a hub dataset (or a dataset directory)."}
+    )
+    dataset_data_files: str | None = field(
+        default=None,
+        metadata={"help": "load_dataset's data_files for a hub dataset (or a dataset directory): a path or glob "
+                  "inside it (a YAML config may give a list or a split mapping)."},
+    )
+    dataset_columns: str | None = field(
+        default=None,
+        metadata={"help": "Rename columns to the record keys the converters read before the format is detected: "
+                  "KEY=COLUMN[,KEY=COLUMN...], e.g. messages=conversations,tools=functions. Applies to "
+                  "eval_dataset_name too."},
+    )
+    dataset_test_split: str | None = field(
+        default=None,
+        metadata={"help": "TRL's name: the eval split. With eval_dataset_name, the split read from it (default "
+                  "test); without, the eval data is this split of dataset_name (a hub dataset or dataset "
+                  "directory), read with the same dataset_config/revision/data_dir."},
+    )
     missing_reasoning: str = field(
         default="mask",
         metadata={"help": "An assistant turn without reasoning: 'mask' (weight 0: context, not trained), 'keep' "

@@ -17,16 +17,67 @@ from beam_sft.errors import FatalError, Reason
 logger = logging.getLogger(__name__)
 
 
+def source_options(script_args, *, hub: bool = True) -> dict[str, Any]:
+    """The `beam_sft.records.files.expand_inputs` options of `dataset_name` (hub: its subset, revision,
+    data_dir, data_files; and the column mapping), those that are set."""
+    from beam_sft.records.files import parse_columns
+
+    options = {"columns": parse_columns(getattr(script_args, "dataset_columns", None), "--dataset_columns")}
+    if hub:
+        options.update(config=getattr(script_args, "dataset_config", None),
+                       revision=getattr(script_args, "dataset_revision", None),
+                       data_dir=getattr(script_args, "dataset_data_dir", None),
+                       data_files=getattr(script_args, "dataset_data_files", None))
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def training_inputs(script_args, *, seed: int = 0, base: str | os.PathLike = "."):
     """What the data phase reads: the `datasets:` mixture of the config (beam_sft.dataset.mixture), resolved,
-    else `dataset_name`."""
+    else `dataset_name` (its sources, when hub options or columns are set)."""
     if getattr(script_args, "datasets", None):
         from beam_sft.dataset.mixture import resolve
 
         entries = [e if isinstance(e, dict) else {k: v for k, v in vars(e).items() if v is not None}
                    for e in script_args.datasets]
         return resolve(entries, base=base, seed=seed, where="datasets (--config)")
-    return script_args.dataset_name
+    options = source_options(script_args)
+    if not options:
+        return script_args.dataset_name
+    from beam_sft.records.files import data_sources
+
+    return data_sources([script_args.dataset_name], script_args.dataset_train_split, options)
+
+
+def eval_inputs(script_args) -> list | None:
+    """The separate eval data: `eval_dataset_name` at split `dataset_test_split` (default test), or else, when
+    `dataset_test_split` is set, that split of `dataset_name` (which must then have splits: a hub dataset or a
+    dataset directory). None when neither is set."""
+    from beam_sft.errors import UsageError
+    from beam_sft.records.files import data_sources
+
+    split = getattr(script_args, "dataset_test_split", None)
+    if script_args.eval_dataset_name:
+        return data_sources([script_args.eval_dataset_name], split or "test", source_options(script_args, hub=False))
+    if not split:
+        return None
+    if getattr(script_args, "datasets", None):
+        raise UsageError("dataset_test_split picks a split of dataset_name; a `datasets:` mixture draws its eval "
+                         "split with test_split_size (or give eval_dataset_name)")
+    sources = data_sources([script_args.dataset_name], split, source_options(script_args))
+    if not all(src.kind in ("hub", "disk") for src in sources):
+        raise UsageError(f"dataset_test_split {split!r}: {script_args.dataset_name} has no splits (files); give the "
+                         "eval data as eval_dataset_name, or a hub dataset or dataset directory as dataset_name")
+    if sources == data_sources([script_args.dataset_name], script_args.dataset_train_split,
+                               source_options(script_args)):
+        raise UsageError(f"dataset_test_split {split!r} is the training split")
+    return sources
+
+
+def source_names(inputs) -> str:
+    """The inputs as a log line names them."""
+    from beam_sft.records.files import source_label
+
+    return inputs if isinstance(inputs, str) else ", ".join(source_label(s) for s in inputs)
 
 
 def prepared_mixture_note(inputs) -> str | None:
@@ -43,13 +94,14 @@ def training_datasets(
     tokenizer,
     settings: DataSettings,
     *,
-    eval_dataset_name: str | None = None,
+    eval_dataset_name=None,
     cache_dir: str | None = None,
     num_proc: int | None = None,
     output_dir: str | None = None,
     is_main_process: bool = True,
     streaming: bool = False,
     world_size: int = 1,
+    shuffle_buffer: int | None = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The data phase of `scripts/train.py`: (train, eval or None, stats), logged and checked; stats is what
     `output_dir/data_stats.json` holds (per split, and `data`: the whole input's counts).
@@ -57,22 +109,26 @@ def training_datasets(
     On the main process the rejects go to `output_dir/rejects.jsonl` (the log shows the first few) and the
     counts to `output_dir/data_stats.json`; every rank writes `output_dir/data_phase.rank<N>.json`.
     `streaming`: `stream_training_data` instead (nothing cached, rejects in `output_dir/rejects.rank<N>.jsonl`).
+    `eval_dataset_name`: a path or id (its "test" split), or `eval_inputs`' sources.
     """
     from beam_sft.dataset.reasoning_stats import notes
     from beam_sft.records.files import atomic_output, write_json_atomic
 
     if streaming:
-        train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir)
+        train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir,
+                                     shuffle_buffer=shuffle_buffer)
         eval_ds = None
         if eval_dataset_name:
             eval_ds = stream_training_data(eval_dataset_name, tokenizer, replace(settings, split="test",
                                            max_records=None), world_size=world_size, rejects_dir=output_dir)
-        logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)", dataset_name, train.n_shards)
+        logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)", source_names(dataset_name),
+                    train.n_shards)
         return train, eval_ds, {}
     if counts_mixture := prepared_mixture_note(dataset_name):
         logger.info("data: mixture of %s", counts_mixture)
-    prepared = prepare_data(dataset_name, tokenizer, settings, eval_inputs=[eval_dataset_name] if eval_dataset_name
-                            else None, cache_dir=cache_dir, num_proc=num_proc, record_dir=output_dir)
+    eval_list = [eval_dataset_name] if isinstance(eval_dataset_name, str) else eval_dataset_name
+    prepared = prepare_data(dataset_name, tokenizer, settings, eval_inputs=eval_list or None, cache_dir=cache_dir,
+                            num_proc=num_proc, record_dir=output_dir)
     counts = prepared.manifest.get("counts", {})
     for entry in prepared.manifest.get("mixture") or ():
         logger.info("data: source %s: %d rows read, %d taken, %d rejected (%d duplicates)", entry["files"],

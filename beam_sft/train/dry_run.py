@@ -176,7 +176,7 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
     """Check the run and return its plan; trains nothing, writes nothing to output_dir."""
     from beam_sft.train import run
     from beam_sft.train.config import data_settings
-    from beam_sft.train.data import training_datasets, training_inputs
+    from beam_sft.train.data import eval_inputs, training_datasets, training_inputs
     from beam_sft.train.model import check_tokenizer
 
     run.check_arguments(script_args, training_args)
@@ -197,7 +197,7 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
     else:
         train, eval_ds, stats = training_datasets(
             training_inputs(script_args, seed=training_args.seed), tokenizer, settings,
-            eval_dataset_name=script_args.eval_dataset_name,
+            eval_dataset_name=eval_inputs(script_args),
             cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc, output_dir=None)
         rows = packed_rows(train, training_args)
         longest = training_args.max_length if training_args.packing else max(len(x) for x in train["input_ids"])

@@ -40,13 +40,15 @@ def check_arguments(script_args, training_args) -> None:
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
-    held_out = script_args.eval_dataset_name or (script_args.eval_split_size or script_args.test_split_size or 0) > 0
+    held_out = script_args.eval_dataset_name or script_args.dataset_test_split or (script_args.eval_split_size or script_args.test_split_size or 0) > 0
     for name in ("eval_beam", "eval_beam_steps"):
         if getattr(script_args, name) and not held_out:
             # Refused now rather than noticed after the whole training run.
             raise UsageError(f"--{name} needs an eval split: set --eval_dataset_name or --eval_split_size")
     if script_args.eval_beam_steps is not None and script_args.eval_beam_steps < 1:
         raise UsageError(f"--eval_beam_steps must be a positive number of steps, not {script_args.eval_beam_steps}")
+    if script_args.shuffle_buffer and not script_args.streaming:
+        raise UsageError("--shuffle_buffer applies to --streaming (prepared data is shuffled by the trainer)")
     if script_args.streaming and training_args.max_steps <= 0:
         raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
     if training_args.bf16 and not torch.cuda.is_available():
@@ -131,10 +133,11 @@ def eval_beam(trainer, tokenizer, script_args, settings) -> None:
 
     from beam_sft.dataset.prepare import eval_records
     from beam_sft.eval.run import evaluate_trainer
+    from beam_sft.train.data import eval_inputs, training_inputs
 
     with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:
-        records = list(eval_records(script_args.dataset_name, settings, work,
-                                    eval_dataset_name=script_args.eval_dataset_name)) \
+        records = list(eval_records(training_inputs(script_args), settings, work,
+                                    eval_dataset_name=eval_inputs(script_args))) \
             if trainer.accelerator.is_main_process else []
         evaluate_trainer(trainer, tokenizer, records)
 

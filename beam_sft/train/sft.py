@@ -14,7 +14,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     from beam_sft.train import run
     from beam_sft.train.beam_eval import add_beam_eval
     from beam_sft.train.config import data_settings
-    from beam_sft.train.data import training_datasets, training_inputs
+    from beam_sft.train.data import eval_inputs, training_datasets, training_inputs
     from beam_sft.train.model import check_tokenizer, load_model_and_tokenizer
 
     run.setup_logging(training_args)
@@ -29,10 +29,10 @@ def main(script_args, training_args, model_args, callbacks=None):
     settings = data_settings(script_args, training_args)
     train_dataset, eval_dataset, _ = training_datasets(
         training_inputs(script_args, seed=training_args.seed), tokenizer, settings,
-        eval_dataset_name=script_args.eval_dataset_name,
+        eval_dataset_name=eval_inputs(script_args),
         cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc,
         output_dir=training_args.output_dir, is_main_process=training_args.process_index == 0,
-        streaming=script_args.streaming, world_size=training_args.world_size,
+        streaming=script_args.streaming, world_size=training_args.world_size, shuffle_buffer=script_args.shuffle_buffer,
     )
     # The labels are already built from the template's masks, so TRL must take the dataset as tokenized;
     # its own assistant_only_loss path expects raw conversations.
