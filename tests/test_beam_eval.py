@@ -196,3 +196,33 @@ def test_an_empty_eval_split_is_warned_about_before_training(tmp_path, capsys):
     assert log.count(warning) == 1, log[-3000:]
     assert warning in before_training[0]
     assert not beam_entries(trainer.state.log_history)
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--eval_beam_on_evaluate", "true"], "eval_beam_on_evaluate needs evaluations: set eval_strategy"),
+    (["--metric_for_best_model", "eval_beam/well_formed"],
+     "metric_for_best_model eval_beam/well_formed needs evaluations"),
+    (["--eval_strategy", "steps", "--early_stopping_patience", "2"], "early_stopping_patience must be a positive"),
+    (["--eval_strategy", "steps", "--metric_for_best_model", "loss", "--early_stopping_patience", "0"],
+     "early_stopping_patience must be a positive"),
+])
+def test_beam_metrics_at_evaluation_and_early_stopping_need_evaluations(extra, expected):
+    from beam_sft.errors import UsageError
+    from beam_sft.train.run import check_arguments
+    from beam_sft.train.sft import make_parser
+
+    script_args, training_args, _ = make_parser().parse_args_and_config([*COMMON, "--eval_split_size", "3", *extra])
+    with pytest.raises(UsageError, match=expected):
+        check_arguments(script_args, training_args)
+
+
+def test_a_beam_metric_for_the_best_model_turns_beam_metrics_at_evaluation_on():
+    from beam_sft.train.beam_eval import beam_at_evaluate
+    from beam_sft.train.run import check_arguments
+    from beam_sft.train.sft import make_parser
+
+    for metric, on in (("eval_beam/well_formed", True), ("beam/stopped", True), ("loss", False)):
+        script_args, training_args, _ = make_parser().parse_args_and_config(
+            [*COMMON, "--eval_split_size", "3", "--eval_strategy", "steps", "--metric_for_best_model", metric])
+        check_arguments(script_args, training_args)
+        assert beam_at_evaluate(script_args, training_args) is on, metric
