@@ -43,9 +43,13 @@ class TransformersBackend:
 
     name = "transformers"
 
-    def __init__(self, model, tokenizer, *, max_new_tokens: int = 256, batch_size: int = 8):
+    def __init__(self, model, tokenizer, *, max_new_tokens: int = 256, batch_size: int = 8,
+                 synced_gpus: bool = False):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        # A sharded model (FSDP) all-gathers its parameters in every forward: every rank must step until all
+        # ranks' sequences are done (transformers' `synced_gpus`, what it does itself for ZeRO-3).
+        self.synced_gpus = synced_gpus
         self.stops = stop_ids(tokenizer)
         if tokenizer.pad_token_id is None:
             raise UsageError("the tokenizer has no pad token; batched generation needs one (beamify adds <|pad|>)")
@@ -69,7 +73,9 @@ class TransformersBackend:
             for start in range(0, len(prompts), self.batch_size):
                 batch = tok(list(prompts[start : start + self.batch_size]), add_special_tokens=False,
                             padding=True, return_tensors="pt").to(device)
-                with torch.inference_mode():
+                # no_grad, not inference_mode, for a sharded model: FSDP writes its gathered parameters into
+                # buffers that training uses again.
+                with torch.no_grad() if self.synced_gpus else torch.inference_mode():
                     ids = model.generate(
                         **batch,
                         max_new_tokens=self.max_new_tokens,
@@ -80,6 +86,7 @@ class TransformersBackend:
                         eos_token_id=list(self.stops),
                         pad_token_id=tok.pad_token_id,
                         use_cache=True,
+                        **({"synced_gpus": True} if self.synced_gpus else {}),
                     )
                 width = batch["input_ids"].shape[1]
                 out.extend(_finish(tok, row[width:].tolist(), self.stops) for row in ids)
@@ -88,6 +95,36 @@ class TransformersBackend:
             model.train(was_training)
             if router_logits:
                 model.config.output_router_logits = router_logits
+        return out
+
+
+class ShardedBackend:
+    """Another backend's generation split across the ranks of a `torch.distributed` group, every rank given
+    the same prompts: rank r generates prompts r, r + world, ...; the generations are gathered, so every rank
+    returns all of them in the prompts' order (what one process would return).
+
+    Every rank generates the same number of prompts (a short share is padded with the first prompt, its
+    output dropped), so each makes the same number of `generate` calls: a sharded model's forwards are
+    collectives, and the ranks must call them in lockstep.
+    """
+
+    def __init__(self, backend, rank: int, world_size: int):
+        self.backend, self.rank, self.world_size = backend, rank, world_size
+        self.name = getattr(backend, "name", type(backend).__name__)
+
+    def generate(self, prompts: Sequence[str]) -> list[Generation]:
+        import torch.distributed as dist
+
+        if not prompts:
+            return []
+        share = list(prompts[self.rank :: self.world_size])
+        per_rank = -(-len(prompts) // self.world_size)
+        mine = self.backend.generate(share + [prompts[0]] * (per_rank - len(share)))[: len(share)]
+        gathered: list[list[Generation] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        out: list[Generation | None] = [None] * len(prompts)
+        for rank, generations in enumerate(gathered):
+            out[rank :: self.world_size] = generations
         return out
 
 

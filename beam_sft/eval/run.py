@@ -24,7 +24,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from beam_sft.errors import RecordError, UsageError
 from beam_sft.eval.backends import Generation, TransformersBackend
@@ -185,28 +184,39 @@ def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None 
 
 
 def evaluate_trainer(trainer, tokenizer, records: Sequence[dict], *, max_new_tokens: int = 256,
-                     batch_size: int = 8, turns: str = "first") -> dict[str, Any] | None:
-    """`scripts/train.py --eval_beam true`: evaluate the trained model on the eval records (main process only;
-    other ranks pass no records), log the overall metrics next to the loss as `eval_beam/<metric>`, and return
-    the summary."""
+                     batch_size: int = 8, turns: str = "first", log: bool = True) -> dict[str, float] | None:
+    """`scripts/train.py --eval_beam` / `--eval_beam_steps`: evaluate the model being trained on the eval
+    records and return the overall metrics as `eval_beam/<metric>` (logged through `trainer.log` when `log`).
+
+    Every rank must call it with the same `records`. Over several processes (DDP, FSDP) each rank generates
+    its share of the turns (`ShardedBackend`); the generations are gathered, so every rank scores all the
+    turns and returns what one process would. Under FSDP the ranks generate in lockstep on the sharded
+    model (`synced_gpus`). DeepSpeed: not tested here, a warning and None.
+    """
+    from beam_sft.eval.backends import ShardedBackend
+
     accelerator = trainer.accelerator
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
-        logger.warning("--eval_beam: the model is sharded (FSDP/DeepSpeed); run `beam-sft eval %s --data ...` "
-                       "on the saved model instead", trainer.args.output_dir)
+    if trainer.is_deepspeed_enabled:
+        if accelerator.is_main_process:
+            logger.warning("eval_beam: not supported under DeepSpeed; run `beam-sft eval %s --data ...` on the "
+                           "saved model instead", trainer.args.output_dir)
         return None
-    summary = None
-    # Only the main process has the records (the others pass none); every rank still meets the barrier below.
-    if accelerator.is_main_process and not records:
-        logger.warning("--eval_beam: no eval split (set --eval_dataset_name or --eval_split_size); skipped")
-    elif accelerator.is_main_process:
-        model = accelerator.unwrap_model(trainer.model)
-        backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
-        # The records are already converted: their source format is not known here, so one group.
-        result = evaluate(backend, tokenizer, ((r, "eval_split") for r in records), turns=turns,
-                          progress=not trainer.args.disable_tqdm, total=len(records))
-        summary = result.summary()
+    if not records:
+        return None  # the empty eval split was warned about before training (beam_sft.train.beam_eval)
+    world = accelerator.num_processes
+    model = accelerator.unwrap_model(trainer.model)
+    backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                  synced_gpus=trainer.is_fsdp_enabled and world > 1)
+    if world > 1:
+        backend = ShardedBackend(backend, accelerator.process_index, world)
+    # The records are already converted: their source format is not known here, so one group.
+    result = evaluate(backend, tokenizer, ((r, "eval_split") for r in records), turns=turns,
+                      progress=accelerator.is_main_process and not trainer.args.disable_tqdm, total=len(records))
+    summary = result.summary()
+    if accelerator.is_main_process:
         logger.info("Beam eval on %d eval records:\n%s", len(records), summary_table(result))
-        trainer.log({f"eval_beam/{k}": float(v) for k in (*METRICS, "turns", "generation_tokens", "tokens_per_second")
-                     if (v := summary.get(k)) is not None})
-    accelerator.wait_for_everyone()
-    return summary
+    metrics = {f"eval_beam/{k}": float(v) for k in (*METRICS, "turns", "generation_tokens", "tokens_per_second")
+               if (v := summary.get(k)) is not None}
+    if log:
+        trainer.log(dict(metrics))  # on every rank, as the Trainer logs its own metrics
+    return metrics

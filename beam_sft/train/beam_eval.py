@@ -1,10 +1,18 @@
-"""`--eval_beam_steps N`: the `beam-sft eval` metrics during training, every N optimizer steps.
+"""The `beam-sft eval` metrics during training: `--eval_beam_steps N` and `--eval_beam_on_evaluate`.
 
 A `TrainerCallback` generates the first assistant turn of each record of a fixed held-out sample (the eval
-split's records, converted once before training) with `beam_sft.eval.run.evaluate_trainer`, the code
-`--eval_beam` runs after training, and logs the overall metrics through the trainer (`Trainer.log`: the log
-history, TensorBoard, W&B, trackio) as `eval_beam/<metric>`. The main process generates; the other ranks wait
-at its barrier. Under FSDP/DeepSpeed nothing is generated (a warning, as for `--eval_beam`).
+split's records, converted once before training on the main process and broadcast to the other ranks) with
+`beam_sft.eval.run.evaluate_trainer`, the code `--eval_beam` runs after training, and logs the overall metrics
+through the trainer (`Trainer.log`: the log history, TensorBoard, W&B, trackio) as `eval_beam/<metric>`:
+
+* every N optimizer steps and at the last (`--eval_beam_steps N`);
+* at each evaluation (`--eval_beam_on_evaluate`, on whenever `metric_for_best_model` names an `eval_beam/`
+  metric): the metrics are also added to the evaluation's metrics dict, which the Trainer hands its callbacks
+  by reference and then to `_determine_best_metric`, so best-checkpoint selection and early stopping
+  (`--early_stopping_patience`, added after this callback so it sees them) can use a Beam metric.
+
+Over several processes each rank generates its share and every rank gets the same metrics (see
+`evaluate_trainer`); under FSDP the ranks generate in lockstep on the sharded model. DeepSpeed: a warning.
 """
 
 from __future__ import annotations
@@ -16,42 +24,90 @@ from transformers import TrainerCallback
 logger = logging.getLogger(__name__)
 
 
-class BeamEvalCallback(TrainerCallback):
-    """Score `records` like `beam-sft eval` every `every` steps (and at the last step), then train on."""
+def beam_metric_named(metric_for_best_model: str | None) -> bool:
+    """Whether `metric_for_best_model` is an `eval_beam/` metric (the Trainer adds the `eval_` it lacks)."""
+    return bool(metric_for_best_model) and metric_for_best_model.removeprefix("eval_").startswith("beam/")
 
-    def __init__(self, trainer, tokenizer, records: list[dict], every: int):
-        self.trainer, self.tokenizer, self.records, self.every = trainer, tokenizer, records, every
+
+class BeamEvalCallback(TrainerCallback):
+    """Score `records` like `beam-sft eval` every `every` steps (and at the last) and/or at each evaluation."""
+
+    def __init__(self, trainer, tokenizer, records: list[dict], every: int | None, at_evaluate: bool = False):
+        self.trainer, self.tokenizer, self.records = trainer, tokenizer, records
+        self.every, self.at_evaluate = every, at_evaluate
+        self._last: tuple[int, dict[str, float] | None] | None = None  # (step, metrics) of the last run
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+        if self.every and (state.global_step % self.every == 0 or state.global_step == state.max_steps):
             self.run(state.global_step)
         return control
 
-    def run(self, step: int) -> None:
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        # With a dict of eval datasets the Trainer evaluates (and calls this) once per dataset and merges the
+        # dicts: the Beam metrics are generated once per step and added to each.
+        if self.at_evaluate and metrics is not None:
+            metrics.update(self.run(state.global_step) or {})
+        return control
+
+    def run(self, step: int) -> dict[str, float] | None:
+        """The metrics at `step`, generated (and logged) once per step however many hooks ask."""
+        if self._last is not None and self._last[0] == step:
+            return self._last[1]
         from beam_sft.eval.run import evaluate_trainer
 
         model = self.trainer.model
         was_training = model.training
         try:
-            summary = evaluate_trainer(self.trainer, self.tokenizer, self.records)
+            metrics = evaluate_trainer(self.trainer, self.tokenizer, self.records)
         finally:
             model.train(was_training)  # generation put the model in eval mode
-        if summary is not None:
-            logger.info("eval_beam at step %d: well_formed %s", step, summary.get("well_formed"))
+        self._last = (step, metrics)
+        if metrics is not None:
+            logger.info("eval_beam at step %d: well_formed %s", step, metrics.get("eval_beam/well_formed"))
+        return metrics
 
 
-def add_beam_eval(trainer, tokenizer, script_args, settings) -> None:
-    """Attach the callback when `--eval_beam_steps` is set: the held-out records are read here, once."""
-    if not script_args.eval_beam_steps:
-        return
+def held_out_records(trainer, script_args, settings) -> list[dict]:
+    """The eval split's Beam records, read once on the main process and broadcast, so every rank has them
+    (each generates a share). Warns, once, when the split is empty: no Beam metric will be logged."""
     import tempfile
+
+    from accelerate.utils import broadcast_object_list
 
     from beam_sft.dataset.prepare import eval_records
     from beam_sft.train.data import eval_inputs, training_inputs
 
-    records = []
+    box: list = [None]
     if trainer.accelerator.is_main_process:
         with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:
-            records = list(eval_records(training_inputs(script_args), settings, work,
-                                        eval_dataset_name=eval_inputs(script_args)))
-    trainer.add_callback(BeamEvalCallback(trainer, tokenizer, records, script_args.eval_beam_steps))
+            box[0] = list(eval_records(training_inputs(script_args), settings, work,
+                                       eval_dataset_name=eval_inputs(script_args)))
+    if trainer.accelerator.num_processes > 1:
+        box = broadcast_object_list(box)
+    records = box[0]
+    if not records and trainer.accelerator.is_main_process:
+        why = ("deduplication removed every eval record: each equals a training record or an earlier one; "
+               "--dedup false keeps them" if settings.dedup else "it holds no record")
+        logger.warning("eval_beam: the eval split is empty (%s); no eval_beam/<metric> will be logged", why)
+    return records
+
+
+def beam_eval_wanted(script_args, training_args) -> bool:
+    return bool(script_args.eval_beam or script_args.eval_beam_steps or beam_at_evaluate(script_args, training_args))
+
+
+def beam_at_evaluate(script_args, training_args) -> bool:
+    return bool(script_args.eval_beam_on_evaluate or beam_metric_named(training_args.metric_for_best_model))
+
+
+def add_beam_eval(trainer, tokenizer, script_args, training_args, records: list[dict]) -> None:
+    """Attach the callback when `--eval_beam_steps` or Beam metrics at evaluation are asked for; then the
+    early-stopping callback (`--early_stopping_patience`), after it, so it sees the Beam metrics."""
+    every, at_evaluate = script_args.eval_beam_steps, beam_at_evaluate(script_args, training_args)
+    if every or at_evaluate:
+        trainer.add_callback(BeamEvalCallback(trainer, tokenizer, records, every, at_evaluate))
+    if script_args.early_stopping_patience is not None:
+        from transformers import EarlyStoppingCallback
+
+        trainer.add_callback(EarlyStoppingCallback(script_args.early_stopping_patience,
+                                                   script_args.early_stopping_threshold))

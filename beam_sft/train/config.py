@@ -156,7 +156,24 @@ class ScriptArguments:
         default=None,
         metadata={"help": "During training, every N steps (and at the last), generate on the eval split's records "
                   "and log the `beam-sft eval` metrics as eval_beam/<metric> (TensorBoard, W&B, ...). Needs an eval "
-                  "split; the main process generates; not under FSDP/DeepSpeed."},
+                  "split; each rank generates its share (DDP, FSDP); not under DeepSpeed."},
+    )
+    eval_beam_on_evaluate: bool = field(
+        default=False,
+        metadata={"help": "At each evaluation (eval_strategy steps/epoch), generate on the eval split's records and "
+                  "add the `beam-sft eval` metrics to the evaluation's metrics as eval_beam/<metric>, so "
+                  "metric_for_best_model and early stopping can use them. On by itself when metric_for_best_model "
+                  "is an eval_beam/ metric."},
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={"help": "Stop training after this many evaluations without improvement of metric_for_best_model "
+                  "(transformers' EarlyStoppingCallback; a Beam metric such as eval_beam/well_formed works). Needs "
+                  "eval_strategy and metric_for_best_model."},
+    )
+    early_stopping_threshold: float = field(
+        default=0.0,
+        metadata={"help": "With early_stopping_patience: how much metric_for_best_model must improve to count."},
     )
     dry_run: bool = field(
         default=False,

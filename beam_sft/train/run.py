@@ -27,21 +27,21 @@ def check_arguments(script_args, training_args) -> None:
     import torch
 
     from beam_sft.errors import UsageError
+    from beam_sft.train.beam_eval import beam_eval_wanted
 
     mixture = bool(getattr(script_args, "datasets", None))
     if script_args.dataset_name is None and not mixture:
         raise UsageError("--dataset_name is required (a file, a directory, or a hub dataset id), or a `datasets:` "
                          "list in the --config YAML")
-    if mixture and (script_args.dataset_name or script_args.streaming or script_args.eval_beam
-                    or script_args.eval_beam_steps):
+    if mixture and (script_args.dataset_name or script_args.streaming or beam_eval_wanted(script_args, training_args)):
         raise UsageError("a `datasets:` mixture takes the place of dataset_name, and does not stream, "
-                         "eval_beam or eval_beam_steps yet")
+                         "eval_beam, eval_beam_steps or eval_beam_on_evaluate yet")
     if training_args.use_liger_kernel:
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
     held_out = script_args.eval_dataset_name or script_args.dataset_test_split or (script_args.eval_split_size or script_args.test_split_size or 0) > 0
-    for name in ("eval_beam", "eval_beam_steps"):
+    for name in ("eval_beam", "eval_beam_steps", "eval_beam_on_evaluate"):
         if getattr(script_args, name) and not held_out:
             # Refused now rather than noticed after the whole training run.
             raise UsageError(f"--{name} needs an eval split: set --eval_dataset_name or --eval_split_size")
@@ -49,10 +49,30 @@ def check_arguments(script_args, training_args) -> None:
         raise UsageError(f"--eval_beam_steps must be a positive number of steps, not {script_args.eval_beam_steps}")
     if script_args.shuffle_buffer and not script_args.streaming:
         raise UsageError("--shuffle_buffer applies to --streaming (prepared data is shuffled by the trainer)")
+    check_evaluation_options(script_args, training_args, held_out)
     if script_args.streaming and training_args.max_steps <= 0:
         raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
     if training_args.bf16 and not torch.cuda.is_available():
         logger.warning("bf16 requested without a GPU: training runs in bf16 autocast on CPU")
+
+
+def check_evaluation_options(script_args, training_args, held_out) -> None:
+    """Beam metrics at evaluation and early stopping need evaluations (and a metric) to happen at all."""
+    from beam_sft.errors import UsageError
+    from beam_sft.train.beam_eval import beam_at_evaluate, beam_metric_named
+
+    evaluates = training_args.eval_strategy != "no"
+    if beam_at_evaluate(script_args, training_args) and not evaluates:
+        name = ("eval_beam_on_evaluate" if script_args.eval_beam_on_evaluate
+                else f"metric_for_best_model {training_args.metric_for_best_model}")
+        raise UsageError(f"{name} needs evaluations: set eval_strategy (steps or epoch)")
+    if beam_metric_named(training_args.metric_for_best_model) and not held_out:
+        raise UsageError(f"metric_for_best_model {training_args.metric_for_best_model} needs an eval split: set "
+                         "--eval_dataset_name or --eval_split_size")
+    patience = script_args.early_stopping_patience
+    if patience is not None and (patience < 1 or not evaluates or not training_args.metric_for_best_model):
+        raise UsageError("early_stopping_patience must be a positive number of evaluations and needs "
+                         "eval_strategy (steps or epoch) and metric_for_best_model")
 
 
 def resume_checkpoint(training_args):
@@ -127,19 +147,11 @@ def save(trainer, tokenizer, output_dir: str) -> None:
     )
 
 
-def eval_beam(trainer, tokenizer, script_args, settings) -> None:
+def eval_beam(trainer, tokenizer, records) -> None:
     """`--eval_beam true`: generate and score the eval split's records as `beam-sft eval` does."""
-    import tempfile
-
-    from beam_sft.dataset.prepare import eval_records
     from beam_sft.eval.run import evaluate_trainer
-    from beam_sft.train.data import eval_inputs, training_inputs
 
-    with tempfile.TemporaryDirectory(prefix="beam_eval_") as work:
-        records = list(eval_records(training_inputs(script_args), settings, work,
-                                    eval_dataset_name=eval_inputs(script_args))) \
-            if trainer.accelerator.is_main_process else []
-        evaluate_trainer(trainer, tokenizer, records)
+    evaluate_trainer(trainer, tokenizer, records)
 
 
 def push(trainer, training_args) -> None:

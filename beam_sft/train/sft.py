@@ -12,7 +12,7 @@ DESCRIPTION = "Fine-tune on Beam Harmony data with TRL's SFTTrainer, loss on ass
 def main(script_args, training_args, model_args, callbacks=None):
     """Prepare data, train, save model + tokenizer (both templates), push. Returns the trainer."""
     from beam_sft.train import run
-    from beam_sft.train.beam_eval import add_beam_eval
+    from beam_sft.train.beam_eval import add_beam_eval, beam_eval_wanted, held_out_records
     from beam_sft.train.config import data_settings
     from beam_sft.train.data import eval_inputs, training_datasets, training_inputs
     from beam_sft.train.model import check_tokenizer, load_model_and_tokenizer
@@ -41,11 +41,13 @@ def main(script_args, training_args, model_args, callbacks=None):
     # Trainer, training, saving
     trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
                                 model_args, callbacks)
-    add_beam_eval(trainer, tokenizer, script_args, settings)  # --eval_beam_steps
+    # Beam metrics: the held-out records read once (an empty split is warned about now, not after training)
+    records = held_out_records(trainer, script_args, settings) if beam_eval_wanted(script_args, training_args) else []
+    add_beam_eval(trainer, tokenizer, script_args, training_args, records)  # during training; early stopping
     trainer.train(resume_from_checkpoint=run.resume_checkpoint(training_args))
     run.save(trainer, tokenizer, training_args.output_dir)
     if script_args.eval_beam:
-        run.eval_beam(trainer, tokenizer, script_args, settings)
+        run.eval_beam(trainer, tokenizer, records)
     run.push(trainer, training_args)
     run.finish(trainer)
     return trainer
