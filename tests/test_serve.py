@@ -337,7 +337,9 @@ def test_eval_cli_openai_backend_needs_a_base_url(capsys):
 
 def test_openai_backend_scores_the_raw_turn_from_token_ids_and_drops_the_field_when_refused(tok):
     # vLLM returns `token_ids` when asked: the raw turn shows a final closed by <|end|> that its parser joined
-    # into one content; transformers serve refuses unknown fields with 422, and is then asked without it.
+    # into one content; transformers serve refuses unknown fields with 422, and is then asked without it. The
+    # refusal as the real openai client raises it (checked against transformers serve 5.24): its message is only
+    # "Error code: 422"; the reason is in the body's `detail`, FastAPI's shape.
     import openai
 
     from beam_sft.eval.openai_backend import OpenAIBackend
@@ -356,8 +358,9 @@ def test_openai_backend_scores_the_raw_turn_from_token_ids_and_drops_the_field_w
         seen.append(kwargs.get("extra_body"))
         if "return_token_ids" in (kwargs.get("extra_body") or {}):
             err = openai.UnprocessableEntityError.__new__(openai.UnprocessableEntityError)
-            Exception.__init__(err, "Unexpected fields in the request: {'return_token_ids'}")
-            err.status_code, err.message = 422, "Unexpected fields in the request: {'return_token_ids'}"
+            Exception.__init__(err, "Error code: 422")
+            err.status_code, err.message = 422, "Error code: 422"
+            err.body = {"detail": "Unexpected fields in the request: {'return_token_ids'}"}
             raise err
         return _completion({"content": "One.Two.", "reasoning": "Think."}, "stop")
 

@@ -14,8 +14,9 @@ server that cannot be reached stops the run.
 Each request also asks for the generated token ids (vLLM's `return_token_ids`): decoded with the tokenizer,
 they give the raw turn, markers included, so a turn whose shape is wrong (a final answer closed by `<|end|>`
 and followed by more messages, which the server's parser joins into one `content`) is scored as offline. A
-server that refuses the field (`transformers serve` answers 422 to unknown fields) is asked again without it,
-and from then on is scored on its parse alone.
+server that refuses the field (`transformers serve` answers 422 "Unexpected fields in the request", in the
+body's `detail`, which the openai client leaves out of its message) is asked again without it, and from then
+on is scored on its parse alone.
 
     from beam_sft.eval.openai_backend import OpenAIBackend
     backend = OpenAIBackend("http://127.0.0.1:8000/v1", "beam", tokenizer)
@@ -107,6 +108,18 @@ def parsed_message(message: Any) -> dict[str, Any]:
     return out
 
 
+def refusal_text(err) -> str:
+    """What a refused request says: the client's message, plus the body's own words when the client left them
+    out (it keeps only an `error.message`; FastAPI servers, `transformers serve` among them, answer
+    `{"detail": ...}`, so a 422 reads just "Error code: 422")."""
+    message = f"{getattr(err, 'message', err)}"
+    body = getattr(err, "body", None)
+    detail = body.get("detail") if isinstance(body, dict) else body if isinstance(body, str) else None
+    if detail and str(detail) not in message:
+        message = f"{message} - {detail}"
+    return message
+
+
 class OpenAIBackend:
     """Chat completions against a running server, `concurrency` requests at a time (the server batches)."""
 
@@ -168,7 +181,7 @@ class OpenAIBackend:
             except (openai.APIConnectionError, openai.APITimeoutError) as err:
                 raise FatalError(f"--backend openai: cannot reach the server: {err}") from err
             except openai.APIStatusError as err:
-                message = f"{getattr(err, 'message', err)}"
+                message = refusal_text(err)
                 if asked_ids and err.status_code in (400, 422) and "return_token_ids" in message:
                     self.token_ids = False
                     continue
