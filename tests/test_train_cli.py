@@ -179,7 +179,7 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
     cache = ["--prepared_cache_dir", str(work / "cache")]
     dry = beam_sft("train", "--config", "quickstart", "--dry_run", *cache)
     assert dry.returncode == 0, dry.stderr[-2000:]
-    assert "steps              216 (18 per epoch)" in dry.stdout, dry.stdout
+    assert "steps              288 (18 per epoch)" in dry.stdout, dry.stdout
     assert str(site / "beam_sft" / "bundled") in dry.stderr + dry.stdout  # the bundled samples, not the checkout's
     (work / "bad.yaml").write_text("learnin_rate: 1\n")
     bad = beam_sft("train", "--config", "bad.yaml")
