@@ -1,0 +1,61 @@
+"""data/real (scripts/build_real_data.py): the held-out split never shares a tool with training, nothing is lost
+between the sources and the two halves, and the back-fill only added reasoning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizer_factories import script_module
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "real"
+
+
+def _records(name: str) -> list[dict]:
+    return [json.loads(line) for line in (REAL / name).read_text(encoding="utf-8").splitlines()]
+
+
+def _tools(records: list[dict]) -> set[str]:
+    return {t.get("function", t).get("name") for r in records for t in r.get("tools") or []}
+
+
+def test_heldout_tools_are_never_trained_and_nothing_is_lost():
+    split = json.loads((REAL / "split.json").read_text())
+    held, raw, train = _records("heldout.jsonl"), _records("train.raw.jsonl"), _records("train.jsonl")
+    assert not _tools(held) & _tools(raw)
+    assert sorted(_tools(held)) == split["heldout_tools"]
+    assert len(held) == split["heldout"] and len(raw) == split["train"]
+    assert split["records"] == len(held) + len(raw) == sum(s["converted"] for s in split["sources"].values())
+    stats = split["backfill_stats"]
+    assert stats["records_in"] == stats["records_out"] == len(train)
+
+
+def test_backfill_changed_reasoning_only():
+    # records in back-fill order: each output record is its raw record with some reasoning filled in
+    split = json.loads((REAL / "split.json").read_text())
+    raw, train = _records("train.raw.jsonl"), _records("train.jsonl")
+    bound = split["limit"] + (split["first_turns"] if split["first_turns"] is not None else len(raw))
+    assert len(train) == min(len(raw), split["limit"] if split["rest"] == "skip" else bound)
+    filled = 0
+    for before, after in zip(raw, train, strict=False):
+        assert [m["role"] for m in before["messages"]] == [m["role"] for m in after["messages"]]
+        for a, b in zip(before["messages"], after["messages"], strict=True):
+            strip = lambda m: {k: v for k, v in m.items() if k not in ("reasoning_content", "reasoning_source")}
+            assert strip(a) == strip(b)
+            if b.get("reasoning_source") and not a.get("reasoning_content"):
+                filled += 1
+    assert filled == split["backfill_stats"]["filled"] > 0
+
+
+def test_records_after_the_limit_keep_their_first_assistant_turn():
+    build = script_module("build_real_data")
+    record = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                           {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"},
+                           {"role": "assistant", "content": "b"}], "source": "x#0"}
+    cut = build.first_turn(record)
+    assert [m["content"] for m in cut["messages"]] == ["s", "u", "a"] and cut["source"] == "x#0"
+    split = json.loads((REAL / "split.json").read_text())
+    assert split["rest"] == "first-turn"  # what make demo-real trains on
+    rest = _records("train.raw.jsonl")[split["limit"]:]
+    assert rest and all(r["messages"][-1]["role"] == "assistant" and
+                            sum(m["role"] == "assistant" for m in r["messages"]) == 1 for r in rest)
