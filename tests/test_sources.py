@@ -76,7 +76,7 @@ def test_a_hub_layout_directory_is_read_by_subset_and_split(tmp_path):
         f"V-{i}" for i in range(3)]
     with pytest.raises(FatalError, match="BuilderConfig 'nope' not found"):
         list(iter_items(data_sources([str(repo)], "train", {"config": "nope"})))
-    with pytest.raises(FatalError, match="Unknown split"):
+    with pytest.raises(FatalError, match=r"Bad split: test. Available splits: \[.train., .validation.\]"):
         list(iter_items(data_sources([str(repo)], "test", {"config": "tools"})))
     with pytest.raises(UsageError, match="apply to a hub dataset"):
         data_sources([str(repo / "chat" / "train.jsonl")], "train", {"config": "tools"})
@@ -328,3 +328,34 @@ def test_stream_shuffle_buffer_is_seeded_and_keeps_every_record(tmp_path, tok):
     assert all(int(r) <= i + 8 for i, r in enumerate(one))
     with pytest.raises(UsageError, match="at least 1"):
         stream_training_data(str(data), tok, DataSettings(), shuffle_buffer=-1)
+
+
+def test_hub_like_directories_are_streamed_never_served_from_a_stale_arrow_cache(tmp_path, tok):
+    # datasets' Arrow cache keys a local hub-like directory by its name and layout: before, a second directory
+    # named org_repo, or the first one edited, came back with the rows cached the first time. Streamed, each read
+    # is its files, and nothing is written to the cache (also what --streaming does for a hub id).
+    import uuid
+
+    import datasets
+
+    from beam_sft.dataset.stream import stream_training_data
+
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+
+    def cached_files() -> int:
+        return sum(1 for _ in cache.rglob("*.arrow")) if cache.exists() else 0
+
+    before = cached_files()
+    repos = []
+    for k in range(2):
+        repo = _repo(tmp_path / f"copy{k}")
+        tag = f"U{uuid.uuid4().hex[:8]}"
+        _write(repo / "chat" / "train.jsonl", [_chat(tag, i) for i in range(4)])
+        assert _tags(data_sources([str(repo)], "train")) == [f"{tag}-{i}" for i in range(4)]
+        repos.append(repo)
+    edited = f"E{uuid.uuid4().hex[:8]}"
+    _write(repos[0] / "chat" / "train.jsonl", [_chat(edited, i) for i in range(3)])
+    assert _tags(data_sources([str(repos[0])], "train")) == [f"{edited}-{i}" for i in range(3)]
+    stream = stream_training_data(str(repos[0]), tok, DataSettings(split="train"))
+    rows = [re.search(rf"{edited}-(\d+):", tok.decode(row["input_ids"])).group(1) for row in stream]
+    assert rows == ["0", "1", "2"] and cached_files() == before

@@ -95,6 +95,8 @@ def stream_training_data(
     if settings.eval_split_size:
         raise UsageError("streaming has no eval split (eval_split_size): pass eval_dataset_name, or prepare the data")
     sources = data_sources(inputs, settings.split)
+    for source in sources:  # a hub split arrives as it downloads, not after a full download
+        source.streaming = source.kind == "hub"
     names = tuple(s.name for s in sources)
     n_shards = max(1, world_size) * max(1, shards_per_rank)
     raw_features = Features({"src": Value("int32"), "pos": Value("int64"), "by_line": Value("bool"),

@@ -99,6 +99,9 @@ class Source:
     data_dir: str | None = None
     data_files: Any = None
     columns: Any = None  # {target key: column} renames, or TRL's list of columns to keep (`select_columns`)
+    # A hub source read with `load_dataset(..., streaming=True)`: rows come as they are downloaded, nothing is
+    # written to the datasets cache first (the training stream sets it; preparing reads the whole split anyway).
+    streaming: bool = False
 
     def load_kwargs(self) -> dict[str, Any]:
         """The `load_dataset` keywords this source sets (none of the unset ones)."""
@@ -504,14 +507,19 @@ def _read_dataset(src: Source, max_bytes: int | None) -> Iterator[Item]:
         if src.kind == "disk":
             ds = datasets.load_from_disk(src.name)
         else:
-            ds = datasets.load_dataset(src.name, split=src.split, **src.load_kwargs())
+            # A local hub-like directory is always streamed: datasets 5.2's Arrow cache keys it by its name and
+            # layout, not its files, so another directory of the same name, or this one edited, was served the
+            # rows cached the first time (measured; tests/test_sources.py). Streaming reads the files themselves.
+            local = Path(src.name).is_dir()
+            ds = datasets.load_dataset(src.name, split=src.split, streaming=src.kind == "hub" and (src.streaming or local),
+                                       **src.load_kwargs())
     except Exception as err:  # datasets raises many types; all of them mean "can't read this input"
         what = ("saved dataset" if src.kind == "disk" else "dataset directory" if Path(src.name).is_dir()
                 else "not a local path, and as a hub dataset")
         options = "".join(f", {k}={v!r}" for k, v in src.load_kwargs().items())
         raise FatalError(f"{src.name}: {what} (split={src.split!r}{options}): cannot load: {type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''}") from err
-    if isinstance(ds, datasets.DatasetDict):
+    if isinstance(ds, datasets.DatasetDict | datasets.IterableDatasetDict):
         if src.split not in ds:
             raise UsageError(f"{src.name}: no split {src.split!r} (splits: {', '.join(ds)}); use --split")
         ds = ds[src.split]
