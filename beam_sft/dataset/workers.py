@@ -87,6 +87,7 @@ class Task:
     skip_rows: Any = None  # numpy bool array or None: duplicates (decided by the main process), not tokenized
     formats: list[str] | None = None  # per source (a mixture), else Job.fmt
     policies: list[str] | None = None  # per source missing_reasoning (a mixture), else Job.missing_reasoning
+    groups: list[int] | None = None  # per source, its mixture entry: recorded for each eval row (Result.eval_sources)
 
 
 @dataclass
@@ -104,6 +105,8 @@ class Result:
     # With Job.dedup, one Row per converted record this chunk did not already hold (in row order): what the
     # main process needs to decide duplicates across chunks and to take a duplicate back out of the counts.
     rows: list[Row] = field(default_factory=list)
+    # With Task.groups: the mixture entry of each row written to the eval shard, in shard order.
+    eval_sources: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -371,6 +374,8 @@ def _tokenize_present(cols, present: list[int], rows: list, row: int, task: Task
             ids.append(done["input_ids"][j])
             masks.append(done["mask"][j])
             kept_rows.append(rows[j])
+            if split == "eval" and task.groups is not None:
+                tally.result.eval_sources.append(task.groups[sub["src"][j]])
     for split, (ids, masks, kept_rows) in kept.items():
         counts, per_row = writers.write(split, ids, masks, job)
         tally.written(split, counts, per_row or [None] * len(kept_rows), kept_rows)
