@@ -371,6 +371,7 @@ def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, ta
             chunk.n_records = result.n_records
             tally.take(result, bar)
             os.unlink(chunks[result.index].raw)
+            del result  # its Rows (one per record with dedup) freed before the next chunk's are made
     if not any(c.n_records for c in chunks if not c.is_eval):
         raise UsageError(f"no usable training records in {', '.join(_input_names(inputs))}: {tally.records_in} read, "
                          f"{sum(tally.rejected.values())} rejected ({dict(tally.rejected)})")
