@@ -172,3 +172,25 @@ def test_convert_dataset_drops_duplicates_in_input_order(tmp_path, num_proc):
     assert [json.loads(line)["reason"] for line in rejects.read_text().splitlines()] == ["duplicate"] * 15
     assert main([*args[:-4], "--keep-duplicates", "--render-check", "none", "-o", str(tmp_path / "all.jsonl")]) == 0
     assert len((tmp_path / "all.jsonl").read_text().splitlines()) == n_in
+
+
+def test_per_row_token_counts_match_the_rows_empty_ones_included():
+    """With dedup each kept row carries its own token counts (taken back out when it turns out a duplicate):
+    they are the sums over that row alone, whatever rows around it are empty."""
+    import numpy as np
+
+    from beam_sft.dataset.workers import _labelled
+
+    rng = np.random.default_rng(0)
+    stops = [7, 9]
+    for _ in range(50):
+        lengths = rng.integers(0, 6, rng.integers(1, 9))
+        ids = [rng.choice([1, 2, 7, 9], n).tolist() for n in lengths]
+        masks = [rng.integers(0, 2, n).tolist() for n in lengths]
+        _, _, counts, rows = _labelled(ids, masks, True, stops, per_row=True)
+        want = [{"total_tokens": len(i), "supervised_tokens": sum(m),
+                 "supervised_return": sum(t == 7 and b for t, b in zip(i, m, strict=True)),
+                 "supervised_call": sum(t == 9 and b for t, b in zip(i, m, strict=True))} for i, m in zip(ids, masks,
+                                                                                                        strict=True)]
+        assert rows == want, (ids, masks)
+        assert counts == {k: sum(r[k] for r in want) for k in counts}

@@ -9,6 +9,7 @@ per-source keys.
         max_records: 20000                # beam-sft: at most this many rows of this source, before fractions
         missing_reasoning: keep           # beam-sft: the validator's policy for this source
         shuffle: true                     # beam-sft: a seeded sample of the rows instead of the first ones
+        label: tools                      # beam-sft: the source's name in per-source eval metrics
       - path: data/reasoning.jsonl
         fraction: 0.3
       - {path: data/chat.jsonl, fraction: 0.2}
@@ -26,6 +27,11 @@ reads it (`revision` is beam-sft's key: TRL's DatasetConfig has none). `columns`
 keep, or beam-sft's mapping of record keys to columns (`{messages: conversations, tools: functions}`),
 applied to every row before its format is detected. `shuffle` (true, or an int seed; default seed: the run's) draws the taken rows at random, kept in file
 order.
+
+Every source has a `label` (`Mixture.labels`): the one given, else a slug of the entry (`source_slug`: the
+first data file's or the path's base name without extension, `_<name>` after it for a hub subset), made
+unique by `_2`, `_3`, ... in list order. The eval split records which source each of its rows came from
+under that label (the manifest's `eval_sources`): training logs `eval_<label>_loss` per source.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class MixtureSource:
     max_records: int | None = None
     missing_reasoning: str | None = None
     shuffle: bool | int = False
+    label: str | None = None
 
     @classmethod
     def from_dict(cls, entry: dict[str, Any], where: str) -> MixtureSource:
@@ -85,6 +92,9 @@ class MixtureSource:
             raise UsageError(f"{where}: max_records must be >= 0 (dataset {self.path!r})")
         if self.path in BUILDERS and not self.data_files:
             raise UsageError(f"{where}: `path: {self.path}` needs `data_files`")
+        if self.label is not None and (not isinstance(self.label, str) or _slug(self.label) != self.label):
+            raise UsageError(f"{where}: label {self.label!r} of dataset {self.path!r} must be lowercase letters, "
+                             f"digits and _ (it names metrics: eval_<label>_loss), e.g. {_slug(str(self.label))!r}")
 
     def sources(self, base: Path) -> list[Source]:
         """The files (or saved / hub dataset) this entry reads, relative paths taken from `base`."""
@@ -107,6 +117,26 @@ class MixtureSource:
             # a plain directory of files: its data_dir's files (what load_dataset(DIR, data_dir=...) reads)
             target, options["data_dir"] = os.path.join(target, self.data_dir), None
         return data_sources([target], self.split, options)
+
+
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def source_slug(entry: MixtureSource) -> str:
+    """A short name of a mixture entry when it has no `label`: `data/glaive.jsonl` -> glaive, `path: json` with
+    `data_files: [chat-*.jsonl]` -> chat, `org/agent-traces` with `name: tools` -> agent_traces_tools."""
+    if entry.path in BUILDERS:
+        files = entry.data_files
+        if isinstance(files, dict):
+            files = files.get(entry.split) or next(iter(files.values()), "")
+        first = files if isinstance(files, str) else (list(files) or [""])[0]
+        base = Path(str(first)).name.split(".")[0]
+    else:
+        base = Path(entry.path.rstrip("/")).name.split(".")[0]
+    return "_".join(part for part in (_slug(base), _slug(entry.name or "")) if part) or "source"
 
 
 def _under(base: Path, path: str) -> str:
@@ -160,6 +190,25 @@ class Mixture:
 
     def policies(self, default: str) -> list[str]:
         return [plan.entry.missing_reasoning or default for plan in self.plans for _ in plan.files]
+
+    def labels(self) -> list[str]:
+        """Each entry's name in per-source eval metrics: its `label`, else `source_slug`, unique (`_2`, `_3`)."""
+        given = [plan.entry.label for plan in self.plans if plan.entry.label]
+        if len(given) != len(set(given)):
+            raise UsageError(f"datasets: two sources have the same label ({', '.join(sorted(given))})")
+        out: list[str] = []
+        for plan in self.plans:
+            name = plan.entry.label or source_slug(plan.entry)
+            if not plan.entry.label:
+                stem, n = name, 2
+                while name in out or name in given:
+                    name, n = f"{stem}_{n}", n + 1
+            out.append(name)
+        return out
+
+    def groups(self) -> list[int]:
+        """The entry (index into `labels`) of every file of `sources`, in order."""
+        return [i for i, plan in enumerate(self.plans) for _ in plan.files]
 
     def identity(self) -> list[dict[str, Any]]:
         """The entries as given and what was taken of each: part of the cache fingerprint and the manifest."""

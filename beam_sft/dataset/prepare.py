@@ -11,7 +11,8 @@ reason and message), or the "dropped by truncation" count; `build_prepared` chec
 
 A *prepared directory* holds the train split as a `save_to_disk` dataset (`input_ids`, `labels`) at its root,
 an optional `eval/` split, `rejects.jsonl` and `beam_sft_manifest.json` (what made it: tokenizer and template
-hashes, `max_length`, policy, sources, counts). `datasets.load_from_disk` reads it as a plain pre-tokenized
+hashes, `max_length`, policy, sources, counts; for an eval split drawn from a mixture, `eval_sources`: which
+rows came from which source). `datasets.load_from_disk` reads it as a plain pre-tokenized
 dataset, so plain TRL can train on it too.
 
 Cache: `prepare_data` keeps prepared directories under `cache_dir` (default `$BEAM_SFT_PREPARED_CACHE`, else
@@ -182,6 +183,7 @@ class _Chunk:
     is_eval: bool
     n_records: int = 0  # records converted (the rest of its rows are rejects), less duplicates
     skip: Any = None  # numpy bool per row: duplicates (convert-only chunks with dedup), not tokenized
+    groups: list[int] | None = None  # a mixture's: each source's entry, recorded for the eval rows drawn from it
 
 
 class _Tally:
@@ -199,6 +201,7 @@ class _Tally:
         self.reasoning: Counter = Counter()  # beam_sft.dataset.reasoning_stats.KEYS over converted records
         self.splits: dict[str, Counter] = {name: Counter() for name in writers}
         self.by_source: dict[str, Counter] = {}  # source name -> rejects by reason
+        self.eval_sources: list[int] = []  # the mixture entry of every eval row, in eval split order
 
     def deduplicate(self, result, chunk: _Chunk) -> list[int]:
         """Take the records earlier chunks already hold out of `result` (counts, rejects, shard rows), as
@@ -223,8 +226,11 @@ class _Tally:
                 result.rejected[orjson.loads(result.rejects[row.reject])["reason"]] -= 1
             if row.shard_row >= 0:
                 drops.setdefault(row.split, []).append(row.shard_row)
+                if row.split == "eval" and result.eval_sources:
+                    result.eval_sources[row.shard_row] = -1
             result.rejected[err.code.value] += 1
         result.rejected = +result.rejected
+        result.eval_sources = [group for group in result.eval_sources if group >= 0]
         result.rejects = [text for i, text in enumerate(result.rejects) if i not in retract] + [
             orjson.dumps(reject_entry(err, chunk.names[row.src], row.pos, row.by_line)).decode() for row, err in dups]
         if result.rejected.get(Reason.DUPLICATE.value):
@@ -241,6 +247,7 @@ class _Tally:
         self.records_in += result.records_in
         self.rejected.update(result.rejected)
         self.reasoning.update(result.reasoning)
+        self.eval_sources.extend(result.eval_sources)
         for entry in workers.result_rejects(result):
             self.rejects.write(entry)
             self.by_source.setdefault(entry["source"], Counter())[entry["reason"]] += 1
@@ -282,6 +289,20 @@ def _mixture_counts(mixture: Mixture, tally: _Tally) -> list[dict[str, Any]]:
     return out
 
 
+def _eval_sources(mixture: Mixture, tally: _Tally) -> list[dict[str, Any]]:
+    """Per mixture entry, the rows of the eval split drawn from it: its label, count and [start, stop) ranges of
+    eval rows (one range: the split keeps input order, and the entries are read one after the other)."""
+    out = [{"label": label, "rows": 0, "ranges": []} for label in mixture.labels()]
+    for row, group in enumerate(tally.eval_sources):
+        ranges = out[group]["ranges"]
+        if ranges and ranges[-1][1] == row:
+            ranges[-1][1] = row + 1
+        else:
+            ranges.append([row, row + 1])
+        out[group]["rows"] += 1
+    return out
+
+
 def _job(tokenizer, settings: DataSettings):
     from beam_sft.dataset import workers
     from beam_sft.template.tokenizer import stop_token_ids
@@ -301,11 +322,12 @@ def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: 
     if eval_inputs:
         parts.append((eval_inputs, "test", None, True))
     for part_inputs, split, limit, is_eval in parts:
-        formats = policies = items = None
+        formats = policies = items = groups = None
         if isinstance(part_inputs, Mixture):
             sources, items = part_inputs.sources, part_inputs.items()
             formats = part_inputs.formats(settings.format)
             policies = part_inputs.policies(settings.missing_reasoning)
+            groups = part_inputs.groups()
         else:
             sources = data_sources(part_inputs, split)
         names = [src.name for src in sources]
@@ -316,7 +338,7 @@ def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: 
             i = len(chunks)
             if draw_eval:
                 converted = str(work / f"converted-{i:05d}.arrow")
-                chunks.append(_Chunk(raw_path, converted, names, is_eval))
+                chunks.append(_Chunk(raw_path, converted, names, is_eval, groups=groups))
                 yield workers.Task(i, names, raw=raw_path, convert_to=converted, tokenize=False, formats=formats,
                                    policies=policies)
             else:
@@ -349,6 +371,7 @@ def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, ta
             chunk.n_records = result.n_records
             tally.take(result, bar)
             os.unlink(chunks[result.index].raw)
+            del result  # its Rows (one per record with dedup) freed before the next chunk's are made
     if not any(c.n_records for c in chunks if not c.is_eval):
         raise UsageError(f"no usable training records in {', '.join(_input_names(inputs))}: {tally.records_in} read, "
                          f"{sum(tally.rejected.values())} rejected ({dict(tally.rejected)})")
@@ -373,7 +396,8 @@ def _tokenize_tasks(chunks: list[_Chunk], eval_mask, writers):
         eval_rows[has_record] = eval_mask[offset: offset + chunk.n_records]
         offset += chunk.n_records
         yield workers.Task(i, chunk.names, converted=chunk.converted, eval_rows=eval_rows, skip_rows=chunk.skip,
-                           shards={name: workers.shard_path(w.dir, i) for name, w in writers.items()})
+                           shards={name: workers.shard_path(w.dir, i) for name, w in writers.items()},
+                           groups=chunk.groups)
 
 
 def _eval_pass(chunks: list[_Chunk], settings: DataSettings, job, tally: _Tally, *, num_proc, progress) -> None:
@@ -435,6 +459,8 @@ def _manifest(tokenizer, settings: DataSettings, inputs, eval_inputs, identity, 
         "inputs": _input_names(inputs),
         "mixture": _mixture_counts(inputs, tally) if isinstance(inputs, Mixture) else None,
         "eval_inputs": _input_names(eval_inputs) if eval_inputs else None,
+        "eval_sources": _eval_sources(inputs, tally) if isinstance(inputs, Mixture) and "eval" in stats and not
+        eval_inputs else None,
         "sources": identity,
         "counts": {
             "records_in": tally.records_in,

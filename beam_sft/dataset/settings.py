@@ -24,7 +24,7 @@ from beam_sft.validate.convert import INPUT_FORMATS
 logger = logging.getLogger(__name__)
 
 # Part of every cache fingerprint and manifest: bump when what the data phase writes could change.
-DATA_VERSION = "1"
+DATA_VERSION = "2"  # 2: the manifest says which mixture source each eval row came from (eval_sources)
 MANIFEST = "beam_sft_manifest.json"
 EVAL_DIR = "eval"
 # Manifest fields a prepared dataset must match before it trains (field -> what the run uses).

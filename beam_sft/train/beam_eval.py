@@ -102,12 +102,13 @@ def beam_at_evaluate(script_args, training_args) -> bool:
 
 def add_beam_eval(trainer, tokenizer, script_args, training_args, records: list[dict]) -> None:
     """Attach the callback when `--eval_beam_steps` or Beam metrics at evaluation are asked for; then the
-    early-stopping callback (`--early_stopping_patience`), after it, so it sees the Beam metrics."""
+    early-stopping callback (`--early_stopping_patience`), after it (and after the per-source eval loss), so it
+    sees the Beam metrics (and `eval_<source>_loss`)."""
     every, at_evaluate = script_args.eval_beam_steps, beam_at_evaluate(script_args, training_args)
     if every or at_evaluate:
         trainer.add_callback(BeamEvalCallback(trainer, tokenizer, records, every, at_evaluate))
     if script_args.early_stopping_patience is not None:
-        from transformers import EarlyStoppingCallback
+        from beam_sft.train.source_eval import OuterEarlyStopping
 
-        trainer.add_callback(EarlyStoppingCallback(script_args.early_stopping_patience,
-                                                   script_args.early_stopping_threshold))
+        trainer.add_callback(OuterEarlyStopping(trainer, script_args.early_stopping_patience,
+                                                script_args.early_stopping_threshold))

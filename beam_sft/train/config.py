@@ -95,8 +95,8 @@ class ScriptArguments:
     datasets: list[DatasetConfig] = field(
         default_factory=list,
         metadata={"help": "A dataset mixture, in a --config YAML only: TRL's `datasets:` list (path, data_files, "
-                  "data_dir, split, fraction) plus beam-sft's per-source format, max_records, missing_reasoning "
-                  "and shuffle; replaces dataset_name (docs/training.md#dataset-mixtures)."},
+                  "data_dir, split, fraction) plus beam-sft's per-source format, max_records, missing_reasoning, "
+                  "shuffle and label; replaces dataset_name (docs/training.md#dataset-mixtures)."},
     )
     test_split_size: float | None = field(
         default=None,
@@ -164,6 +164,13 @@ class ScriptArguments:
                   "add the `beam-sft eval` metrics to the evaluation's metrics as eval_beam/<metric>, so "
                   "metric_for_best_model and early stopping can use them. On by itself when metric_for_best_model "
                   "is an eval_beam/ metric."},
+    )
+    eval_per_source: bool | None = field(
+        default=None,
+        metadata={"help": "At each evaluation, also the eval loss of each source of a `datasets:` mixture, logged as "
+                  "eval_<label>_loss (label: the entry's `label`, else a slug of its path) next to eval_loss; usable "
+                  "as metric_for_best_model. Default: on when the eval split holds rows of several sources. Each "
+                  "evaluation then runs twice (whole split, then by source)."},
     )
     early_stopping_patience: int | None = field(
         default=None,

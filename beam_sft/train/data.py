@@ -89,6 +89,14 @@ def prepared_mixture_note(inputs) -> str | None:
                      f"({p.taken}/{p.rows})" for p in plans)
 
 
+def _note_eval_sources(prepared, stats: dict[str, Any]) -> None:
+    """Which rows of the eval split each mixture source holds (beam_sft.train.source_eval), into the stats."""
+    if prepared.manifest.get("eval_sources") and prepared.eval is not None:
+        stats["data"]["eval_sources"] = prepared.manifest["eval_sources"]
+        logger.info("data: eval rows per source: %s", ", ".join(
+            f"{s['label']} {s['rows']}" for s in prepared.manifest["eval_sources"]))
+
+
 def training_datasets(
     dataset_name,
     tokenizer,
@@ -162,6 +170,7 @@ def training_datasets(
                 for _, line in zip(range(5), f, strict=False):
                     logger.warning("rejected: %s", line.decode().rstrip())
     stats = {**prepared.stats, "data": {"path": prepared.path, "action": prepared.action, **counts}}
+    _note_eval_sources(prepared, stats)
     if is_main_process and output_dir is not None:
         write_json_atomic(os.path.join(output_dir, "data_stats.json"), stats)
     return prepared.train, prepared.eval, stats

@@ -16,6 +16,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     from beam_sft.train.config import data_settings
     from beam_sft.train.data import eval_inputs, training_datasets, training_inputs
     from beam_sft.train.model import check_tokenizer, load_model_and_tokenizer
+    from beam_sft.train.source_eval import add_source_eval
 
     run.setup_logging(training_args)
     run.check_arguments(script_args, training_args)
@@ -27,7 +28,7 @@ def main(script_args, training_args, model_args, callbacks=None):
 
     # Data: converted, tokenized and counted once per job (or streamed)
     settings = data_settings(script_args, training_args)
-    train_dataset, eval_dataset, _ = training_datasets(
+    train_dataset, eval_dataset, data_stats = training_datasets(
         training_inputs(script_args, seed=training_args.seed), tokenizer, settings,
         eval_dataset_name=eval_inputs(script_args),
         cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc,
@@ -41,6 +42,7 @@ def main(script_args, training_args, model_args, callbacks=None):
     # Trainer, training, saving
     trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
                                 model_args, callbacks)
+    add_source_eval(trainer, script_args, eval_dataset, data_stats)  # eval_<source>_loss next to eval_loss
     # Beam metrics: the held-out records read once (an empty split is warned about now, not after training)
     records = held_out_records(trainer, script_args, settings) if beam_eval_wanted(script_args, training_args) else []
     add_beam_eval(trainer, tokenizer, script_args, training_args, records)  # during training; early stopping

@@ -1,7 +1,8 @@
 """The trainer of `scripts/train.py`.
 
 * `BeamSFTTrainer` is TRL's `SFTTrainer` that also logs how many supervised (loss-bearing) tokens it has
-  trained on, next to TRL's `num_tokens` (every token seen).
+  trained on, next to TRL's `num_tokens` (every token seen), and keeps the evaluations in progress
+  (`evaluation_calls`) for the per-source eval loss (`beam_sft.train.source_eval`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,36 @@ import logging
 logger = logging.getLogger(__name__)
 
 
+class _EvaluationCalls:
+    """The evaluations in progress, for `beam_sft.train.source_eval` (which acts on the outermost one only)."""
+
+    evaluation_calls: list[tuple[str, bool]]  # (metric_key_prefix, on the trainer's own eval_dataset), outermost first
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        self.evaluation_calls.append((metric_key_prefix, eval_dataset is None))
+        try:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        finally:
+            self.evaluation_calls.pop()
+
+    def _label_eval_metrics(self) -> None:
+        """TRL names its eval metrics `eval_<key>` whatever the evaluation's prefix: under `eval_<label>` (a
+        source, a dict's dataset) they become `eval_<label>_<key>`, not a second `eval_mean_token_accuracy` at
+        the same step."""
+        if not self.evaluation_calls or not self.evaluation_calls[-1][0].startswith("eval_"):
+            return
+        from collections import defaultdict
+
+        label = self.evaluation_calls[-1][0].removeprefix("eval_")
+        self._metrics["eval"] = defaultdict(list, {f"{label}_{k}": v for k, v in self._metrics["eval"].items()})
+
+
 def make_trainer_class():
     """`BeamSFTTrainer`, built lazily so importing this module does not import TRL."""
     from torch import as_tensor as torch_as_tensor
     from trl import SFTTrainer
 
-    class BeamSFTTrainer(SFTTrainer):
+    class BeamSFTTrainer(_EvaluationCalls, SFTTrainer):
         """SFTTrainer that counts supervised tokens (labels != -100 after the shift) across processes.
 
         `plain_loss=True` computes the loss from the model's own logits (`cross_entropy`, summed and divided
@@ -29,6 +54,7 @@ def make_trainer_class():
             super().__init__(*args, **kwargs)
             self._supervised_tokens = 0
             self.plain_loss = plain_loss
+            self.evaluation_calls = []  # _EvaluationCalls
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if self.model.training and "labels" in inputs:
@@ -82,6 +108,8 @@ def make_trainer_class():
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             if self.model.training:
                 logs["num_supervised_tokens"] = float(self._supervised_tokens)
+            else:
+                self._label_eval_metrics()
             super().log(logs, start_time)
 
     return BeamSFTTrainer
