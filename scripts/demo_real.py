@@ -151,13 +151,13 @@ def served(model: Path, out: Path, max_new_tokens: int, offline: dict) -> bool:
     served_dir = out / "served"
     export(str(model), served_dir)
     port, log = st.free_port(), out / "vllm_server.log"
-    server = st.start_server(venv, served_dir, port, log)
+    server = st.start_server("vllm", venv, served_dir, port, log)
     try:
         print(f"   up after {st.wait_ready(server, port, 900, log):.0f} s", flush=True)
         result = out / "eval-served.json"
         argv = ["--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", st.NAME,
                 "--tokenizer", str(served_dir), "--data", str(REAL / "heldout.jsonl"), "--format", "beam",
-                "--max-new-tokens", str(max_new_tokens), "--json", str(result)]
+                "--max-new-tokens", str(max_new_tokens), "--json", str(result), "--report", str(out / "eval-served.html")]
         print(f"== 6. beam-sft eval {' '.join(argv)}", flush=True)
         eval_main(argv)
     finally:
