@@ -183,13 +183,16 @@ def test_hub_ids_go_through_load_dataset_with_the_split(monkeypatch):
 
     calls = []
 
-    def fake_load_dataset(name, split=None):
-        calls.append((name, split))
+    def fake_load_dataset(name, split=None, streaming=False):
+        calls.append((name, split, streaming))
         return datasets.Dataset.from_list([{"conversations": [{"from": "human", "value": "x"}]}] * 3)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     items = list(iter_items(expand_inputs(["org/chats"], split="validation")))
-    assert calls == [("org/chats", "validation")]
+    assert calls == [("org/chats", "validation", False)]  # prepared: the whole split, through datasets' cache
+    [src] = expand_inputs(["org/chats"], split="validation")
+    src.streaming = True  # what the training stream sets: rows as they download
+    assert len(list(iter_items([src]))) == 3 and calls[-1] == ("org/chats", "validation", True)
     assert [(i.source, i.position, i.by_line) for i in items] == [("org/chats", k, False) for k in range(3)]
     assert items[0].payload == {"conversations": [{"from": "human", "value": "x"}]}
 
