@@ -461,10 +461,7 @@ def check_eval_backend(port: int, model: str, served: Path, out_dir: Path, turns
     if not failures.check(result.returncode == 0, f"beam-sft eval --backend openai exits 0 ({result.returncode})"):
         return
     summary = json.loads(out_json.read_text())
-    from beam_sft.eval.metrics import score_turn
-
-    offline = sum(score_turn(t.reference, p, g.stop, t.tools, g.text)[0]["well_formed"]
-                  for t, (g, p) in zip(turns, reference, strict=True))
+    offline = sum(_well_formed_offline(t, g, p) for t, (g, p) in zip(turns, reference, strict=True))
     served_ok = round(summary["well_formed"] * summary["turns"])
     failures.check(summary["turns"] == len(turns) and served_ok == offline,
                    f"served well_formed {served_ok}/{summary['turns']} = offline {offline}/{len(turns)}")
