@@ -10,8 +10,8 @@ prompts absent from the training file):
 * **well-formed**: `beam-sft eval`'s share of well-formed first turns (greedy, stop at <|return|> / <|call|>).
 
 ```bash
-python scripts/bench_marker_init.py --json outputs/bench-marker-init.json          # ~25 CPU-minutes
-python scripts/bench_marker_init.py --inits semantic --epochs 1 --save-steps 18
+python scripts/bench_marker_init.py --json outputs/bench-marker-init.json          # 2 epochs, both inits
+python scripts/bench_marker_init.py --epochs 1 --save-steps 12   # docs/real-model.md's table, ~28 min
 ```
 """
 
@@ -83,8 +83,8 @@ def well_formed(model_dir: Path, records: Path, out: Path) -> dict:
 
     eval_main([str(model_dir), "--data", str(records), "--format", "beam", "--batch-size", "6",
                "--max-new-tokens", "200", "--json", str(out), "--quiet"])
-    overall = json.loads(out.read_text())["overall"]
-    return {k: overall.get(k) for k in ("well_formed", "stopped", "has_reasoning", "marker_leak")}
+    figures = json.loads(out.read_text())  # beam-sft eval --json: the overall figures at the top level
+    return {k: figures[k] for k in ("well_formed", "stopped", "has_reasoning", "marker_leak")}
 
 
 def run_init(init: str, base: Path, train_file: Path, held: Path, work: Path, args) -> list[dict]:
