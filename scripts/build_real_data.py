@@ -51,6 +51,11 @@ SOURCES = (
     "hermes/data-genie__sharegpt_new_format.json",
     "hermes/data-genie__weather_api_example.json",
 )
+# Training-only: Azure's stock-price fine-tuning sample, 96 records on two tools whose system prompt says not to
+# guess arguments; 55 of its replies ask for the ticker or say the tools can't answer. It teaches what the held-out
+# eval found missing (the model called on all 9 records whose reference asks or declines). Appended after the
+# split, so the held-out records stay the same; its tools are checked against the held-out ones.
+TRAIN_ONLY = ("openai/azure_stock_train_hallucination.jsonl",)
 OUT = REPO / "data" / "real"
 
 
@@ -58,7 +63,7 @@ def tool_names(record: dict) -> set[str]:
     return {t.get("function", t).get("name") for t in record.get("tools") or []}
 
 
-def convert_sources() -> tuple[list[dict], dict]:
+def convert_sources(sources: tuple[str, ...] = SOURCES) -> tuple[list[dict], dict]:
     """(records with `source` provenance, counts per source: read, converted, rejected by reason)."""
     from beam_sft.records.files import read_items
     from beam_sft.validate.convert import convert_item
@@ -66,7 +71,7 @@ def convert_sources() -> tuple[list[dict], dict]:
 
     options = Options(missing_reasoning="keep")
     records, counts = [], {}
-    for rel in SOURCES:
+    for rel in sources:
         tally = counts.setdefault(rel, {"read": 0, "converted": 0, "rejected": {}})
         for item in read_items([str(REAL / rel)]):
             tally["read"] += 1
@@ -134,22 +139,26 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
         f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
 
 
-def backfill(teacher: str, extra: list[str]) -> list[str]:
-    """`beam-sft backfill` on the training half, run from the repository root with relative paths, so the
-    command recorded in split.json rebuilds the file anywhere."""
+def backfill(teacher: str, extra: list[str], name: str = "train") -> list[str]:
+    """`beam-sft backfill` of `{name}.raw.jsonl` into `{name}.jsonl`, run from the repository root with relative
+    paths, so the command recorded in split.json rebuilds the file anywhere."""
     rel = lambda p: str(Path(p).resolve().relative_to(REPO)) if Path(p).resolve().is_relative_to(REPO) else str(p)
-    cmd = [sys.executable, "-m", "beam_sft", "backfill", rel(OUT / "train.raw.jsonl"), "-o", rel(OUT / "train.jsonl"),
+    stats = "backfill_stats.json" if name == "train" else f"backfill_stats.{name.split('.', 1)[1]}.json"
+    cmd = [sys.executable, "-m", "beam_sft", "backfill", rel(OUT / f"{name}.raw.jsonl"), "-o", rel(OUT / f"{name}.jsonl"),
            "--format", "beam", "--backend", "transformers", "--model", rel(teacher),
-           "--stats", rel(OUT / "backfill_stats.json"), "--cache", "outputs/real-backfill-cache.jsonl", *extra]
+           "--stats", rel(OUT / stats), "--cache", "outputs/real-backfill-cache.jsonl", *extra]
     subprocess.run(cmd, check=True, cwd=REPO)
     return ["beam-sft", *cmd[3:]]
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", help="a local teacher model directory (transformers backend)")
     parser.add_argument("--split-only", action="store_true", help="convert and split; no back-fill")
+    parser.add_argument("--part", choices=("all", "split", "extra"), default="all",
+                        help="what to (re)build: everything (default), only the split sources (train.jsonl), or "
+                             "only the training-only sources (train.extra.jsonl), keeping the other part as it is")
     parser.add_argument("--heldout", type=int, default=24, help="held-out records to aim for (default: 24)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=58,
@@ -161,30 +170,64 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-turns", type=int, default=None, metavar="M",
                         help="with --rest first-turn: fill only the first M records after --limit (default: all)")
     parser.add_argument("backfill_args", nargs=argparse.REMAINDER, help="after --: more beam-sft backfill options")
-    args = parser.parse_args(argv)
-    if not args.split_only and not args.teacher:
-        parser.error("--teacher DIR is required unless --split-only")
+    return parser
+
+
+def build_split(args: argparse.Namespace, info: dict) -> list[str]:
+    """Steps 1-3 for the split sources; returns the held-out tool names."""
     records, counts = convert_sources()
     train, test, held_tools = split(records, args.heldout, args.seed)
-    OUT.mkdir(parents=True, exist_ok=True)
     write_jsonl(OUT / "heldout.jsonl", test)
     if args.rest == "first-turn":
         train = train[: args.limit] + [first_turn(r) for r in train[args.limit:]]
     write_jsonl(OUT / "train.raw.jsonl", train)
-    info = {"sources": counts, "records": len(records), "train": len(train), "heldout": len(test),
-            "heldout_tools": held_tools, "seed": args.seed,
-            "limit": args.limit, "rest": args.rest, "first_turns": args.first_turns}
+    info.update({"sources": counts, "records": len(records), "train": len(train), "heldout": len(test),
+                 "heldout_tools": held_tools, "seed": args.seed,
+                 "limit": args.limit, "rest": args.rest, "first_turns": args.first_turns})
     if not args.split_only:
         bound = args.limit if args.rest == "skip" else None if args.first_turns is None else args.limit + args.first_turns
         limit = [] if bound is None else ["--limit", str(bound)]
         extra = [*limit, *(a for a in args.backfill_args if a != "--")]
         info["backfill_command"] = " ".join(backfill(args.teacher, extra))
         info["backfill_stats"] = json.loads((OUT / "backfill_stats.json").read_text())
-    from beam_sft.records.files import write_json_atomic
-
-    write_json_atomic(str(OUT / "split.json"), info)
     print(f"{len(records)} records: {len(train)} train, {len(test)} held out ({len(held_tools)} tools never "
           f"trained) -> {OUT}", file=sys.stderr)
+    return held_tools
+
+
+def build_extra(args: argparse.Namespace, info: dict, held_tools: list[str]) -> None:
+    """The training-only sources, whole (single-turn), converted and back-filled into train.extra.jsonl."""
+    records, counts = convert_sources(TRAIN_ONLY)
+    overlap = set(held_tools) & set().union(*(tool_names(r) for r in records))
+    assert not overlap, f"held-out tools also declared in training-only records: {sorted(overlap)}"
+    write_jsonl(OUT / "train.extra.raw.jsonl", records)
+    extra = {"sources": counts, "records": len(records)}
+    if not args.split_only:
+        extra["backfill_command"] = " ".join(backfill(args.teacher, [a for a in args.backfill_args if a != "--"],
+                                                      "train.extra"))
+        extra["backfill_stats"] = json.loads((OUT / "backfill_stats.extra.json").read_text())
+    info["extra"] = extra
+    print(f"{len(records)} training-only records -> {OUT / 'train.extra.raw.jsonl'}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if not args.split_only and not args.teacher:
+        parser.error("--teacher DIR is required unless --split-only")
+    OUT.mkdir(parents=True, exist_ok=True)
+    split_json = OUT / "split.json"
+    # --part keeps what the other part recorded: its teacher's work is not redone
+    info = json.loads(split_json.read_text()) if args.part != "all" and split_json.is_file() else {}
+    if args.part in ("all", "split"):
+        held_tools = build_split(args, info)
+    else:
+        held_tools = info.get("heldout_tools") or parser.error("--part extra needs the split's data/real/split.json")
+    if args.part in ("all", "extra"):
+        build_extra(args, info, held_tools)
+    from beam_sft.records.files import write_json_atomic
+
+    write_json_atomic(str(split_json), info)
     return 0
 
 

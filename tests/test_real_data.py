@@ -59,3 +59,44 @@ def test_records_after_the_limit_keep_their_first_assistant_turn():
     rest = _records("train.raw.jsonl")[split["limit"]:]
     assert rest and all(r["messages"][-1]["role"] == "assistant" and
                             sum(m["role"] == "assistant" for m in r["messages"]) == 1 for r in rest)
+
+
+def test_training_only_records_never_declare_a_heldout_tool_and_backfill_changed_reasoning_only():
+    split = json.loads((REAL / "split.json").read_text())
+    extra = split["extra"]
+    raw, train = _records("train.extra.raw.jsonl"), _records("train.extra.jsonl")
+    assert not _tools(raw) & set(split["heldout_tools"])
+    assert extra["records"] == len(raw) == sum(s["converted"] for s in extra["sources"].values())
+    stats = extra["backfill_stats"]
+    assert stats["records_in"] == stats["records_out"] == len(train) == len(raw)
+    filled = 0
+    for before, after in zip(raw, train, strict=True):
+        strip = lambda r: [{k: v for k, v in m.items() if k not in ("reasoning_content", "reasoning_source")}
+                           for m in r["messages"]]
+        assert strip(before) == strip(after) and before["tools"] == after["tools"]
+        filled += sum(bool(m.get("reasoning_source")) and not a.get("reasoning_content")
+                      for a, m in zip(before["messages"], after["messages"], strict=True))
+    assert filled == stats["filled"] > 0
+
+
+def test_a_part_keeps_what_the_other_part_recorded(tmp_path, monkeypatch):
+    # --part extra rebuilds only the training-only files: the split's records and its back-fill record stay
+    build = script_module("build_real_data")
+    out = tmp_path / "real"
+    out.mkdir()
+    recorded = {"heldout_tools": ["only_held_out"], "backfill_command": "beam-sft backfill ...", "train": 1}
+    (out / "split.json").write_text(json.dumps(recorded))
+    monkeypatch.setattr(build, "OUT", out)
+    assert build.main(["--part", "extra", "--split-only"]) == 0
+    info = json.loads((out / "split.json").read_text())
+    assert {k: info[k] for k in recorded} == recorded
+    assert info["extra"]["records"] == len((out / "train.extra.raw.jsonl").read_text().splitlines()) > 0
+    assert not (out / "heldout.jsonl").exists() and not (out / "train.raw.jsonl").exists()
+
+
+def test_demo_real_trains_the_training_only_records_only_when_asked(tmp_path):
+    demo = script_module("demo_real")
+    plain, extra = demo.data(tmp_path / "plain"), demo.data(tmp_path / "extra", extra=True)
+    assert sorted(p.name for p in plain.glob("real.*")) == ["real.train.jsonl"]
+    assert sorted(p.name for p in extra.glob("real.*")) == ["real.train.extra.jsonl", "real.train.jsonl"]
+    assert (extra / "real.train.extra.jsonl").read_bytes() == (REAL / "train.extra.jsonl").read_bytes()

@@ -14,7 +14,11 @@ seen on SmolLM2-135M-Instruct (docs/reasoning.md has a real example of each):
   instead of reasoning towards it;
 - `restates_reply`: the reference answer copied (a long verbatim run of its words, or most of the reasoning's
   word 3-grams taken from it) instead of reasoned to;
-- `copies_example`: the prompt's worked example copied into the wrong conversation.
+- `copies_example`: the prompt's worked example copied into the wrong conversation;
+- `contradicts_reply`: reasoning that argues for the other action than the reply takes: asking or declining
+  before a call, calling before an answer (a system prompt that says to ask when unsure made the teacher write
+  "I can't find the exact stock ticker symbol, so I tell them to ask for clarification." before a call with
+  the ticker): trained, the model learns a reasoning its action does not follow.
 
 The thresholds were chosen on real teacher output and checked against every reasoning trace in the real
 samples (`tests/test_backfill_filters.py`): none of those is filtered. The two checks that need no reference
@@ -44,7 +48,7 @@ from beam_sft.eval.degenerate import (  # noqa: F401 - the measures and threshol
 from beam_sft.records.messages import find_marker
 
 FILTERS = ("empty", "harmony_marker", "repetitive", "truncated", "echoes_prompt", "narration", "restates_reply",
-           "copies_example", "too_long", "names_other_tool")
+           "copies_example", "contradicts_reply", "too_long", "names_other_tool")
 
 # The headings and role labels `beam_sft.backfill.prompt` writes (and wrote, before rationalize-2): real
 # reasoning never starts a line with them.
@@ -131,6 +135,32 @@ def copies_example(reasoning: str) -> bool:
     return any(longest_common_run(reasoning, example[3]) >= MIN_EXAMPLE_RUN for example in EXAMPLES)
 
 
+# Asking the user or declining: what reasoning before an answer concludes, never before a call.
+_DECLINES_RE = re.compile(
+    r"\b(I|so I|then I|I'll|I will|I should|I need to|I must|I have to) (ask|tell) (them|the user|him|her|you)? ?"
+    r"(for|to (provide|give|clarify|specify|confirm|ask))\b|\b(ask for|request|need) clarification\b|"
+    r"\bI (can't|cannot|can not|am unable to|am not able to|don't have the (ability|capability) to) (help|do (that|this|it)|"
+    r"provide|find|fulfil|fulfill|complete|perform|assist|answer|fetch|get)\b", re.IGNORECASE)
+# Deciding to call: what reasoning before a call concludes, never before an answer.
+_CALLS_RE = re.compile(r"\b(I|so I|then I|and I)( will|'ll| can| should| need to| must)? (call|invoke)\b|"
+                       r"\bI (get|find|check|fetch|answer|handle|do) (?:(it|this|that|them) )?by (calling|invoking)\b",
+                       re.IGNORECASE)
+# A call ruled out or put off ("no need to call", "before I can call it", "if I call").
+_NOT_NOW_RE = re.compile(r"\b(no need|not|n't|never|without|instead of|rather than|no|before|until|once|if|unless|"
+                         r"when|after)\b[^.\n]{0,40}$", re.IGNORECASE)
+
+
+def contradicts_reply(reasoning: str, reference: dict, tools: list[dict] | None) -> bool:
+    """Before a call, the reasoning concludes to ask or decline; before an answer with tools declared, to
+    call (unless ruled out: "I can't call it without the city")."""
+    if reference.get("tool_calls"):
+        return _DECLINES_RE.search(reasoning) is not None
+    if not tools:
+        return False
+    return any(not _NOT_NOW_RE.search(reasoning[max(0, m.start() - 60):m.start()])
+               for m in _CALLS_RE.finditer(reasoning))
+
+
 def _argues_for(name: str, reasoning: str) -> bool:
     """`name` appears in `reasoning` other than ruled out by a negation just before it."""
     for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])", reasoning):
@@ -173,6 +203,8 @@ def check(reasoning: str | None, reference: dict, tools: list[dict] | None, *, m
         return "restates_reply"
     if copies_example(reasoning):
         return "copies_example"
+    if contradicts_reply(reasoning, reference, tools):
+        return "contradicts_reply"
     if max_tokens is not None and count_tokens(reasoning) > max_tokens:
         return "too_long"
     if names_other_tool(reasoning, reference, tools):

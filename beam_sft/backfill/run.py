@@ -149,6 +149,10 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
         entry = cache.get(key)
         if entry is not None:
             counts["from_cache"] += 1
+            if entry["status"] == "ok":  # filters added since it was asked apply to it too
+                reason = check(entry["reasoning"], message, record.get("tools"),
+                               max_tokens=settings.max_reasoning_tokens, count_tokens=count_tokens)
+                entry = entry if reason is None else {"status": reason, "text": entry["reasoning"]}
         else:
             try:
                 answer = ask(teacher, teacher_messages(record, index), settings, counts)
