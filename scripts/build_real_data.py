@@ -143,7 +143,7 @@ def backfill(teacher: str, extra: list[str], name: str = "train") -> list[str]:
     """`beam-sft backfill` of `{name}.raw.jsonl` into `{name}.jsonl`, run from the repository root with relative
     paths, so the command recorded in split.json rebuilds the file anywhere."""
     rel = lambda p: str(Path(p).resolve().relative_to(REPO)) if Path(p).resolve().is_relative_to(REPO) else str(p)
-    stats = "backfill_stats.json" if name == "train" else f"backfill_stats.{name.split('.', 1)[1]}.json"
+    stats = f"backfill_stats{name.removeprefix('train')}.json"  # train -> backfill_stats.json, train.extra -> .extra
     cmd = [sys.executable, "-m", "beam_sft", "backfill", rel(OUT / f"{name}.raw.jsonl"), "-o", rel(OUT / f"{name}.jsonl"),
            "--format", "beam", "--backend", "transformers", "--model", rel(teacher),
            "--stats", rel(OUT / stats), "--cache", "outputs/real-backfill-cache.jsonl", *extra]

@@ -182,30 +182,25 @@ def test_an_answer_that_goes_on_to_the_next_prompt_is_cut_there():
     assert cut_at_stop(Answer("I ask.", False), STOP) == Answer("I ask.", False)
 
 
-@pytest.mark.parametrize(("text", "ref"), [
-    ("I can't find the exact stock ticker symbol, so I tell them to ask for clarification.", CALL),
-    ("The user gave no ingredients. I should ask them for the ingredients first.", CALL),
-    ("I cannot help with that: no declared tool orders food.", CALL),
-    ("The user wants recipes with rice, so I call search_recipes with q rice.", ANSWER),
-    ("The user wants rice recipes. I'll call search_recipes.", ANSWER),
-    ("The user wants rice recipes. I get it by calling search_recipes(\"rice\").", ANSWER),
+# Each reasoning against the reply it was written for: the other action argued for (contradicts_reply) or the
+# action the reply takes (None).
+@pytest.mark.parametrize(("text", "ref", "expected"), [
+    ("I can't find the exact stock ticker symbol, so I tell them to ask for clarification.", CALL, "contradicts_reply"),
+    ("The user gave no ingredients. I should ask them for the ingredients first.", CALL, "contradicts_reply"),
+    ("I cannot help with that: no declared tool orders food.", CALL, "contradicts_reply"),
+    ("The user wants recipes with rice, so I call search_recipes with q rice.", ANSWER, "contradicts_reply"),
+    ("The user wants rice recipes. I'll call search_recipes.", ANSWER, "contradicts_reply"),
+    ("The user wants rice recipes. I get it by calling search_recipes(\"rice\").", ANSWER, "contradicts_reply"),
+    ("The user has rice; I call search_recipes with q rice.", CALL, None),
+    ("The user asked for recipes; I don't know them offhand, so I call search_recipes.", CALL, None),
+    ("The user gave no ingredients, so there is no need to call search_recipes yet: I ask which they have.", ANSWER, None),
+    ("I need the ingredients before I can call search_recipes, so I ask for them.", ANSWER, None),
+    ("I searched already: the result lists two recipes, and I sum them up.", ANSWER, None),
+    ("The user asked for rice recipes, which I handled by calling search_recipes; I list them.", ANSWER, None),
 ])
-def test_reasoning_that_argues_for_the_other_action(text, ref):
+def test_reasoning_that_argues_for_the_other_action_or_leads_to_its_reply(text, ref, expected):
     tools = [{"function": {"name": "search_recipes"}}]
-    assert _check(text, ref, tools=tools) == "contradicts_reply"
-
-
-@pytest.mark.parametrize(("text", "ref"), [
-    ("The user has rice; I call search_recipes with q rice.", CALL),
-    ("The user asked for recipes; I don't know them offhand, so I call search_recipes.", CALL),
-    ("The user gave no ingredients, so there is no need to call search_recipes yet: I ask which they have.", ANSWER),
-    ("I need the ingredients before I can call search_recipes, so I ask for them.", ANSWER),
-    ("I searched already: the result lists two recipes, and I sum them up.", ANSWER),
-    ("The user asked for rice recipes, which I handled by calling search_recipes; I list them.", ANSWER),
-])
-def test_reasoning_that_leads_to_its_reply(text, ref):
-    tools = [{"function": {"name": "search_recipes"}}]
-    assert _check(text, ref, tools=tools) is None
+    assert _check(text, ref, tools=tools) == expected
 
 
 def test_a_call_decided_without_tools_declared_is_not_checked():
