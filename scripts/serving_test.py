@@ -195,7 +195,10 @@ def server_command(server: str, venv: Path | None, served: Path, port: int) -> t
     cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(served),
            "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--max-model-len", "2048", *VLLM_PARSER_FLAGS]
-    return cmd, {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+    # vLLM's CPU worker binds its own cores (one of two here); a thread count inherited from the caller
+    # (scripts/demo_real.py sets 2 for training) is kept by vLLM and warned about as spin-wait contention.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    return cmd, {**env, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                  "DO_NOT_TRACK": "1"}
 
 

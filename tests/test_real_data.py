@@ -94,9 +94,21 @@ def test_a_part_keeps_what_the_other_part_recorded(tmp_path, monkeypatch):
     assert not (out / "heldout.jsonl").exists() and not (out / "train.raw.jsonl").exists()
 
 
-def test_demo_real_trains_the_training_only_records_only_when_asked(tmp_path):
+def test_demo_real_trains_the_training_only_records_unless_told_not_to(tmp_path):
     demo = script_module("demo_real")
-    plain, extra = demo.data(tmp_path / "plain"), demo.data(tmp_path / "extra", extra=True)
+    assert demo.make_parser().parse_args([]).extra and not demo.make_parser().parse_args(["--no-extra"]).extra
+    plain, extra = demo.data(tmp_path / "plain", extra=False), demo.data(tmp_path / "extra")
     assert sorted(p.name for p in plain.glob("real.*")) == ["real.train.jsonl"]
     assert sorted(p.name for p in extra.glob("real.*")) == ["real.train.extra.jsonl", "real.train.jsonl"]
     assert (extra / "real.train.extra.jsonl").read_bytes() == (REAL / "train.extra.jsonl").read_bytes()
+
+
+def test_vllm_does_not_inherit_the_training_thread_count(monkeypatch, tmp_path):
+    # demo_real.py sets OMP_NUM_THREADS for training; vLLM's CPU worker binds its own cores and keeps an
+    # inherited count (its log warns of spin-wait contention)
+    serving = script_module("serving_test")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    cmd, env = serving.server_command("vllm", tmp_path / "venv", tmp_path / "served", 8000)
+    assert "OMP_NUM_THREADS" not in env and "MKL_NUM_THREADS" not in env
+    assert env["HF_HUB_OFFLINE"] == "1" and cmd[cmd.index("--port") + 1] == "8000"

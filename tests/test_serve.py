@@ -329,6 +329,33 @@ def test_openai_backend_request_and_refusal(tok):
     assert generation.parsed is None and generation.stop is None and "400" in generation.error
 
 
+def test_openai_backend_timeout_names_the_option(tok):
+    import argparse
+
+    import openai
+
+    from beam_sft.cli.eval import register
+    from beam_sft.eval.openai_backend import OpenAIBackend, backend_from_args
+    from beam_sft.eval.turns import Turn
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["eval", "m", "--data", "d", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1",
+                              "--request-timeout", "1800"])
+    backend = backend_from_args(args, tok)
+    assert backend.timeout == 1800 and backend.client.timeout == 1800  # what the real client waits for
+
+    def slow(**kwargs):
+        raise openai.APITimeoutError(request=None)
+
+    turn = Turn(0, 1, {"role": "assistant", "content": "x"}, None, "openai", "default", "",
+                [{"role": "user", "content": "Hi"}], {})
+    backend = OpenAIBackend("http://unused/v1", "beam", tok, timeout=5,
+                            client=SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=slow))))
+    with pytest.raises(FatalError, match=r"--request-timeout \(5 s\)"):
+        backend.generate_turns([turn])
+
+
 def test_eval_cli_openai_backend_needs_a_base_url(capsys):
     assert cli(["eval", "--backend", "openai", "--model", "beam", "--tokenizer", str(REPO / "data" / "tokenizer"),
                 "--data", str(REPO / "data" / "samples" / "openai.jsonl")]) == 2

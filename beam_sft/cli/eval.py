@@ -72,6 +72,9 @@ def register(subparsers) -> None:
                         help="--backend openai: the served model name (default: MODEL)")
     parser.add_argument("--api-key", default=None,
                         help="--backend openai: API key (default: $OPENAI_API_KEY, else 'EMPTY')")
+    parser.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="--backend openai: how long one request may take (default: 600); on a CPU a long "
+                             "generation with --batch-size requests in flight can take longer")
     parser.add_argument("--adapter", metavar="PATH", default=None, help="a LoRA adapter (peft) to apply to MODEL")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the metrics as JSON")
     parser.add_argument("--report", metavar="PATH.html", default=None,

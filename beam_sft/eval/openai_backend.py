@@ -134,7 +134,7 @@ class OpenAIBackend:
                 raise UsageError("--backend openai needs the openai package (pip install openai)") from err
             client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
                             timeout=timeout, max_retries=0)
-        self.client, self.model = client, model
+        self.client, self.model, self.timeout = client, model, timeout
         self.max_new_tokens, self.concurrency = max_new_tokens, max(1, concurrency)
         self.stops = stop_ids(tokenizer)
         self.tokenizer = tokenizer
@@ -178,7 +178,10 @@ class OpenAIBackend:
             try:
                 response = self.client.chat.completions.create(**self.request(turn))
                 break
-            except (openai.APIConnectionError, openai.APITimeoutError) as err:
+            except openai.APITimeoutError as err:  # a subclass of APIConnectionError: caught first
+                raise FatalError(f"--backend openai: no answer within --request-timeout ({self.timeout:g} s): a slow "
+                                 "server (vLLM on a CPU) needs a larger one") from err
+            except openai.APIConnectionError as err:
                 raise FatalError(f"--backend openai: cannot reach the server: {err}") from err
             except openai.APIStatusError as err:
                 message = refusal_text(err)
@@ -208,4 +211,5 @@ def backend_from_args(args, tokenizer) -> OpenAIBackend:
     if not args.base_url:
         raise UsageError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
     return OpenAIBackend(args.base_url, args.served_model or args.model, tokenizer,
-                         max_new_tokens=args.max_new_tokens, api_key=args.api_key, concurrency=args.batch_size)
+                         max_new_tokens=args.max_new_tokens, api_key=args.api_key, concurrency=args.batch_size,
+                         timeout=args.request_timeout)
