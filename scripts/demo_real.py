@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 SAMPLES = ("openai.jsonl", "sharegpt.json", "harmony.jsonl")
 REAL = REPO / "data" / "real"
-EXTRA = "train.extra.jsonl"  # training-only records that ask or decline: they taught when not to call (measured)
+EXTRA = "train.extra.jsonl"  # training-only records that ask or decline (on by default: docs/real-model.md)
 GOALS = {"well_formed": 0.9, "has_reasoning": 0.95, "stopped": 0.9, "tool_name_accuracy": 0.8,
          "tool_args_valid": 0.8, "marker_leak": 0.0}
 
@@ -166,8 +166,8 @@ def served(model: Path, out: Path, max_new_tokens: int, offline: dict) -> bool:
         argv = ["--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", st.NAME,
                 "--tokenizer", str(served_dir), "--data", str(REAL / "heldout.jsonl"), "--format", "beam",
                 "--max-new-tokens", str(max_new_tokens), "--json", str(result), "--report", str(out / "eval-served.html"),
-                # vLLM's CPU build generates ~3 tokens/s over 8 requests on one core here: a 320-token turn
-                # waits longer than the default 600 s
+                # a margin over the default 600 s: with 8 requests in flight on one CPU core, a 320-token turn
+                # waited past it once (vLLM then ran with the training's thread count, ~3 tokens/s)
                 "--request-timeout", "3600"]
         print(f"== 6. beam-sft eval {' '.join(argv)}", flush=True)
         rc = eval_main(argv)
