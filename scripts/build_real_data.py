@@ -13,10 +13,12 @@ reasoning), Hammer's ToolAlpaca and API-Bank samples (xLAM-like), data-genie's H
 3. **back-fill** (`--teacher DIR`): `beam-sft backfill` with a local transformers teacher on the training
    half; filled turns carry `reasoning_source`, filtered ones stay without reasoning (masked in training).
    The first `--limit` training records are filled whole; the others (glaive's) are cut after their first
-   assistant turn and only that turn is filled (`--rest first-turn`): their later turns would cost the teacher
-   ~3 calls each and, unfilled, are masked anyway, while the first turn — call the tool or answer — is what
-   held-out evaluation measures; `--first-turns M` bounds how many (the teacher's time), the others are left out
-   of train.jsonl. `--rest skip` leaves them all out.
+   assistant turn and only that turn is filled (`--rest first-turn`, what data/real/ holds): their later turns
+   would cost the teacher ~3 calls each and, unfilled, are masked anyway, while the first turn — call the tool
+   or answer — is what held-out evaluation measures. That trains a record that first asks for a missing
+   argument without the call that follows the user's reply; `--rest first-call` keeps it (cut after the first
+   assistant turn that calls a tool, or the first turn when none does). `--first-turns M` bounds how many
+   records (the teacher's time), the others are left out of train.jsonl; `--rest skip` leaves them all out.
 
 ```bash
 python scripts/build_base_model.py smollm2 -o outputs/base/smollm2
@@ -125,10 +127,13 @@ def split(records: list[dict], heldout: int, seed: int) -> tuple[list[dict], lis
     return train, test, held_tools
 
 
-def first_turn(record: dict) -> dict:
-    """`record` up to and including its first assistant message."""
+def first_turn(record: dict, *, through_call: bool = False) -> dict:
+    """`record` up to and including its first assistant message, or with `through_call` its first assistant
+    message that calls a tool (the first assistant message when none does)."""
     messages = record["messages"]
-    end = next((k for k, m in enumerate(messages) if m.get("role") == "assistant"), len(messages) - 1)
+    turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
+    calls = [k for k in turns if messages[k].get("tool_calls")] if through_call else []
+    end = (calls or turns or [len(messages) - 1])[0]
     return {**record, "messages": messages[: end + 1]}
 
 
@@ -164,11 +169,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=58,
                         help="back-fill the first N training records whole (default: 58, all but glaive and its first 5; the teacher "
                              "on 2 CPU cores fills ~5-12 s a turn); see --rest for the others")
-    parser.add_argument("--rest", choices=("first-turn", "skip"), default="first-turn",
-                        help="the training records after --limit: cut after their first assistant turn and filled "
-                             "(first-turn, default), or left out (skip)")
+    parser.add_argument("--rest", choices=("first-call", "first-turn", "skip"), default="first-turn",
+                        help="the training records after --limit: cut after their first assistant turn "
+                             "(first-turn, default) or after their first assistant turn that calls a tool, the "
+                             "first turn when none does (first-call), and filled; or left out (skip)")
     parser.add_argument("--first-turns", type=int, default=None, metavar="M",
-                        help="with --rest first-turn: fill only the first M records after --limit (default: all)")
+                        help="with --rest first-call or first-turn: fill only the first M records after --limit (default: all)")
     parser.add_argument("backfill_args", nargs=argparse.REMAINDER, help="after --: more beam-sft backfill options")
     return parser
 
@@ -178,8 +184,9 @@ def build_split(args: argparse.Namespace, info: dict) -> list[str]:
     records, counts = convert_sources()
     train, test, held_tools = split(records, args.heldout, args.seed)
     write_jsonl(OUT / "heldout.jsonl", test)
-    if args.rest == "first-turn":
-        train = train[: args.limit] + [first_turn(r) for r in train[args.limit:]]
+    if args.rest != "skip":
+        through_call = args.rest == "first-call"
+        train = train[: args.limit] + [first_turn(r, through_call=through_call) for r in train[args.limit:]]
     write_jsonl(OUT / "train.raw.jsonl", train)
     info.update({"sources": counts, "records": len(records), "train": len(train), "heldout": len(test),
                  "heldout_tools": held_tools, "seed": args.seed,

@@ -47,13 +47,18 @@ def test_backfill_changed_reasoning_only():
     assert filled == split["backfill_stats"]["filled"] > 0
 
 
-def test_records_after_the_limit_keep_their_first_assistant_turn():
+def test_records_after_the_limit_keep_their_first_call_or_first_turn():
     build = script_module("build_real_data")
+    call = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}
     record = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                           {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"},
-                           {"role": "assistant", "content": "b"}], "source": "x#0"}
+                           {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}, call,
+                           {"role": "tool", "content": "r"}, {"role": "assistant", "content": "b"}], "source": "x#0"}
     cut = build.first_turn(record)
-    assert [m["content"] for m in cut["messages"]] == ["s", "u", "a"] and cut["source"] == "x#0"
+    assert [m.get("content") for m in cut["messages"]] == ["s", "u", "a"] and cut["source"] == "x#0"
+    # an ask for a missing argument keeps the call that follows the user's reply
+    assert build.first_turn(record, through_call=True)["messages"] == record["messages"][:5]
+    answers = {**record, "messages": record["messages"][:4] + [{"role": "assistant", "content": "b"}]}
+    assert build.first_turn(answers, through_call=True)["messages"] == answers["messages"][:3]
     split = json.loads((REAL / "split.json").read_text())
     assert split["rest"] == "first-turn"  # what make demo-real trains on
     rest = _records("train.raw.jsonl")[split["limit"]:]
