@@ -13,12 +13,12 @@ reasoning), Hammer's ToolAlpaca and API-Bank samples (xLAM-like), data-genie's H
 3. **back-fill** (`--teacher DIR`): `beam-sft backfill` with a local transformers teacher on the training
    half; filled turns carry `reasoning_source`, filtered ones stay without reasoning (masked in training).
    The first `--limit` training records are filled whole; the others (glaive's) are cut after their first
-   assistant turn and only that turn is filled (`--rest first-turn`, what data/real/ holds): their later turns
-   would cost the teacher ~3 calls each and, unfilled, are masked anyway, while the first turn — call the tool
-   or answer — is what held-out evaluation measures. That trains a record that first asks for a missing
-   argument without the call that follows the user's reply; `--rest first-call` keeps it (cut after the first
-   assistant turn that calls a tool, or the first turn when none does). `--first-turns M` bounds how many
-   records (the teacher's time), the others are left out of train.jsonl; `--rest skip` leaves them all out.
+   assistant turn that calls a tool, or their first turn when none does (`--rest first-call`, what data/real/
+   holds): their later turns would cost the teacher ~3 calls each and, unfilled, are masked anyway, while the
+   first turn — call the tool or answer — is what held-out evaluation measures. `--rest first-turn` cuts after
+   the first turn even when it only asks for a missing argument, which trains the ask without the call that
+   follows the user's reply (measured worse, docs/real-model.md). `--first-turns M` bounds how many records
+   (the teacher's time), the others are left out of train.jsonl; `--rest skip` leaves them all out.
 
 ```bash
 python scripts/build_base_model.py smollm2 -o outputs/base/smollm2
@@ -169,10 +169,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=58,
                         help="back-fill the first N training records whole (default: 58, all but glaive and its first 5; the teacher "
                              "on 2 CPU cores fills ~5-12 s a turn); see --rest for the others")
-    parser.add_argument("--rest", choices=("first-call", "first-turn", "skip"), default="first-turn",
-                        help="the training records after --limit: cut after their first assistant turn "
-                             "(first-turn, default) or after their first assistant turn that calls a tool, the "
-                             "first turn when none does (first-call), and filled; or left out (skip)")
+    parser.add_argument("--rest", choices=("first-call", "first-turn", "skip"), default="first-call",
+                        help="the training records after --limit: cut after their first assistant turn that "
+                             "calls a tool, the first turn when none does (first-call, default), or after their "
+                             "first assistant turn (first-turn), and filled; or left out (skip)")
     parser.add_argument("--first-turns", type=int, default=None, metavar="M",
                         help="with --rest first-call or first-turn: fill only the first M records after --limit (default: all)")
     parser.add_argument("backfill_args", nargs=argparse.REMAINDER, help="after --: more beam-sft backfill options")
