@@ -345,8 +345,14 @@ def test_openai_backend_timeout_names_the_option(tok):
     backend = backend_from_args(args, tok)
     assert backend.timeout == 1800 and backend.client.timeout == 1800  # what the real client waits for
 
+    try:  # the HTTP client openai is built on: httpx2 in openai 3.x, httpx before
+        import httpx2 as http
+    except ImportError:
+        import httpx as http
+    request = http.Request("POST", "http://unused/v1/chat/completions")  # openai 3.60 reads its headers
+
     def slow(**kwargs):
-        raise openai.APITimeoutError(request=None)
+        raise openai.APITimeoutError(request=request)
 
     turn = Turn(0, 1, {"role": "assistant", "content": "x"}, None, "openai", "default", "",
                 [{"role": "user", "content": "Hi"}], {})
