@@ -17,7 +17,7 @@ reasoning), Hammer's ToolAlpaca and API-Bank samples (xLAM-like), data-genie's H
    holds): their later turns would cost the teacher ~3 calls each and, unfilled, are masked anyway, while the
    first turn — call the tool or answer — is what held-out evaluation measures. `--rest first-turn` cuts after
    the first turn even when it only asks for a missing argument, which trains the ask without the call that
-   follows the user's reply (measured worse, docs/real-model.md). `--first-turns M` bounds how many records
+   follows the user's reply (both measured: docs/real-model.md). `--first-turns M` bounds how many records
    (the teacher's time), the others are left out of train.jsonl; `--rest skip` leaves them all out.
 
 ```bash
