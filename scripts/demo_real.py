@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import re
 import shutil
 import sys
 import time
@@ -39,6 +41,13 @@ sys.path.insert(0, str(REPO / "scripts"))
 SAMPLES = ("openai.jsonl", "sharegpt.json", "harmony.jsonl")
 REAL = REPO / "data" / "real"
 EXTRA = "train.extra.jsonl"  # training-only records that ask or decline (on by default: docs/real-model.md)
+# Distractor tools (--distractors K): held-out records declare up to 6 tools and 4 of LoRA's 11 held-out calls
+# picked the wrong declared one, while most training records declare only what they call. A candidate that could
+# serve the request is never added (a word of its name in the conversation or shared with a declared tool, these
+# verbs aside), and a record whose reasoning speaks of its tools is left as written: adding to its list would make
+# that reasoning untrue ("The tools provided are X and Y. None of these...").
+NAME_VERBS = {"get", "set", "calculate", "find", "search", "create", "check", "generate", "convert", "fetch", "list",
+              "add", "send", "update"}
 GOALS = {"well_formed": 0.9, "has_reasoning": 0.95, "stopped": 0.9, "tool_name_accuracy": 0.8,
          "tool_args_valid": 0.8, "marker_leak": 0.0}
 
@@ -57,6 +66,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--extra", action=argparse.BooleanOptionalAction, default=True,
                         help=f"also train on data/real/{EXTRA}: training-only records that ask for a missing argument "
                              "or decline, back-filled (default: on; --no-extra to compare, docs/real-model.md)")
+    parser.add_argument("--distractors", type=int, default=0, metavar="K",
+                        help="add up to K tools of other training records to each real record's declared tools "
+                             "(never one that could serve its request; default: 0)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the idle cores)")
     parser.add_argument("--max-new-tokens", type=int, default=320, help="generation bound in eval (default: 320)")
     parser.add_argument("--serve", action="store_true",
@@ -106,7 +118,46 @@ def tool_names(path: Path) -> set[str]:
     return names
 
 
-def data(out: Path, extra: bool = True) -> Path:
+def tool_name(tool: dict) -> str:
+    return str(tool.get("function", tool).get("name"))
+
+
+def stems(text: str) -> set[str]:
+    return {w[:-1] if w.endswith("s") and len(w) > 3 else w for w in re.findall(r"[a-z0-9]{3,}", text.lower())}
+
+
+def name_words(name: str) -> set[str]:
+    return stems(re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ")) - NAME_VERBS
+
+
+def speaks_of_tools(record: dict) -> bool:
+    declared = [tool_name(t) for t in record.get("tools") or []]
+    thought = " ".join(m.get("reasoning_content") or "" for m in record["messages"] if m.get("role") == "assistant")
+    return bool(re.search(r"\b(tools|functions)\b", thought, re.IGNORECASE)) or sum(n in thought for n in declared) >= 2
+
+
+def add_distractors(records: list[dict], k: int, seed: int = 0) -> tuple[list[dict], int]:
+    """Each record with tools gains up to `k` tools of the other records, at random places; returns the count changed."""
+    pool = {tool_name(t): t for r in records for t in r.get("tools") or []}
+    names, rng = sorted(pool), random.Random(seed)
+    out, changed = [], 0
+    for record in records:
+        tools = list(record.get("tools") or [])
+        if not tools or speaks_of_tools(record):
+            out.append(record)
+            continue
+        declared = {tool_name(t) for t in tools}
+        text = " ".join(str(m.get("content") or "") for m in record["messages"])
+        taken = set().union(*map(name_words, declared)) | stems(text)
+        candidates = [n for n in names if n not in declared and not name_words(n) & taken]
+        for name in rng.sample(candidates, min(k, len(candidates))):
+            tools.insert(rng.randrange(len(tools) + 1), pool[name])
+        changed += len(tools) > len(declared)
+        out.append({**record, "tools": tools})
+    return out, changed
+
+
+def data(out: Path, extra: bool = True, distractors: int = 0) -> Path:
     from beam_sft.cli.convert import main as convert_main
 
     data_dir = out / "data"
@@ -123,6 +174,16 @@ def data(out: Path, extra: bool = True) -> Path:
     for path in real:
         shutil.copyfile(path, data_dir / f"real.{path.name}")
         seen |= tool_names(data_dir / f"real.{path.name}")
+    if distractors:
+        files = [data_dir / f"real.{path.name}" for path in real]
+        records = [json.loads(line) for f in files for line in f.read_text(encoding="utf-8").splitlines()]
+        records, changed = add_distractors(records, distractors)
+        start = 0
+        for f in files:
+            count = len(f.read_text(encoding="utf-8").splitlines())
+            f.write_text("".join(json.dumps(r) + "\n" for r in records[start:start + count]), encoding="utf-8")
+            start += count
+        print(f"   distractor tools: up to {distractors} added to {changed} of {len(records)} real records", flush=True)
     if overlap := seen & tool_names(REAL / "heldout.jsonl"):
         raise SystemExit(f"held-out tools declared in training data: {sorted(overlap)}")
     return data_dir
@@ -214,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = evaluate(base, out, args.max_new_tokens, "eval-zero-shot")
     else:
         if not args.skip_train:
-            dataset = data(out, args.extra)
+            dataset = data(out, args.extra, args.distractors)
             if args.peft:
                 from beam_sft.serve.export import export
 

@@ -118,3 +118,44 @@ def test_vllm_does_not_inherit_the_training_thread_count(monkeypatch, tmp_path):
     cmd, env = serving.server_command("vllm", tmp_path / "venv", tmp_path / "served", 8000)
     assert "OMP_NUM_THREADS" not in env and "MKL_NUM_THREADS" not in env
     assert env["HF_HUB_OFFLINE"] == "1" and cmd[cmd.index("--port") + 1] == "8000"
+
+
+def _tool(name: str) -> dict:
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": {"type": "object"}}}
+
+
+def _record(user: str, tools: list[str], reasoning: str = "The user wants it.") -> dict:
+    return {"messages": [{"role": "user", "content": user},
+                         {"role": "assistant", "reasoning_content": reasoning, "content": "Sorry, I can't."}],
+            "tools": [_tool(n) for n in tools]}
+
+
+def test_distractor_tools_never_serve_the_request_nor_falsify_reasoning():
+    demo = script_module("demo_real")
+    pizza = _record("Can you please order a pizza for me?", ["get_song_lyrics"])
+    listed = _record("Find schools near me.", ["getwebsite"], "The tools provided are getwebsite. None fits.")
+    donors = [_record("x", [n]) for n in ("order_pizza", "get_pizza_menu", "getSongLyricsByArtist", "calculate_tip",
+                                           "convert_currency", "is_palindrome")]
+    bare = {"messages": [{"role": "user", "content": "hi"}]}
+    records = [pizza, listed, bare, *donors]
+    out, changed = demo.add_distractors(records, 2, seed=0)
+    assert len(out) == len(records) and out[1] is listed and out[2] is bare
+    names = [demo.tool_name(t) for t in out[0]["tools"]]
+    assert len(names) == 3 and "get_song_lyrics" in names
+    # a pizza tool would serve the request; a song-lyrics one shares a word with the declared tool
+    assert not {"order_pizza", "get_pizza_menu", "getSongLyricsByArtist"} & set(names)
+    assert changed == 1 + len(donors)
+    for before, after in zip(records[3:], out[3:], strict=True):
+        assert demo.tool_name(before["tools"][0]) in {demo.tool_name(t) for t in after["tools"]}
+        assert len(after["tools"]) == 3 and after["messages"] == before["messages"]
+
+
+def test_demo_real_distractors_keep_every_record_and_no_heldout_tool(tmp_path):
+    demo = script_module("demo_real")
+    data = demo.data(tmp_path, distractors=2)
+    for name in ("train.jsonl", "train.extra.jsonl"):
+        before, after = _records(name), [json.loads(line) for line in (data / f"real.{name}").read_text().splitlines()]
+        assert [r["messages"] for r in after] == [r["messages"] for r in before]
+        added = [len(a.get("tools") or []) - len(b.get("tools") or []) for b, a in zip(before, after, strict=True)]
+        assert set(added) <= {0, 2} and added.count(2) > len(after) // 2
+        assert not _tools(after) & _tools(_records("heldout.jsonl"))
