@@ -14,6 +14,7 @@
 python scripts/demo_real.py                       # full fine-tuning, into outputs/demo-real/
 python scripts/demo_real.py --peft                # LoRA + merge (make demo-real PEFT=1)
 python scripts/demo_real.py --no-extra            # without the training-only records that ask or decline
+python scripts/demo_real.py --distractors 2       # each real record also declares 2 tools it does not need
 python scripts/demo_real.py --skip-train          # only step 5, on the model trained before
 python scripts/demo_real.py --zero-shot           # step 5 on the beamified base, untrained (the baseline)
 ```
