@@ -75,9 +75,10 @@ def recording_parses(sink: list[dict]) -> Iterator[None]:
 
     init, feed, finalize = ResponseParser.__init__, ResponseParser.feed, ResponseParser.finalize
 
-    def rec_init(self, response_template, prefix=None, *, tools=None):
-        init(self, response_template, prefix, tools=tools)
-        self._rec = {"prefix": prefix, "tools": tools, "text": ""}
+    def rec_init(self, response_template, prefix=None, **kwargs):
+        # keyword-only arguments pass through: transformers 5.25 added one beside `tools`
+        init(self, response_template, prefix, **kwargs)
+        self._rec = {"prefix": prefix, "tools": kwargs.get("tools"), "text": ""}
 
     def rec_feed(self, text):
         self._rec["text"] += text or ""
