@@ -114,8 +114,7 @@ def beam_base(out: Path, init: str) -> Path:
 def tool_names(path: Path) -> set[str]:
     names = set()
     for line in path.read_text(encoding="utf-8").splitlines():
-        for tool in json.loads(line).get("tools") or []:
-            names.add(tool.get("function", tool).get("name"))
+        names |= {tool_name(t) for t in json.loads(line).get("tools") or []}
     return names
 
 
@@ -177,13 +176,11 @@ def data(out: Path, extra: bool = True, distractors: int = 0) -> Path:
         seen |= tool_names(data_dir / f"real.{path.name}")
     if distractors:
         files = [data_dir / f"real.{path.name}" for path in real]
-        records = [json.loads(line) for f in files for line in f.read_text(encoding="utf-8").splitlines()]
-        records, changed = add_distractors(records, distractors)
-        start = 0
-        for f in files:
-            count = len(f.read_text(encoding="utf-8").splitlines())
-            f.write_text("".join(json.dumps(r) + "\n" for r in records[start:start + count]), encoding="utf-8")
-            start += count
+        per_file = [[json.loads(line) for line in f.read_text(encoding="utf-8").splitlines()] for f in files]
+        records, changed = add_distractors([r for rs in per_file for r in rs], distractors)
+        for f, rs in zip(files, per_file, strict=True):
+            f.write_text("".join(json.dumps(r) + "\n" for r in records[: len(rs)]), encoding="utf-8")
+            records = records[len(rs):]
         print(f"   distractor tools: up to {distractors} added to {changed} of {len(records)} real records", flush=True)
     if overlap := seen & tool_names(REAL / "heldout.jsonl"):
         raise SystemExit(f"held-out tools declared in training data: {sorted(overlap)}")
