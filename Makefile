@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
+# BFCL v4's data and checker for `beam-sft eval --bfcl`, without its pins (numpy==1.26.4, API clients): the
+# few packages its checker imports come with the bfcl extra (pyproject.toml)
+BFCL_SPEC ?= bfcl-eval==2026.3.23
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
@@ -19,6 +22,7 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps "$(BFCL_SPEC)"
 	touch $@
 
 install: $(VENV)/.installed

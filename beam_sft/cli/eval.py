@@ -12,6 +12,16 @@ the tokenizer's response template and scored against the reference turn.
     beam-sft eval --backend openai --base-url http://127.0.0.1:8000/v1 --model beam \
         --tokenizer outputs/quickstart/served --data data/samples/openai.jsonl     # a running server
 
+BFCL v4 (the Berkeley Function Calling Leaderboard's single-turn AST and relevance categories, scored by BFCL's
+own checker from the registry package bfcl-eval; `make install` installs it): --bfcl takes a comma list or all;
+--max-records is then per category, the same seeded subset every run. A model that does not speak Beam (a base
+model) is scored with --bfcl-style prompt: BFCL's own system prompt, the model's chat template, BFCL's decoder.
+
+    beam-sft eval outputs/demo-real/model --bfcl simple_python,multiple,irrelevance --max-records 50 \\
+        --json bfcl.json --outputs bfcl.jsonl --report bfcl.html
+    beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style prompt --max-records 50
+    beam-sft eval --rescore bfcl.jsonl --json again.json        # BFCL's checker again on the outputs file
+
 Metrics (each a share of the turns it applies to): well_formed, stopped (on the right stop token),
 has_reasoning, empty_analysis (an analysis message with nothing in it: lower is better), action_match (call
 vs answer), tool_name_accuracy, tool_args_exact, tool_args_valid (JSON schema), marker_leak (lower is better),
@@ -45,16 +55,35 @@ def register(subparsers) -> None:
                              "the base model its adapter_config.json names), a base model for --adapter, or a hub "
                              "id (read from the local cache when HF_HUB_OFFLINE=1); with --backend openai, the "
                              "directory the server loaded (for its tokenizer) unless --tokenizer is given")
-    parser.add_argument("--data", required=True, metavar="PATH",
+    parser.add_argument("--data", metavar="PATH", default=None,
                         help="Beam records or raw OpenAI/ShareGPT/Harmony data: a .jsonl/.json/.parquet file, a "
-                             "glob, a directory, a save_to_disk dataset or a hub dataset id")
+                             "glob, a directory, a save_to_disk dataset or a hub dataset id (required unless "
+                             "--bfcl or --rescore)")
+    parser.add_argument("--bfcl", metavar="CATEGORIES", default=None,
+                        help="evaluate on BFCL v4 instead of --data: a comma list of categories or all ("
+                             "simple_python, simple_java, simple_javascript, multiple, parallel, parallel_multiple, "
+                             "irrelevance, live_simple, live_multiple, live_parallel, live_parallel_multiple, "
+                             "live_irrelevance, live_relevance)")
+    parser.add_argument("--bfcl-style", choices=("beam", "prompt"), default="beam",
+                        help="--bfcl: beam (default: the functions as Beam developer tools, the output parsed with "
+                             "the response template; with --backend openai, the server's tool parser) or prompt "
+                             "(BFCL's own prompt and decoder, the model's own chat template: a base model's "
+                             "zero-shot row)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="--bfcl: which --max-records entries of each category run (default: 0)")
+    parser.add_argument("--outputs", metavar="PATH.jsonl", default=None,
+                        help="--bfcl: one line per entry (id, category, calls, text, well_formed, valid, BFCL's "
+                             "error type), re-scorable with --rescore")
+    parser.add_argument("--rescore", metavar="PATH.jsonl", default=None,
+                        help="run BFCL's checker again on an --outputs file (no model needed)")
     parser.add_argument("--format", default="auto", metavar="FMT",
                         help="input format: auto (default, detected per record), beam, openai, sharegpt, harmony")
     parser.add_argument("--tokenizer", metavar="PATH", default=None,
                         help="tokenizer with both Beam templates (default: the adapter's, else the model's)")
     parser.add_argument("--split", default="test", help="split of a dataset directory or hub dataset (default: test)")
     parser.add_argument("--max-records", type=int, default=None, metavar="N",
-                        help="read at most N input records (rejected ones included); reading stops there")
+                        help="read at most N input records (rejected ones included); reading stops there; "
+                             "with --bfcl, N entries of each category (seeded by --seed)")
     parser.add_argument("--turns", choices=TURN_CHOICES, default="first",
                         help="which assistant turns of each record to generate (default: first)")
     parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
@@ -87,13 +116,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from beam_sft.errors import UsageError
-    from beam_sft.eval.backends import TransformersBackend, VLLMBackend
-    from beam_sft.eval.metrics import METRICS
-    from beam_sft.eval.report import report_html, summary_table
-    from beam_sft.eval.run import evaluate, load_eval_tokenizer, load_model, resolve_adapter
-    from beam_sft.eval.turns import _load_records
     from beam_sft.formats import FORMAT_NAMES
-    from beam_sft.records.files import write_json_atomic
 
     if args.format not in (*FORMAT_NAMES, "beam"):
         raise UsageError(f"unknown --format {args.format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}")
@@ -104,27 +127,104 @@ def run(args) -> int:
         raise UsageError("--max-records must be >= 1")
     if args.min_well_formed is not None and not 0 <= args.min_well_formed <= 1:
         raise UsageError("--min-well-formed is a fraction between 0 and 1")
+    if sum(x is not None for x in (args.data, args.bfcl, args.rescore)) != 1:
+        raise UsageError("give one of --data (held-out records), --bfcl CATEGORIES or --rescore PATH.jsonl")
+    if args.rescore is not None:
+        from beam_sft.eval.bfcl.run import rescore
+
+        return _bfcl_results(args, rescore(args.rescore))
+    if args.bfcl is None and (args.outputs or args.bfcl_style != "beam"):
+        raise UsageError("--outputs and --bfcl-style go with --bfcl")
+    backend, tokenizer = _backend(args)
+    if args.bfcl is not None:
+        return _bfcl(args, backend, tokenizer)
+    return _held_out(args, backend, tokenizer)
+
+
+def _backend(args):
+    """(backend, tokenizer) for MODEL, or for the server with --backend openai; a model scored in its own format
+    (--bfcl-style prompt) stops at its EOS instead of Beam's stop tokens."""
+    from beam_sft.errors import UsageError
+    from beam_sft.eval.backends import TransformersBackend, VLLMBackend, eos_stops
+    from beam_sft.eval.run import load_eval_tokenizer, load_model, resolve_adapter
+
+    beam = args.bfcl_style == "beam"
 
     if args.backend == "openai":
         from beam_sft.eval.openai_backend import backend_from_args
 
         if not (args.tokenizer or args.model):
             raise UsageError("--backend openai needs --tokenizer (or MODEL): the served model's tokenizer directory")
-        tokenizer, _ = load_eval_tokenizer(args.tokenizer or args.model)
-        backend = backend_from_args(args, tokenizer)
+        tokenizer, _ = load_eval_tokenizer(args.tokenizer or args.model, beam=beam)
+        backend = backend_from_args(args, tokenizer, None if beam else eos_stops(tokenizer))
         args.model = args.served_model or args.model
-    elif args.model is None:
+        return backend, tokenizer
+    if args.model is None:
         raise UsageError("MODEL is required (a model directory or hub id)")
-    else:
-        args.model, args.adapter = resolve_adapter(args.model, args.adapter)
+    args.model, args.adapter = resolve_adapter(args.model, args.adapter)
     if args.backend == "vllm":
-        tokenizer, source = load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
-        backend = VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
-                                 tokenizer_path=source)
-    elif args.backend == "transformers":
-        model, tokenizer = load_model(args.model, tokenizer=args.tokenizer, adapter=args.adapter)
-        backend = TransformersBackend(model, tokenizer, max_new_tokens=args.max_new_tokens,
-                                         batch_size=args.batch_size)
+        tokenizer, source = load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter, beam=beam)
+        return VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
+                           tokenizer_path=source, stops=None if beam else eos_stops(tokenizer)), tokenizer
+    model, tokenizer = load_model(args.model, tokenizer=args.tokenizer, adapter=args.adapter, beam=beam)
+    return TransformersBackend(model, tokenizer, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                               stops=None if beam else eos_stops(tokenizer)), tokenizer
+
+
+def _bfcl(args, backend, tokenizer) -> int:
+    """--bfcl: the entries generated and scored; --outputs written line by line as they come, renamed into place
+    when the run ends."""
+    import contextlib
+
+    from beam_sft.eval.bfcl.checker import parse_categories
+    from beam_sft.eval.bfcl.run import evaluate_bfcl
+    from beam_sft.records.files import atomic_output
+
+    categories = parse_categories(args.bfcl)
+    with contextlib.ExitStack() as stack:
+        write = None
+        if args.outputs:
+            handle = stack.enter_context(open(stack.enter_context(atomic_output(args.outputs)), "w",
+                                              encoding="utf-8"))
+
+            def write(scored) -> None:
+                handle.write(json.dumps(scored.to_json(), ensure_ascii=False) + "\n")
+
+        result = evaluate_bfcl(backend, tokenizer, categories, style=args.bfcl_style, max_records=args.max_records,
+                               seed=args.seed, chunk_size=max(64, 8 * args.batch_size), progress=not args.quiet,
+                               on_result=write)
+    if args.outputs:
+        print(f"wrote {args.outputs}", file=sys.stderr)
+    return _bfcl_results(args, result)
+
+
+def _bfcl_results(args, result) -> int:
+    from beam_sft.eval.bfcl.run import report_html, summary_table
+    from beam_sft.records.files import write_json_atomic, write_text_atomic
+
+    print(summary_table(result), file=sys.stderr)
+    summary = result.summary()
+    if args.json:
+        write_json_atomic(args.json, summary)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.report:
+        write_text_atomic(args.report, report_html(result, title=f"beam-sft eval {args.model or args.rescore} on BFCL"))
+        print(f"wrote {args.report}", file=sys.stderr)
+    print(json.dumps({"bfcl": {c: v["accuracy"] for c, v in summary["bfcl"].items()},
+                      "bfcl_summary": summary["bfcl_summary"], "well_formed": summary["well_formed"]}))
+    if args.min_well_formed is not None and (summary["well_formed"] or 0.0) < args.min_well_formed:
+        print(f"well_formed {summary['well_formed']} is below --min-well-formed {args.min_well_formed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _held_out(args, backend, tokenizer) -> int:
+    from beam_sft.eval.metrics import METRICS
+    from beam_sft.eval.report import report_html, summary_table
+    from beam_sft.eval.run import evaluate
+    from beam_sft.eval.turns import _load_records
+    from beam_sft.records.files import write_json_atomic
+
     records = _load_records(args.data, args.format, args.split, args.max_records)
     result = evaluate(backend, tokenizer, records, turns=args.turns, progress=not args.quiet,
                          chunk_size=max(64, 8 * args.batch_size), total=args.max_records)

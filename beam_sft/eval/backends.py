@@ -27,6 +27,16 @@ def stop_ids(tokenizer) -> dict[int, str]:
     return dict(zip(stop_token_ids(tokenizer), STOP_MARKERS, strict=True))
 
 
+def eos_stops(tokenizer) -> dict[int, str]:
+    """{token id: token} of a plain model's end tokens: its EOS and the generation config's, for models that do
+    not speak Beam (their chat template's end-of-turn token, e.g. ChatML's `<|im_end|>`, is their EOS)."""
+    ids = tokenizer.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if not ids:
+        raise UsageError("the tokenizer has no EOS token: generation could not stop")
+    return {i: tokenizer.convert_ids_to_tokens(i) for i in ids}
+
+
 def _finish(tokenizer, ids: Sequence[int], stops: dict[int, str]) -> Generation:
     """Cut generated ids after the first stop token (what follows in a batch is padding) and decode."""
     ids = list(ids)
@@ -44,13 +54,14 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 256, batch_size: int = 8,
-                 synced_gpus: bool = False):
+                 synced_gpus: bool = False, stops: dict[int, str] | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         # A sharded model (FSDP) all-gathers its parameters in every forward: every rank must step until all
         # ranks' sequences are done (transformers' `synced_gpus`, what it does itself for ZeRO-3).
         self.synced_gpus = synced_gpus
-        self.stops = stop_ids(tokenizer)
+        # `stops`: a model that does not speak Beam (`beam-sft eval --bfcl-style prompt`) stops at its own EOS.
+        self.stops = stop_ids(tokenizer) if stops is None else stops
         if tokenizer.pad_token_id is None:
             raise UsageError("the tokenizer has no pad token; batched generation needs one (beamify adds <|pad|>)")
 
@@ -140,7 +151,7 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model: str, tokenizer, *, max_new_tokens: int = 256, adapter: str | None = None,
-                 tokenizer_path: str | None = None):
+                 tokenizer_path: str | None = None, stops: dict[int, str] | None = None):
         try:
             import torch
             from vllm import LLM, SamplingParams
@@ -149,7 +160,7 @@ class VLLMBackend:
         if not torch.cuda.is_available():
             raise UsageError("--backend vllm needs a CUDA GPU; use --backend transformers on CPU")
         self.tokenizer = tokenizer
-        self.stops = stop_ids(tokenizer)
+        self.stops = stop_ids(tokenizer) if stops is None else stops
         lora_rank = {}
         if adapter is not None:
             config = Path(adapter) / "adapter_config.json"

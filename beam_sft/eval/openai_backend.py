@@ -126,7 +126,7 @@ class OpenAIBackend:
     name = "openai"
 
     def __init__(self, base_url: str, model: str, tokenizer, *, max_new_tokens: int = 256, api_key: str | None = None,
-                 concurrency: int = 8, timeout: float = 600.0, client=None):
+                 concurrency: int = 8, timeout: float = 600.0, client=None, stops: dict[int, str] | None = None):
         if client is None:
             try:
                 from openai import OpenAI
@@ -136,7 +136,7 @@ class OpenAIBackend:
                             timeout=timeout, max_retries=0)
         self.client, self.model, self.timeout = client, model, timeout
         self.max_new_tokens, self.concurrency = max_new_tokens, max(1, concurrency)
-        self.stops = stop_ids(tokenizer)
+        self.stops = stop_ids(tokenizer) if stops is None else stops
         self.tokenizer = tokenizer
         self.token_ids = True  # ask for them until the server refuses the field
 
@@ -206,10 +206,10 @@ class OpenAIBackend:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def backend_from_args(args, tokenizer) -> OpenAIBackend:
+def backend_from_args(args, tokenizer, stops: dict[int, str] | None = None) -> OpenAIBackend:
     """`beam-sft eval --backend openai --base-url URL --model NAME`."""
     if not args.base_url:
         raise UsageError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
     return OpenAIBackend(args.base_url, args.served_model or args.model, tokenizer,
                          max_new_tokens=args.max_new_tokens, api_key=args.api_key, concurrency=args.batch_size,
-                         timeout=args.request_timeout)
+                         timeout=args.request_timeout, stops=stops)

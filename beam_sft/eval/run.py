@@ -139,9 +139,10 @@ def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
     return base, model
 
 
-def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: str | None = None):
+def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: str | None = None, beam: bool = True):
     """(tokenizer, where it came from): `tokenizer`, else the adapter directory when it holds one
-    (scripts/train.py saves it there), else the model's. It must carry both Beam templates."""
+    (scripts/train.py saves it there), else the model's. It must carry both Beam templates, or with `beam=False`
+    (a model scored in its own format: `eval --bfcl-style prompt`) a chat template, and gets a pad token."""
     from transformers import AutoTokenizer
 
     source = tokenizer or (adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else model)
@@ -149,6 +150,12 @@ def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: st
         tok = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
         raise UsageError(f"cannot load the tokenizer {source!r}: {err}") from err
+    if not beam:
+        if not tok.chat_template:
+            raise UsageError(f"{source}: the tokenizer has no chat template to prompt the model with")
+        if tok.pad_token_id is None:  # batched generation pads; a plain base may have none
+            tok.pad_token = tok.eos_token
+        return tok, source
     if not tok.chat_template or getattr(tok, "response_template", None) is None:
         raise UsageError(
             f"{source}: the tokenizer lacks the Beam chat template or response_template "
@@ -157,13 +164,14 @@ def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: st
     return tok, source
 
 
-def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None = None, device: str | None = None):
+def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None = None, device: str | None = None,
+               beam: bool = True):
     """(model, tokenizer) for evaluation: a saved directory or a hub id (the local cache when offline),
     optionally with a LoRA adapter (peft) merged in; the tokenizer as `load_eval_tokenizer` finds it."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    tok, _ = load_eval_tokenizer(model, tokenizer=tokenizer, adapter=adapter)
+    tok, _ = load_eval_tokenizer(model, tokenizer=tokenizer, adapter=adapter, beam=beam)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     try:
