@@ -240,3 +240,47 @@ def test_usage_errors(tiny_model_dir, capsys):
     assert cli(["eval", str(tiny_model_dir), "--data", "x.jsonl", "--outputs", "o.jsonl"]) == 2
     err = capsys.readouterr().err
     assert err.count("error: ") == 4 and "Traceback" not in err
+
+
+def test_contamination_finds_planted_questions_and_names(tmp_path, capsys):
+    from beam_sft.eval.bfcl.contamination import BfclIndex, scan
+    from beam_sft.records.files import read_items
+
+    index = BfclIndex.build(["simple_python", "live_simple"])
+    question = checker.load_entries("simple_python")[0].question[0]["content"]  # the triangle area question
+    live = checker.load_entries("live_simple")[3].question[-1]["content"]
+    words = live.split()
+    assert len(words) > 16
+    tool = {"type": "function", "function": {"name": "calculate_triangle_area", "description": "area",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    rows = [
+        {"messages": [{"role": "user", "content": question.upper() + "!!"},  # case and punctuation do not hide it
+                      {"role": "assistant", "content": "50 square units."}]},
+        {"messages": [{"role": "user", "content": "Before anything: " + " ".join(words[:14]) + " and so on."},
+                      {"role": "assistant", "content": "ok"}]},
+        {"messages": [{"role": "user", "content": "Tell me a joke about cats and the moon, please, a short one."},
+                      {"role": "assistant", "content": "No."}], "tools": [tool]},
+        {"messages": "not a list"},
+    ]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = scan(((item, "auto") for item in read_items([str(data)])), index)
+    assert report["records"] == 4 and report["rejected"] == 1
+    assert report["records_with_question_overlap"] == 2
+    assert [(h["position"], h["match"]) for h in report["question_overlaps"]] == [(1, "whole"), (2, "13-gram")]
+    assert report["question_overlaps"][0]["bfcl_id"] == "simple_python_0"
+    assert report["function_names"] == {"calculate_triangle_area": {"records": 1, "bfcl_entries": len(index.names["calculate_triangle_area"])}}
+    assert "simple_python_0" in index.names["calculate_triangle_area"]
+
+    config = tmp_path / "mix.yaml"
+    config.write_text(f"datasets:\n  - path: {data}\n")
+    out = tmp_path / "c.json"
+    assert cli(["contamination", "--config", str(config), "--bfcl", "simple_python", "--json", str(out),
+                "--quiet"]) == 0
+    assert json.loads(out.read_text())["records_with_question_overlap"] == 1  # the live question is not indexed
+    assert cli(["contamination", str(data), "--fail-on-overlap", "--quiet"]) == 1
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text(json.dumps(rows[2]) + "\n")
+    assert cli(["contamination", str(clean), "--fail-on-overlap", "--quiet"]) == 0
+    assert cli(["contamination", "--quiet"]) == 2
+    assert "give INPUT files or --config" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+"""`beam-sft contamination INPUT... | --config FILE`: is BFCL v4 in the training data?
+
+Every record (any input format, converted as training converts it) is checked against BFCL v4's single-turn
+categories: a system, developer or user message that contains a BFCL question whole, or shares 13 words in a row
+with one, is a question overlap; a declared or called tool with a BFCL function's name is a name overlap.
+
+    beam-sft contamination data/real/train.jsonl data/real/train.extra.jsonl
+    beam-sft contamination --config configs/demo_real.yaml --json contamination.json
+    beam-sft contamination my_tools.jsonl --bfcl simple_python,live_simple --fail-on-overlap
+
+Question overlaps mean BFCL's prompts were trained: its scores then measure memory. Name overlaps alone are
+listed (with how many records and BFCL entries share each name), not failed on: a common name such as
+`get_weather` is no leaked answer, but a held-out claim should know about it.
+
+Exit status: 0 when the check ran, 1 with --fail-on-overlap when a question overlaps, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "contamination",
+        help="Check training data against BFCL v4: question text (whole or 13-gram) and function names.",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    parser.add_argument("inputs", nargs="*", metavar="INPUT",
+                        help="training data: files, globs, directories, save_to_disk datasets or hub ids (any format "
+                             "beam-sft converts)")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="instead of INPUT: a YAML `datasets:` mixture (what train and prepare read); the rows "
+                             "the mixture takes are checked")
+    parser.add_argument("--format", default="auto", metavar="FMT",
+                        help="input format: auto (default, detected per record), beam, openai, sharegpt, harmony, "
+                             "hermes, glaive, xlam")
+    parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset (default: train)")
+    parser.add_argument("--bfcl", metavar="CATEGORIES", default="all",
+                        help="the BFCL categories to check against: a comma list or all (default)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON")
+    parser.add_argument("--fail-on-overlap", action="store_true",
+                        help="exit 1 when any record's question text overlaps a BFCL question")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def _items(args):
+    """(Item, format) pairs: the inputs in order, or the rows a mixture takes, each with its source's format."""
+    from beam_sft.records.files import read_items
+
+    if args.config is None:
+        return ((item, args.format) for item in read_items(args.inputs, args.split))
+    from beam_sft.dataset.mixture import read_mixture
+
+    mixture = read_mixture(args.config)
+    formats = dict(zip((s.name for s in mixture.sources), mixture.formats(args.format), strict=True))
+    return ((item, formats.get(item.source, args.format)) for item in mixture.items())
+
+
+def run(args) -> int:
+    from tqdm.auto import tqdm
+
+    from beam_sft.errors import UsageError
+    from beam_sft.eval.bfcl.checker import parse_categories
+    from beam_sft.eval.bfcl.contamination import BfclIndex, scan
+    from beam_sft.records.files import write_json_atomic
+
+    if bool(args.inputs) == (args.config is not None):
+        raise UsageError("give INPUT files or --config FILE (one of them)")
+    index = BfclIndex.build(parse_categories(args.bfcl))
+    items = tqdm(_items(args), desc="Checking", unit="rec", disable=args.quiet)
+    report = scan(items, index)
+    overlaps = report["records_with_question_overlap"]
+    print(f"{report['records']} records ({report['rejected']} rejected) against BFCL v4 "
+          f"({len(report['bfcl_categories'])} categories): {overlaps} with a question overlap, "
+          f"{report['records_with_a_bfcl_function_name']} declaring or calling a BFCL function name", file=sys.stderr)
+    for hit in report["question_overlaps"][:10]:
+        print(f"  question: {hit['source']}:{hit['position']} message {hit['message_index']} ~ {hit['bfcl_id']} "
+              f"({hit['match']})", file=sys.stderr)
+    for name, n in list(report["function_names"].items())[:10]:
+        print(f"  name: {name} ({n['records']} records, {n['bfcl_entries']} BFCL entries)", file=sys.stderr)
+    if args.json:
+        write_json_atomic(args.json, report)
+        print(f"wrote {args.json}", file=sys.stderr)
+    print(json.dumps({k: report[k] for k in ("records", "rejected", "records_with_question_overlap",
+                                             "records_with_a_bfcl_function_name")}))
+    return 1 if args.fail_on_overlap and overlaps else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_command
+
+    return run_command(register, "contamination", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
