@@ -15,6 +15,7 @@ python scripts/demo_real.py                       # full fine-tuning, into outpu
 python scripts/demo_real.py --peft                # LoRA + merge (make demo-real PEFT=1)
 python scripts/demo_real.py --no-extra            # without the training-only records that ask or decline
 python scripts/demo_real.py --distractors 2       # each real record also declares 2 tools it does not need
+python scripts/demo_real.py --augment irrelevance=0.2 --augment mask-names=0.25   # beam-sft augment's transforms
 python scripts/demo_real.py --skip-train          # only step 5, on the model trained before
 python scripts/demo_real.py --zero-shot           # step 5 on the beamified base, untrained (the baseline)
 ```
@@ -28,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import re
 import shutil
 import sys
 import time
@@ -43,12 +42,9 @@ SAMPLES = ("openai.jsonl", "sharegpt.json", "harmony.jsonl")
 REAL = REPO / "data" / "real"
 EXTRA = "train.extra.jsonl"  # training-only records that ask or decline (on by default: docs/real-model.md)
 # Distractor tools (--distractors K): held-out records declare up to 6 tools and 4 of LoRA's 11 held-out calls
-# picked the wrong declared one, while most training records declare only what they call. A candidate that could
-# serve the request is never added (a word of its name in the conversation or shared with a declared tool, these
-# verbs aside), and a record whose reasoning speaks of its tools is left as written: adding to its list would make
-# that reasoning untrue ("The tools provided are X and Y. None of these...").
-NAME_VERBS = {"get", "set", "calculate", "find", "search", "create", "check", "generate", "convert", "fetch", "list",
-              "add", "send", "update"}
+# picked the wrong declared one, while most training records declare only what they call. The rule (never a tool
+# that could serve the request, never a record whose reasoning speaks of its tools) is the package's:
+# beam_sft/augment/distractors.py, the same transform as `beam-sft augment --transform distractors=K`.
 GOALS = {"well_formed": 0.9, "has_reasoning": 0.95, "stopped": 0.9, "tool_name_accuracy": 0.8,
          "tool_args_valid": 0.8, "marker_leak": 0.0}
 
@@ -70,6 +66,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--distractors", type=int, default=0, metavar="K",
                         help="add up to K tools of other training records to each real record's declared tools "
                              "(never one that could serve its request; default: 0)")
+    parser.add_argument("--augment", action="append", default=[], metavar="NAME=VALUE",
+                        help="also run `beam-sft augment --transform NAME=VALUE` over the real training records "
+                             "(repeatable: irrelevance=P, distractors=K, mask-names=P, ask-missing=P; seed 0; "
+                             "default: none)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the idle cores)")
     parser.add_argument("--max-new-tokens", type=int, default=320, help="generation bound in eval (default: 320)")
     parser.add_argument("--serve", action="store_true",
@@ -112,52 +112,31 @@ def beam_base(out: Path, init: str) -> Path:
 
 
 def tool_names(path: Path) -> set[str]:
+    from beam_sft.augment.words import tool_name
+
     names = set()
     for line in path.read_text(encoding="utf-8").splitlines():
         names |= {tool_name(t) for t in json.loads(line).get("tools") or []}
     return names
 
 
-def tool_name(tool: dict) -> str:
-    return str(tool.get("function", tool).get("name"))
+def augment(out: Path, files: list[Path], specs: list[str]) -> None:
+    """`beam-sft augment` over the real training files together (one tool pool), into one file in their place."""
+    from beam_sft.cli.augment import main as augment_main
+
+    target = files[0].parent / "real.augmented.jsonl"
+    argv = [*map(str, files), "-o", str(target), "--format", "beam", "--seed", "0", "--stats",
+            str(out / "augment.stats.json"), "--provenance", str(out / "augment.provenance.jsonl"), "-q"]
+    argv += [a for spec in specs for a in ("--transform", spec)]
+    print(f"   beam-sft augment {' '.join(argv)}", flush=True)
+    if augment_main(argv) != 0:
+        raise SystemExit("beam-sft augment failed")
+    for f in files:
+        f.unlink()
 
 
-def stems(text: str) -> set[str]:
-    return {w[:-1] if w.endswith("s") and len(w) > 3 else w for w in re.findall(r"[a-z0-9]{3,}", text.lower())}
-
-
-def name_words(name: str) -> set[str]:
-    return stems(re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ")) - NAME_VERBS
-
-
-def speaks_of_tools(record: dict) -> bool:
-    declared = [tool_name(t) for t in record.get("tools") or []]
-    thought = " ".join(m.get("reasoning_content") or "" for m in record["messages"] if m.get("role") == "assistant")
-    return bool(re.search(r"\b(tools|functions)\b", thought, re.IGNORECASE)) or sum(n in thought for n in declared) >= 2
-
-
-def add_distractors(records: list[dict], k: int, seed: int = 0) -> tuple[list[dict], int]:
-    """Each record with tools gains up to `k` tools of the other records, at random places; returns the count changed."""
-    pool = {tool_name(t): t for r in records for t in r.get("tools") or []}
-    names, rng = sorted(pool), random.Random(seed)
-    out, changed = [], 0
-    for record in records:
-        tools = list(record.get("tools") or [])
-        if not tools or speaks_of_tools(record):
-            out.append(record)
-            continue
-        declared = {tool_name(t) for t in tools}
-        text = " ".join(str(m.get("content") or "") for m in record["messages"])
-        taken = set().union(*map(name_words, declared)) | stems(text)
-        candidates = [n for n in names if n not in declared and not name_words(n) & taken]
-        for name in rng.sample(candidates, min(k, len(candidates))):
-            tools.insert(rng.randrange(len(tools) + 1), pool[name])
-        changed += len(tools) > len(declared)
-        out.append({**record, "tools": tools})
-    return out, changed
-
-
-def data(out: Path, extra: bool = True, distractors: int = 0) -> Path:
+def data(out: Path, extra: bool = True, distractors: int = 0, augment_specs: list[str] | None = None) -> Path:
+    from beam_sft.augment.distractors import add_distractors
     from beam_sft.cli.convert import main as convert_main
 
     data_dir = out / "data"
@@ -178,10 +157,14 @@ def data(out: Path, extra: bool = True, distractors: int = 0) -> Path:
         files = [data_dir / f"real.{path.name}" for path in real]
         per_file = [[json.loads(line) for line in f.read_text(encoding="utf-8").splitlines()] for f in files]
         records, changed = add_distractors([r for rs in per_file for r in rs], distractors)
+        total = len(records)
         for f, rs in zip(files, per_file, strict=True):
             f.write_text("".join(json.dumps(r) + "\n" for r in records[: len(rs)]), encoding="utf-8")
             records = records[len(rs):]
-        print(f"   distractor tools: up to {distractors} added to {changed} of {len(records)} real records", flush=True)
+        print(f"   distractor tools: up to {distractors} added to {changed} of {total} real records", flush=True)
+    if augment_specs:
+        augment(out, [data_dir / f"real.{path.name}" for path in real], augment_specs)
+        seen |= tool_names(data_dir / "real.augmented.jsonl")
     if overlap := seen & tool_names(REAL / "heldout.jsonl"):
         raise SystemExit(f"held-out tools declared in training data: {sorted(overlap)}")
     return data_dir
@@ -273,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = evaluate(base, out, args.max_new_tokens, "eval-zero-shot")
     else:
         if not args.skip_train:
-            dataset = data(out, args.extra, args.distractors)
+            dataset = data(out, args.extra, args.distractors, args.augment)
             if args.peft:
                 from beam_sft.serve.export import export
 

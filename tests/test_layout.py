@@ -20,6 +20,7 @@ LAYERS = (
     "template",  # the chat template, response template, tokenizer set-up, conformance rules
     "formats",  # pure converters: raw record -> unvalidated Beam record
     "validate",  # Beam rules, and the one per-record conversion entry
+    "augment",  # transforms over validated Beam records that teach when and which tool (beam-sft augment)
     "render",  # record -> input_ids + assistant_masks
     "dataset",  # examples, truncation, the data phase, prepared datasets
     "report",  # mask views, HTML pages, statistics

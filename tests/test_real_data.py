@@ -131,22 +131,24 @@ def _record(user: str, tools: list[str], reasoning: str = "The user wants it.") 
 
 
 def test_distractor_tools_never_serve_the_request_nor_falsify_reasoning():
-    demo = script_module("demo_real")
+    from beam_sft.augment.distractors import add_distractors
+    from beam_sft.augment.words import tool_name
+
     pizza = _record("Can you please order a pizza for me?", ["get_song_lyrics"])
     listed = _record("Find schools near me.", ["getwebsite"], "The tools provided are getwebsite. None fits.")
     donors = [_record("x", [n]) for n in ("order_pizza", "get_pizza_menu", "getSongLyricsByArtist", "calculate_tip",
                                            "convert_currency", "is_palindrome")]
     bare = {"messages": [{"role": "user", "content": "hi"}]}
     records = [pizza, listed, bare, *donors]
-    out, changed = demo.add_distractors(records, 2, seed=0)
+    out, changed = add_distractors(records, 2, seed=0)
     assert len(out) == len(records) and out[1] is listed and out[2] is bare
-    names = [demo.tool_name(t) for t in out[0]["tools"]]
+    names = [tool_name(t) for t in out[0]["tools"]]
     assert len(names) == 3 and "get_song_lyrics" in names
     # a pizza tool would serve the request; a song-lyrics one shares a word with the declared tool
     assert not {"order_pizza", "get_pizza_menu", "getSongLyricsByArtist"} & set(names)
     assert changed == 1 + len(donors)
     for before, after in zip(records[3:], out[3:], strict=True):
-        assert demo.tool_name(before["tools"][0]) in {demo.tool_name(t) for t in after["tools"]}
+        assert tool_name(before["tools"][0]) in {tool_name(t) for t in after["tools"]}
         assert len(after["tools"]) == 3 and after["messages"] == before["messages"]
 
 

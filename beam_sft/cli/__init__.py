@@ -19,8 +19,10 @@ COMMANDS = {
     "inspect": "inspect",
     "prepare": "prepare",
     "eval": "eval",
+    "contamination": "contamination",
     "export": "export",
     "backfill": "backfill",
+    "augment": "augment",
     "beamify": "beamify",
     "train": "train",
 }

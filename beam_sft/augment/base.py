@@ -1,0 +1,48 @@
+"""What a transform is: a callable `transform(record, rng) -> record` over a validated Beam record, which raises
+`Skip(reason)` when it does not apply; and the per-record random generator that makes a run reproducible.
+
+A transform never changes the record it is given (it builds new dicts and lists for what it changes), so a
+skipped or refused result leaves the record as it was. Two kinds: a rewrite (`adds = False`) returns the record
+changed in place of it; an addition (`adds = True`) returns a new record derived from it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from beam_sft.augment.pool import ToolPool
+
+
+class Skip(Exception):
+    """The transform does not apply to this record; `reason` is counted in the run's stats."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Transform:
+    name = ""
+    adds = False  # True: returns a new record derived from the input; False: the input, rewritten
+    needs_pool = False  # True: draws tools from the other records (beam_sft.augment.pool)
+    value_kind = "share"  # the spec's value: "share" (P in [0, 1]) or "count" (K)
+
+    def __init__(self, value: float, pool: ToolPool | None = None):
+        self.value, self.pool = value, pool
+
+    def __call__(self, record: dict, rng: random.Random) -> dict:
+        raise NotImplementedError
+
+
+def rng_for(seed: int, transform: str, position: int, member: int = 0) -> random.Random:
+    """The generator of one transform on one record: seeded from the run's seed, the transform, the record's
+    position in the input and its place among the records derived from it, never from what came before, so
+    a record's choices are the same whatever the other records are. (A string seed is hashed with SHA-512,
+    the same in every process.)"""
+    return random.Random(f"{seed}/{transform}/{position}/{member}")
+
+
+def sampled(rng: random.Random, share: float) -> None:
+    """Skip, as `not_sampled`, all but a `share` of the records that reach this point."""
+    if rng.random() >= share:
+        raise Skip("not_sampled")

@@ -1,0 +1,77 @@
+"""`ToolPool`: the tools of other records that distractors and irrelevance draw from, collected in a first pass.
+
+Bounded (at most `size` distinct names) and seeded, and independent of input order: each name gets a priority
+from a keyed hash of (seed, name) and the pool keeps the `size` names of lowest priority (a bottom-k sample).
+The threshold only falls as names arrive, so a name refused once is refused for good and a kept name keeps the
+schema it was first seen with: the pool is the same whatever order the records come in, and memory stays
+`size` schemas however large the dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+
+from beam_sft.augment.words import name_words, tool_name
+
+POOL_SIZE = 2000
+
+
+class ToolPool:
+    def __init__(self, seed: int = 0, size: int = POOL_SIZE):
+        self.seed, self.size = seed, size
+        self.tools: dict[str, dict] = {}
+        self._heap: list[tuple[int, str]] = []  # (-priority, name): the root is the first to go
+        self.refused = 0  # schemas not kept because the pool was full (a name counts each time it comes)
+        self._names: list[str] | None = None
+        self._index: dict[str, set[str]] = {}
+
+    def _priority(self, name: str) -> int:
+        digest = hashlib.blake2b(f"{self.seed}\0{name}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big")
+
+    def add(self, tool: dict) -> None:
+        name = tool_name(tool)
+        if name in self.tools:
+            return
+        priority = self._priority(name)
+        if len(self._heap) >= self.size:
+            if priority >= -self._heap[0][0]:
+                self.refused += 1
+                return
+            _, gone = heapq.heappushpop(self._heap, (-priority, name))
+            del self.tools[gone]
+            self.refused += 1
+        else:
+            heapq.heappush(self._heap, (-priority, name))
+        self.tools[name] = tool
+        self._names = None
+
+    def add_record(self, record: dict) -> None:
+        for tool in record.get("tools") or []:
+            self.add(tool)
+
+    def __len__(self) -> int:
+        return len(self.tools)
+
+    def __getitem__(self, name: str) -> dict:
+        return self.tools[name]
+
+    def _freeze(self) -> list[str]:
+        """The names in sorted order (the same list for the same pool) and the index word -> names."""
+        if self._names is None:
+            self._names = sorted(self.tools)
+            self._index = {}
+            for name in self._names:
+                for word in name_words(name):
+                    self._index.setdefault(word, set()).add(name)
+        return self._names
+
+    def unrelated(self, taken: set[str], exclude: set[str]) -> list[str]:
+        """The pool's names, sorted, that share no name word with `taken` and are not in `exclude`."""
+        names = self._freeze()
+        related = set().union(*(self._index.get(w, ()) for w in taken)) if taken else set()
+        return [n for n in names if n not in related and n not in exclude]
+
+    def summary(self) -> dict:
+        return {"tools": len(self), "size": self.size, "refused": self.refused}

@@ -1,0 +1,228 @@
+"""`beam-sft augment`: derive tool-calling records that teach a model *when* to call a tool and *which* one.
+
+    beam-sft augment train.jsonl -o aug.jsonl --transform irrelevance=0.2 --transform distractors=2 \\
+        --transform mask-names=0.25 --transform ask-missing=0.1 --seed 0 --stats stats.json
+    beam-sft augment data/samples/openai.jsonl -o /tmp/aug.jsonl --transform mask-names=1 --provenance /tmp/prov.jsonl
+    beam-sft augment raw_glaive.json --format glaive -o aug.jsonl --transform irrelevance=0.3 --rejects rej.jsonl
+
+Transforms (each `--transform NAME=VALUE`, each at most once):
+
+  irrelevance=P   adds: for a share P of the records that call tools, the conversation up to the first call,
+                  with the called tools (and any that could serve the request) taken out of the tool list and
+                  up to two unrelated tools of other records put in; the target answers that no tool fits
+  distractors=K   rewrites: every record with tools also declares up to K unrelated tools of other records
+  mask-names=P    rewrites: for a share P of the records with tools, functions and parameters get neutral names
+                  (func_3fa1, arg_2) everywhere, so the model must read the descriptions
+  ask-missing=P   adds: for a share P of the records whose first call fills a required argument with a value the
+                  user wrote, the user message without it and a target that asks for it
+
+Additions derive from the input record; rewrites then change the input record and what was added from it, in
+the order given. Input: Beam records (what `beam-sft convert` writes) or any input format, each record through
+the one per-record conversion; a record that fails is rejected with its reason (`--rejects`), never the run.
+Every record written is validated again as a Beam record; a transform whose result fails is not used. Records
+in = records written from the input + rejected; written = that + added (printed, and in `--stats` with each
+transform's changed / added / skipped counts and why). The tool pool of distractors and irrelevance is a first
+pass over the input (a seeded sample of at most `--pool-size` distinct tools). The same input and `--seed`
+give the same bytes. Which records a transform changed or added, and from which input record: `--provenance`
+(Beam records carry no extra keys: the validator drops them). Outputs appear when the run finishes (atomic).
+Why and what each transform does: docs/tool-calling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from typing import Any
+
+
+class RunCounts:
+    """What the run wrote: records in = kept (written from the input) + rejected; written = kept + added."""
+
+    def __init__(self) -> None:
+        self.records_in = self.kept = self.added = 0
+        self.rejected: Counter[str] = Counter()
+
+    @property
+    def written(self) -> int:
+        return self.kept + self.added
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"records_in": self.records_in, "records_kept": self.kept, "rejected": sum(self.rejected.values()),
+                "rejected_by_reason": dict(self.rejected.most_common()), "added": self.added,
+                "records_written": self.written}
+
+
+def _sources(args: argparse.Namespace) -> list:
+    from beam_sft.errors import UsageError
+    from beam_sft.records.files import data_sources
+
+    sources = data_sources(args.inputs, split=args.split)
+    out_abs = os.path.abspath(args.output)
+    for src in sources:
+        if os.path.abspath(src.name) == out_abs:
+            raise UsageError(f"{args.output}: output is also an input")
+    return sources
+
+
+def _records(sources: list, args: argparse.Namespace, options):
+    """(item, record, None) or (item, None, reject entry) per input record, converted."""
+    from beam_sft.records.files import iter_items
+    from beam_sft.validate.convert import convert_item
+
+    for item in iter_items(sources, limit=args.limit):
+        record, _, reject = convert_item(item, args.format, options)
+        yield item, record, reject
+
+
+def _collect(sources: list, args: argparse.Namespace, augmenter) -> None:
+    """First pass: the pool of tools distractors and irrelevance draw from."""
+    from tqdm import tqdm
+
+    with tqdm(desc="collecting tools", unit=" rec", file=sys.stderr, disable=args.quiet or None,
+              mininterval=0.5) as bar:
+        for _, record, _ in _records(sources, args, augmenter.options):
+            if record is not None:
+                augmenter.collect(record)
+            bar.update()
+
+
+def _provenance(out, item, line: int) -> dict[str, Any]:
+    return {"output_line": line, "source": item.source, ("line" if item.by_line else "index"): item.position,
+            "input": out.position, "added_by": out.added_by, "rewrites": out.rewrites}
+
+
+def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict) -> RunCounts:
+    """Second pass: every input record converted, transformed and written, with its additions after it."""
+    import orjson
+    from tqdm import tqdm
+
+    from beam_sft.formats import to_row
+
+    counts = RunCounts()
+    with tqdm(desc="augmenting", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5) as bar:
+        for position, (item, record, reject) in enumerate(_records(sources, args, augmenter.options)):
+            counts.records_in += 1
+            bar.update()
+            if reject is not None:
+                counts.rejected[reject["reason"]] += 1
+                if "rejects" in sinks:
+                    sinks["rejects"].write(reject)
+                continue
+            for out in augmenter.apply(record, position):
+                sinks["output"].write_raw(orjson.dumps(to_row(out.record), option=orjson.OPT_APPEND_NEWLINE))
+                counts.kept += out.added_by is None
+                counts.added += out.added_by is not None
+                if out.touched and "provenance" in sinks:
+                    sinks["provenance"].write(_provenance(out, item, counts.written))
+    return counts
+
+
+def _open(args: argparse.Namespace) -> dict:
+    from beam_sft.records.files import JsonlSink, open_writer
+
+    sinks: dict = {"output": open_writer(args.output)}
+    for key in ("rejects", "provenance"):
+        if getattr(args, key):
+            sinks[key] = JsonlSink(getattr(args, key))
+    return sinks
+
+
+def run(args: argparse.Namespace) -> int:
+    from beam_sft.augment.pipeline import Augmenter, parse_specs
+    from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, UsageError
+    from beam_sft.records.files import write_json_atomic
+
+    specs = parse_specs(args.transform or [])
+    if args.pool_size < 1 or (args.limit is not None and args.limit < 0):
+        raise UsageError("--pool-size must be at least 1 and --limit at least 0")
+    sources = _sources(args)
+    augmenter = Augmenter(specs, seed=args.seed, pool_size=args.pool_size)
+    if augmenter.needs_pool:
+        _collect(sources, args, augmenter)
+    sinks = _open(args)
+    try:
+        counts = _augment(sources, args, augmenter, sinks)
+        if counts.records_in != counts.kept + sum(counts.rejected.values()):
+            raise FatalError(f"bookkeeping error: {counts.records_in} in != {counts.kept} kept + "
+                             f"{sum(counts.rejected.values())} rejected")
+        for sink in sinks.values():
+            sink.commit()
+    except BaseException:
+        for sink in sinks.values():
+            sink.abort()
+        raise
+    stats = {"inputs": [s.name for s in sources], "output": args.output, "seed": args.seed,
+             "specs": list(args.transform), **counts.to_dict(), **augmenter.summary()}
+    print(summary(stats))
+    if args.stats:
+        write_json_atomic(args.stats, stats)
+    internal = counts.rejected["internal_error"] + sum(c.skipped["internal_error"] for c in augmenter.counts.values())
+    if internal:
+        print(f"warning: {internal} record(s) or transform(s) hit an unexpected error (a bug in beam-sft; please "
+              f"report it; BEAM_SFT_DEBUG=1 shows the traceback). Exit status {EXIT_INTERNAL_ERRORS}.", file=sys.stderr)
+        return EXIT_INTERNAL_ERRORS
+    return 0
+
+
+def summary(stats: dict[str, Any]) -> str:
+    """The run's counts as text: the invariant, then one line per transform."""
+    head = (f"augment: {stats['records_in']} records in = {stats['records_kept']} written from the input + "
+            f"{stats['rejected']} rejected; {stats['added']} added; {stats['records_written']} records written "
+            f"to {stats['output']}")
+    lines = [head]
+    lines += [f"  rejected {code}: {n}" for code, n in stats["rejected_by_reason"].items()]
+    if stats["pool"] is not None:
+        pool = stats["pool"]
+        lines.append(f"  tool pool: {pool['tools']} tools (at most {pool['size']}; {pool['refused']} refused)")
+    for name, c in stats["transforms"].items():
+        done = f"added {c['added']}" if c["kind"] == "adds" else f"changed {c['changed']}"
+        skipped = ", ".join(f"{reason} {n}" for reason, n in c["skipped"].items()) or "-"
+        lines.append(f"  {name}: {done} of {c['seen']}; skipped: {skipped}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from beam_sft.augment.pipeline import TRANSFORMS
+    from beam_sft.augment.pool import POOL_SIZE
+    from beam_sft.validate.convert import INPUT_FORMATS
+
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="files (.jsonl, .json, .parquet), globs, directories, save_to_disk dirs or hub ids")
+    parser.add_argument("-o", "--output", required=True, help="output: .jsonl, .parquet or a directory")
+    parser.add_argument("--transform", action="append", metavar="NAME=VALUE",
+                        help=f"a transform and its value (repeatable, each once): {', '.join(TRANSFORMS)}; "
+                             "irrelevance, mask-names and ask-missing take a share P in [0, 1], distractors a "
+                             "count K")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every choice, per record (default: 0)")
+    parser.add_argument("--format", choices=INPUT_FORMATS, default="auto",
+                        help="input format (default: auto, detected per record)")
+    parser.add_argument("--pool-size", type=int, default=POOL_SIZE, metavar="N",
+                        help=f"at most N distinct tools in the pool of distractors and irrelevance (default: "
+                             f"{POOL_SIZE})")
+    parser.add_argument("--rejects", metavar="PATH", help="write the records the converters reject here")
+    parser.add_argument("--stats", metavar="PATH", help="write the run's counts here as JSON")
+    parser.add_argument("--provenance", metavar="PATH",
+                        help="one JSON line per record a transform changed or added: its output line, the input "
+                             "record it comes from, the transforms")
+    parser.add_argument("--split", default="train", help="split of a hub dataset (default: train)")
+    parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("augment", help="derive records that teach when and which tool to call",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_sft.cli import run_command
+
+    return run_command(register, "augment", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
