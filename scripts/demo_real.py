@@ -18,7 +18,12 @@ python scripts/demo_real.py --distractors 2       # each real record also declar
 python scripts/demo_real.py --augment irrelevance=0.2 --augment mask-names=0.25   # beam-sft augment's transforms
 python scripts/demo_real.py --skip-train          # only step 5, on the model trained before
 python scripts/demo_real.py --zero-shot           # step 5 on the beamified base, untrained (the baseline)
+python scripts/demo_real.py --skip-train --bfcl simple_python,irrelevance    # + BFCL v4 (BFCL's own checker)
+python scripts/demo_real.py --zero-shot --bfcl simple_python,irrelevance     # the plain base in BFCL's prompt style
+python scripts/demo_real.py --augment irrelevance=0.3 --augment distractors=2 # `beam-sft augment` on the real records
 ```
+
+The training data is checked against BFCL v4 after step 3 (`beam-sft contamination`, OUTPUT_DIR/contamination.json).
 
 Threads: torch gets as many threads as the machine has idle cores at the start (`--threads` overrides): two
 threads on two cores that another process also uses run 3-4x slower than one (docs/real-model.md).
@@ -70,6 +75,12 @@ def make_parser() -> argparse.ArgumentParser:
                         help="also run `beam-sft augment --transform NAME=VALUE` over the real training records "
                              "(repeatable: irrelevance=P, distractors=K, mask-names=P, ask-missing=P; seed 0; "
                              "default: none)")
+    parser.add_argument("--bfcl", metavar="CATEGORIES", default=None,
+                        help="also score the model on these BFCL v4 categories (`beam-sft eval --bfcl`, BFCL's own "
+                             "checker), into OUTPUT_DIR/bfcl.json and bfcl.jsonl; with --zero-shot, the plain base "
+                             "model in BFCL's prompt style (bfcl-base.json): its zero-shot row")
+    parser.add_argument("--bfcl-max-records", type=int, default=25, metavar="N",
+                        help="--bfcl: entries of each category, the same seeded ones every run (default: 25)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the idle cores)")
     parser.add_argument("--max-new-tokens", type=int, default=320, help="generation bound in eval (default: 320)")
     parser.add_argument("--serve", action="store_true",
@@ -190,8 +201,33 @@ def evaluate(model: Path, out: Path, max_new_tokens: int, name: str) -> dict:
     return json.loads(result.read_text())
 
 
-def served(model: Path, out: Path, max_new_tokens: int, offline: dict) -> bool:
-    """The exported model served by vLLM, the held-out eval through its parsers: well-formed within one turn."""
+def contamination(data_dir: Path, out: Path) -> dict:
+    """The training data against BFCL v4 (`beam-sft contamination`): overlaps reported, not fatal."""
+    from beam_sft.cli.contamination import main as contamination_main
+
+    argv = [*(str(p) for p in sorted(data_dir.glob("*.jsonl"))), "--json", str(out / "contamination.json"), "--quiet"]
+    print(f"== 3b. beam-sft contamination {' '.join(argv)}", flush=True)
+    contamination_main(argv)
+    return json.loads((out / "contamination.json").read_text())
+
+
+def bfcl(model: Path, out: Path, categories: str, max_records: int, max_new_tokens: int, name: str,
+         style: str = "beam") -> dict:
+    from beam_sft.cli.eval import main as eval_main
+
+    argv = [str(model), "--bfcl", categories, "--bfcl-style", style, "--max-records", str(max_records),
+            "--batch-size", "4", "--max-new-tokens", str(max_new_tokens), "--json", str(out / f"{name}.json"),
+            "--outputs", str(out / f"{name}.jsonl"), "--report", str(out / f"{name}.html")]
+    print(f"== 6. beam-sft eval {' '.join(argv)}", flush=True)
+    if eval_main(argv) != 0:
+        raise SystemExit("beam-sft eval --bfcl failed")
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def served(model: Path, out: Path, max_new_tokens: int, offline: dict, bfcl_spec: str | None = None,
+           bfcl_n: int = 25) -> bool:
+    """The exported model served by vLLM, the held-out eval through its parsers: well-formed within one turn;
+    with `bfcl_spec`, BFCL v4 through the server's tool parser too (bfcl-served.json, compared with bfcl.json)."""
     import serving_test as st
 
     from beam_sft.cli.eval import main as eval_main
@@ -211,8 +247,10 @@ def served(model: Path, out: Path, max_new_tokens: int, offline: dict) -> bool:
                 # a margin over the default 600 s: with 8 requests in flight on one CPU core, a 320-token turn
                 # waited past it once (vLLM then ran with the training's thread count, ~3 tokens/s)
                 "--request-timeout", "3600"]
-        print(f"== 6. beam-sft eval {' '.join(argv)}", flush=True)
+        print(f"== 7. beam-sft eval {' '.join(argv)}", flush=True)
         rc = eval_main(argv)
+        if bfcl_spec:
+            served_bfcl(argv[:8], out, bfcl_spec, bfcl_n, max_new_tokens)
     finally:
         st.stop_server(server)
     if rc != 0 or not result.is_file():
@@ -224,6 +262,26 @@ def served(model: Path, out: Path, max_new_tokens: int, offline: dict) -> bool:
     print(f"   served well_formed {counts[1]}/{figures['turns']} vs offline {counts[0]}/{offline['turns']}: "
           f"{'within one turn' if ok else 'MORE THAN ONE TURN APART'}", flush=True)
     return ok
+
+
+def served_bfcl(server_args: list[str], out: Path, spec: str, n: int, max_new_tokens: int) -> None:
+    """BFCL through the server (functions as `tools`, its tool parser's calls scored), beside the offline rows."""
+    from beam_sft.cli.eval import main as eval_main
+
+    argv = [*server_args, "--bfcl", spec, "--max-records", str(n), "--max-new-tokens", str(max_new_tokens),
+            "--json", str(out / "bfcl-served.json"), "--outputs", str(out / "bfcl-served.jsonl"),
+            "--request-timeout", "3600"]
+    print(f"== 8. beam-sft eval {' '.join(argv)}", flush=True)
+    if eval_main(argv) != 0:
+        print("   the served BFCL eval failed", flush=True)
+        return
+    offline = out / "bfcl.json"
+    if offline.is_file():
+        a, b = (json.loads(p.read_text())["bfcl"] for p in (offline, out / "bfcl-served.json"))
+        for category in b:
+            if category in a:
+                print(f"   {category}: served {b[category]['accuracy']:.3f} vs offline {a[category]['accuracy']:.3f} "
+                      f"(n={b[category]['n']})", flush=True)
 
 
 def check(figures: dict) -> list[str]:
@@ -254,9 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = out / "model"
     if args.zero_shot:
         figures = evaluate(base, out, args.max_new_tokens, "eval-zero-shot")
+        if args.bfcl:
+            from build_base_model import cached_build
+
+            bfcl(cached_build("smollm2"), out, args.bfcl, args.bfcl_max_records, args.max_new_tokens, "bfcl-base",
+                 style="prompt")
     else:
         if not args.skip_train:
             dataset = data(out, args.extra, args.distractors, args.augment)
+            contamination(dataset, out)
             if args.peft:
                 from beam_sft.serve.export import export
 
@@ -265,9 +329,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 train(str(REPO / "configs" / "demo_real.yaml"), base, dataset, model_dir, args.train_args)
         figures = evaluate(model_dir, out, args.max_new_tokens, "eval")
+        if args.bfcl:
+            bfcl(model_dir, out, args.bfcl, args.bfcl_max_records, args.max_new_tokens, "bfcl")
     print(f"demo-real done in {time.monotonic() - start:.0f} s; held-out figures vs goals:")
     missed = check(figures)
-    serve_ok = served(model_dir, out, args.max_new_tokens, figures) if args.serve and not args.zero_shot else True
+    serve_ok = (served(model_dir, out, args.max_new_tokens, figures, args.bfcl, args.bfcl_max_records)
+                if args.serve and not args.zero_shot else True)
     return 1 if (args.check and missed) or not serve_ok else 0
 
 

@@ -190,8 +190,10 @@ def _bfcl(args, backend, tokenizer) -> int:
             def write(scored) -> None:
                 handle.write(json.dumps(scored.to_json(), ensure_ascii=False) + "\n")
 
+        # chunks of a few batches: the bar moves every few minutes on a CPU, and each chunk is still sorted by
+        # length so its batches pad little
         result = evaluate_bfcl(backend, tokenizer, categories, style=args.bfcl_style, max_records=args.max_records,
-                               seed=args.seed, chunk_size=max(64, 8 * args.batch_size), progress=not args.quiet,
+                               seed=args.seed, chunk_size=max(16, 4 * args.batch_size), progress=not args.quiet,
                                on_result=write)
     if args.outputs:
         print(f"wrote {args.outputs}", file=sys.stderr)
