@@ -202,16 +202,10 @@ def _bfcl(args, backend, tokenizer) -> int:
 
 def _bfcl_results(args, result) -> int:
     from beam_sft.eval.bfcl.run import report_html, summary_table
-    from beam_sft.records.files import write_json_atomic, write_text_atomic
 
     print(summary_table(result), file=sys.stderr)
     summary = result.summary()
-    if args.json:
-        write_json_atomic(args.json, summary)
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.report:
-        write_text_atomic(args.report, report_html(result, title=f"beam-sft eval {args.model or args.rescore} on BFCL"))
-        print(f"wrote {args.report}", file=sys.stderr)
+    _write(args, summary, lambda: report_html(result, title=f"beam-sft eval {args.model or args.rescore} on BFCL"))
     print(json.dumps({"bfcl": {c: v["accuracy"] for c, v in summary["bfcl"].items()},
                       "bfcl_summary": summary["bfcl_summary"], "well_formed": summary["well_formed"]}))
     if args.min_well_formed is not None and (summary["well_formed"] or 0.0) < args.min_well_formed:
@@ -220,12 +214,23 @@ def _bfcl_results(args, result) -> int:
     return 0
 
 
+def _write(args, summary: dict, page) -> None:
+    """--json and --report (`page()` builds the HTML only when asked for), each written atomically."""
+    from beam_sft.records.files import write_json_atomic, write_text_atomic
+
+    if args.json:
+        write_json_atomic(args.json, summary)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.report:
+        write_text_atomic(args.report, page())
+        print(f"wrote {args.report}", file=sys.stderr)
+
+
 def _held_out(args, backend, tokenizer) -> int:
     from beam_sft.eval.metrics import METRICS
     from beam_sft.eval.report import report_html, summary_table
     from beam_sft.eval.run import evaluate
     from beam_sft.eval.turns import _load_records
-    from beam_sft.records.files import write_json_atomic
 
     records = _load_records(args.data, args.format, args.split, args.max_records)
     result = evaluate(backend, tokenizer, records, turns=args.turns, progress=not args.quiet,
@@ -237,14 +242,7 @@ def _held_out(args, backend, tokenizer) -> int:
     if result.rejected > 5:
         print(f"... and {result.rejected - 5} more rejected records", file=sys.stderr)
     summary = result.summary()
-    if args.json:
-        write_json_atomic(args.json, summary)
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.report:
-        from beam_sft.records.files import write_text_atomic
-
-        write_text_atomic(args.report, report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
-        print(f"wrote {args.report}", file=sys.stderr)
+    _write(args, summary, lambda: report_html(result, title=f"beam-sft eval {args.model} on {args.data}"))
     print(json.dumps({k: summary[k] for k in ("records", "turns", *METRICS, "mean_analysis_tokens")}))
     if result.overall.turns == 0:
         print("no assistant turn to evaluate", file=sys.stderr)
