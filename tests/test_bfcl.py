@@ -284,3 +284,31 @@ def test_contamination_finds_planted_questions_and_names(tmp_path, capsys):
     assert cli(["contamination", str(clean), "--fail-on-overlap", "--quiet"]) == 0
     assert cli(["contamination", "--quiet"]) == 2
     assert "give INPUT files or --config" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def prompt_server(tiny_model_dir, tmp_path_factory):
+    """The tiny model behind tests/loopback_server.py (a real HTTP server on 127.0.0.1; it answers text)."""
+    from test_backfill import _server
+
+    yield from _server(tiny_model_dir, tmp_path_factory, "--finish-reason", "stop")
+
+
+def test_bfcl_through_a_server_in_the_prompt_style(prompt_server, tiny_model_dir, tmp_path):
+    url, log = prompt_server
+    out, figures = tmp_path / "served.jsonl", tmp_path / "served.json"
+    assert cli(["eval", "--backend", "openai", "--base-url", url, "--model", "tiny", "--tokenizer",
+                str(tiny_model_dir), "--bfcl", "simple_python,irrelevance", "--bfcl-style", "prompt",
+                "--max-records", "2", "--max-new-tokens", "4", "--outputs", str(out), "--json", str(figures),
+                "--quiet"]) == 0
+    requests = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(requests) == 4 and all(r["max_tokens"] == 4 for r in requests)
+    questions = {e.question[-1]["content"][-1000:] for c in ("simple_python", "irrelevance")
+                 for e in checker.load_entries(c, 2)}
+    assert {r["last"] for r in requests} == questions
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {r["category"] for r in rows} == {"simple_python", "irrelevance"} and all(r["stop"] for r in rows)
+    first = json.loads(figures.read_text())
+    again = tmp_path / "again.json"
+    assert cli(["eval", "--rescore", str(out), "--json", str(again), "--quiet"]) == 0
+    assert json.loads(again.read_text())["bfcl"] == first["bfcl"]
