@@ -135,17 +135,9 @@ def bfcl_format(decoded: Any) -> bool:
 
 def _score_beam(turn: BfclTurn, generation, tokenizer) -> Scored:
     from beam_sft.eval.metrics import is_well_formed
-    from beam_sft.eval.run import raw_text
+    from beam_sft.eval.run import _parse, raw_text
 
-    if getattr(generation, "error", ""):
-        parsed, why = None, generation.error
-    elif getattr(generation, "parsed", None) is not None:
-        parsed, why = generation.parsed, ""
-    else:
-        try:
-            parsed, why = tokenizer.parse_response(generation.text, prefix=turn.prompt, tools=turn.tools), ""
-        except Exception as err:  # noqa: BLE001  (a parser error is a malformed output)
-            parsed, why = None, f"parse error: {type(err).__name__}: {err}"
+    parsed, why = _parse(tokenizer, turn, generation)  # the held-out eval's parse: served, refused or offline
     names = {t["function"]["name"] for t in turn.tools or []}
     ok, _ = is_well_formed(parsed, generation.stop is not None, names, raw_text(generation))
     decoded, decode_why = prompts.decode_beam(parsed)
