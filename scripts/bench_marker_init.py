@@ -90,7 +90,7 @@ def well_formed(model_dir: Path, records: Path, out: Path) -> dict:
 def run_init(init: str, base: Path, train_file: Path, held: Path, work: Path, args) -> list[dict]:
     import train as train_script
 
-    from beam_sft.serve.beamify import beamify_directory
+    from beam_sft.model.beamify import beamify_directory
 
     beam = work / f"beam-{init}"
     beamify_directory(str(base), beam, init=init)

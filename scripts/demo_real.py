@@ -111,7 +111,7 @@ def set_threads(n: int) -> None:
 def beam_base(out: Path, init: str) -> Path:
     from build_base_model import cached_build
 
-    from beam_sft.serve.beamify import beamify_directory, describe
+    from beam_sft.model.beamify import beamify_directory, describe
 
     base = cached_build("smollm2")
     target = out / ("beam-base" if init == "semantic" else f"beam-base-{init}")

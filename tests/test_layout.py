@@ -26,6 +26,7 @@ LAYERS = (
     "report",  # mask views, HTML pages, statistics
     "eval",  # generation, parsing, metrics
     "backfill",  # teacher models fill missing reasoning (beam-sft backfill)
+    "model",  # model preparation: a base beamified for Beam training, the one checked save
     "train",  # trainer, models, packing, MoE
     "serve",  # servable model directories, export
     "cli",  # one module per command

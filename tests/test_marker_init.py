@@ -1,5 +1,5 @@
 """beamify's marker rows (beam_sft.template.marker_init), LoRA on them (beam_sft.train.new_tokens), and
-`beam-sft beamify` (beam_sft.serve.beamify), on tiny models; the real base is tests/test_real_base.py."""
+`beam-sft beamify` (beam_sft.model.beamify), on tiny models; the real base is tests/test_real_base.py."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def beam_base(smollm2_dir, tmp_path_factory) -> tuple[Path, dict]:
-    from beam_sft.serve.beamify import beamify_directory
+    from beam_sft.model.beamify import beamify_directory
 
     out = tmp_path_factory.mktemp("real") / "beam-base"
     return out, beamify_directory(str(smollm2_dir), out)

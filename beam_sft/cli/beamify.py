@@ -22,7 +22,7 @@ import sys
 
 
 def register(subparsers) -> None:
-    from beam_sft.serve.export import DTYPES
+    from beam_sft.model.save import DTYPES
     from beam_sft.template.marker_init import DEFAULT_INIT, INIT_CHOICES
 
     parser = subparsers.add_parser(
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft.serve.beamify import beamify_directory, describe
+    from beam_sft.model.beamify import beamify_directory, describe
 
     print(f"beamifying {args.base} -> {args.output} ...", file=sys.stderr)
     report = beamify_directory(args.base, args.output, init=args.init, dtype=args.dtype)

@@ -24,7 +24,7 @@ import sys
 
 
 def register(subparsers) -> None:
-    from beam_sft.serve.export import DTYPES
+    from beam_sft.model.save import DTYPES
 
     parser = subparsers.add_parser(
         "export",

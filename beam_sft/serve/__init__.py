@@ -6,5 +6,5 @@
   per the umask, both templates and the tokenizer. `make_servable` applies it after a save; `servable_problems`
   checks a directory without changing it.
 * `export`: a checkpoint, or a base model + LoRA adapter, into such a directory (merged weights on request),
-  checked on the way out, and the serve commands for it.
+  checked on the way out (`beam_sft.model.save.save_checked`, shared with beamify), and the serve commands for it.
 """

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
+from beam_sft.model.save import DTYPES, save_checked
 
 logger = logging.getLogger(__name__)
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 # What vLLM needs to parse Beam output with the model's own response_template, and to refuse a history
 # whose assistant turns lost their reasoning (the chat template's strict mode) instead of degrading quietly.
 VLLM_PARSER_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hf", "--reasoning-parser", "hf",
@@ -86,36 +86,6 @@ def _load(base: str, adapter: str | None, merge: bool, dtype: str):
         raise UsageError(f"{tokenizer_source}: the tokenizer lacks the Beam chat template or response_template")
     tokenizer.response_template = beam_response_template(tokenizer.response_template)
     return model, tokenizer, experts
-
-
-def check_export(directory: Path) -> list[str]:
-    """Problems of an exported directory: servability, then every check-template rule, run on the files."""
-    from transformers import AutoTokenizer
-
-    from beam_sft.template.conformance import run_suite
-    from beam_sft.template.servable import servable_problems
-
-    problems = servable_problems(directory)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    problems += [f"check-template: {r.line()}" for r in run_suite(tokenizer, directory) if not r.ok]
-    return problems
-
-
-def save_checked(model, tokenizer, output: Path, failure: str) -> dict[str, Any]:
-    """Save `model` + `tokenizer` into `output` atomically, made servable and checked (`check_export`); nothing
-    is written when a check fails (FatalError "{output} {failure}: ..."). Returns `make_servable`'s report."""
-    from beam_sft.records.files import atomic_output
-    from beam_sft.template.servable import make_servable
-    from beam_sft.template.tokenizer import save_tokenizer
-
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_output(output, directory=True) as tmp:
-        model.save_pretrained(str(tmp))
-        save_tokenizer(tokenizer, tmp)
-        report = make_servable(tmp, tokenizer, strict=True)
-        if problems := check_export(tmp):
-            raise FatalError(f"{output} {failure}:\n  " + "\n  ".join(problems))
-    return report
 
 
 def export(checkpoint: str, output: str | Path, *, adapter: str | None = None, merge: bool = False,

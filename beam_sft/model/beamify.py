@@ -20,7 +20,7 @@ def beamify_directory(base: str, output: str | Path, *, init: str = "semantic", 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.serve.export import DTYPES, save_checked
+    from beam_sft.model.save import DTYPES, save_checked
     from beam_sft.template.conformance import run_suite
     from beam_sft.template.marker_init import INIT_CHOICES
     from beam_sft.template.tokenizer import beamify
