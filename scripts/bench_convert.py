@@ -50,12 +50,16 @@ def make_file(path: Path, n: int, text_bytes: int, seed: int = 0) -> None:
             f.write(orjson.dumps(rec) + b"\n")
 
 
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--text-bytes", type=int, default=1500, help="approximate bytes of text per message")
+    parser.add_argument("--cli", action="store_true", help="also time the convert-dataset command end to end")
+    return parser
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=int, default=50_000)
-    p.add_argument("--text-bytes", type=int, default=1500, help="approximate bytes of text per message")
-    p.add_argument("--cli", action="store_true", help="also time the convert-dataset command end to end")
-    args = p.parse_args(argv)
+    args = make_parser().parse_args(argv)
 
     from beam_sft.formats import convert_raw
     from beam_sft.validate.rules import validate

@@ -112,7 +112,7 @@ def run_init(init: str, base: Path, train_file: Path, held: Path, work: Path, ar
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inits", nargs="+", default=["mean", "semantic"], choices=["mean", "semantic"])
@@ -121,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=int, default=12, help="held-out records (default: 12)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from build_base_model import cached_build

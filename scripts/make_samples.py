@@ -565,12 +565,16 @@ def bad_harmony():
     ]
 
 
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "data" / "samples"))
+    parser.add_argument("--n", type=int, default=48, help="good records per file")
+    parser.add_argument("--seed", type=int, default=SEED)
+    return parser
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "data" / "samples"))
-    p.add_argument("--n", type=int, default=48, help="good records per file")
-    p.add_argument("--seed", type=int, default=SEED)
-    args = p.parse_args(argv)
+    args = make_parser().parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -235,3 +235,26 @@ def test_eval_beam_steps_logs_the_metrics_beam_sft_eval_gives_for_the_checkpoint
     events = EventAccumulator(str(next((out / "runs").iterdir()))).Reload()
     beam_tags = [t for t in events.Tags()["scalars"] if "beam" in t and t.endswith("well_formed")]
     assert beam_tags and [e.step for e in events.Scalars(beam_tags[0])] == [20, 40], events.Tags()["scalars"]
+
+
+def test_scripts_train_py_dry_run_trains_nothing(tmp_path, capsys):
+    """`python scripts/train.py ... --dry_run` is the same dry run as `beam-sft train --dry_run` (it trained before)."""
+    from beam_sft.train.sft import main, make_parser
+
+    argv = [*SMALL, "--prepared_cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "model"),
+            "--dry_run", "true"]
+    assert main(*make_parser().parse_args_and_config(argv)) is None
+    assert not (tmp_path / "model").exists()
+    assert "  steps " in capsys.readouterr().out
+
+
+def test_dry_run_refuses_a_tied_output_in_modules_to_save(tmp_path):
+    """The refusal the run makes after loading, made before it (on the meta device): the tiny model is tied."""
+    from beam_sft.errors import UsageError
+    from beam_sft.train.dry_run import dry_run
+    from beam_sft.train.sft import make_parser
+
+    argv = [*SMALL, "--prepared_cache_dir", str(tmp_path / "cache"), "--use_peft", "true",
+            "--lora_modules_to_save", "embed_tokens", "lm_head"]
+    with pytest.raises(UsageError, match="tied to 'embed_tokens'"):
+        dry_run(*make_parser().parse_args_and_config(argv))

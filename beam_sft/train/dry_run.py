@@ -68,10 +68,12 @@ def parameter_counts(config, script_args, model_args) -> tuple[int, int]:
     from transformers import AutoModelForCausalLM
 
     from beam_sft.train.moe import build_peft_config
+    from beam_sft.train.new_tokens import refuse_tied_output
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
         peft_config = build_peft_config(model_args, model, target_experts=script_args.lora_target_experts)
+        refuse_tied_output(peft_config, model)  # what the run refuses after loading, refused here
         if peft_config is not None:
             from peft import get_peft_model
 

@@ -9,8 +9,9 @@ embeddings, which PEFT ties to the output projection on a tied model; on an unti
 are listed too. A few thousand parameters, saved in the adapter and merged by `merge_and_unload`
 (`beam-sft export --merge`, `scripts/merge_lora.py`).
 
-Refused, with the fix named: `modules_to_save` holding the output projection of a tied model (two full
-copies of the matrix, the tie silently broken: 61.5 M trainable parameters on SmolLM2-135M instead of ~4 k).
+Refused, with the fix named, on any tied model and before training (`--dry_run` too, on the meta device):
+`modules_to_save` holding the output projection (two full copies of the matrix, the tie silently broken:
+61.5 M trainable parameters on SmolLM2-135M instead of ~4 k).
 """
 
 from __future__ import annotations
@@ -34,11 +35,26 @@ def _tied(model) -> bool:
     return output is not None and output.weight is model.get_input_embeddings().weight
 
 
+def refuse_tied_output(peft_config, model) -> None:
+    """Refuse `modules_to_save` holding the output projection of a tied model, on any model: PEFT would train
+    two full copies and break the tie (the run and `--dry_run` both call this, the latter on the meta device)."""
+    if peft_config is None or not _tied(model):
+        return
+    embed = _module_name(model, model.get_input_embeddings())
+    output = _module_name(model, model.get_output_embeddings())
+    if output in set(peft_config.modules_to_save or []):
+        raise UsageError(
+            f"modules_to_save lists {output!r}, the output projection tied to {embed!r}: PEFT would train two full "
+            "copies and break the tie. Drop it: beam-sft makes the new marker rows trainable by itself "
+            "(trainable_token_indices, tied to the output)")
+
+
 def make_new_rows_trainable(peft_config, model) -> dict | None:
     """Add beamify's new token ids to `peft_config.trainable_token_indices` (in place); what was done, or None
     when there is nothing to do (no LoRA, or no new tokens)."""
     from beam_sft.template.tokenizer import new_token_ids
 
+    refuse_tied_output(peft_config, model)
     ids = new_token_ids(model)
     if peft_config is None or not ids:
         return None
@@ -47,11 +63,6 @@ def make_new_rows_trainable(peft_config, model) -> dict | None:
     output = _module_name(model, output_module) if output_module is not None else None
     tied = _tied(model)
     saved = set(peft_config.modules_to_save or [])
-    if tied and output in saved:
-        raise UsageError(
-            f"modules_to_save lists {output!r}, the output projection tied to {embed!r}: PEFT would train two full "
-            "copies and break the tie. Drop it: beam-sft makes the new marker rows trainable by itself "
-            "(trainable_token_indices, tied to the output)")
     if embed in saved:
         return {"new_token_ids": ids, "how": f"modules_to_save ({embed} trained whole)"}
     wanted = {embed: ids}

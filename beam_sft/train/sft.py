@@ -10,7 +10,15 @@ DESCRIPTION = "Fine-tune on Beam Harmony data with TRL's SFTTrainer, loss on ass
 
 
 def main(script_args, training_args, model_args, callbacks=None):
-    """Prepare data, train, save model + tokenizer (both templates), push. Returns the trainer."""
+    """Prepare data, train, save model + tokenizer (both templates), push. Returns the trainer; with
+    `--dry_run`, prints the plan (`beam_sft/train/dry_run.py`) and returns None, training nothing."""
+    if script_args.dry_run:
+        import os
+
+        from beam_sft.train.dry_run import dry_run
+
+        print(dry_run(script_args, training_args, model_args, world_size=int(os.environ.get("WORLD_SIZE", "1"))))
+        return None
     from beam_sft.train import run
     from beam_sft.train.beam_eval import add_beam_eval, beam_eval_wanted, held_out_records
     from beam_sft.train.config import data_settings
