@@ -53,7 +53,7 @@ test-serve-transformers: install
 	$(BIN)/python scripts/serving_test.py --server transformers
 
 lint: install
-	$(BIN)/ruff check beam_sft scripts tests
+	$(BIN)/ruff check beam_sft scripts tests benchmarks
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -49,15 +49,10 @@ def o200k_tok(o200k_dir):
 
 @pytest.fixture(scope="session")
 def bench_script():
-    """scripts/bench.py as a module (its workload generator and rows)."""
-    import importlib.util
-    from pathlib import Path
+    """benchmarks/data.py as a module (its workload generator and rows)."""
+    import importlib
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
-    spec = importlib.util.spec_from_file_location("_bench_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.data")
 
 
 @pytest.fixture(scope="session")

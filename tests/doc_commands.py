@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHELL_FENCES = {"bash", "sh", "shell", "console", "zsh", ""}
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 INLINE = re.compile(r"`([^`\n]+)`")
-STARTS = re.compile(r"^((beam-sft|convert-dataset|make)(\s|$)|(python3?|\S*/python3?) (-m beam_sft|scripts/)|"
+STARTS = re.compile(r"^((beam-sft|convert-dataset|make)(\s|$)|(python3?|\S*/python3?) (-m beam_sft|-m benchmarks|scripts/)|"
                     r"accelerate launch|sbatch\b.*scripts/slurm_multinode\.sh)")
 ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 PLACEHOLDER = re.compile(r"\$\{?\w+\}?|<[^>]+>")
@@ -273,6 +273,8 @@ def problem(command: Command) -> str | None:
         argv = argv[1:]
         if argv[:2] == ["-m", "beam_sft"]:
             return _beam_sft_problem(argv[2:], command)
+        if argv[:2] == ["-m", "benchmarks"]:
+            return _benchmarks_problem(argv[2:], command)
         return _script_problem(argv, command)
     if head == "beam-sft":
         return _beam_sft_problem(argv[1:], command)
@@ -316,6 +318,27 @@ def _beam_sft_problem(args: list[str], command: Command) -> str | None:
         _, train_args = split_launch_args(args[1:])
         return _train_problem(train_args, command)
     return _argparse_problem(sub, args[1:], command)
+
+
+def _benchmarks_problem(args: list[str], command: Command) -> str | None:
+    """`python -m benchmarks [its options] NAME [the benchmark's options]`."""
+    import importlib
+
+    from benchmarks.__main__ import BENCHMARKS
+    from benchmarks.__main__ import make_parser as entry_parser
+
+    names = (*BENCHMARKS, "list", "report")
+    split = next((i for i, a in enumerate(args) if a in names or a == "NAME"), None)
+    if split is None:
+        return f"python -m benchmarks names no benchmark (one of {', '.join(names)})"
+    if args[split] == "NAME":  # the general form
+        return None
+    if problem := _argparse_problem(entry_parser(), args[:split + 1], command):
+        return problem
+    if args[split] in ("list", "report"):
+        return f"{args[split]} takes no options" if args[split + 1:] else None
+    module = importlib.import_module(f"benchmarks.{BENCHMARKS[args[split]][0]}")
+    return _argparse_problem(module.make_parser(), args[split + 1:], command)
 
 
 def _script_problem(argv: list[str], command: Command) -> str | None:

@@ -3,7 +3,7 @@
 `read_rows` + `to_beam_records` + `prepare_dataset`: the same per-record rules as the data phase
 (`beam_sft.validate.convert`, `build_example`) but every record held in memory, so it is for small
 data only. `scripts/train.py` never uses it: it runs `beam_sft.dataset.prepare` (Arrow, chunked, cached).
-Tests compare the two; `scripts/bench.py`'s prepare row runs this path as its in-memory reference.
+Tests compare the two; `benchmarks/data.py`'s prepare row runs this path as its in-memory reference.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""scripts/bench.py (its rows in scripts/bench_rows/) and scripts/bench_gpu.py: the workload, the goal table, and
+"""benchmarks/data.py (its rows in benchmarks/rows/) and benchmarks/gpu.py: the workload, the goal table, and
 smoke runs of both scripts."""
 
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -16,28 +16,25 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZ
 
 
 def _load(name: str):
-    # The rows import each other as `bench_rows.*` and the workload imports scripts/make_samples.py.
+    # The workload imports scripts/make_samples.py, a build helper: scripts/ on the path, as benchmarks/data.py puts it.
     if str(REPO / "scripts") not in sys.path:
         sys.path.insert(0, str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location(f"_{name.replace('/', '_')}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"benchmarks.{name.replace('/', '.')}")
 
 
 @pytest.fixture(scope="module")
 def workload():
-    return _load("bench_rows/workload")
+    return _load("rows/workload")
 
 
 @pytest.fixture(scope="module")
 def goal_table():
-    return _load("bench_rows/goals")
+    return _load("rows/goals")
 
 
 @pytest.fixture(scope="module")
 def bench_gpu():
-    return _load("bench_gpu")
+    return _load("gpu")
 
 
 def _positive(value) -> bool:
@@ -143,13 +140,19 @@ def test_pack_bfd_fills_bins_within_max_length(bench_gpu):
 
 @pytest.mark.slow
 def test_bench_smoke_writes_every_figure(tmp_path):
-    out = tmp_path / "bench.json"
+    """Through the one entry (`python -m benchmarks data`): the figures, and the run's row in the results file."""
+    out, results = tmp_path / "bench.json", tmp_path / "results.jsonl"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench.py"), "--smoke", "--json", str(out), "--tmp_dir", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks", "--results", str(results), "data", "--smoke", "--json", str(out),
+         "--tmp_dir", str(tmp_path)],
         check=False, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     fig = json.loads(out.read_text())
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["benchmark"] == "data" and row["exit"] == 0 and row["figures"] == fig
+    assert row["args"][:1] == ["--smoke"] and row["versions"]["torch"] and row["machine"]["cores"] >= 1
+    assert row["git"]["commit"]
     for row, keys in {
         "masked_tokenization": ("ours", "trl", "floor"),
         "conversion": ("ours", "floor"),
@@ -171,7 +174,7 @@ def test_bench_smoke_writes_every_figure(tmp_path):
 def test_bench_gpu_cpu_tiny_smoke(tmp_path):
     out = tmp_path / "gpu.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--device", "cpu", "--tiny", "--dtype", "fp32",
+        [sys.executable, "-m", "benchmarks", "--no-record", "gpu", "--device", "cpu", "--tiny", "--dtype", "fp32",
          "--max_length", "512", "--json", str(out)],
         check=False, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
     )

@@ -1,4 +1,4 @@
-"""scripts/bench_prepare.py end to end on the bundled tokenizer, tiny sizes: every row runs, the workload is
+"""benchmarks/prepare.py end to end on the bundled tokenizer, tiny sizes: every row runs, the workload is
 real-sample-derived and unique, and the figures it reports are consistent (same bytes across --num-proc)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_bench_prepare_smoke(tmp_path):
     out = tmp_path / "bench.json"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "bench_prepare.py"), "--tokenizer", str(REPO / "data" / "tokenizer"),
+    subprocess.run([sys.executable, "-m", "benchmarks", "--no-record", "prepare", "--tokenizer", str(REPO / "data" / "tokenizer"),
                     "--records", "120", "--num-proc", "1", "2", "--encoder-records", "60", "--trl-records", "30",
                     "--breakdown-records", "60", "--repeat", "2", "--rows", "setup", "encoder", "trl", "breakdown", "prepare", "convert",
-                    "--json", str(out), "--work-dir", str(tmp_path)], check=True, capture_output=True)
+                    "--json", str(out), "--work-dir", str(tmp_path)], check=True, capture_output=True, cwd=REPO)
     fig = json.loads(out.read_text())
     assert fig["pool"] > 100
     assert fig["trl"]["mismatches_vs_ours"] == 0
@@ -39,8 +39,7 @@ def test_bench_prepare_smoke(tmp_path):
 
 
 def test_derived_records_are_unique_and_keep_the_tools():
-    sys.path.insert(0, str(REPO / "scripts"))
-    import bench_prepare
+    from benchmarks import prepare as bench_prepare
 
     pool = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
              "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}]}]

@@ -55,6 +55,8 @@ STALE = [
     ("python scripts/no_such_script.py --help", "no such script"),
     ("make demo-reall", "no make target"),
     ("beam-sft frobnicate x", "no beam-sft command"),
+    ("python -m benchmarks data --quik", "unrecognized arguments"),
+    ("python -m benchmarks bench_gpu --json x.json", "names no benchmark"),
 ]
 
 

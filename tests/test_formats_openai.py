@@ -286,22 +286,17 @@ def test_error_indexes_name_the_input_message_after_a_result_list_was_split():
 
 
 def _all_openai_shaped_records():
-    import importlib.util
-
     for path in [*sorted(REALDATA.iterdir()), Path(__file__).parents[1] / "data" / "samples" / "openai.jsonl"]:
         for item in iter_items(expand_inputs([str(path)])):
             try:
                 yield f"{path.name}:{item.position}", parse_line(item.payload) if item.raw else item.payload
             except RecordError:
                 continue
-    spec = importlib.util.spec_from_file_location("_bench", Path(__file__).parents[1] / "scripts" / "bench.py")
-    if spec is not None and spec.loader is not None and Path(spec.origin).exists():
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)  # puts scripts/ on the path, where the rows live
-        from bench_rows.workload import make_workload, to_openai
+    import benchmarks.data  # noqa: F401  (puts scripts/ on the path: the workload reads make_samples.py)
+    from benchmarks.rows.workload import make_workload, to_openai
 
-        for i, r in enumerate(make_workload(300, seed=5)):
-            yield f"bench:{i}", to_openai(r, i)
+    for i, r in enumerate(make_workload(300, seed=5)):
+        yield f"bench:{i}", to_openai(r, i)
 
 
 def test_fast_path_equals_the_general_path_or_defers_to_it():

@@ -1,9 +1,9 @@
 """`--missing-reasoning mask|keep|reject` in the data phase (`beam-sft prepare`, scripts/train.py), its counts
-and hints, and the experiment script (scripts/bench_reasoning.py) that measures why `mask` is the default."""
+and hints, and the experiment script (benchmarks/reasoning.py) that measures why `mask` is the default."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -72,10 +72,7 @@ def test_train_script_takes_the_option():
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("_bench_reasoning", REPO / "scripts" / "bench_reasoning.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.reasoning")
 
 
 def test_bench_reasoning_mixes_the_samples_and_prints_a_table(tmp_path):

@@ -20,11 +20,8 @@ from beam_sft.template import response_template, servable
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _benchmark(name: str):
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def _vllm_validator():
@@ -66,7 +63,7 @@ def test_every_saved_response_template_is_servable(tmp_path, tok):
 
 
 def _earlier():
-    return _script("compare_response_templates").earlier_template(response_template())
+    return _benchmark("response_templates").earlier_template(response_template())
 
 
 def _mutated(change) -> dict:
@@ -110,7 +107,7 @@ def test_our_check_states_the_rules_vllm_reports():
 
 
 def test_serving_form_parses_every_rendered_sample_turn_like_the_earlier_template(tok):
-    compare = _script("compare_response_templates")
+    compare = _benchmark("response_templates")
     corpus = list(compare.rendered_turns(tok)) + list(compare.harmony_texts())
     distinct, differing = compare.compare(corpus, response_template(), _earlier())
     assert distinct > 1000  # every assistant turn of data/samples and tests/data/realdata
@@ -120,7 +117,7 @@ def test_serving_form_parses_every_rendered_sample_turn_like_the_earlier_templat
 def test_serving_form_parses_the_check_template_suite_like_the_earlier_template(tok):
     from beam_sft.template.conformance import run_suite
 
-    compare = _script("compare_response_templates")
+    compare = _benchmark("response_templates")
     recorded: list[dict] = []
     with compare.recording_parses(recorded):
         results = run_suite(tok)
@@ -132,7 +129,7 @@ def test_serving_form_parses_the_check_template_suite_like_the_earlier_template(
 def test_the_comparison_sees_the_one_input_where_the_templates_differ(tok):
     """Two analysis messages in one parse: the earlier template joined them, the serving form keeps the
     last. The chat template never renders that (one analysis message per assistant message)."""
-    compare = _script("compare_response_templates")
+    compare = _benchmark("response_templates")
     text = ("<|channel|>analysis<|message|>A<|end|><|start|>assistant<|channel|>analysis<|message|>B<|end|>"
             "<|start|>assistant<|channel|>final<|message|>C<|return|>")
     _, differing = compare.compare([{"prefix": "", "tools": None, "text": text}], response_template(), _earlier())

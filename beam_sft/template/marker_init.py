@@ -20,7 +20,7 @@ structural row into every word-derived row keeps a marker row from equalling an 
 model that learned `<|channel|>` from " channel" alone leaked it into plain text: "Read about<|channel|>").
 Rows are set in the input embeddings and, when it is not tied to them, in the output projection, each from
 its own matrix. Any other added token (a new pad) gets the mean. `init="mean"` keeps the old behaviour for
-comparison (`scripts/bench_marker_init.py`).
+comparison (`benchmarks/marker_init.py`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ so the general path (`beam_sft.formats.openai.convert` + `beam_sft.validate.rule
 result or the error. It
 lives beside the validator it shortcuts; its output equals the general path's (tests/test_formats_openai.py
 and tests/test_fuzz.py check this on every sample, real and fuzzed record). It exists because conversion
-speed is measured against orjson (scripts/bench.py).
+speed is measured against orjson (benchmarks/data.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench_rows.measure import _log, _timed
-from bench_rows.workload import to_openai
+from benchmarks.rows.measure import _log, _timed
+from benchmarks.rows.workload import to_openai
 
 
 def bench_conversion(records: list[dict]) -> dict:

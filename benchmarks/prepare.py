@@ -27,9 +27,9 @@ Rows:
   at each size, on records 10% of which are copies of earlier ones: CPU rate on / off, peak RSS of both.
 
 ```bash
-python scripts/bench_prepare.py --json /tmp/bench_prepare.json            # o200k tokenizer, 20k and 80k records
-python scripts/bench_prepare.py --quick                                   # a couple of minutes
-python scripts/bench_prepare.py --tokenizer data/tokenizer --records 2000 --num-proc 1 2 --trl-records 500
+python -m benchmarks prepare --json /tmp/bench_prepare.json            # o200k tokenizer, 20k and 80k records
+python -m benchmarks prepare --quick                                   # a couple of minutes
+python -m benchmarks prepare --tokenizer data/tokenizer --records 2000 --num-proc 1 2 --trl-records 500
 ```
 """
 
@@ -401,7 +401,7 @@ ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "convert", "base", "d
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", metavar="PATH",
                         help="tokenizer directory (default: the o200k Beam tokenizer, built offline from quicktok-v1 "
                              "by scripts/build_o200k_tokenizer.py and cached)")

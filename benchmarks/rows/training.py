@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_rows.measure import REPO_DIR, _log
+from benchmarks.rows.measure import REPO_DIR, _log
 
 
 def _tiny_model(tokenizer, seed: int):

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench_rows.measure import _RUSAGE_WRAPPER, _log, _timed
-from bench_rows.workload import write_openai_jsonl
+from benchmarks.rows.measure import _RUSAGE_WRAPPER, _log, _timed
+from benchmarks.rows.workload import write_openai_jsonl
 
 
 def convert_command(src: Path, dst: Path, extra: list[str]) -> list[str]:

@@ -6,7 +6,10 @@ import json
 import random
 from pathlib import Path
 
-from make_samples import CURRENCY_TOOL, WEATHER_TOOL  # a sibling script: scripts/ is on the path (bench.py)
+from make_samples import (  # a build helper: scripts/ is on the path (benchmarks/data.py)
+    CURRENCY_TOOL,
+    WEATHER_TOOL,
+)
 
 SEED = 1234
 

@@ -10,8 +10,8 @@ prompts absent from the training file):
 * **well-formed**: `beam-sft eval`'s share of well-formed first turns (greedy, stop at <|return|> / <|call|>).
 
 ```bash
-python scripts/bench_marker_init.py --json outputs/bench-marker-init.json          # 2 epochs, both inits
-python scripts/bench_marker_init.py --epochs 1 --save-steps 12   # docs/real-model.md's table, ~28 min
+python -m benchmarks marker-init --json outputs/bench-marker-init.json          # 2 epochs, both inits
+python -m benchmarks marker-init --epochs 1 --save-steps 12   # docs/real-model.md's table, ~28 min
 ```
 """
 
@@ -113,7 +113,7 @@ def run_init(init: str, base: Path, train_file: Path, held: Path, work: Path, ar
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m benchmarks marker-init", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inits", nargs="+", default=["mean", "semantic"], choices=["mean", "semantic"])
     parser.add_argument("--epochs", type=float, default=2)

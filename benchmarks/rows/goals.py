@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench_rows.prepare import prepare_goals
+from benchmarks.rows.prepare import prepare_goals
 
 
 def _goal(ok: bool | None) -> str:

@@ -20,14 +20,14 @@ turn, tool declarations, tool calls and their results), every row measured side 
 Run from the repository root:
 
 ```bash
-python scripts/bench.py                              # the full table (20k conversations, 2 GB file)
-python scripts/bench.py --quick --json bench.json    # the same rows, smaller (about a minute)
-python scripts/bench.py --smoke --json /tmp/b.json   # seconds: what tests/test_bench.py runs
-python scripts/bench.py --conversations 5000 --num_proc 1 2 --memory_mb 200 --train_steps 10
-python scripts/bench.py --rows prepare --prepare_mb 64 256 --json /tmp/prepare.json   # the prepare row only
+python -m benchmarks data                              # the full table (20k conversations, 2 GB file)
+python -m benchmarks data --quick --json bench.json    # the same rows, smaller (about a minute)
+python -m benchmarks data --smoke --json /tmp/b.json   # seconds: what tests/test_bench.py runs
+python -m benchmarks data --conversations 5000 --num_proc 1 2 --memory_mb 200 --train_steps 10
+python -m benchmarks data --rows prepare --prepare_mb 64 256 --json /tmp/prepare.json   # the prepare row only
 ```
 
-Each row is a module of `scripts/bench_rows/` (workload, measure, tokenization, conversion, training,
+Each row is a module of `benchmarks/rows/` (workload, measure, tokenization, conversion, training,
 memory, prepare, goals); this script runs the chosen rows and prints the goal table.
 
 This is a benchmark, not a test: it prints the figures and whether each goal of the table is met, and exits
@@ -46,19 +46,19 @@ import time
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parent.parent
-# Runnable as `python scripts/bench.py` from a checkout without installing the package.
+# Runnable as `python -m benchmarks data` from a checkout without installing the package.
 sys.path.insert(0, str(REPO_DIR))
 sys.path.insert(0, str(REPO_DIR / "scripts"))
 
 # The rows: importable once the path is set.
-from bench_rows.conversion import bench_conversion
-from bench_rows.goals import evaluate_goals, format_table
-from bench_rows.measure import _log, _timed, machine_info
-from bench_rows.memory import bench_memory
-from bench_rows.prepare import PREPARE_MB, bench_prepare
-from bench_rows.tokenization import bench_masked_tokenization
-from bench_rows.training import bench_training
-from bench_rows.workload import SEED, make_workload
+from benchmarks.rows.conversion import bench_conversion
+from benchmarks.rows.goals import evaluate_goals, format_table
+from benchmarks.rows.measure import _log, _timed, machine_info
+from benchmarks.rows.memory import bench_memory
+from benchmarks.rows.prepare import PREPARE_MB, bench_prepare
+from benchmarks.rows.tokenization import bench_masked_tokenization
+from benchmarks.rows.training import bench_training
+from benchmarks.rows.workload import SEED, make_workload
 
 PRESETS = {
     "full": {"conversations": 20_000, "memory_mb": 2048, "train_steps": 30, "train_records": 600, "max_length": 2048},
@@ -70,7 +70,7 @@ ROWS = ("tokenization", "conversion", "training", "memory", "prepare")
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bench.py",
+        prog="python -m benchmarks data",
         description="Benchmark beam-sft's masked tokenization, conversion, training and converter memory, "
                     "side by side with TRL and the floors, on one generated workload.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": "smoke" if args.smoke else "quick" if args.quick else "full", "conversations": args.conversations,
         "seed": args.seed, "num_proc": args.num_proc, "memory_mb": args.memory_mb, "train_steps": args.train_steps,
         "train_records": args.train_records, "max_length": args.max_length, "padded_batch": args.padded_batch,
-        "packed_batch": args.packed_batch, "command": " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])]),
+        "packed_batch": args.packed_batch, "command": " ".join(["python", "benchmarks/data.py", *(argv or sys.argv[1:])]),
     }}
     _log(f"generating {args.conversations} conversations (seed {args.seed})")
     records, _ = _timed(make_workload, args.conversations, args.seed)

@@ -7,9 +7,9 @@ tool-calling demo in tests/data/realdata), each prompted as `beam-sft backfill` 
 prompt is known before any answer). The teacher is `beam_sft.backfill.teachers.TransformersTeacher`, greedy.
 
 ```bash
-OMP_NUM_THREADS=1 python scripts/bench_backfill.py --model outputs/base/smollm2 --turns 8 --batch-size 8 \\
+OMP_NUM_THREADS=1 python -m benchmarks backfill --model outputs/base/smollm2 --turns 8 --batch-size 8 \\
     --max-new-tokens 160 --speed            # turns/s one at a time vs batched; the answers must be equal
-OMP_NUM_THREADS=1 python scripts/bench_backfill.py --model outputs/base/smollm2 --turns 16 --json kept.json
+OMP_NUM_THREADS=1 python -m benchmarks backfill --model outputs/base/smollm2 --turns 16 --json kept.json
 ```
 
 Without --speed it generates batched only and reports, per filter (`beam_sft.backfill.filters.check`, the
@@ -30,7 +30,7 @@ GLAIVE = REPO / "tests" / "data" / "realdata" / "sharegpt" / "llamafactory_glaiv
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bench_backfill.py", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m benchmarks backfill", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="the local teacher (a model directory)")
     parser.add_argument("--input", default=str(GLAIVE), help="real records (default: the glaive tool-call demo)")

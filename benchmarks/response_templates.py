@@ -14,12 +14,12 @@ This script parses a corpus with both and compares every result:
 
 # The default corpus (the parse-related test files, then the samples)
 ```bash
-python scripts/compare_response_templates.py
+python -m benchmarks response-templates
 ```
 
 # Only the rendered samples (fast)
 ```bash
-python scripts/compare_response_templates.py --no-tests
+python -m benchmarks response-templates --no-tests
 ```
 
 Exit status 0 when every parse is equal, 1 otherwise (the differing inputs are printed).
@@ -164,9 +164,10 @@ def run_tests(paths: list[str], sink: list[dict]) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks response-templates", description=__doc__.split("\n\n")[0])
     parser.add_argument("tests", nargs="*", default=list(DEFAULT_TESTS), help="test files whose parses to record")
     parser.add_argument("--no-tests", action="store_true", help="skip the test files; samples only")
+    parser.add_argument("--json", help="write the counts per corpus here")
     return parser
 
 
@@ -185,12 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     sources["rendered sample turns"] = list(rendered_turns(load_tokenizer()))
     sources["raw Harmony transcripts"] = list(harmony_texts())
     failed = False
+    counts = {}
     for name, corpus in sources.items():
         distinct, differing = compare(corpus, new, old)
+        counts[name] = {"parses": len(corpus), "distinct": distinct, "differ": len(differing)}
         print(f"{name}: {len(corpus)} parses, {distinct} distinct inputs, {len(differing)} differ")
         for case in differing[:10]:
             print(json.dumps(case, ensure_ascii=False, default=str)[:2000])
         failed |= bool(differing)
+    if args.json:
+        Path(args.json).write_text(json.dumps(counts, indent=1) + "\n")
     return 1 if failed else 0
 
 

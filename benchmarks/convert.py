@@ -4,13 +4,14 @@ The floor is what any converter must pay: parse each line and serialize a record
 floor time / conversion time (higher is better); the CLI figure also includes reading, writing and
 statistics, with the render check off (it costs ~1 ms a record and is measured separately).
 
-    python scripts/bench_convert.py                          # 50k records, ~1.5 KB of text per message
-    python scripts/bench_convert.py --records 200000 --text-bytes 200 --cli
+    python -m benchmarks convert                          # 50k records, ~1.5 KB of text per message
+    python -m benchmarks convert --records 200000 --text-bytes 200 --cli
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import subprocess
 import sys
@@ -51,10 +52,11 @@ def make_file(path: Path, n: int, text_bytes: int, seed: int = 0) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=50_000)
     parser.add_argument("--text-bytes", type=int, default=1500, help="approximate bytes of text per message")
     parser.add_argument("--cli", action="store_true", help="also time the convert-dataset command end to end")
+    parser.add_argument("--json", help="write the figures here")
     return parser
 
 
@@ -88,7 +90,14 @@ def main(argv=None) -> None:
                             "openai", "-q", "--render-check", "none"], check=True, capture_output=True)
             cli = time.perf_counter() - t
             print(f"convert-dataset (process start included): {cli:.2f} s, ratio {floor / cli:.0%}")
+        figures = {"records": len(lines), "mb": round(size_mb, 2), "floor_s": round(floor, 3), "convert_s": round(conv, 3),
+                   "convert_mb_s": round(size_mb / conv, 1), "ratio_to_floor": round(floor / conv, 3)}
+        if args.cli:
+            figures.update(cli_s=round(cli, 3), cli_ratio_to_floor=round(floor / cli, 3))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,9 +12,9 @@ The experiment of docs/reasoning.md, as a new user would run it:
    well_formed. `full` trains on the samples as converted (no reasoning removed): the reference.
 
 ```bash
-python scripts/bench_reasoning.py                          # mask and keep, 40 prompts per half
-python scripts/bench_reasoning.py --policies full mask keep --json /tmp/reasoning.json
-python scripts/bench_reasoning.py --skip-train             # only evaluate the models trained before
+python -m benchmarks reasoning                          # mask and keep, 40 prompts per half
+python -m benchmarks reasoning --policies full mask keep --json /tmp/reasoning.json
+python -m benchmarks reasoning --skip-train             # only evaluate the models trained before
 ```
 """
 
@@ -35,7 +35,7 @@ HALVES = ("with", "without")
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bench_reasoning.py", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m benchmarks reasoning", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Steps: convert data/samples -> strip reasoning from every second "
                                             "record -> train per policy -> evaluate the first turns of each half.")

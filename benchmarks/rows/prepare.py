@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench_rows.measure import REPO_DIR, _log, _rusage_run
-from bench_rows.workload import write_openai_jsonl
+from benchmarks.rows.measure import REPO_DIR, _log, _rusage_run
+from benchmarks.rows.workload import write_openai_jsonl
 
 # MiB of generated OpenAI JSONL: the second size is 4x the first (the memory-flatness goal compares them).
 PREPARE_MB = {"full": (250, 1000), "quick": (8, 32), "smoke": (1, 4)}
@@ -33,7 +33,7 @@ def bench_prepare(sizes_mb: Sequence[float], workdir: Path, seed: int, max_lengt
         src, dst = workdir / f"prepare_{i}.jsonl", workdir / f"prepared_{i}"
         _log(f"prepare: writing {mb} MiB of OpenAI rows to {src}")
         rows = write_openai_jsonl(src, int(mb * 2**20), seed)
-        # One process: figures per core (scripts/bench_prepare.py measures the worker pool).
+        # One process: figures per core (benchmarks/prepare.py measures the worker pool).
         command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--num-proc", "1",
                    "--max-length", str(max_length), *(["--tokenizer", tokenizer] if tokenizer else [])]
         _log(f"prepare: beam-sft prepare on {rows} rows")

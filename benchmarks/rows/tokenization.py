@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench_rows.measure import _cpu_seconds, _cpu_timed, _log, _timed
+from benchmarks.rows.measure import _cpu_seconds, _cpu_timed, _log, _timed
 
 
 def _record_kwargs(record: dict) -> tuple[list, list | None, dict]:

@@ -1,1 +1,0 @@
-"""The rows of `scripts/bench.py`, one module each, and what they share (workload, timing, the goal table)."""
