@@ -79,10 +79,17 @@ def render(results: Path, limit: int = 60) -> str:
             f"exit {row.get('exit')}, {row.get('seconds')} s; {machine.get('cpu')}, {machine.get('cores')} cores "
             f"(load {machine.get('load_1min')}){gpu}; "
             + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".\n")
-        flat = _flat(row.get("figures"))
-        if row.get("figures") is None:
+        figures = row.get("figures")
+        if figures is None:
             parts.append("The run wrote no figures.\n")
             continue
+        if isinstance(figures.get("goals"), dict):  # a benchmark with a goal table: that table first
+            table = ["| goal row | ratio | goal | met |", "|---|---|---|---|"]
+            table += [f"| {_cell(k)} | {_cell(g.get('ratio'))} | {_cell(g.get('goal'))} | "
+                      f"{ {True: 'yes', False: '**no**'}.get(g.get('ok'), '-')} |" for k, g in figures["goals"].items()]
+            parts.append("\n".join(table) + "\n")
+            figures = {k: v for k, v in figures.items() if k not in ("goals", "machine", "config")}
+        flat = _flat(figures)
         table = ["| figure | value |", "|---|---|"]
         table += [f"| `{_cell(k)}` | {_cell(v)} |" for k, v in flat[:limit]]
         if len(flat) > limit:
