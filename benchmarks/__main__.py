@@ -33,6 +33,7 @@ PAGE = REPO / "docs" / "performance.md"
 BENCHMARKS = {
     "data": ("data", "the data path and tiny-model training, side by side with TRL and the floors (the goal table)"),
     "convert": ("convert", "OpenAI -> Beam conversion against an orjson load+dump floor"),
+    "dedup": ("dedup", "the dedup table (flat arrays) against the dict it replaced: bytes and time per record, two sizes"),
     "prepare": ("prepare", "`beam-sft prepare` on a 201k-token vocabulary at two sizes: rate, peak RSS, workers"),
     "gpu": ("gpu", "training throughput, MFU and peak memory on one GPU, padded vs packed"),
     "reasoning": ("reasoning", "reasoning policies (mask / drop / keep) trained and evaluated on the tiny model"),

@@ -91,6 +91,12 @@ def _logical_lines(block: list[tuple[int, str]]):
         yield start, buffer
 
 
+def _closes(raw: str, fence: str) -> bool:
+    """CommonMark: a closing fence is the opening's character, at least as many, and nothing after it."""
+    stripped = raw.strip()
+    return len(stripped) >= len(fence) and set(stripped) == {fence[0]}
+
+
 def commands(path: Path) -> list[Command]:
     page = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -106,11 +112,11 @@ def commands(path: Path) -> list[Command]:
                 fence = fence + "-skip"
             continue
         if fence and fence.endswith("-skip"):
-            if raw.strip().startswith(fence[:-5]):
+            if _closes(raw, fence[:-5]):
                 fence = None
             continue
         if block is not None:
-            if raw.strip().startswith(fence):
+            if _closes(raw, fence):
                 found += _block_commands(page, block)
                 block, fence = None, None
             else:

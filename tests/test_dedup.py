@@ -194,3 +194,25 @@ def test_per_row_token_counts_match_the_rows_empty_ones_included():
                                                                                                         strict=True)]
         assert rows == want, (ids, masks)
         assert counts == {k: sum(r[k] for r in want) for k in counts}
+
+
+def test_seen_agrees_with_a_dict_through_many_grows():
+    """The array table keeps exactly what a dict of first occurrences keeps, key 0 and collisions included."""
+    import random
+
+    rng = random.Random(3)
+    keys = [rng.getrandbits(64) for _ in range(20_000)]
+    keys += [0, 0, 1, 4096, 8192, 1 << 63]  # 0 is stored as 1; equal low bits collide and probe
+    stream = keys + rng.sample(keys, 5_000)
+    rng.shuffle(stream)
+    seen, first = Seen(), {}
+    for position, key in enumerate(stream):
+        err = seen.check(key, "s.jsonl", position)
+        stored = key or 1
+        if stored in first:
+            assert err is not None and f"s.jsonl:{first[stored]} " in err.message, (position, key)
+        else:
+            assert err is None, (position, key)
+            first[stored] = position
+    assert len(seen) == len(first)
+    assert seen.nbytes <= 16 * len(first) * 8 / 5 * 2  # at most 5/8 full after a doubling: < 52 bytes a record

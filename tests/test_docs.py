@@ -270,3 +270,15 @@ def test_cli_page_lists_every_option_of_every_command():
         section = text.split(f"## `beam-sft {name}", 1)[1].split("\n## ", 1)[0]
         missing += [f"{name} {o}" for o in opts if not re.search(rf"`{re.escape(o)}[`\s=,]", section)]
     assert not missing, f"docs/cli.md does not document: {missing}"
+
+
+def test_reference_page_is_what_the_parsers_say():
+    """docs/reference.md is generated from the argument parsers (scripts/build_reference.py): it cannot drift."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_build_reference", ROOT / "scripts" / "build_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = ROOT / "docs" / "reference.md"
+    assert page.read_text(encoding="utf-8") == module.render(), (
+        "docs/reference.md is stale: run `python scripts/build_reference.py`")
