@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.__main__ import BENCHMARKS
+from benchmarks.registry import BENCHMARKS
 
 HEADER = """# Performance: the latest benchmark rows
 

@@ -330,8 +330,8 @@ def _benchmarks_problem(args: list[str], command: Command) -> str | None:
     """`python -m benchmarks [its options] NAME [the benchmark's options]`."""
     import importlib
 
-    from benchmarks.__main__ import BENCHMARKS
     from benchmarks.__main__ import make_parser as entry_parser
+    from benchmarks.registry import BENCHMARKS
 
     names = (*BENCHMARKS, "list", "report")
     split = next((i for i, a in enumerate(args) if a in names or a == "NAME"), None)

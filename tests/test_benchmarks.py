@@ -8,7 +8,8 @@ import json
 import pytest
 
 from benchmarks import report
-from benchmarks.__main__ import BENCHMARKS, PAGE, RESULTS, main
+from benchmarks.__main__ import main
+from benchmarks.registry import BENCHMARKS, PAGE, RESULTS
 
 
 @pytest.mark.parametrize("name", list(BENCHMARKS))
