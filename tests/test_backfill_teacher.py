@@ -30,8 +30,7 @@ def real_teacher(smollm2_dir):
 
 
 def _glaive_prompts(n):
-    sys.path.insert(0, str(REPO / "scripts"))
-    from bench_backfill import real_turns
+    from benchmarks.backfill import real_turns
 
     return [messages for messages, _, _ in real_turns(str(REPO / "tests" / "data" / "realdata" / "sharegpt" /
                                                           "llamafactory_glaive_toolcall_en_demo.json"), n)]
