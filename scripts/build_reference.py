@@ -28,13 +28,25 @@ SCRIPTS = ("quickstart.py", "demo_real.py", "merge_lora.py", "serving_test.py", 
            "make_samples.py", "build_reference.py")
 
 
-def _help(parser) -> str:
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        parser.print_help()
-    text = out.getvalue()
+def _portable(text: str) -> str:
     for path, short in ((str(REPO), "."), (str(Path.home()), "~")):
         text = text.replace(path, short)
-    return text.rstrip()
+    return text
+
+
+def _help(parser) -> str:
+    # paths are shortened before argparse wraps the lines: a checkout elsewhere wraps the same way
+    base = parser.formatter_class
+    parser.formatter_class = type("Portable", (base,), {
+        "_expand_help": lambda self, action: _portable(base._expand_help(self, action)),
+        "_format_text": lambda self, text: base._format_text(self, _portable(text)),
+    })
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            parser.print_help()
+    finally:
+        parser.formatter_class = base
+    return _portable(out.getvalue()).rstrip()
 
 
 def _script_parser(name: str):
