@@ -324,3 +324,18 @@ def test_local_transformers_teacher(tiny_model_dir, data, tmp_path):
     stats = json.loads((tmp_path / "s.json").read_text())
     # The random tiny model never writes its end-of-sequence token: every answer is cut at the 8 tokens.
     assert stats["turns_missing"] == 3 and stats["filtered"] == {"truncated": 3}
+
+
+def test_the_progress_bar_knows_its_total_when_it_is_cheap(tmp_path):
+    """An ETA needs a total: --limit, or the non-empty lines of .jsonl inputs; unknown for a JSON array."""
+    from beam_sft.cli.backfill import expected_records
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"x": 1}\n\n{"x": 2}\n')
+    b.write_text('{"x": 3}\n')
+    assert expected_records([str(a), str(b)], None) == 3
+    assert expected_records([str(a), str(b)], 2) == 2
+    array = tmp_path / "c.json"
+    array.write_text("[]")
+    assert expected_records([str(array)], None) is None
+    assert expected_records([str(array)], 5) == 5

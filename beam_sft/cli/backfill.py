@@ -36,6 +36,23 @@ import sys
 from typing import Any
 
 
+def expected_records(inputs: list[str], limit: int | None) -> int | None:
+    """How many records the run will read, when that is cheap to know (--limit, or .jsonl files: their non-empty
+    lines), so the progress bar can show an ETA; None otherwise (a JSON array, a hub id, a glob)."""
+    from pathlib import Path
+
+    total = 0
+    for name in inputs:
+        path = Path(name)
+        if path.suffix != ".jsonl" or not path.is_file():
+            return limit
+        with path.open("rb") as f:
+            total += sum(1 for line in f if line.strip())
+        if limit is not None and total >= limit:
+            return limit
+    return total
+
+
 def _records(args: argparse.Namespace):
     """(record, None) or (None, reject) per input row, converted (`beam_sft.validate.convert`, with its
     `internal_error` barrier) with turns without reasoning kept."""
@@ -126,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
     cache = TurnCache(args.cache or f"{args.output}.backfill-cache.jsonl")
     writer = open_writer(args.output)
     rejects = JsonlSink(args.rejects) if args.rejects else None
-    bar = tqdm(desc="backfill", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5)
+    # records, not turns: a teacher's time goes by turn, but turns per record vary; with a total, tqdm shows the ETA
+    bar = tqdm(desc="backfill", unit=" rec", total=expected_records(args.inputs, args.limit), file=sys.stderr,
+               disable=args.quiet or None, mininterval=0.5)
     review: list[str] = []
 
     def write(record: dict[str, Any]) -> None:
