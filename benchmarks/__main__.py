@@ -53,14 +53,8 @@ def _versions() -> dict:
 
 
 def _machine() -> dict:
-    import platform
+    from benchmarks.rows.measure import cpu_name
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     gpu = None
     try:
         import torch
@@ -69,7 +63,7 @@ def _machine() -> dict:
             gpu = torch.cuda.get_device_name(0)
     except ImportError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2), "gpu": gpu}
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2), "gpu": gpu}
 
 
 def run_benchmark(name: str, argv: list[str], results: Path | None) -> int:

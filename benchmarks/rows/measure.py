@@ -37,20 +37,24 @@ def _log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info() -> dict:
     import tokenizers
     import torch
     import transformers
     import trl
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     try:
         load = os.getloadavg()
     except OSError:
