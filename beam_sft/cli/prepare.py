@@ -4,6 +4,8 @@
     beam-sft prepare 'raw/*.jsonl' -o /shared/prepared --tokenizer ./my-beam-model --num-proc 16 \\
         --truncation-policy turn --stats /tmp/prepare_stats.json
     python scripts/train.py --config configs/beam_full.yaml --dataset_name /shared/prepared   # no tokenizing
+    beam-sft prepare 'raw/*.jsonl' -o /shared/shard-0 --shard 0/2      # on machine 0 (and 1/2 on machine 1)
+    beam-sft prepare 'raw/*.jsonl' -o /shared/prepared --merge /shared/shard-0 /shared/shard-1
 
 Reads the inputs (files, globs, directories, save_to_disk dirs, hub ids; any format `convert-dataset`
 reads), converts and validates every record, tokenizes it with the tokenizer's chat template (the same
@@ -13,6 +15,12 @@ source, line or index, reason and message) and `beam_sft_manifest.json` (tokeniz
 max_length, policy, sources, counts). `scripts/train.py --dataset_name DIR` checks the manifest against
 its own tokenizer and settings and refuses a mismatch, naming the field. `datasets.load_from_disk(DIR)`
 gives a plain pre-tokenized dataset that TRL's SFTTrainer takes as is.
+
+Many machines: `--shard I/N` converts and tokenizes chunks I, I+N, I+2N, ... of the input (each machine
+still reads all of it, to number the chunks) into a shard directory; `--merge SHARD...`, with the same
+INPUTs and options, writes DIR from the N shards: the same bytes one run writes (duplicates across shards
+decided there, first occurrence kept). An eval split drawn among the records (--eval-split-size) needs all
+of them, so shards refuse it: use --eval-split, or train with eval_split_size on the merged DIR.
 
 Records in = kept + rejected + dropped by truncation, checked at the end of every run. DIR appears only
 when the run finishes. Run again on the same files (path, size, mtime), tokenizer, template and settings,
@@ -161,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
         read_manifest,
         tokenizer_files_hash,
     )
-    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
-    from beam_sft.records.files import REJECTS, atomic_output, data_sources, write_json_atomic
+    from beam_sft.errors import UsageError
+    from beam_sft.records.files import data_sources
     from beam_sft.template.tokenizer import short_hash
 
     if args.num_proc is None:
@@ -171,12 +179,19 @@ def run(args: argparse.Namespace) -> int:
         args.num_proc = default_num_proc()
     if args.num_proc < 1:
         raise UsageError("--num-proc must be at least 1")
+    shard = parse_shard(args.shard) if args.shard else None
+    if shard and args.merge:
+        raise UsageError("--shard prepares one shard, --merge joins them: not both")
     inputs = _inputs(args)
     settings = _settings(args, inputs)
     out = os.path.abspath(args.output)
+    from beam_sft.dataset.prepare import SHARD_MANIFEST
+
+    kind = SHARD_MANIFEST if shard else MANIFEST
     if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(
-            os.path.join(out, MANIFEST)))):
-        raise UsageError(f"{args.output}: exists and is not a prepared dataset; refusing to replace it")
+            os.path.join(out, kind)))):
+        raise UsageError(f"{args.output}: exists and is not a {'shard directory' if shard else 'prepared dataset'}; "
+                         "refusing to replace it")
     from beam_sft.dataset.prepare import train_identity
 
     sources = inputs.sources if not isinstance(inputs, list) else data_sources(inputs, args.split)
@@ -197,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
 
         quick = short_hash(json.dumps([DATA_VERSION, RENDER_VERSION, identity, asdict(settings), files],
                                       sort_keys=True, default=str))
+    if shard or args.merge:
+        return _sharded(args, inputs, eval_inputs, settings, identity, quick, shard, out)
     existing = read_manifest(out) if os.path.isdir(out) else None
     if existing is not None and quick is not None and existing.get("inputs_fingerprint") == quick and not args.force:
         manifest = existing
@@ -214,6 +231,54 @@ def run(args: argparse.Namespace) -> int:
                                   extra_manifest={"inputs_fingerprint": quick})
         print(f"prepare: wrote {manifest['counts']['records_kept']} tokenized records to {args.output} "
               f"({manifest['seconds']:.1f} s)", file=sys.stderr)
+    return _report(args, out, manifest)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`--shard I/N` -> (I, N), 0 <= I < N."""
+    from beam_sft.errors import UsageError
+
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text}: expected I/N, e.g. 0/4 (shard 0 of 4)") from None
+    if count < 1 or not 0 <= index < count:
+        raise UsageError(f"--shard {text}: I/N needs 0 <= I < N")
+    return index, count
+
+
+def _sharded(args: argparse.Namespace, inputs, eval_inputs, settings, identity, quick, shard, out: str) -> int:
+    """--shard I/N (a shard directory) or --merge (the prepared directory from the shards)."""
+    from beam_sft.dataset.prepare import build_prepared, merge_shards
+    from beam_sft.dataset.settings import fingerprint
+
+    tokenizer = _tokenizer(args, settings)
+    if args.quiet:
+        import datasets
+
+        datasets.disable_progress_bars()
+    fp = fingerprint(identity, tokenizer, settings)
+    if shard:
+        manifest = build_prepared(inputs, tokenizer, settings, out, eval_inputs=eval_inputs, num_proc=args.num_proc,
+                                  progress=not args.quiet, identity=identity, fingerprint=fp, shard=shard)
+        print(f"prepare: wrote shard {shard[0]}/{shard[1]} ({len(manifest['own'])} of {manifest['chunks']} chunks) "
+              f"to {args.output} ({manifest['seconds']:.1f} s); join the {shard[1]} shards with --merge",
+              file=sys.stderr)
+        print(args.output)
+        return 0
+    manifest = merge_shards(args.merge, inputs, tokenizer, settings, out, eval_inputs=eval_inputs,
+                            progress=not args.quiet, identity=identity, fingerprint=fp,
+                            extra_manifest={"inputs_fingerprint": quick})
+    print(f"prepare: merged {len(args.merge)} shards: {manifest['counts']['records_kept']} tokenized records in "
+          f"{args.output} ({manifest['seconds']:.1f} s)", file=sys.stderr)
+    return _report(args, out, manifest)
+
+
+def _report(args: argparse.Namespace, out: str, manifest: dict) -> int:
+    """--rejects, --stats, the summary on stderr, the directory on stdout; the exit status."""
+    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason
+    from beam_sft.records.files import REJECTS, atomic_output, write_json_atomic
+
     if args.rejects:
         with atomic_output(args.rejects) as tmp:
             shutil.copyfile(os.path.join(out, REJECTS), tmp)
@@ -282,6 +347,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
     parser.add_argument("--force", action="store_true",
                         help="rebuild DIR even when it was prepared from the same files, tokenizer and settings")
+    parser.add_argument("--shard", metavar="I/N",
+                        help="prepare only shard I of N (chunks I, I+N, ...; 0 <= I < N) into DIR, a shard "
+                             "directory; run all N (on as many machines), then --merge them")
+    parser.add_argument("--merge", nargs="+", metavar="SHARD",
+                        help="write DIR from the N shard directories of --shard runs with these same INPUTs and "
+                             "options: the same bytes a single run writes")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 

@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -312,10 +313,16 @@ def _job(tokenizer, settings: DataSettings):
                        settings.dedup)
 
 
-def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: list[_Chunk], writers, *,
-               draw_eval: bool, chunk_rows: int, progress):
+def _owns(n: int, *, shard: tuple[int, int], base: int) -> bool:
+    """Chunk `base + n` (a part's n-th, numbered across parts) is shard I's of N: I, I + N, I + 2N, ..."""
+    return (base + n) % shard[1] == shard[0]
+
+
+def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: list[_Chunk | None], writers, *,
+               draw_eval: bool, chunk_rows: int, progress, shard: tuple[int, int] | None = None):
     """Pass 1 tasks as the input is read: convert + tokenize, or (when an eval split is to be drawn among the
-    converted records) convert only. Each chunk is appended to `chunks` as its task is made."""
+    converted records) convert only. Each chunk is appended to `chunks` as its task is made; with `shard`
+    (I, N), only chunks I, I + N, I + 2N, ... get a task, the others a None in `chunks`."""
     from beam_sft.dataset import workers
 
     parts = [(inputs, settings.split, settings.max_records, False)]
@@ -331,8 +338,12 @@ def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: 
         else:
             sources = data_sources(part_inputs, split)
         names = [src.name for src in sources]
+        own = None if shard is None else partial(_owns, shard=shard, base=len(chunks))
         for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
-                               prefix="eval" if is_eval else "train", items=items):
+                               prefix="eval" if is_eval else "train", items=items, own=own):
+            if raw is None:
+                chunks.append(None)
+                continue
             raw_path = raw.cache_files[0]["filename"]
             del raw  # its memory map: the worker opens the file itself
             i = len(chunks)
@@ -349,19 +360,29 @@ def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: 
 
 
 def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, tally: _Tally, *, draw_eval: bool,
-                chunk_rows: int, num_proc, progress) -> list[_Chunk]:
-    """Pass 1: read every chunk and run its task (convert + tokenize, or convert only) in the pool."""
+                chunk_rows: int, num_proc, progress, shard: tuple[int, int] | None = None,
+                results_dir: Path | None = None) -> list[_Chunk | None]:
+    """Pass 1: read every chunk and run its task (convert + tokenize, or convert only) in the pool. With `shard`,
+    only this shard's chunks, and each result is written to `results_dir` as it is (`merge_shards` takes them
+    into a tally in chunk order, as this loop does in a single run)."""
     from tqdm import tqdm
 
     from beam_sft.dataset import workers
+    from beam_sft.records.files import write_json_atomic
 
-    chunks: list[_Chunk] = []
+    chunks: list[_Chunk | None] = []
     tasks = _raw_tasks(inputs, eval_inputs, settings, work, chunks, tally.writers, draw_eval=draw_eval,
-                       chunk_rows=chunk_rows, progress=progress)
+                       chunk_rows=chunk_rows, progress=progress, shard=shard)
     with tqdm(desc="converting" if draw_eval else "preparing", unit=" rec", disable=not progress or None,
               mininterval=0.5) as bar:
         for result in workers.run_tasks(tasks, job, num_proc):
             chunk = chunks[result.index]
+            if results_dir is not None:
+                write_json_atomic(str(results_dir / f"part-{result.index:05d}.json"),
+                                  {"names": chunk.names, "is_eval": chunk.is_eval, "result": result.to_json()})
+                bar.update(result.records_in)
+                os.unlink(chunk.raw)
+                continue
             dup_rows = tally.deduplicate(result, chunk)
             if dup_rows and draw_eval:
                 import numpy as np
@@ -372,10 +393,15 @@ def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, ta
             tally.take(result, bar)
             os.unlink(chunks[result.index].raw)
             del result  # its Rows (one per record with dedup) freed before the next chunk's are made
+    if shard is None:
+        _check_some_training(chunks, inputs, tally)
+    return chunks
+
+
+def _check_some_training(chunks: list[_Chunk], inputs, tally: _Tally) -> None:
     if not any(c.n_records for c in chunks if not c.is_eval):
         raise UsageError(f"no usable training records in {', '.join(_input_names(inputs))}: {tally.records_in} read, "
                          f"{sum(tally.rejected.values())} rejected ({dict(tally.rejected)})")
-    return chunks
 
 
 def _tokenize_tasks(chunks: list[_Chunk], eval_mask, writers):
@@ -491,6 +517,7 @@ def build_prepared(
     fingerprint: str | None = None,
     extra_manifest: dict[str, Any] | None = None,
     chunk_rows: int | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Run the whole phase and write a prepared directory at `out_dir` (atomically). Returns its manifest.
 
@@ -504,16 +531,26 @@ def build_prepared(
     to its own shard of the output. When an eval split is drawn among the converted records, every chunk is
     converted first (that fixes the split) and tokenized in a second pass. The output is the same bytes
     whatever `num_proc` is.
+
+    `shard` (I, N): only chunks I, I + N, ... are converted and tokenized (every shard still reads the whole
+    input to number them), and `out_dir` becomes a *shard directory*: their Arrow files and each chunk's
+    result (counts, rejects, dedup keys), with `beam_sft_shard.json`. `merge_shards` turns the N of them
+    into the prepared directory a single run writes, byte for byte. Returns the shard manifest.
     """
-    from beam_sft.records.files import (
-        JsonlSink,
-        remove_stale_temporaries,
-        replace_dir,
-        temporary_path,
-        write_json_atomic,
-    )
+    from beam_sft.records.files import JsonlSink, remove_stale_temporaries, temporary_path
 
     settings.check()
+    draw_eval = not eval_inputs and settings.eval_split_size > 0
+    if shard is not None:
+        _check_shard(shard)
+        if draw_eval:
+            raise UsageError("an eval split drawn among the converted records (eval_split_size) needs all of them "
+                             "first: with shards, give the eval data separately (--eval-split), or prepare without "
+                             "one and train with eval_split_size (it then holds out a seeded share of the rows)")
+        if fingerprint is None:
+            from beam_sft.dataset.settings import fingerprint as run_fingerprint
+
+            fingerprint = run_fingerprint(identity or train_identity(inputs, settings), tokenizer, settings)
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Named like every other temporary output (beam_sft.records.files), so a run killed here is cleaned up by the next.
@@ -522,27 +559,176 @@ def build_prepared(
     started = time.time()
     final = work / "out"
     final.mkdir()
-    rejects = JsonlSink(str(final / REJECTS))
+    rejects = JsonlSink(str(final / REJECTS)) if shard is None else None
     try:
-        draw_eval = not eval_inputs and settings.eval_split_size > 0
         writers = {"train": _SplitWriter(final / "train_parts")}
         if eval_inputs or draw_eval:
             writers["eval"] = _SplitWriter(final / "eval_parts")
         tally = _Tally(rejects, writers, dedup=settings.dedup)
         job = _job(tokenizer, settings)
+        results_dir = None
+        if shard is not None:
+            results_dir = final / "results"
+            results_dir.mkdir()
         chunks = _first_pass(inputs, eval_inputs, settings, work, job, tally, draw_eval=draw_eval,
-                             chunk_rows=chunk_rows or CHUNK_ROWS, num_proc=num_proc, progress=progress)
+                             chunk_rows=chunk_rows or CHUNK_ROWS, num_proc=num_proc, progress=progress, shard=shard,
+                             results_dir=results_dir)
+        if shard is not None:
+            return _finish_shard(final, out, shard, chunks, fingerprint, inputs, writers, started)
         if draw_eval:
             _eval_pass(chunks, settings, job, tally, num_proc=num_proc, progress=progress)
-        stats = _checked_stats(tally)
-        rejects.commit()
+        manifest = _finish(final, out, tally, writers, rejects, tokenizer, settings, inputs, eval_inputs, identity,
+                           fingerprint, started, extra_manifest)
         rejects = None
-        _commit_splits(final, writers, fingerprint)
-        manifest = {**_manifest(tokenizer, settings, inputs, eval_inputs, identity, fingerprint, tally, stats),
-                    "seconds": round(time.time() - started, 3), **(extra_manifest or {})}
-        # Written last: a directory with a manifest is complete.
-        write_json_atomic(str(final / MANIFEST), manifest)
-        replace_dir(final, out)
+        return manifest
+    finally:
+        if rejects is not None:
+            rejects.abort()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _finish(final: Path, out: Path, tally: _Tally, writers, rejects, tokenizer, settings: DataSettings, inputs,
+            eval_inputs, identity, fingerprint, started: float, extra_manifest) -> dict[str, Any]:
+    """Counts checked, rejects and splits committed, the manifest written last, `final` moved to `out`."""
+    from beam_sft.records.files import replace_dir, write_json_atomic
+
+    stats = _checked_stats(tally)
+    rejects.commit()
+    _commit_splits(final, writers, fingerprint)
+    manifest = {**_manifest(tokenizer, settings, inputs, eval_inputs, identity, fingerprint, tally, stats),
+                "seconds": round(time.time() - started, 3), **(extra_manifest or {})}
+    # Written last: a directory with a manifest is complete.
+    write_json_atomic(str(final / MANIFEST), manifest)
+    replace_dir(final, out)
+    return manifest
+
+
+# --- shards: `beam-sft prepare --shard I/N`, then `--merge` ---
+
+SHARD_MANIFEST = "beam_sft_shard.json"
+
+
+def _check_shard(shard: tuple[int, int]) -> None:
+    index, count = shard
+    if count < 1 or not 0 <= index < count:
+        raise UsageError(f"shard {index}/{count}: I/N needs 0 <= I < N")
+
+
+def _finish_shard(final: Path, out: Path, shard: tuple[int, int], chunks, fingerprint: str, inputs, writers,
+                  started: float) -> dict[str, Any]:
+    from beam_sft.records.files import replace_dir, write_json_atomic
+
+    manifest = {"beam_sft_shard": DATA_VERSION, "shard": shard[0], "of": shard[1], "chunks": len(chunks),
+                "own": [i for i, chunk in enumerate(chunks) if chunk is not None], "fingerprint": fingerprint,
+                "inputs": _input_names(inputs), "splits": sorted(writers),
+                "seconds": round(time.time() - started, 3)}
+    write_json_atomic(str(final / SHARD_MANIFEST), manifest)
+    replace_dir(final, out)
+    return manifest
+
+
+def read_shard_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(path) / SHARD_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _shard_set(shard_dirs: Sequence[str | os.PathLike], fingerprint: str | None) -> tuple[list[Path], int]:
+    """The shard directories in shard order (0..N-1, each once, all of one run): refused otherwise, naming what
+    is wrong. Returns them and the number of chunks."""
+    found: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for d in shard_dirs:
+        manifest = read_shard_manifest(d)
+        if manifest is None:
+            raise UsageError(f"{d}: not a shard directory (no {SHARD_MANIFEST}); make one with "
+                             "`beam-sft prepare ... --shard I/N`")
+        if manifest.get("beam_sft_shard") != DATA_VERSION:
+            raise UsageError(f"{d}: written by another beam-sft data version ({manifest.get('beam_sft_shard')}, "
+                             f"this one reads {DATA_VERSION}); prepare it again")
+        if manifest["shard"] in found:
+            raise UsageError(f"{d} and {found[manifest['shard']][0]} are both shard {manifest['shard']}")
+        found[manifest["shard"]] = (Path(d), manifest)
+    first = found[min(found)][1]
+    for path, manifest in found.values():
+        if manifest["fingerprint"] != first["fingerprint"] or manifest["of"] != first["of"] \
+                or manifest["chunks"] != first["chunks"]:
+            raise UsageError(f"{path}: another run's shard (its inputs, tokenizer or settings differ from "
+                             f"{found[min(found)][0]}'s)")
+    if fingerprint is not None and first["fingerprint"] != fingerprint:
+        raise UsageError(f"{found[min(found)][0]}: prepared from other inputs, tokenizer or settings than these "
+                         f"(fingerprint {first['fingerprint']}, here {fingerprint}); merge with the arguments the "
+                         "shards were prepared with")
+    missing = sorted(set(range(first["of"])) - set(found))
+    if missing:
+        raise UsageError(f"shard(s) {', '.join(map(str, missing))} of {first['of']} missing")
+    return [found[i][0] for i in range(first["of"])], first["chunks"]
+
+
+def merge_shards(
+    shard_dirs: Sequence[str | os.PathLike],
+    inputs,
+    tokenizer,
+    settings: DataSettings,
+    out_dir: str | os.PathLike,
+    *,
+    eval_inputs: Sequence[str] | None = None,
+    progress: bool = False,
+    identity: Any = None,
+    fingerprint: str | None = None,
+    extra_manifest: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The N shard directories of one run (`build_prepared(shard=...)`, same inputs and settings as here) ->
+    the prepared directory at `out_dir` a single run writes. Each chunk's result is taken in chunk order, as a
+    single run takes them: duplicates across chunks (and shards) are decided here, first occurrence kept; the
+    shards' Arrow files are copied, never changed. Returns the manifest."""
+    from tqdm import tqdm
+
+    from beam_sft.dataset import workers
+    from beam_sft.records.files import JsonlSink, remove_stale_temporaries, temporary_path
+
+    settings.check()
+    if not eval_inputs and settings.eval_split_size > 0:
+        raise UsageError("shards hold no eval split drawn among the records (eval_split_size): merge without it")
+    dirs, n_chunks = _shard_set(shard_dirs, fingerprint)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
+    work = temporary_path(out, directory=True)
+    started = time.time()
+    final = work / "out"
+    final.mkdir()
+    rejects = JsonlSink(str(final / REJECTS))
+    try:
+        writers = {"train": _SplitWriter(final / "train_parts")}
+        if eval_inputs:
+            writers["eval"] = _SplitWriter(final / "eval_parts")
+        tally = _Tally(rejects, writers, dedup=settings.dedup)
+        chunks = []
+        with tqdm(desc="merging", unit=" rec", disable=not progress or None, mininterval=0.5) as bar:
+            for i in range(n_chunks):
+                shard = dirs[i % len(dirs)]
+                try:
+                    data = json.loads((shard / "results" / f"part-{i:05d}.json").read_text(encoding="utf-8"))
+                except (OSError, ValueError) as err:
+                    raise UsageError(f"{shard}: chunk {i}'s result is missing or unreadable ({err}); prepare "
+                                     "that shard again") from err
+                result = workers.Result.from_json(data["result"])
+                for split, name in result.shards.items():
+                    if split not in writers:
+                        raise UsageError(f"{shard}: holds a {split} split that these arguments do not make")
+                    copy = workers.shard_path(writers[split].dir, i)
+                    shutil.copyfile(shard / f"{split}_parts" / name, copy)
+                    result.shards[split] = copy
+                chunk = _Chunk("", None, data["names"], data["is_eval"])
+                tally.deduplicate(result, chunk)
+                chunk.n_records = result.n_records
+                chunks.append(chunk)
+                tally.take(result, bar)
+        _check_some_training(chunks, inputs, tally)
+        manifest = _finish(final, out, tally, writers, rejects, tokenizer, settings, inputs, eval_inputs, identity,
+                           fingerprint, started, extra_manifest)
+        rejects = None
         return manifest
     finally:
         if rejects is not None:

@@ -45,12 +45,14 @@ def _raw_schema():
 
 
 def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None = None, limit: int | None = None,
-                progress: bool = False, prefix: str = "raw", items=None) -> Iterator[Any]:
+                progress: bool = False, prefix: str = "raw", items=None, own=None) -> Iterator[Any]:
     """The input records of `sources`, `chunk_rows` at a time, each chunk a memory-mapped Arrow dataset.
 
     Reads through `beam_sft.records.files.iter_items` (the readers `convert-dataset` uses), writing record batches as it
     goes; a chunk's file is written completely before it is yielded, the next one after the caller is done
     with it. Unreadable rows carry their `RecordError`. At least one (maybe empty) chunk is yielded.
+    `own(n)` False: chunk n is another shard's (`beam-sft prepare --shard`): its rows are counted through, not
+    written, and None is yielded in its place, so every shard numbers the chunks alike.
     """
     import pyarrow as pa
     from datasets import Dataset
@@ -67,6 +69,20 @@ def read_chunks(sources, work_dir: str | os.PathLike, *, chunk_rows: int | None 
     n_chunk = 0
     done = False
     while not done:
+        if own is not None and not own(n_chunk):
+            rows = 0
+            for _ in items:  # a JSONL line is not even parsed: another shard converts it
+                rows += 1
+                if rows == chunk_rows:
+                    break
+            else:
+                done = True
+            bar.update(rows)
+            if rows == 0 and n_chunk > 0:
+                break
+            yield None
+            n_chunk += 1
+            continue
         path = os.path.join(os.fspath(work_dir), f"{prefix}-{n_chunk:05d}.arrow")
         rows = 0
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:

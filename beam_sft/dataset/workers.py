@@ -109,6 +109,26 @@ class Result:
     eval_sources: list[int] = field(default_factory=list)
 
 
+    def to_json(self) -> dict[str, Any]:
+        """The result as JSON (a `beam-sft prepare --shard` run keeps one per chunk for the merge to replay);
+        `shards` then holds file names, relative to the shard's split directories."""
+        return {"index": self.index, "records_in": self.records_in, "n_records": self.n_records,
+                "rejected": dict(self.rejected), "rejects": self.rejects,
+                "stats": {k: dict(v) for k, v in self.stats.items()},
+                "shards": {k: os.path.basename(v) for k, v in self.shards.items()},
+                "reasoning": dict(self.reasoning), "eval_sources": self.eval_sources,
+                "rows": [[r.key, r.src, r.pos, r.by_line, list(r.reasoning), r.split, r.shard_row, r.reject, r.index,
+                          r.stats] for r in self.rows]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Result:
+        rows = [Row(key, src, pos, by_line, tuple(reasoning), split, shard_row, reject, index, stats)
+                for key, src, pos, by_line, reasoning, split, shard_row, reject, index, stats in data["rows"]]
+        return cls(data["index"], data["records_in"], data["n_records"], Counter(data["rejected"]), data["rejects"],
+                   {k: Counter(v) for k, v in data["stats"].items()}, dict(data["shards"]),
+                   Counter(data["reasoning"]), rows, data["eval_sources"])
+
+
 @dataclass(slots=True)  # one per converted record of a chunk with dedup: no __dict__ each
 class Row:
     """One record's part of a Result: its key, provenance, split, and where it went (a shard row, a reject, or
