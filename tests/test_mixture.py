@@ -144,3 +144,116 @@ def test_prepare_config_and_train_data_phase_agree(tok, tmp_path, capsys):
     capsys.readouterr()
     assert main(["prepare", files["A"], "--config", str(config), "-o", str(tmp_path / "q"), "-q"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ streamed
+
+
+def test_a_streamed_mixture_draws_its_shares_seeded_and_stops_when_a_source_runs_out(tmp_path):
+    from beam_sft.dataset.mixture import resolve
+
+    files = _files(tmp_path)
+    big = tmp_path / "D.jsonl"
+    big.write_bytes(b"".join(orjson.dumps(_openai("D", i)) + b"\n" for i in range(3000)))
+    entries = [{"path": str(big), "fraction": 0.75}, {"path": files["C"], "fraction": 0.05, "format": "sharegpt"},
+               {"path": files["A"], "fraction": 0.2, "max_records": 1000}]
+    mixture = resolve(entries, seed=3, count=False)
+    assert [plan.rows for plan in mixture.plans] == [None, None, None]  # nothing read to plan it
+    with pytest.raises(UsageError, match="streamed_items"):
+        next(mixture.items())
+    rows = [(item.source, item.position) for item in mixture.streamed_items()]
+    again = [(item.source, item.position) for item in resolve(entries, seed=3, count=False).streamed_items()]
+    other = [(item.source, item.position) for item in resolve(entries, seed=4, count=False).streamed_items()]
+    assert rows == again and rows != other
+    tags = Counter(src for src, _ in rows)
+    # A (30 rows at 20%) runs out first: the stream ends there, near TRL's N = 30 / 0.2 = 150 rows
+    assert tags[files["A"]] == 30 and 100 <= len(rows) <= 220
+    assert abs(tags[str(big)] / len(rows) - 0.75) < 0.1 and tags[files["C"]] < 50
+    for src in tags:  # each source in file order, none read twice
+        positions = [pos for s, pos in rows if s == src]
+        assert positions == list(range(1, len(positions) + 1))
+    # no fractions: every row, source after source, max_records bounding each
+    plain = resolve([{"path": files["A"], "max_records": 7}, {"path": files["B"]}], count=False)
+    assert [(s.rsplit("/", 1)[1], n) for s, n in Counter(i.source for i in plain.streamed_items()).items()] == [
+        ("A.jsonl", 7), ("B.jsonl", 20)]
+    with pytest.raises(UsageError, match="use --shuffle_buffer"):
+        resolve([{"path": files["A"], "shuffle": True}], count=False)
+    with pytest.raises(UsageError, match="either all"):
+        resolve([{"path": files["A"], "fraction": 0.5}, {"path": files["B"]}], count=False)
+
+
+def test_a_streamed_mixture_trains_each_source_in_its_format_and_shards_by_rank(tok, tmp_path):
+    """stream_training_data on a mixture: every source converted with its own format (the sharegpt one too),
+    the two ranks' shards disjoint, together the whole mixed sequence."""
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from beam_sft.dataset.mixture import resolve
+    from beam_sft.dataset.stream import stream_training_data
+
+    files = _files(tmp_path)
+    entries = [{"path": files["A"], "fraction": 0.5}, {"path": files["C"], "fraction": 0.5, "format": "sharegpt"}]
+    mixture = resolve(entries, seed=1, count=False)
+    expected = len(list(mixture.streamed_items()))
+    stream = stream_training_data(resolve(entries, seed=1, count=False), tok, DataSettings(seed=1), world_size=2,
+                                  rejects_dir=tmp_path / "rej")
+    parts = []
+    for rank in (0, 1):
+        loader = prepare_data_loader(DataLoader(stream, batch_size=None), num_processes=2, process_index=rank,
+                                     dispatch_batches=False)
+        parts.append([tok.decode(row["input_ids"]) for row in loader])
+    texts = parts[0] + parts[1]
+    assert len(texts) == expected and len(set(texts)) == expected and parts[0] and parts[1]
+    tags = Counter(next(tag for tag in "AC" if f"{tag}-" in t) for t in texts)
+    assert tags["A"] == 30 and tags["C"] > 10  # C's rows (sharegpt, <think>) converted, not rejected
+    assert not (tmp_path / "rej").exists()  # nothing rejected
+
+
+def test_train_streams_a_mixture_config(tmp_path):
+    """scripts/train.py --config with `datasets:` and --streaming true: checked, dry-run plan names the shares."""
+    from beam_sft.train.config import ScriptArguments
+    from beam_sft.train.data import streamed_note, training_inputs
+
+    files = _files(tmp_path)
+    entries = [{"path": files["A"], "fraction": 0.6, "label": "tools"},
+               {"path": files["C"], "fraction": 0.4, "format": "sharegpt", "max_records": 10}]
+    args = ScriptArguments(datasets=entries, streaming=True)
+    inputs = training_inputs(args, seed=0)
+    assert all(plan.rows is None for plan in inputs.plans)
+    assert streamed_note(inputs) == "a mixture of tools (60% of the rows), c (40% of the rows, at most 10)"
+
+
+def test_scripts_train_trains_on_a_streamed_mixture(tmp_path, capsys):
+    """The whole run: `datasets:` + `streaming: true` (each source its format, one with max_records), 3 steps,
+    nothing cached, the log naming the shares."""
+    import logging
+
+    import torch
+
+    from beam_sft.train.sft import main, make_parser
+
+    torch.set_num_threads(1)
+    files = _files(tmp_path)
+    config = tmp_path / "stream.yaml"
+    config.write_text(yaml.safe_dump({
+        "datasets": [{"path": files["A"], "fraction": 0.5, "label": "maths"},
+                     {"path": "json", "data_files": files["C"], "format": "sharegpt", "fraction": 0.5,
+                      "max_records": 12}],
+        "streaming": True, "seed": 0, "max_length": 256, "per_device_train_batch_size": 2, "max_steps": 3,
+        "learning_rate": 3e-3, "warmup_steps": 0, "logging_steps": 1, "save_strategy": "no", "use_cpu": True,
+        "bf16": False, "activation_checkpointing": False, "report_to": "none", "disable_tqdm": True,
+        "dataloader_num_workers": 0, "output_dir": str(tmp_path / "out")}))
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("beam_sft").addHandler(handler)
+    try:
+        main(*make_parser().parse_args_and_config(["--config", str(config), "--prepared_cache_dir",
+                                                   str(tmp_path / "cache")]))
+    finally:
+        logging.getLogger("beam_sft").removeHandler(handler)
+    assert "trained 3 steps" in capsys.readouterr().out
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert not (tmp_path / "cache").exists()
+    assert any("a mixture of maths (50% of the rows), c (50% of the rows, at most 12)" in r.getMessage()
+               for r in records)

@@ -21,6 +21,11 @@ mixture size that takes no source beyond its rows; without fractions every row i
 the rows TRL would load are the rows converted here, then validated, deduplicated and tokenized like any
 input.
 
+Streamed (`scripts/train.py --streaming`), nothing is counted first: without fractions every row is read,
+source after source; with fractions the next row's source is a seeded draw by share, until a source runs
+out (`Mixture.streamed_items`). `max_records` still bounds each source; `shuffle` is refused (use
+--shuffle_buffer).
+
 A hub dataset (an id, or a local directory laid out like a hub repository: a README.md with `configs:`) is
 read by `datasets.load_dataset(path, name, split=..., data_dir=..., data_files=..., revision=...)`, as TRL
 reads it (`revision` is beam-sft's key: TRL's DatasetConfig has none). `columns`: TRL's list of columns to
@@ -152,8 +157,8 @@ class SourcePlan:
 
     entry: MixtureSource
     files: list[Source]
-    rows: int
-    taken: int = 0
+    rows: int | None  # None: not counted (a streamed mixture)
+    taken: int | None = 0
 
 
 @dataclass
@@ -172,17 +177,44 @@ class Mixture:
         """The taken rows (`beam_sft.records.files.Item`), source after source, each in file order."""
         import numpy as np
 
+        if any(plan.rows is None for plan in self.plans):
+            raise UsageError("a streamed mixture (not counted) is read with streamed_items()")
         for plan in self.plans:
             shuffle = plan.entry.shuffle
             chosen = None
             if shuffle is not False and shuffle is not None and plan.taken < plan.rows:
                 seed = self.seed if shuffle is True else int(shuffle)
-                chosen = set(np.random.default_rng(seed).choice(plan.rows, size=plan.taken, replace=False).tolist())
+                # one byte per row, not a set of Python ints: 10 MB at 10^7 rows instead of ~500 MB
+                chosen = np.zeros(plan.rows, dtype=bool)
+                chosen[np.random.default_rng(seed).choice(plan.rows, size=plan.taken, replace=False)] = True
             for i, item in enumerate(iter_items(plan.files, limit=plan.rows)):
                 if chosen is None and i >= plan.taken:
                     break
-                if chosen is None or i in chosen:
+                if chosen is None or chosen[i]:
                     yield item
+
+    def streamed_items(self) -> Iterator[Any]:
+        """The rows of a mixture that is not counted first (`resolve(count=False)`, for streaming): without
+        fractions every row, source after source (as TRL concatenates them); with fractions a seeded draw of
+        the next source by its share, row after row (`datasets.interleave_datasets` with probabilities), until
+        a source with a share runs out, so no source is read past its rows, as TRL's rule takes none beyond
+        them. `max_records` bounds each source. The same seed gives the same sequence on every rank."""
+        import numpy as np
+
+        streams = [iter_items(plan.files, limit=plan.entry.max_records) for plan in self.plans]
+        fractions = [plan.entry.fraction for plan in self.plans]
+        if all(f is None for f in fractions):
+            for stream in streams:
+                yield from stream
+            return
+        weights = np.asarray(shares(fractions))
+        rng = np.random.default_rng(self.seed)
+        while True:
+            for k in rng.choice(len(streams), size=1024, p=weights).tolist():
+                item = next(streams[k], None)
+                if item is None:
+                    return
+                yield item
 
     def formats(self, default: str) -> list[str]:
         """The converter of every file of `sources`, in order."""
@@ -215,33 +247,51 @@ class Mixture:
         return [{**asdict(plan.entry), "rows": plan.rows, "taken": plan.taken} for plan in self.plans]
 
 
-def taken_counts(rows: list[int], fractions: list[float | None]) -> list[int]:
-    """TRL's rule: with every fraction set, shares normalised, N the largest mixture that oversamples no source,
-    round(share * N) rows of each; with none set, every row. Mixed: an error, as in TRL."""
-    if all(f is None for f in fractions):
-        return list(rows)
+def shares(fractions: list[float | None]) -> list[float]:
+    """The fractions normalised to sum to one (every one set: mixed is an error, as in TRL)."""
     if any(f is None for f in fractions):
         raise UsageError("`fraction` must be set for either all datasets in the mixture or none of them")
     total_share = sum(fractions)
     if total_share <= 0:
         raise UsageError("the fractions of the mixture sum to 0")
-    weights = [f / total_share for f in fractions]
+    return [f / total_share for f in fractions]
+
+
+def taken_counts(rows: list[int], fractions: list[float | None]) -> list[int]:
+    """TRL's rule: with every fraction set, shares normalised, N the largest mixture that oversamples no source,
+    round(share * N) rows of each; with none set, every row. Mixed: an error, as in TRL."""
+    if all(f is None for f in fractions):
+        return list(rows)
+    weights = shares(fractions)
     total = min(n / w for n, w in zip(rows, weights, strict=True) if w > 0)
     return [round(w * total) for w in weights]
 
 
 def resolve(entries: list[dict[str, Any]], *, base: str | os.PathLike = ".", seed: int = 0,
-            where: str = "datasets", settings: dict[str, Any] | None = None) -> Mixture:
+            where: str = "datasets", settings: dict[str, Any] | None = None, count: bool = True) -> Mixture:
     """`datasets:` entries (dicts, as YAML gives them) -> a Mixture: files found, rows counted (one read of
-    each source), TRL's fraction rule applied."""
+    each source), TRL's fraction rule applied. `count=False` (streaming): nothing is read; rows and taken
+    stay None and the shares are drawn while streaming (`Mixture.streamed_items`)."""
     if not entries:
         raise UsageError(f"{where}: the `datasets` list is empty")
     plans = []
     for entry in entries:
         spec = MixtureSource.from_dict(entry, where)
         files = spec.sources(Path(base))
+        if not count:
+            if spec.shuffle not in (False, None):
+                raise UsageError(f"{where}: `shuffle` of dataset {spec.path!r} samples counted rows; a streamed "
+                                 "mixture is not counted: drop it and use --shuffle_buffer")
+            for src in files:  # a hub split arrives as it downloads, not after a full download
+                src.streaming = src.kind == "hub"
+            plans.append(SourcePlan(spec, files, None))
+            continue
         rows = sum(1 for _ in iter_items(files, limit=spec.max_records))
         plans.append(SourcePlan(spec, files, rows))
+    if not count:
+        if not all(p.entry.fraction is None for p in plans):
+            shares([p.entry.fraction for p in plans])  # refused now if mixed or all zero
+        return Mixture(plans, seed, dict(settings or {}))
     for plan, taken in zip(plans, taken_counts([p.rows for p in plans], [p.entry.fraction for p in plans]),
                            strict=True):
         plan.taken = taken

@@ -20,13 +20,17 @@ from beam_sft.records.files import data_sources
 logger = logging.getLogger(__name__)
 
 
-def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | None, names: tuple):
-    """Raw rows of the given shards: shard s holds input records s, s + n_shards, s + 2 n_shards, ..."""
+def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | None, names: tuple, mixture=None):
+    """Raw rows of the given shards: shard s holds input records s, s + n_shards, s + 2 n_shards, ... (of a
+    mixture: of its seeded sequence, the same on every rank)."""
+    from itertools import islice
+
     from beam_sft.records.files import iter_items
 
     index = {name: i for i, name in enumerate(names)}
     wanted = set(shard)
-    for i, item in enumerate(iter_items(list(sources), limit=limit)):
+    items = iter_items(list(sources), limit=limit) if mixture is None else islice(mixture.streamed_items(), limit)
+    for i, item in enumerate(items):
         if i % n_shards not in wanted:
             continue  # another rank's record: skipped before parsing, converting or tokenizing
         err = item.error
@@ -84,9 +88,13 @@ def stream_training_data(
     `shuffle_buffer` N: records come out of a seeded buffer of N raw records (`datasets`'
     `IterableDataset.shuffle`: `settings.seed`, plus the epoch the Trainer sets), so memory stays bounded by N
     records; the same seed gives the same order.
+    `inputs` may be a `datasets:` mixture resolved without counting (`beam_sft.dataset.mixture.resolve(...,
+    count=False)`): its shares are drawn as the rows stream (`Mixture.streamed_items`), each source with its
+    own format, missing-reasoning policy and `max_records`.
     """
     from datasets import Features, IterableDataset, Value
 
+    from beam_sft.dataset.mixture import Mixture
     from beam_sft.template.tokenizer import stop_token_ids
 
     if isinstance(inputs, str):
@@ -94,25 +102,27 @@ def stream_training_data(
     settings.check()
     if settings.eval_split_size:
         raise UsageError("streaming has no eval split (eval_split_size): pass eval_dataset_name, or prepare the data")
-    sources = data_sources(inputs, settings.split)
+    mixture = inputs if isinstance(inputs, Mixture) else None
+    sources = mixture.sources if mixture else data_sources(inputs, settings.split)
     for source in sources:  # a hub split arrives as it downloads, not after a full download
         source.streaming = source.kind == "hub"
     names = tuple(s.name for s in sources)
+    fmt = mixture.formats(settings.format) if mixture else settings.format
+    policy = mixture.policies(settings.missing_reasoning) if mixture else settings.missing_reasoning
     n_shards = max(1, world_size) * max(1, shards_per_rank)
     raw_features = Features({"src": Value("int32"), "pos": Value("int64"), "by_line": Value("bool"),
                              "payload": Value("large_binary"), "error": Value("string")})
     raw = IterableDataset.from_generator(
         _stream_rows, features=raw_features,
         gen_kwargs={"shard": list(range(n_shards)), "sources": tuple(sources), "n_shards": n_shards,
-                    "limit": settings.max_records, "names": names},
+                    "limit": settings.max_records, "names": names, "mixture": mixture},
     )
     if shuffle_buffer:
         if shuffle_buffer < 1:
             raise UsageError("shuffle_buffer must be at least 1")
         raw = raw.shuffle(seed=settings.seed, buffer_size=shuffle_buffer)
     converted = raw.map(_convert_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["payload", "error"],
-                        fn_kwargs={"fmt": settings.format, "names": list(names),
-                                   "missing_reasoning": settings.missing_reasoning})
+                        fn_kwargs={"fmt": fmt, "names": list(names), "missing_reasoning": policy})
     converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
     converted = converted.select_columns(["src", "pos", "by_line", "record"])
     tokenized = converted.map(

@@ -32,14 +32,16 @@ def source_options(script_args, *, hub: bool = True) -> dict[str, Any]:
 
 
 def training_inputs(script_args, *, seed: int = 0, base: str | os.PathLike = "."):
-    """What the data phase reads: the `datasets:` mixture of the config (beam_sft.dataset.mixture), resolved,
-    else `dataset_name` (its sources, when hub options or columns are set)."""
+    """What the data phase reads: the `datasets:` mixture of the config (beam_sft.dataset.mixture), resolved
+    (with --streaming not counted: its shares are drawn as it streams), else `dataset_name` (its sources, when
+    hub options or columns are set)."""
     if getattr(script_args, "datasets", None):
         from beam_sft.dataset.mixture import resolve
 
         entries = [e if isinstance(e, dict) else {k: v for k, v in vars(e).items() if v is not None}
                    for e in script_args.datasets]
-        return resolve(entries, base=base, seed=seed, where="datasets (--config)")
+        return resolve(entries, base=base, seed=seed, where="datasets (--config)",
+                       count=not getattr(script_args, "streaming", False))
     options = source_options(script_args)
     if not options:
         return script_args.dataset_name
@@ -89,6 +91,21 @@ def prepared_mixture_note(inputs) -> str | None:
                      f"({p.taken}/{p.rows})" for p in plans)
 
 
+def streamed_note(inputs) -> str | None:
+    """One line naming a streamed mixture's entries and shares (None for plain inputs)."""
+    plans = getattr(inputs, "plans", None)
+    if not plans:
+        return None
+    from beam_sft.dataset.mixture import shares
+
+    fractions = [p.entry.fraction for p in plans]
+    weights = shares(fractions) if fractions[0] is not None else [None] * len(plans)
+    return "a mixture of " + ", ".join(
+        f"{label} ({'every row, in turn' if w is None else f'{100 * w:.0f}% of the rows'}"
+        f"{'' if p.entry.max_records is None else f', at most {p.entry.max_records}'})"
+        for label, p, w in zip(inputs.labels(), plans, weights, strict=True))
+
+
 def _note_eval_sources(prepared, stats: dict[str, Any]) -> None:
     """Which rows of the eval split each mixture source holds (beam_sft.train.source_eval), into the stats."""
     if prepared.manifest.get("eval_sources") and prepared.eval is not None:
@@ -129,8 +146,8 @@ def training_datasets(
         if eval_dataset_name:
             eval_ds = stream_training_data(eval_dataset_name, tokenizer, replace(settings, split="test",
                                            max_records=None), world_size=world_size, rejects_dir=output_dir)
-        logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)", source_names(dataset_name),
-                    train.n_shards)
+        logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)",
+                    streamed_note(dataset_name) or source_names(dataset_name), train.n_shards)
         return train, eval_ds, {}
     if counts_mixture := prepared_mixture_note(dataset_name):
         logger.info("data: mixture of %s", counts_mixture)

@@ -193,7 +193,10 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
     plan.add("parameters", f"{total:,} ({trainable:,} trainable)")
     settings = data_settings(script_args, training_args)
     if script_args.streaming:
-        plan.add("data", f"{script_args.dataset_name}: streamed, not counted")
+        from beam_sft.train.data import streamed_note
+
+        plan.add("data", f"{streamed_note(training_inputs(script_args, seed=training_args.seed)) or script_args.dataset_name}"
+                         ": streamed, not counted")
         plan.add("steps", training_args.max_steps)
         stats, rows, longest = {}, None, training_args.max_length
     else:

@@ -33,9 +33,9 @@ def check_arguments(script_args, training_args) -> None:
     if script_args.dataset_name is None and not mixture:
         raise UsageError("--dataset_name is required (a file, a directory, or a hub dataset id), or a `datasets:` "
                          "list in the --config YAML")
-    if mixture and (script_args.dataset_name or script_args.streaming or beam_eval_wanted(script_args, training_args)):
-        raise UsageError("a `datasets:` mixture takes the place of dataset_name, and does not stream, "
-                         "eval_beam, eval_beam_steps or eval_beam_on_evaluate yet")
+    if mixture and (script_args.dataset_name or beam_eval_wanted(script_args, training_args)):
+        raise UsageError("a `datasets:` mixture takes the place of dataset_name, and does not run eval_beam, "
+                         "eval_beam_steps or eval_beam_on_evaluate yet")
     if training_args.use_liger_kernel:
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
