@@ -24,7 +24,9 @@ Rows:
 * base: the encoder against TRL on the Llama 3 and Qwen3 vocabularies (scripts/build_base_tokenizer.py),
   with ids and masks compared;
 * dedup: `beam-sft prepare --num-proc 1` with exact deduplication on (default) and off (`--keep-duplicates`)
-  at each size, on records 10% of which are copies of earlier ones: CPU rate on / off, peak RSS of both.
+  at each size, on records 10% of which are copies of earlier ones: CPU rate on / off, peak RSS of both;
+* shards: `--shard 0/2`, `--shard 1/2` and `--merge` on the first size (10% copies) beside one run: CPU,
+  wall and peak RSS of each step, and whether the merged directory has the single run's bytes.
 
 ```bash
 python -m benchmarks prepare --json /tmp/bench_prepare.json            # o200k tokenizer, 20k and 80k records
@@ -379,6 +381,38 @@ def _dedup_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int],
     return start
 
 
+def _shard_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int], tokenizer_path: str) -> int:
+    """`beam-sft prepare --shard I/2` twice and `--merge`, on the first size (10% copies, so the merge decides
+    duplicates across shards), beside one `--num-proc 1` run of the same input: CPU and wall per step, peak
+    RSS, and whether the merged directory holds the single run's bytes."""
+    if "shards" not in args.rows:
+        return start
+    size = sizes[0]
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+        work = Path(tmp)
+        src = work / f"shards-{size}.jsonl"
+        write_jsonl(with_duplicates(derived(pool, size, start, False), 0.1), src)
+        start += size
+        _log(f"shards: one run, {size} records")
+        one = bench_prepare_run(src, work / "one", 1, tokenizer_path, work)
+        steps = []
+        for i in range(2):
+            _log(f"shards: shard {i}/2")
+            command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(work / f"shard{i}"), "-q",
+                       "--missing-reasoning", "keep", "--max-length", "0", "--num-proc", "1", "--shard", f"{i}/2",
+                       *(["--tokenizer", tokenizer_path] if tokenizer_path else [])]
+            steps.append({"step": f"shard {i}/2", **_measured(command, work / f"shard{i}.rusage.json",
+                                                              work / f"shard{i}.log")})
+        _log("shards: merge")
+        merged = bench_prepare_run(src, work / "merged", 1, tokenizer_path, work,
+                                   ("--merge", str(work / "shard0"), str(work / "shard1")))
+        steps.append({"step": "merge", **{k: merged[k] for k in ("cpu_s", "wall_s", "peak_rss_mb")}})
+    fig["shards"] = {"size": size, "records": one["records"], "one_run": {k: one[k] for k in (
+        "cpu_s", "wall_s", "peak_rss_mb", "data_sha256")}, "steps": steps, "merged_sha256": merged["data_sha256"],
+        "same_bytes": merged["data_sha256"] == one["data_sha256"], "counts_equal": merged["kept"] == one["kept"]}
+    return start
+
+
 def _dedup_summary(runs: list[dict]) -> list[dict]:
     import statistics
 
@@ -397,7 +431,7 @@ def _dedup_summary(runs: list[dict]) -> list[dict]:
     return out
 
 
-ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "convert", "base", "dedup")
+ROWS = ("setup", "encoder", "trl", "breakdown", "prepare", "convert", "base", "dedup", "shards")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -557,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     start = _side_by_side_rows(args, fig, tok, pool, start, sizes, tokenizer_path, n_encoder)
     start = _convert_rows(args, fig, pool, start, sizes)
     start = _dedup_rows(args, fig, pool, start, sizes, tokenizer_path)
+    start = _shard_rows(args, fig, pool, start, sizes, tokenizer_path)
     if "base" in args.rows:
         from build_base_tokenizer import cached_build as base_build
 
@@ -645,6 +680,14 @@ def summary(fig: dict) -> list[str]:
         lines.append(f"dedup {row['size']:,} records (+10% copies): CPU rate on/off {row['on_vs_off']:.3f} "
                      f"(goal >= 0.9; {row['ratios']}), kept {row['kept_on']:,} of {row['records_in']:,}, peak RSS "
                      f"{row['peak_rss_mb_on']:,.0f} MiB on, {row['peak_rss_mb_off']:,.0f} MiB off")
+    if fig.get("shards"):
+        sh = fig["shards"]
+        shard_cpu = max(step["cpu_s"] for step in sh["steps"] if step["step"] != "merge")
+        merge = next(step for step in sh["steps"] if step["step"] == "merge")
+        lines.append(f"shards {sh['size']:,} records (+10% copies): each of 2 shards {shard_cpu:.0f} CPU-s at most, merge "
+                     f"{merge['cpu_s']:.0f} CPU-s, one run {sh['one_run']['cpu_s']:.0f} CPU-s; peak RSS shard "
+                     f"{max(s['peak_rss_mb'] for s in sh['steps']):,.0f} MiB, one run {sh['one_run']['peak_rss_mb']:,.0f} "
+                     f"MiB; merged = one run byte for byte: {sh['same_bytes']}")
     return lines
 
 
