@@ -99,7 +99,11 @@ def _unique(text, tag: str):
 
 def derived(pool: list[dict], n: int, start: int, unique_tools: bool) -> list[dict]:
     """Records start .. start+n-1: sample i mod len(pool), every message's text made unique by its number."""
-    out = []
+    return list(iter_derived(pool, n, start, unique_tools))
+
+
+def iter_derived(pool: list[dict], n: int, start: int, unique_tools: bool):
+    """`derived`, one record at a time: a 10^6-record input file written without 10^6 dicts in memory."""
     for i in range(start, start + n):
         record = copy.deepcopy(pool[i % len(pool)])
         for k, message in enumerate(record["messages"]):
@@ -110,8 +114,7 @@ def derived(pool: list[dict], n: int, start: int, unique_tools: bool) -> list[di
             for tool in record["tools"]:
                 fn = tool.get("function", tool)
                 fn["description"] = f"{fn.get('description') or fn['name']} (variant {i})"
-        out.append(record)
-    return out
+        yield record
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -335,7 +338,7 @@ def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
             "other_s": other, "other_share": other / total, "records_per_cpu_s": records / total}
 
 
-def write_jsonl(records: list[dict], path: Path) -> None:
+def write_jsonl(records, path: Path) -> None:
     import orjson
 
     with open(path, "wb") as f:
@@ -470,7 +473,7 @@ def _side_by_side_rows(args, fig: dict, tok, pool: list[dict], start: int, sizes
         work = Path(tmp)
         if "prepare" in args.rows:
             for size in sizes:
-                write_jsonl(derived(pool, size, start, False), work / f"records-{size}.jsonl")
+                write_jsonl(iter_derived(pool, size, start, False), work / f"records-{size}.jsonl")
                 start += size
         for rep in range(args.repeat):
             for name, unique_tools in variants:

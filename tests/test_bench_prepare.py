@@ -15,7 +15,7 @@ def test_bench_prepare_smoke(tmp_path):
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, "-m", "benchmarks", "--no-record", "prepare", "--tokenizer", str(REPO / "data" / "tokenizer"),
                     "--records", "120", "--num-proc", "1", "2", "--encoder-records", "60", "--trl-records", "30",
-                    "--breakdown-records", "60", "--repeat", "2", "--rows", "setup", "encoder", "trl", "breakdown", "prepare", "convert",
+                    "--breakdown-records", "60", "--repeat", "2", "--rows", "setup", "encoder", "trl", "breakdown", "prepare", "convert", "shards",
                     "--json", str(out), "--work-dir", str(tmp_path)], check=True, capture_output=True, cwd=REPO)
     fig = json.loads(out.read_text())
     assert fig["pool"] > 100
@@ -36,6 +36,9 @@ def test_bench_prepare_smoke(tmp_path):
     assert any("same bytes in every run: True" in line for line in fig["summary"])
     conv = {run["num_proc"]: run for run in fig["convert"]}
     assert conv[1]["records"] == 120 and conv[1]["output_sha256"] == conv[2]["output_sha256"]
+    shards = fig["shards"]  # 2 shards + merge: the single run's bytes
+    assert shards["same_bytes"] and shards["merged_sha256"] == shards["one_run"]["data_sha256"]
+    assert [step["step"] for step in shards["steps"]] == ["shard 0/2", "shard 1/2", "merge"]
 
 
 def test_derived_records_are_unique_and_keep_the_tools():

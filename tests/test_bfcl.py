@@ -87,6 +87,31 @@ def test_every_category_converts_to_beam_prompts(tok):
                     stack += [schema["items"]] if isinstance(schema.get("items"), dict) else []
 
 
+def test_history_turns_without_reasoning_render_alike_offline_and_served(tok):
+    """8 live_irrelevance entries carry BFCL's own assistant turns, with no reasoning: the turn asks the server
+    to allow that (our vLLM recipe refuses missing reasoning by default: a 400 on these, found on the LoRA
+    model's served run), and the request carries it; the offline prompt is the same text."""
+    from beam_sft.eval.openai_backend import OpenAIBackend
+
+    entries = checker.load_entries("live_irrelevance", 1000)
+    with_history = [e for e in entries if any(m.get("role") == "assistant" for m in prompts.messages(e, "beam"))]
+    assert len(with_history) == 8
+    for entry in with_history:
+        turn = make_turn(tok, entry, "beam")
+        assert turn.template_kwargs == {"allow_missing_thinking": True}, entry.id
+        with pytest.raises(Exception, match="missing its reasoning"):
+            tok.apply_chat_template(turn.messages, tools=turn.tools, tokenize=False, add_generation_prompt=True,
+                                    allow_missing_thinking=False)
+        assert turn.prompt == tok.apply_chat_template(turn.messages, tools=turn.tools, tokenize=False,
+                                                      add_generation_prompt=True)
+    backend = OpenAIBackend.__new__(OpenAIBackend)
+    backend.model, backend.max_new_tokens, backend.token_ids = "beam", 8, True
+    request = backend.request(make_turn(tok, with_history[0], "beam"))
+    assert request["extra_body"]["chat_template_kwargs"] == {"allow_missing_thinking": True}
+    plain = next(e for e in entries if e not in with_history)
+    assert make_turn(tok, plain, "beam").template_kwargs == {}
+
+
 def test_known_good_outputs_score_one_and_breaks_are_named(tok):
     good = Scripted(tok, lambda t: render(tok, t, good_calls(t.entry)) if t.entry.answer is not None
                     else render(tok, t, content="None of the declared functions can do that."))

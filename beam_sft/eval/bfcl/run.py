@@ -96,14 +96,22 @@ class BfclResult:
                                       if self.generation_seconds else None)}
 
 
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
 def make_turn(tokenizer, entry: checker.Entry, style: str) -> BfclTurn:
     conversation = prompts.messages(entry, style)
     declared = prompts.tools(entry) if style == "beam" else None
+    # BFCL's history turns (8 live_irrelevance entries) are the benchmark's, with no reasoning to send back: a
+    # server that refuses missing reasoning by default (our vLLM recipe) is told so, and renders what offline does.
+    kwargs = {"allow_missing_thinking": True} if style == "beam" and any(
+        m.get("role") == "assistant" and not any(m.get(k) for k in REASONING_KEYS) for m in conversation) else {}
     try:
-        prompt = tokenizer.apply_chat_template(conversation, tools=declared, tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template(conversation, tools=declared, tokenize=False, add_generation_prompt=True,
+                                               **kwargs)
     except Exception as err:
         raise UsageError(f"BFCL {entry.id}: the chat template cannot render this entry: {err}") from err
-    return BfclTurn(entry, prompt, conversation, declared)
+    return BfclTurn(entry, prompt, conversation, declared, kwargs)
 
 
 def _plain_text(generation) -> str:
