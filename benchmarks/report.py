@@ -89,6 +89,9 @@ def render(results: Path, limit: int = 60) -> str:
                       f"{ {True: 'yes', False: '**no**'}.get(g.get('ok'), '-')} |" for k, g in figures["goals"].items()]
             parts.append("\n".join(table) + "\n")
             figures = {k: v for k, v in figures.items() if k not in ("goals", "machine", "config")}
+        if isinstance(figures.get("summary"), list):  # a benchmark's own summary lines (its goals): before the table
+            parts.append("\n".join(f"* {line}" for line in figures["summary"]) + "\n")
+            figures = {k: v for k, v in figures.items() if k != "summary"}
         flat = _flat(figures)
         table = ["| figure | value |", "|---|---|"]
         table += [f"| `{_cell(k)}` | {_cell(v)} |" for k, v in flat[:limit]]

@@ -131,3 +131,33 @@ def test_the_prepare_command_shards_and_merges(tmp_path, monkeypatch, capsys):
         assert message in capsys.readouterr().err
     assert main([*inputs, "-o", str(tmp_path / "one"), "--shard", "0/2", *common]) == 2  # a prepared DIR, not a shard
     assert "not a shard directory; refusing" in capsys.readouterr().err
+
+
+def test_a_mixture_prepared_in_shards_equals_one_run(tok, tmp_path):
+    """A `datasets:` mixture (fractions, a seeded sample, per-source formats) in 2 shards + merge: the manifest's
+    per-source counts and the bytes of one run."""
+    import orjson
+
+    from beam_sft.dataset.mixture import resolve
+    from beam_sft.dataset.prepare import build_prepared, merge_shards
+
+    a, c = tmp_path / "a.jsonl", tmp_path / "c.jsonl"
+    a.write_bytes(b"".join(orjson.dumps({"messages": [
+        {"role": "user", "content": f"A-{i % 40}: {i % 40} + 1?"},
+        {"role": "assistant", "content": f"{i % 40 + 1}.", "reasoning_content": "add one"}]}) + b"\n"
+        for i in range(60)))  # 20 copies
+    c.write_bytes(b"".join(orjson.dumps({"conversations": [
+        {"from": "human", "value": f"C-{i}: name {i}"}, {"from": "gpt", "value": f"<think>{i}.</think>it is {i}."}]})
+        + b"\n" for i in range(50)))
+    entries = [{"path": str(a), "fraction": 0.5}, {"path": str(c), "fraction": 0.5, "format": "sharegpt",
+                                                    "shuffle": 3}]
+    settings = DataSettings(max_length=200)
+    one = build_prepared(resolve(entries), tok, settings, tmp_path / "one", chunk_rows=8, fingerprint="fp")
+    for i in range(2):
+        build_prepared(resolve(entries), tok, settings, tmp_path / f"s{i}", chunk_rows=8, fingerprint="fp",
+                       shard=(i, 2))
+    merged = merge_shards([tmp_path / "s0", tmp_path / "s1"], resolve(entries), tok, settings, tmp_path / "m",
+                          fingerprint="fp")
+    assert _tree(tmp_path / "one") == _tree(tmp_path / "m")
+    assert _manifest(tmp_path / "one") == _manifest(tmp_path / "m")
+    assert merged["mixture"] == one["mixture"] and merged["mixture"][0]["duplicates"] > 0
