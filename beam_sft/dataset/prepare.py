@@ -542,15 +542,7 @@ def build_prepared(
     settings.check()
     draw_eval = not eval_inputs and settings.eval_split_size > 0
     if shard is not None:
-        _check_shard(shard)
-        if draw_eval:
-            raise UsageError("an eval split drawn among the converted records (eval_split_size) needs all of them "
-                             "first: with shards, give the eval data separately (--eval-split), or prepare without "
-                             "one and train with eval_split_size (it then holds out a seeded share of the rows)")
-        if fingerprint is None:
-            from beam_sft.dataset.settings import fingerprint as run_fingerprint
-
-            fingerprint = run_fingerprint(identity or train_identity(inputs, settings), tokenizer, settings)
+        fingerprint = _shard_fingerprint(shard, draw_eval, fingerprint, identity, inputs, tokenizer, settings)
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Named like every other temporary output (beam_sft.records.files), so a run killed here is cleaned up by the next.
@@ -612,6 +604,21 @@ def _check_shard(shard: tuple[int, int]) -> None:
     index, count = shard
     if count < 1 or not 0 <= index < count:
         raise UsageError(f"shard {index}/{count}: I/N needs 0 <= I < N")
+
+
+def _shard_fingerprint(shard: tuple[int, int], draw_eval: bool, fingerprint, identity, inputs, tokenizer,
+                       settings: DataSettings) -> str:
+    """A shard run's checks, and the fingerprint its merge is matched against."""
+    _check_shard(shard)
+    if draw_eval:
+        raise UsageError("an eval split drawn among the converted records (eval_split_size) needs all of them "
+                         "first: with shards, give the eval data separately (--eval-split), or prepare without "
+                         "one and train with eval_split_size (it then holds out a seeded share of the rows)")
+    if fingerprint is not None:
+        return fingerprint
+    from beam_sft.dataset.settings import fingerprint as run_fingerprint
+
+    return run_fingerprint(identity or train_identity(inputs, settings), tokenizer, settings)
 
 
 def _finish_shard(final: Path, out: Path, shard: tuple[int, int], chunks, fingerprint: str, inputs, writers,
