@@ -232,6 +232,39 @@ def test_rescore_of_a_scripted_run_with_passes_and_failures(tok, tmp_path):
     assert second["bfcl"] == first["bfcl"] and second["bfcl_summary"] == first["bfcl_summary"]
 
 
+def test_called_counts_entries_answered_with_a_call_apart_from_accuracy(tok, tmp_path):
+    """`called`: the share of entries answered with a call, per category and on each side (a call expected or not),
+    the same after --rescore; it tells a model that never calls (irrelevance 1.0) from one that judges."""
+    lines = []
+
+    def answer(t):  # the right call on every AST entry; a call on even irrelevance entries, a plain answer on odd
+        if not checker.expects_no_call(t.entry.category):
+            return render(tok, t, good_calls(t.entry))
+        if int(t.entry.id.rsplit("_", 1)[1].split("-")[0]) % 2 == 0:
+            tool = t.tools[0]["function"]
+            return render(tok, t, [(tool["name"], {})])
+        return render(tok, t, content="None of my tools does that.")
+
+    result = evaluate_bfcl(Scripted(tok, answer), tok, ["simple_python", "irrelevance"], max_records=10,
+                           progress=False, on_result=lambda s: lines.append(json.dumps(s.to_json())))
+    s = result.summary()
+    calling = sum(int(r["id"].rsplit("_", 1)[1].split("-")[0]) % 2 == 0 for r in map(json.loads, lines)
+                  if r["category"] == "irrelevance")
+    assert 0 < calling < 10
+    assert s["bfcl"]["simple_python"]["called"] == 1.0 and s["bfcl"]["simple_python"]["accuracy"] == 1.0
+    assert s["bfcl"]["irrelevance"]["called"] == calling / 10
+    assert s["bfcl"]["irrelevance"]["accuracy"] == (10 - calling) / 10  # a call where none fits is BFCL's error
+    assert s["called"] == {"call_expected": {"called": 10, "n": 10}, "no_call_expected": {"called": calling, "n": 10}}
+    path = tmp_path / "out.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    again = rescore(str(path)).summary()
+    assert again["bfcl"] == s["bfcl"] and again["called"] == s["called"]
+    from beam_sft.eval.bfcl.run import summary_table
+
+    table = summary_table(result)
+    assert "[called, no call expected]" in table and f"{calling}" in table.splitlines()[-1]
+
+
 def test_base_model_prompt_style_cli(tiny_model_dir, tmp_path):
     """A tokenizer without Beam's response template is refused in the beam style and runs in the prompt style."""
     from transformers import AutoTokenizer

@@ -44,6 +44,11 @@ NON_LIVE_AST = ("simple_python", "simple_java", "simple_javascript", "multiple",
 LIVE_AST = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
 RELEVANCE = ("irrelevance", "live_irrelevance", "live_relevance")
 CATEGORIES = (*NON_LIVE_AST[:6], "irrelevance", *LIVE_AST, "live_irrelevance", "live_relevance")
+NO_CALL = ("irrelevance", "live_irrelevance")  # right answer: no call (live_relevance: at least one)
+
+
+def expects_no_call(category: str) -> bool:
+    return category in NO_CALL
 
 
 # The model names beam-sft gives BFCL's runners, by style: function calling (names sent with dots as

@@ -74,10 +74,11 @@ class BfclResult:
     generation_tokens: int = 0
 
     def add(self, scored: Scored, keep: int = KEEP_FAILURES) -> None:
-        c = self.counts.setdefault(scored.category, {"n": 0, "valid": 0, "well_formed": 0})
+        c = self.counts.setdefault(scored.category, {"n": 0, "valid": 0, "well_formed": 0, "called": 0})
         c["n"] += 1
         c["valid"] += scored.valid
         c["well_formed"] += scored.well_formed
+        c["called"] += bool(scored.calls)
         if not scored.valid:
             kinds = self.error_types.setdefault(scored.category, {})
             kinds[scored.error_type or "unknown"] = kinds.get(scored.error_type or "unknown", 0) + 1
@@ -86,14 +87,27 @@ class BfclResult:
 
     def summary(self) -> dict[str, Any]:
         per = {cat: {"accuracy": c["valid"] / c["n"], "n": c["n"], "well_formed": c["well_formed"] / c["n"],
+                     "called": c["called"] / c["n"],
                      "error_types": dict(sorted(self.error_types.get(cat, {}).items()))}
                for cat, c in self.counts.items() if c["n"]}
         n = sum(c["n"] for c in self.counts.values())
         return {"bfcl": per, "bfcl_summary": checker.summary(per), "style": self.style, "backend": self.backend,
                 "entries": n, "well_formed": (sum(c["well_formed"] for c in self.counts.values()) / n) if n else None,
+                "called": self.called(),
                 "generation_tokens": self.generation_tokens,
                 "tokens_per_second": (self.generation_tokens / self.generation_seconds
                                       if self.generation_seconds else None)}
+
+
+    def called(self) -> dict[str, dict[str, int]]:
+        """Entries answered with at least one call, apart for the entries where a call is right (AST, relevance)
+        and where none is (irrelevance): accuracy alone hides a model that never calls, or always does."""
+        out = {"call_expected": {"called": 0, "n": 0}, "no_call_expected": {"called": 0, "n": 0}}
+        for cat, c in self.counts.items():
+            side = out["no_call_expected" if checker.expects_no_call(cat) else "call_expected"]
+            side["called"] += c["called"]
+            side["n"] += c["n"]
+        return out
 
 
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
@@ -236,10 +250,13 @@ def rescore(path: str) -> BfclResult:
 def summary_table(result: BfclResult) -> str:
     """The stderr table: one row per category, then BFCL's summary columns."""
     s = result.summary()
-    rows = [("category", "n", "accuracy", "well_formed")]
-    rows += [(c, str(v["n"]), f"{v['accuracy']:.3f}", f"{v['well_formed']:.3f}") for c, v in s["bfcl"].items()]
-    rows += [(f"[{k}]", "", "n/a" if v is None else f"{v:.3f}", "") for k, v in s["bfcl_summary"].items()]
-    widths = [max(len(r[k]) for r in rows) for k in range(4)]
+    rows = [("category", "n", "accuracy", "well_formed", "called")]
+    rows += [(c, str(v["n"]), f"{v['accuracy']:.3f}", f"{v['well_formed']:.3f}", f"{v['called']:.3f}")
+             for c, v in s["bfcl"].items()]
+    rows += [(f"[{k}]", "", "n/a" if v is None else f"{v:.3f}", "", "") for k, v in s["bfcl_summary"].items()]
+    rows += [(f"[called, {k.replace('_', ' ')}]", str(v["n"]), "", "", str(v["called"]))
+             for k, v in s["called"].items() if v["n"]]
+    widths = [max(len(r[k]) for r in rows) for k in range(5)]
     head = f"BFCL v4, {s['entries']} entries, style {result.style} ({result.backend})"
     return "\n".join([head, *("  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in
                                         enumerate(zip(r, widths, strict=True))) for r in rows)])
@@ -253,12 +270,13 @@ def report_html(result: BfclResult, *, title: str = "beam-sft eval --bfcl") -> s
 
     s = result.summary()
     rows = "".join(f"<tr><td>{html.escape(c)}</td><td>{v['n']}</td><td>{v['accuracy']:.3f}</td>"
-                   f"<td>{v['well_formed']:.3f}</td><td>{html.escape(json.dumps(v['error_types']))}</td></tr>"
+                   f"<td>{v['well_formed']:.3f}</td><td>{v['called']:.3f}</td>"
+                   f"<td>{html.escape(json.dumps(v['error_types']))}</td></tr>"
                    for c, v in s["bfcl"].items())
     cols = "".join(f"<tr><td>{k}</td><td>{'n/a' if v is None else f'{v:.3f}'}</td></tr>"
                    for k, v in s["bfcl_summary"].items())
     parts = [f"<p>{html.escape(summary_table(result).splitlines()[0])}</p>",
-             ("<table><tr><th>category</th><th>n</th><th>accuracy</th><th>well_formed</th>"
+             ("<table><tr><th>category</th><th>n</th><th>accuracy</th><th>well_formed</th><th>called</th>"
               f"<th>BFCL error types</th></tr>{rows}</table>"), f"<h2>BFCL summary</h2><table>{cols}</table>",
              f"<h2>Failures ({len(result.failures)} shown)</h2>"]
     for f in result.failures:
