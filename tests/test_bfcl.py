@@ -14,7 +14,7 @@ import pytest
 from beam_sft.cli import main as cli
 from beam_sft.eval.backends import Generation
 from beam_sft.eval.bfcl import checker, prompts
-from beam_sft.eval.bfcl.run import evaluate_bfcl, make_turn, rescore
+from beam_sft.eval.bfcl.run import evaluate_bfcl, make_turn, rescore, summary_table
 
 # Java and JavaScript answers are written in those languages' syntax (`new int[]{2, 7}` for an array), not as BFCL's
 # possible answers store them: the Python categories get known-good outputs built from the answers.
@@ -32,6 +32,11 @@ def first_value(options):
             return {k: v for k, opts in option.items() if (v := first_value(opts)) is not None}
         return option
     return None
+
+
+def entry_number(entry_id: str) -> int:
+    """BFCL's running number of an entry (`simple_python_12` -> 12, `live_simple_3-1-0` -> 3)."""
+    return int(entry_id.rsplit("_", 1)[1].split("-")[0])
 
 
 def good_calls(entry):
@@ -218,7 +223,7 @@ def test_rescore_of_a_scripted_run_with_passes_and_failures(tok, tmp_path):
 
     def answer(t):  # right on even entry numbers, a wrong argument value on odd ones
         calls = good_calls(t.entry)
-        if int(t.entry.id.rsplit("_", 1)[1].split("-")[0]) % 2:
+        if entry_number(t.entry.id) % 2:
             name, args = calls[0]
             calls[0] = (name, {k: ([v] if not isinstance(v, list) else v + v) for k, v in args.items()})
         return render(tok, t, calls)
@@ -240,7 +245,7 @@ def test_called_counts_entries_answered_with_a_call_apart_from_accuracy(tok, tmp
     def answer(t):  # the right call on every AST entry; a call on even irrelevance entries, a plain answer on odd
         if not checker.expects_no_call(t.entry.category):
             return render(tok, t, good_calls(t.entry))
-        if int(t.entry.id.rsplit("_", 1)[1].split("-")[0]) % 2 == 0:
+        if entry_number(t.entry.id) % 2 == 0:
             tool = t.tools[0]["function"]
             return render(tok, t, [(tool["name"], {})])
         return render(tok, t, content="None of my tools does that.")
@@ -248,7 +253,7 @@ def test_called_counts_entries_answered_with_a_call_apart_from_accuracy(tok, tmp
     result = evaluate_bfcl(Scripted(tok, answer), tok, ["simple_python", "irrelevance"], max_records=10,
                            progress=False, on_result=lambda s: lines.append(json.dumps(s.to_json())))
     s = result.summary()
-    calling = sum(int(r["id"].rsplit("_", 1)[1].split("-")[0]) % 2 == 0 for r in map(json.loads, lines)
+    calling = sum(entry_number(r["id"]) % 2 == 0 for r in map(json.loads, lines)
                   if r["category"] == "irrelevance")
     assert 0 < calling < 10
     assert s["bfcl"]["simple_python"]["called"] == 1.0 and s["bfcl"]["simple_python"]["accuracy"] == 1.0
@@ -259,8 +264,6 @@ def test_called_counts_entries_answered_with_a_call_apart_from_accuracy(tok, tmp
     path.write_text("\n".join(lines) + "\n")
     again = rescore(str(path)).summary()
     assert again["bfcl"] == s["bfcl"] and again["called"] == s["called"]
-    from beam_sft.eval.bfcl.run import summary_table
-
     table = summary_table(result)
     assert "[called, no call expected]" in table and f"{calling}" in table.splitlines()[-1]
 

@@ -203,5 +203,5 @@ def summary(scores: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     non_live = ([{"accuracy": mean(simple), "total_count": sum(p["total_count"] for p in simple),
                   "display_accuracy": 0}] if simple else []) + acc(NON_LIVE_AST[3:])
     return {"non_live_ast": mean(non_live), "live_ast": mean(acc(LIVE_AST), weighted=True),
-            "irrelevance": mean(acc(("irrelevance", "live_irrelevance"))),
+            "irrelevance": mean(acc(NO_CALL)),
             "relevance": mean(acc(("live_relevance",)))}

@@ -98,10 +98,9 @@ class BfclResult:
                 "tokens_per_second": (self.generation_tokens / self.generation_seconds
                                       if self.generation_seconds else None)}
 
-
     def called(self) -> dict[str, dict[str, int]]:
-        """Entries answered with at least one call, apart for the entries where a call is right (AST, relevance)
-        and where none is (irrelevance): accuracy alone hides a model that never calls, or always does."""
+        """Entries answered with at least one call, split by whether a call is right (AST, relevance) or none is
+        (irrelevance): accuracy alone hides a model that never calls, or always does."""
         out = {"call_expected": {"called": 0, "n": 0}, "no_call_expected": {"called": 0, "n": 0}}
         for cat, c in self.counts.items():
             side = out["no_call_expected" if checker.expects_no_call(cat) else "call_expected"]
