@@ -176,6 +176,49 @@ def test_prompt_style_uses_bfcls_prompt_and_decoder(tok):
         == "type_error:simple"
 
 
+def test_json_style_asks_for_a_tagged_json_list_and_reads_it(tok):
+    entry = checker.load_entries("simple_python")[0]
+    conversation = prompts.messages(entry, "json")
+    assert conversation[0]["role"] == "system" and "<tool_call>[]</tool_call>" in conversation[0]["content"]
+    assert '"calculate_triangle_area"' in conversation[0]["content"] and conversation[1:] == entry.question
+    good = '<tool_call>[{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5}}]</tool_call>'
+    decoded, why, malformed = prompts.decode_json(good)
+    assert (why, malformed) == ("", False) and checker.check(entry, decoded, style="json")["valid"]
+    # one call per block, arguments as a JSON string, the last block unclosed at the stop: the same call
+    one_block = '<tool_call>{"name": "calculate_triangle_area", "arguments": "{\\"base\\": 10, \\"height\\": 5}"}</tool_call>'
+    unclosed = 'Sure.\n<tool_call>[{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5}}]'
+    for text in (one_block, unclosed):
+        assert prompts.decode_json(text) == (decoded, "", False), text
+    two = prompts.decode_json(good + "\n" + good.replace("10", "3"))[0]
+    assert two == [decoded[0], {"calculate_triangle_area": {"base": 3, "height": 5}}]
+    assert checker.check(entry, two, style="json")["error_type"] == "simple_function_checker:wrong_count"
+    wrong = prompts.decode_json(good.replace("10", '"10"'))[0]
+    assert checker.check(entry, wrong, style="json")["error_type"] == "type_error:simple"
+    for text, bad in (("The area is 25.", False), ("<tool_call>[]</tool_call> No function fits.", False),
+                      ("<tool_call>[calculate_triangle_area(base=10)]</tool_call>", True),
+                      ('<tool_call>[{"function": "calculate_triangle_area"}]</tool_call>', True),
+                      ('<tool_call>[{"name": "calculate_triangle_area", "arguments": [10, 5]}]</tool_call>', True),
+                      ("<tool_call>[1]</tool_call>", True)):
+        decoded, why, malformed = prompts.decode_json(text)
+        assert decoded is None and why and malformed == bad, text
+        assert checker.check(entry, None, why, style="json")["error_type"] == "ast_decoder:decoder_failed"
+    irrelevant = checker.load_entries("irrelevance")[0]
+    assert checker.check(irrelevant, None, prompts.decode_json("<tool_call>[]</tool_call>")[1], style="json")["valid"]
+    assert not checker.check(irrelevant, [{irrelevant.functions[0]["name"]: {}}], style="json")["valid"]
+    # names as written (the prompt lists them unchanged), so BFCL expects a Java name's dots back
+    java = checker.load_entries("simple_java")[0]
+    call = prompts.decode_json('<tool_call>[{"name": "GeometryPresentation.createPresentation", "arguments": '
+                               '{"controller": "mapController", "parent": "mapArea"}}]</tool_call>')[0]
+    assert checker.check(java, call, style="json")["valid"], call
+    # an entry's own system message comes after the instructions, in the one system message
+    own = checker.Entry("x", "simple_python", [{"role": "system", "content": "Answer in French."},
+                                               {"role": "user", "content": "Area of a 10 by 5 triangle?"}],
+                        entry.functions, entry.check_functions, entry.answer)
+    first, *rest = prompts.messages(own, "json")
+    assert first["content"].startswith("You may call") and first["content"].endswith("\n\nAnswer in French.")
+    assert rest == own.question[1:] and own.question[0]["content"] == "Answer in French."  # the entry untouched
+
+
 def test_subset_is_seeded_and_stable():
     a = [e.id for e in checker.load_entries("multiple", 7, seed=0)]
     assert a == [e.id for e in checker.load_entries("multiple", 7, seed=0)]
@@ -269,7 +312,8 @@ def test_called_counts_entries_answered_with_a_call_apart_from_accuracy(tok, tmp
 
 
 def test_base_model_prompt_style_cli(tiny_model_dir, tmp_path):
-    """A tokenizer without Beam's response template is refused in the beam style and runs in the prompt style."""
+    """A tokenizer without Beam's response template is refused in the beam style and runs in the prompt and json
+    styles, whose outputs files re-score to the run's figures."""
     from transformers import AutoTokenizer
 
     plain = tmp_path / "plain"
@@ -289,9 +333,13 @@ def test_base_model_prompt_style_cli(tiny_model_dir, tmp_path):
     common = ["--bfcl", "simple_python", "--max-records", "2", "--max-new-tokens", "4", "--quiet"]
     assert cli(["eval", str(plain), *common]) == 2
     out = tmp_path / "p.jsonl"
-    assert cli(["eval", str(plain), *common, "--bfcl-style", "prompt", "--outputs", str(out)]) == 0
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [r["style"] for r in rows] == ["prompt", "prompt"]
+    for style in ("prompt", "json"):
+        out, summary = tmp_path / f"{style}.jsonl", tmp_path / f"{style}.json"
+        assert cli(["eval", str(plain), *common, "--bfcl-style", style, "--outputs", str(out),
+                    "--json", str(summary)]) == 0
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        assert [r["style"] for r in rows] == [style, style]
+        assert rescore(str(out)).summary()["bfcl"] == json.loads(summary.read_text())["bfcl"]
 
 
 def test_usage_errors(tiny_model_dir, capsys):

@@ -15,11 +15,13 @@ the tokenizer's response template and scored against the reference turn.
 BFCL v4 (the Berkeley Function Calling Leaderboard's single-turn AST and relevance categories, scored by BFCL's
 own checker from the registry package bfcl-eval; `make install` installs it): --bfcl takes a comma list or all;
 --max-records is then per category, the same seeded subset every run. A model that does not speak Beam (a base
-model) is scored with --bfcl-style prompt: BFCL's own system prompt, the model's chat template, BFCL's decoder.
+model) is scored with --bfcl-style prompt: BFCL's own system prompt, the model's chat template, BFCL's decoder;
+or with --bfcl-style json: the functions as JSON, the calls asked for as a JSON list in <tool_call> tags.
 
     beam-sft eval outputs/demo-real/model --bfcl simple_python,multiple,irrelevance --max-records 50 \\
         --json bfcl.json --outputs bfcl.jsonl --report bfcl.html
     beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style prompt --max-records 50
+    beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style json --max-records 50
     beam-sft eval --rescore bfcl.jsonl --json again.json        # BFCL's checker again on the outputs file
 
 Metrics (each a share of the turns it applies to): well_formed, stopped (on the right stop token),
@@ -64,11 +66,12 @@ def register(subparsers) -> None:
                              "simple_python, simple_java, simple_javascript, multiple, parallel, parallel_multiple, "
                              "irrelevance, live_simple, live_multiple, live_parallel, live_parallel_multiple, "
                              "live_irrelevance, live_relevance)")
-    parser.add_argument("--bfcl-style", choices=("beam", "prompt"), default="beam",
+    parser.add_argument("--bfcl-style", choices=("beam", "prompt", "json"), default="beam",
                         help="--bfcl: beam (default: the functions as Beam developer tools, the output parsed with "
-                             "the response template; with --backend openai, the server's tool parser) or prompt "
+                             "the response template; with --backend openai, the server's tool parser), prompt "
                              "(BFCL's own prompt and decoder, the model's own chat template: a base model's "
-                             "zero-shot row)")
+                             "zero-shot row) or json (the functions as JSON in a system message, the calls asked "
+                             "for as a JSON list in <tool_call> tags, the model's own chat template)")
     parser.add_argument("--seed", type=int, default=0,
                         help="--bfcl: which --max-records entries of each category run (default: 0)")
     parser.add_argument("--outputs", metavar="PATH.jsonl", default=None,
@@ -143,7 +146,7 @@ def run(args) -> int:
 
 def _backend(args):
     """(backend, tokenizer) for MODEL, or for the server with --backend openai; a model scored in its own format
-    (--bfcl-style prompt) stops at its EOS instead of Beam's stop tokens."""
+    (--bfcl-style prompt or json) stops at its EOS instead of Beam's stop tokens."""
     from beam_sft.errors import UsageError
     from beam_sft.eval.backends import TransformersBackend, VLLMBackend, eos_stops
     from beam_sft.eval.run import load_eval_tokenizer, load_model, resolve_adapter

@@ -52,16 +52,16 @@ def expects_no_call(category: str) -> bool:
 
 
 # The model names beam-sft gives BFCL's runners, by style: function calling (names sent with dots as
-# underscores, as BFCL sends them to OpenAI-style and open-weights FC models) or BFCL's own prompting (names as
-# written: BFCL's system prompt lists the functions unchanged, and its prompting handlers keep the dots).
-MODEL_NAMES = {"beam": "beam-sft-fc", "prompt": "beam-sft-prompt"}
+# underscores, as BFCL sends them to OpenAI-style and open-weights FC models) or a prompt that lists the functions
+# unchanged (BFCL's own prompting, and the JSON-list prompt: names as written, so BFCL keeps the dots).
+MODEL_NAMES = {"beam": "beam-sft-fc", "prompt": "beam-sft-prompt", "json": "beam-sft-json"}
 
 
 class _AnyModel(dict):
-    """BFCL's MODEL_CONFIG_MAPPING for beam-sft's two model names (`MODEL_NAMES`)."""
+    """BFCL's MODEL_CONFIG_MAPPING for beam-sft's model names (`MODEL_NAMES`)."""
 
     def __missing__(self, key: str):
-        return types.SimpleNamespace(underscore_to_dot=key != MODEL_NAMES["prompt"], is_fc_model=True,
+        return types.SimpleNamespace(underscore_to_dot=key == MODEL_NAMES["beam"], is_fc_model=True,
                                      display_name=key)
 
 

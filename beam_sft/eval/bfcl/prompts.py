@@ -1,6 +1,6 @@
 """A BFCL entry as a prompt, and a generation as the calls BFCL's checker reads.
 
-Two styles:
+Three styles:
 
 * `beam` (Beam models, and any model behind a server with a tool parser): the entry's functions become the
   record's tools the way BFCL hands them to every OpenAI-style model (`convert_to_tool`: `dict` -> JSON-schema
@@ -12,16 +12,36 @@ Two styles:
   BFCL's own prompting: its system prompt listing the functions and asking for `[func(a=1)]`, the model's own chat
   template, and BFCL's decoder (`default_decode_ast_prompting`) on the text. This is how BFCL scores a "Prompt"
   model, so the base model's row is the leaderboard's zero-shot row for it.
+* `json` (a model taught, or told, to answer with a JSON call list in tags): the functions listed as JSON in a
+  system message that asks for `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>` (`[]` in the tags when
+  none fits), the model's own chat template, and the calls read from the tags. It is the output format of the
+  APIGen-style function-calling data SmolLM2's larger sibling was taught, the one Ollama's SmolLM2 template asks
+  every SmolLM2 size for when tools are given; a second zero-shot row for a base whose SFT data had no tool calls
+  (SmolLM2-135M-Instruct's smol-smoltalk), so a base that never writes BFCL's `[func(a=1)]` is also asked in a
+  format nearer the JSON it has read. Names are as written, as in `prompt`.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import re
 from typing import Any
 
 from beam_sft.eval.bfcl.checker import Entry, bfcl, is_relevance, language
 
-STYLES = ("beam", "prompt")
+STYLES = ("beam", "prompt", "json")
+
+JSON_INSTRUCTIONS = """You may call any of these functions, described in JSON:
+{functions}
+
+To call functions, reply with only a JSON list of the calls inside <tool_call></tool_call> tags, every argument \
+with the type the function asks for, for example:
+<tool_call>[{{"name": "function_name", "arguments": {{"parameter": "value"}}}}]</tool_call>
+Make as many calls as the request needs. When none of the functions fits the request, reply \
+<tool_call>[]</tool_call> and say why; when a required value is missing, ask for it."""
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
 
 def tools(entry: Entry) -> list[dict[str, Any]]:
@@ -37,6 +57,12 @@ def messages(entry: Entry, style: str) -> list[dict[str, Any]]:
     if style == "prompt":
         return bfcl().handler_utils.system_prompt_pre_processing_chat_model(question, copy.deepcopy(entry.functions),
                                                                            entry.id)
+    if style == "json":
+        instructions = JSON_INSTRUCTIONS.format(functions=json.dumps(entry.functions, ensure_ascii=False, indent=1))
+        if question and question[0].get("role") == "system":  # as BFCL's prompting: ours first, then the entry's
+            question[0] = {**question[0], "content": f"{instructions}\n\n{question[0].get('content') or ''}"}
+            return question
+        return [{"role": "system", "content": instructions}, *question]
     return question
 
 
@@ -67,3 +93,33 @@ def decode_prompt(text: str, category: str) -> tuple[list[dict[str, Any]] | None
         return b.handler_utils.default_decode_ast_prompting(text, fmt, False), ""
     except Exception as err:  # noqa: BLE001  (BFCL's decoder raises anything on text that is not a call list)
         return None, f"BFCL's decoder: {type(err).__name__}: {err}"
+
+
+def decode_json(text: str) -> tuple[list[dict[str, Any]] | None, str, bool]:
+    """The calls in the text's `<tool_call>` blocks as `[{name: arguments}]` (a block holds a list of calls or one
+    call; arguments may be a JSON string of an object, as some models write them). (None, why, malformed): no call
+    when there is no block or only empty lists; malformed when a block is not JSON or a call is not
+    `{"name": str, "arguments": object}` (an unclosed last block is read to the end: the model stopped in it)."""
+    blocks = [m.group(1).strip() for m in _TOOL_CALL.finditer(text)]
+    if not blocks:
+        return None, "no <tool_call> block (the model answered in text)", False
+    calls: list[dict[str, Any]] = []
+    for block in blocks:
+        try:
+            value = json.loads(block)
+        except json.JSONDecodeError as err:
+            return None, f"a <tool_call> block is not JSON: {err}", True
+        for item in value if isinstance(value, list) else [value]:
+            name = item.get("name") if isinstance(item, dict) else None
+            arguments = item.get("arguments", {}) if isinstance(item, dict) else None
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError:
+                    pass
+            if not isinstance(name, str) or not isinstance(arguments, dict):
+                return None, f"a call is not {{\"name\": str, \"arguments\": object}}: {item!r:.80}", True
+            calls.append({name: arguments})
+    if not calls:
+        return None, "an empty call list (the model declined)", False
+    return calls, "", False

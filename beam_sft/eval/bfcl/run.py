@@ -11,7 +11,8 @@ what BFCL's checker was given: `rescore(path)` runs the checker again on it and 
 well_formed: in the `beam` style the held-out metric's definition (`beam_sft.eval.metrics.is_well_formed`: a stop
 token, reasoning, a final answer or calls to declared tools with JSON-object arguments, no marker leak); in the
 `prompt` style, the model stopped on its own and its text is either a call list BFCL's decoder reads or no call at
-all (it does not start with `[`).
+all (it does not start with `[`); in the `json` style, it stopped on its own and every `<tool_call>` block it wrote
+is a JSON list of `{"name", "arguments"}` calls (or it wrote none).
 """
 
 from __future__ import annotations
@@ -150,6 +151,15 @@ def _score_prompt(turn: BfclTurn, generation, tokenizer) -> Scored:
     return _verdict(turn, decoded, why, text, well_formed, generation.stop, "prompt")
 
 
+def _score_json(turn: BfclTurn, generation, tokenizer) -> Scored:
+    text = _plain_text(generation)
+    if getattr(generation, "error", ""):
+        decoded, why, malformed = None, generation.error, True
+    else:
+        decoded, why, malformed = prompts.decode_json(text)
+    return _verdict(turn, decoded, why, text, generation.stop is not None and not malformed, generation.stop, "json")
+
+
 def bfcl_format(decoded: Any) -> bool:
     return checker.bfcl().utils.is_function_calling_format_output(decoded)
 
@@ -179,6 +189,9 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, ensure_ascii=False, default=repr))
 
 
+SCORERS = {"beam": _score_beam, "prompt": _score_prompt, "json": _score_json}
+
+
 def evaluate_bfcl(backend, tokenizer, categories: Sequence[str], *, style: str = "beam",
                   max_records: int | None = None, seed: int = 0, chunk_size: int = 64, progress: bool = True,
                   on_result=None) -> BfclResult:
@@ -189,10 +202,11 @@ def evaluate_bfcl(backend, tokenizer, categories: Sequence[str], *, style: str =
         raise UsageError(f"--bfcl-style must be one of {', '.join(prompts.STYLES)}, not {style!r}")
     if style == "beam" and getattr(tokenizer, "response_template", None) is None:
         raise UsageError("the tokenizer has no Beam response template: a model that does not speak Beam is scored "
-                         "with --bfcl-style prompt (BFCL's own prompt and decoder)")
+                         "with --bfcl-style prompt (BFCL's own prompt and decoder) or json (a JSON call list in "
+                         "<tool_call> tags)")
     entries = [e for c in categories for e in checker.load_entries(c, max_records, seed)]
     result = BfclResult(backend=getattr(backend, "name", type(backend).__name__), style=style)
-    score = _score_beam if style == "beam" else _score_prompt
+    score = SCORERS[style]
     with tqdm(total=len(entries), desc="BFCL", unit="entry", disable=not progress) as bar:
         for start in range(0, len(entries), chunk_size):
             turns = sorted((make_turn(tokenizer, e, style) for e in entries[start:start + chunk_size]),
