@@ -50,7 +50,7 @@ def run_guarded(func, args) -> int:
     except BeamSFTError as err:
         if os.environ.get("BEAM_SFT_DEBUG"):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"{getattr(err, 'prefix', 'error')}: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

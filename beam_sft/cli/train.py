@@ -91,18 +91,32 @@ def launched_world_size(launch: list[str]) -> int:
     return 1
 
 
-def launch(launch_args: list[str], train_args: list[str]) -> int:
-    """`accelerate launch [launch_args] -m beam_sft.cli.train [train_args]`, in this process as accelerate does."""
+def launch(launch_args: list[str], train_args: list[str], output_dir: str | None = None) -> int:
+    """`accelerate launch [launch_args] -m beam_sft.cli.train [train_args]`, in this process as accelerate does.
+    The launcher turns any worker's exit into 1; the status the workers wrote (output_dir/run_status.json:
+    preempted 75, non-finite 65, disk full 74) is the exit status instead, so a scheduler can requeue."""
     import subprocess
+    import time
 
     from accelerate.commands.launch import launch_command, launch_command_parser
 
+    from beam_sft.train.faults import read_status
+
     args = launch_command_parser().parse_args([*launch_args, "-m", "beam_sft.cli.train", *train_args])
+    started = time.time()
+    failure = None
     try:
         launch_command(args)
     except subprocess.CalledProcessError as err:
-        return err.returncode or 1
-    return 0
+        failure = err.returncode or 1
+    except Exception as err:  # noqa: BLE001 - torchrun's ChildFailedError, or SignalException when the launcher was signalled
+        failure = err
+    status = read_status(output_dir, since=started) if output_dir and failure is not None else None
+    if status and status.get("exit_code"):
+        return int(status["exit_code"])
+    if isinstance(failure, BaseException):
+        raise failure
+    return failure or 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +140,7 @@ def _run(argv: list[str]) -> int:
         print(dry_run(script_args, training_args, model_args, world_size=world))
         return 0
     if launch_args:
-        return launch(launch_args, train_args)
+        return launch(launch_args, train_args, training_args.output_dir)
     train_main(script_args, training_args, model_args)
     return 0
 

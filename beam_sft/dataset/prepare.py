@@ -12,7 +12,8 @@ reason and message), or the "dropped by truncation" count; `build_prepared` chec
 A *prepared directory* holds the train split as a `save_to_disk` dataset (`input_ids`, `labels`) at its root,
 an optional `eval/` split, `rejects.jsonl` and `beam_sft_manifest.json` (what made it: tokenizer and template
 hashes, `max_length`, policy, sources, counts; for an eval split drawn from a mixture, `eval_sources`: which
-rows came from which source). `datasets.load_from_disk` reads it as a plain pre-tokenized
+rows came from which source). Each split also has `row_origins.arrow`: every row's source and line or index
+(`beam_sft.dataset.origins.row_origins`). `datasets.load_from_disk` reads it as a plain pre-tokenized
 dataset, so plain TRL can train on it too.
 
 Cache: `prepare_data` keeps prepared directories under `cache_dir` (default `$BEAM_SFT_PREPARED_CACHE`, else
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.dataset.mixture import Mixture
+from beam_sft.dataset.origins import OriginsWriter
 from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
 from beam_sft.dataset.settings import (
     DATA_VERSION,
@@ -129,15 +131,19 @@ def _first_occurrences(records, seen) -> Iterator[dict[str, Any]]:
 
 class _SplitWriter:
     """The kept rows of one split: the chunks' shard files (written by `beam_sft.dataset.workers`), in chunk
-    order, committed as the Arrow files of a `save_to_disk` directory. Nothing is read back to save it."""
+    order, committed as the Arrow files of a `save_to_disk` directory, with the rows' origins beside them
+    (`beam_sft.dataset.origins`). Nothing is read back to save it."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True)
         self.files: list[Path] = []
+        self.origins = OriginsWriter()
 
-    def add(self, shard: str | os.PathLike) -> None:
+    def add(self, shard: str | os.PathLike, names: list[str]) -> None:
+        """A chunk's shard, after its duplicates are out; `names`: the chunk's sources (its rows' `src`)."""
         self.files.append(Path(shard))
+        self.origins.add(shard, names)
 
     def commit(self, fingerprint: str) -> None:
         import pyarrow as pa
@@ -162,6 +168,7 @@ class _SplitWriter:
                  "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
                  "_split": None}
         (self.dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+        self.origins.write(self.dir)
 
 
 def _final_features():
@@ -242,7 +249,8 @@ class _Tally:
         result.n_records -= len(dups)
         return [row.index for row, _ in dups]
 
-    def take(self, result, bar) -> None:
+    def take(self, result, bar, names: list[str]) -> None:
+        """Add a chunk's result (`names`: the chunk's sources)."""
         from beam_sft.dataset import workers
 
         self.records_in += result.records_in
@@ -255,7 +263,7 @@ class _Tally:
         for name, counts in result.stats.items():
             self.splits[name].update(counts)
         for name, shard in result.shards.items():
-            self.writers[name].add(shard)
+            self.writers[name].add(shard, names)
         bar.update(result.records_in or sum(c["records_in"] for c in result.stats.values()))
 
 
@@ -390,7 +398,7 @@ def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, ta
                 chunk.skip = np.zeros(result.records_in, dtype=bool)
                 chunk.skip[dup_rows] = True
             chunk.n_records = result.n_records
-            tally.take(result, bar)
+            tally.take(result, bar, chunk.names)
             os.unlink(chunks[result.index].raw)
             del result  # its Rows (one per record with dedup) freed before the next chunk's are made
     if shard is None:
@@ -436,7 +444,7 @@ def _eval_pass(chunks: list[_Chunk], settings: DataSettings, job, tally: _Tally,
     eval_mask = _eval_mask(sum(c.n_records for c in chunks), settings)
     with tqdm(desc="tokenizing", unit=" rec", disable=not progress or None, mininterval=0.5) as bar:
         for result in workers.run_tasks(_tokenize_tasks(chunks, eval_mask, tally.writers), job, num_proc):
-            tally.take(result, bar)
+            tally.take(result, bar, chunks[result.index].names)
             os.unlink(chunks[result.index].converted)
 
 
@@ -725,13 +733,13 @@ def merge_shards(
                     if split not in writers:
                         raise UsageError(f"{shard}: holds a {split} split that these arguments do not make")
                     copy = workers.shard_path(writers[split].dir, i)
-                    shutil.copyfile(shard / f"{split}_parts" / name, copy)
+                    workers.copy_shard(shard / f"{split}_parts" / name, copy)
                     result.shards[split] = copy
                 chunk = _Chunk("", None, data["names"], data["is_eval"])
                 tally.deduplicate(result, chunk)
                 chunk.n_records = result.n_records
                 chunks.append(chunk)
-                tally.take(result, bar)
+                tally.take(result, bar, chunk.names)
         _check_some_training(chunks, inputs, tally)
         manifest = _finish(final, out, tally, writers, rejects, tokenizer, settings, inputs, eval_inputs, identity,
                            fingerprint, started, extra_manifest)

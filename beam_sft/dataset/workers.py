@@ -5,7 +5,8 @@ written by the main process as it reads). Each chunk is one task:
 
 * `convert`: raw rows -> validated Beam records, with rejects (the same `_convert_batch` as before);
 * `tokenize`: those records -> render, mask, truncate and count (`_tokenize_batch`), and the kept rows written
-  straight to the chunk's shard of each split (`input_ids`, `labels`);
+  straight to the chunk's shard of each split (`input_ids`, `labels`), their sources and lines beside it
+  (`beam_sft.dataset.origins`);
 * both at once when no eval split has to be drawn among the converted records first (the common case): the
   converted records then never touch the disk.
 
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from beam_sft.dataset.origins import origins_batch, origins_schema, shard_origins_path
 
 # Rows per encoder call: large enough for the encoder's batched tokenization, small enough to keep the
 # Python lists of one batch small.
@@ -201,33 +204,40 @@ def _slices(batch) -> Iterator[Any]:
 
 
 class _ShardWriters:
-    """The Arrow stream files of one chunk's kept rows, one per split, opened when the first row comes."""
+    """The Arrow stream files of one chunk's kept rows, one per split, opened when the first row comes; beside
+    each, the same rows' origins (`beam_sft.dataset.origins`)."""
 
     def __init__(self, paths: dict[str, str]) -> None:
         self.paths = paths
-        self.open: dict[str, Any] = {}
+        self.open: dict[str, Any] = {}  # split -> (sink, writer, origins sink, origins writer)
         self.rows: Counter = Counter()  # rows written per split so far
 
-    def write(self, split: str, ids: list[list[int]], masks: list[list[int]], job: Job) -> tuple[dict, Any]:
-        """Write rows (ids and their assistant masks: the labels are made here); return their token counts and,
-        with `job.dedup`, each row's (a list of dicts), else None."""
+    def write(self, split: str, ids: list[list[int]], masks: list[list[int]], job: Job,
+              origins: list[tuple[int, int, bool]]) -> tuple[dict, Any]:
+        """Write rows (ids and their assistant masks: the labels are made here) and their (src, pos, by_line);
+        return their token counts and, with `job.dedup`, each row's (a list of dicts), else None."""
         import pyarrow as pa
 
         if not ids:
             return {}, []
         if split not in self.open:
             sink = pa.OSFile(self.paths[split], "wb")
-            self.open[split] = (sink, pa.ipc.new_stream(sink, _final_schema()))
+            origins_sink = pa.OSFile(shard_origins_path(self.paths[split]), "wb")
+            self.open[split] = (sink, pa.ipc.new_stream(sink, _final_schema()),
+                                origins_sink, pa.ipc.new_stream(origins_sink, origins_schema()))
         input_ids, labels, counts, per_row = _labelled(ids, masks, job.assistant_only_loss, job.stop_ids,
                                                        per_row=job.dedup)
         self.open[split][1].write_batch(pa.record_batch([input_ids, labels], schema=_final_schema()))
+        self.open[split][3].write_batch(origins_batch(*map(list, zip(*origins, strict=True))))
         self.rows[split] += len(ids)
         return counts, per_row
 
     def close(self) -> dict[str, str]:
-        for sink, writer in self.open.values():
+        for sink, writer, origins_sink, origins_writer in self.open.values():
             writer.close()
             sink.close()
+            origins_writer.close()
+            origins_sink.close()
         return {split: self.paths[split] for split in self.open}
 
 
@@ -393,7 +403,7 @@ def _tokenize_present(cols, present: list[int], rows: list, row: int, task: Task
     sub = {k: [cols[k][i] for i in present] for k in ("src", "pos", "by_line", "record")}
     done = _tokenize_batch(sub, job.tokenizer, job.max_length, job.policy, job.assistant_only_loss,
                            job.stop_ids, task.names, with_labels=False)
-    kept: dict[str, tuple[list, list, list]] = {split: ([], [], []) for split in task.shards}
+    kept: dict[str, tuple[list, list, list, list]] = {split: ([], [], [], []) for split in task.shards}
     for j, i in enumerate(present):
         held = task.all_eval or (task.eval_rows is not None and task.eval_rows[row + i])
         split = "eval" if held else "train"
@@ -402,15 +412,16 @@ def _tokenize_present(cols, present: list[int], rows: list, row: int, task: Task
             continue
         tally.tokenized(rows[j], split, done, j)
         if done["keep"][j]:
-            ids, masks, kept_rows = kept[split]
+            ids, masks, kept_rows, origins = kept[split]
             tally.kept(rows[j], split, writers.rows[split] + len(ids))
             ids.append(done["input_ids"][j])
             masks.append(done["mask"][j])
             kept_rows.append(rows[j])
+            origins.append((sub["src"][j], sub["pos"][j], sub["by_line"][j]))
             if split == "eval" and task.groups is not None:
                 tally.result.eval_sources.append(task.groups[sub["src"][j]])
-    for split, (ids, masks, kept_rows) in kept.items():
-        counts, per_row = writers.write(split, ids, masks, job)
+    for split, (ids, masks, kept_rows, origins) in kept.items():
+        counts, per_row = writers.write(split, ids, masks, job, origins)
         tally.written(split, counts, per_row or [None] * len(kept_rows), kept_rows)
 
 
@@ -517,31 +528,53 @@ def _start_method() -> str:
 
 
 def drop_rows(path: str, rows: list[int]) -> bool:
-    """Rewrite a shard without `rows` (duplicates found after it was written), one record batch at a time (a
-    whole chunk's tokens never in memory); False when nothing is left (the file is then gone)."""
+    """Rewrite a shard without `rows` (duplicates found after it was written), and its origins file the same
+    way, one record batch at a time (a whole chunk's tokens never in memory); False when nothing is left (the
+    files are then gone)."""
+    import numpy as np
+
+    drop = np.asarray(sorted(rows), dtype=np.int64)
+    origins = shard_origins_path(path)
+    written = _drop_from(path, drop)
+    if os.path.exists(origins) and _drop_from(origins, drop) != written:
+        raise RuntimeError(f"{origins}: not the rows of {path}")
+    return written > 0
+
+
+def _drop_from(path: str, drop) -> int:
+    """Rewrite the Arrow stream file `path` without the rows `drop` (sorted); the rows left (none: removed)."""
     import numpy as np
     import pyarrow as pa
 
-    drop = np.asarray(sorted(rows), dtype=np.int64)
     written = start = 0
     # Read into buffers a batch at a time, not memory-mapped: a mapped shard's pages stay resident while it is
     # read through, so the peak RSS grew by a shard (tens of MB) on the first cross-chunk duplicate, measured.
-    with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, _final_schema()) as writer, \
-            pa.OSFile(path) as source:
-        for batch in pa.ipc.open_stream(source):
-            keep = np.ones(batch.num_rows, dtype=bool)
-            here = drop[(drop >= start) & (drop < start + batch.num_rows)] - start
-            keep[here] = False
-            start += batch.num_rows
-            if keep.any():
-                writer.write_batch(batch.filter(pa.array(keep)))
-                written += int(keep.sum())
+    with pa.OSFile(path) as source:
+        reader = pa.ipc.open_stream(source)
+        with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, reader.schema) as writer:
+            for batch in reader:
+                keep = np.ones(batch.num_rows, dtype=bool)
+                here = drop[(drop >= start) & (drop < start + batch.num_rows)] - start
+                keep[here] = False
+                start += batch.num_rows
+                if keep.any():
+                    writer.write_batch(batch.filter(pa.array(keep)))
+                    written += int(keep.sum())
     if not written:
         os.unlink(path + ".tmp")
         os.unlink(path)
-        return False
+        return 0
     os.replace(path + ".tmp", path)
-    return True
+    return written
+
+
+def copy_shard(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Copy a chunk's shard and, where there is one, its origins file (a `--shard` run's, into the merge)."""
+    import shutil
+
+    shutil.copyfile(source, target)
+    if os.path.exists(shard_origins_path(source)):
+        shutil.copyfile(shard_origins_path(source), shard_origins_path(target))
 
 
 def result_rejects(result: Result) -> Iterator[dict[str, Any]]:

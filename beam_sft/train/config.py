@@ -222,6 +222,46 @@ class BeamSFTConfig(SFTConfig):
                   "choices": ["auto", "refuse", "skip"]},
     )
 
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={"help": "Go on from a checkpoint: 'last' (or 'true') takes the newest complete checkpoint-N of "
+                  "output_dir (one whose commit marker beam_checkpoint.json is there and matches its files; an "
+                  "incomplete one is named in the log and skipped), or a checkpoint directory's path. No "
+                  "checkpoint yet: training starts from scratch. The log says which checkpoint and step it goes "
+                  "on from; a run already at max_steps trains nothing more."},
+    )
+    preemption_signals: str = field(
+        default="SIGTERM,SIGUSR1",
+        metadata={"help": "Signals that mean 'save and stop' (a Slurm preemption, a spot VM reclaimed, scancel, "
+                  "#SBATCH --signal=USR1@...): all ranks agree at the next step end, write a complete checkpoint "
+                  "and exit with status 75. 'none' leaves the signals' default action (killed at once)."},
+    )
+    on_nonfinite: str = field(
+        default="stop",
+        metadata={"help": "A NaN/Inf loss or gradient norm (checked on every rank before each optimizer step): "
+                  "'stop' the run with one message naming the step and the batch's records (exit 65; no "
+                  "checkpoint after it), or 'skip' that step's update (at most nonfinite_max_skips in a row; "
+                  "logged as nonfinite_steps_skipped).",
+                  "choices": ["stop", "skip"]},
+    )
+    nonfinite_max_skips: int = field(
+        default=10,
+        metadata={"help": "With on_nonfinite skip: stop after this many non-finite steps in a row."},
+    )
+    ddp_timeout: int = field(
+        default=1800,
+        metadata={"help": "Seconds a collective may wait for the other ranks before the job fails, until the "
+                  "first training step: covers start-up, and the data phase in which rank 0 prepares while the "
+                  "others wait (prepare big data with `beam-sft prepare` first). From the first step on, "
+                  "step_timeout applies."},
+    )
+    step_timeout: int = field(
+        default=600,
+        metadata={"help": "Seconds a collective may wait once training runs: a hung (not dead) rank ends the "
+                  "job after this long instead of ddp_timeout. Raise it for checkpoints or evaluations that "
+                  "take longer on one rank than this. 0: keep ddp_timeout."},
+    )
+
     def __post_init__(self):
         # TRL's default (checkpointing on) through the non-deprecated name, so the alias warns only when used.
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:

@@ -76,20 +76,123 @@ def check_evaluation_options(script_args, training_args, held_out) -> None:
 
 
 def resume_checkpoint(training_args):
-    """`--resume_from_checkpoint last` (or true): the newest checkpoint in output_dir, or None."""
-    from transformers.trainer_utils import get_last_checkpoint
+    """`--resume_from_checkpoint last` (or true): the newest complete checkpoint of output_dir, or None; a path
+    is taken as given unless it cannot be resumed. Says which checkpoint and step the run goes on from."""
+    from beam_sft.errors import UsageError
+    from beam_sft.train import checkpoints
 
     resume = training_args.resume_from_checkpoint
+    if resume is None:
+        return None
     if isinstance(resume, str) and resume.lower() in ("last", "true"):
-        resume = get_last_checkpoint(training_args.output_dir)
+        resume = checkpoints.last_complete(training_args.output_dir)
+        if finished_beyond(training_args.output_dir, resume) is not None:
+            return resume
         if resume is None:
-            logger.info("no checkpoint in %s; starting from scratch", training_args.output_dir)
+            why = (" (save_strategy is 'no': only a preemption writes a checkpoint)"
+                   if str(training_args.save_strategy).endswith("no") else "")
+            logger.warning("no complete checkpoint in %s%s; starting from scratch", training_args.output_dir, why)
+            return None
+    else:
+        lack = checkpoints.lacks(Path(resume)) if Path(resume).is_dir() else "no such directory"
+        if lack is not None and not (Path(resume) / "trainer_state.json").is_file():
+            raise UsageError(f"--resume_from_checkpoint {resume}: cannot resume, {lack}")
+        if lack is not None:
+            logger.warning("resuming from %s although it is not marked complete (%s)", resume, lack)
+    logger.info("resuming from %s: %s", resume, _resume_plan(resume, training_args))
     return resume
+
+
+def already_finished(training_args) -> bool:
+    """`--resume_from_checkpoint last` on an output_dir whose run finished after its newest checkpoint: say so
+    and train nothing (the final model stays as it is)."""
+    from beam_sft.train.checkpoints import last_complete
+
+    resume = training_args.resume_from_checkpoint
+    if not (isinstance(resume, str) and resume.lower() in ("last", "true")):
+        return False
+    newest = last_complete(training_args.output_dir, say=logger.debug)
+    step = finished_beyond(training_args.output_dir, newest)
+    if step is None:
+        return False
+    logger.warning("%s holds a run that finished at step %d (run_status.json) after its newest checkpoint (%s): "
+                   "resuming would train those steps again; nothing to do (use a new output_dir to train again)",
+                   training_args.output_dir, step, Path(newest).name if newest else "none")
+    return True
+
+
+def finished_beyond(output_dir: str, checkpoint: str | None) -> int | None:
+    """The step a finished run of output_dir ended at, when its newest checkpoint is older (save_strategy no:
+    only a preemption wrote one): resuming from it would train those steps again."""
+    from beam_sft.train.checkpoints import step_of
+    from beam_sft.train.faults import read_status
+
+    status = read_status(output_dir, since=0)
+    if not status or status.get("status") != "finished":
+        return None
+    step = int(status.get("step") or 0)
+    have = step_of(Path(checkpoint)) if checkpoint else 0
+    return step if step > have else None
+
+
+def _resume_plan(resume: str, training_args) -> str:
+    import json
+
+    try:
+        state = json.loads((Path(resume) / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "its trainer state is unreadable"
+    step = int(state.get("global_step", 0))
+    last = training_args.max_steps if training_args.max_steps > 0 else int(state.get("max_steps") or 0)
+    if last and step >= last:
+        return f"it is at step {step} of {last}: no step left to train"
+    return f"step {step} done, training goes on at step {step + 1}" + (f" of {last}" if last else "")
+
+
+def train(trainer, resume) -> None:
+    """`trainer.train`, with each way a run can end written to output_dir/run_status.json and turned into
+    one line and its exit status: preempted (75, a complete checkpoint written), a non-finite step (65), a
+    full disk (74), a lost rank (1)."""
+    from beam_sft.errors import BeamSFTError, FatalError
+    from beam_sft.train.checkpoints import last_complete
+    from beam_sft.train.faults import EXIT_PREEMPTED, Preempted, is_peer_lost, lost_ranks, write_status
+
+    args = trainer.args
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except BeamSFTError as err:
+        if trainer.is_world_process_zero():
+            write_status(args.output_dir, type(err).__name__, err.exit_code, step=trainer.state.global_step,
+                         message=str(err))
+        raise
+    except RuntimeError as err:
+        if not (args.world_size > 1 and is_peer_lost(err)):
+            raise
+        newest = last_complete(args.output_dir, say=logger.debug)
+        raise FatalError(
+            f"lost {lost_ranks()} at step {trainer.state.global_step + 1}: {str(err).splitlines()[0][:200]}; "
+            f"{Path(newest).name if newest else 'no checkpoint'} is the newest complete checkpoint (rerun with "
+            "--resume_from_checkpoint last, or launch with --max_restarts N to restart on its own)"
+        ) from None
+    stopped = trainer.preemption.stopped_at
+    if stopped is not None:
+        checkpoint = str(Path(args.output_dir) / f"checkpoint-{stopped}")
+        if trainer.is_world_process_zero():
+            write_status(args.output_dir, "preempted", EXIT_PREEMPTED, step=stopped, checkpoint=checkpoint)
+        finish(trainer, status=None)
+        raise Preempted(f"saved {checkpoint} (complete) at step {stopped} and stopped; rerun the same command "
+                        "with --resume_from_checkpoint last to go on (exit status 75)")
 
 
 def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args, model_args,
                   callbacks=None):
     """`BeamSFTTrainer` with LoRA (when asked), its loss path, and packing made exact (probed) before training."""
+    from beam_sft.train.faults import (
+        NonFiniteGuard,
+        make_preemption_callback,
+        make_step_timeout_callback,
+        parse_signals,
+    )
     from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report
     from beam_sft.train.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.new_tokens import check_new_rows_trainable, make_new_rows_trainable
@@ -111,7 +214,11 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
         peft_config=peft_config,
         callbacks=callbacks,
         plain_loss=plain_loss,
+        guard=NonFiniteGuard(training_args.on_nonfinite, training_args.nonfinite_max_skips),
     )
+    trainer.preemption = make_preemption_callback(parse_signals(training_args.preemption_signals))
+    trainer.add_callback(trainer.preemption)
+    trainer.add_callback(make_step_timeout_callback(training_args.step_timeout))
     if trainer.is_fsdp_enabled:
         trainer.add_callback(make_sharding_report())
     if peft_config is not None:
@@ -127,6 +234,20 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
         Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
         write_json_atomic(str(Path(training_args.output_dir) / "packing_probe.json"), packing.to_dict())
     return trainer
+
+
+def name_rows(trainer, train_dataset) -> None:
+    """Let the non-finite check name a batch's records (`source:line`) from the prepared data's row origins.
+    TRL's own passes over a tokenized dataset (truncation, the fully-masked filter) keep its rows and order
+    when they keep its length; packing does not, and then rows are named by number."""
+    from beam_sft.dataset.origins import row_origins
+
+    trained = trainer.train_dataset
+    if getattr(trainer.args, "packing", False) or not hasattr(trained, "__len__") or not hasattr(train_dataset, "__len__"):
+        return
+    origins = row_origins(train_dataset) if len(trained) == len(train_dataset) else None
+    if origins is not None:
+        trainer.guard.describe_rows = origins.describe
 
 
 def save(trainer, tokenizer, output_dir: str) -> None:
@@ -175,12 +296,17 @@ def push(trainer, training_args) -> None:
     logger.info("pushed %s to the hub as %s", training_args.output_dir, trainer.hub_model_id)
 
 
-def finish(trainer) -> None:
-    import transformers
-    from packaging.version import Version
+def finish(trainer, status: str | None = "finished") -> None:
+    from beam_sft.train.faults import destroy_process_group, write_status
 
-    # A rank that reaches end() (which tears the process group down) while another is still saving would
-    # leave that one blocked in a collective forever.
+    # A rank that tears the process group down while another is still saving would leave that one blocked
+    # in a collective forever.
     trainer.accelerator.wait_for_everyone()
-    if Version(transformers.__version__) >= Version("5.18.0"):
-        trainer.end()
+    if status and trainer.is_world_process_zero():
+        write_status(trainer.args.output_dir, status, 0, step=trainer.state.global_step)
+    for tracker in trainer.accelerator.trackers:
+        tracker.finish()
+    # The DDP/FSDP wrapper holds the process group: dropped first, so the group goes down here, in order.
+    trainer.model_wrapped = trainer.model
+    trainer.accelerator._models.clear()
+    destroy_process_group()

@@ -28,6 +28,8 @@ def main(script_args, training_args, model_args, callbacks=None):
 
     run.setup_logging(training_args)
     run.check_arguments(script_args, training_args)
+    if run.already_finished(training_args):  # a requeued job that had finished: nothing to do
+        return None
 
     # Model and tokenizer
     model, tokenizer, embedded = load_model_and_tokenizer(script_args, training_args, model_args)
@@ -50,11 +52,12 @@ def main(script_args, training_args, model_args, callbacks=None):
     # Trainer, training, saving
     trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
                                 model_args, callbacks)
+    run.name_rows(trainer, train_dataset)  # a non-finite step names its records by source file and line
     add_source_eval(trainer, script_args, eval_dataset, data_stats)  # eval_<source>_loss next to eval_loss
     # Beam metrics: the held-out records read once (an empty split is warned about now, not after training)
     records = held_out_records(trainer, script_args, settings) if beam_eval_wanted(script_args, training_args) else []
     add_beam_eval(trainer, tokenizer, script_args, training_args, records)  # during training; early stopping
-    trainer.train(resume_from_checkpoint=run.resume_checkpoint(training_args))
+    run.train(trainer, run.resume_checkpoint(training_args))  # faults: beam_sft/train/faults.py
     run.save(trainer, tokenizer, training_args.output_dir)
     if script_args.eval_beam:
         run.eval_beam(trainer, tokenizer, records)

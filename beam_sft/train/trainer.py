@@ -3,6 +3,11 @@
 * `BeamSFTTrainer` is TRL's `SFTTrainer` that also logs how many supervised (loss-bearing) tokens it has
   trained on, next to TRL's `num_tokens` (every token seen), and keeps the evaluations in progress
   (`evaluation_calls`) for the per-source eval loss (`beam_sft.train.source_eval`).
+* Its faults (`beam_sft/train/checkpoints.py`, `beam_sft/train/faults.py`): a checkpoint is committed only once
+  every rank wrote it (and rotation waits for that), a full disk is one error that keeps the previous
+  checkpoint, every step is checked for a non-finite loss or gradient before the optimizer step, each training
+  batch carries the dataset rows it came from (to name the records of a bad step), and a resumed run that has
+  already reached max_steps trains no further step.
 """
 
 from __future__ import annotations
@@ -10,6 +15,95 @@ from __future__ import annotations
 import logging
 
 logger = logging.getLogger(__name__)
+
+
+class _RowIndexed:
+    """A map-style dataset whose rows also carry their index as `beam_row`, so a batch knows its records."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return {**self.dataset[int(index)], "beam_row": int(index)}
+
+    def __getitems__(self, indices):
+        rows = self.dataset[[int(i) for i in indices]]  # one Arrow read for the batch
+        names = list(rows)
+        return [{**{name: rows[name][j] for name in names}, "beam_row": int(i)} for j, i in enumerate(indices)]
+
+
+class _RowsCollator:
+    """The trainer's collator, with the rows' `beam_row` indices passed along as the batch's `beam_rows`."""
+
+    def __init__(self, collator) -> None:
+        self.collator = collator
+
+    def __call__(self, examples):
+        from torch import tensor
+
+        rows = [example.pop("beam_row") for example in examples if "beam_row" in example]
+        batch = self.collator(examples)
+        if rows:
+            batch["beam_rows"] = tensor(rows)
+        return batch
+
+
+class _Faults:
+    """The trainer's side of beam_sft/train/faults.py and checkpoints.py (see the module docstring)."""
+
+    # ---- which rows a batch holds
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        if self._signature_columns is not None and "beam_row" not in self._signature_columns:
+            self._signature_columns = [*self._signature_columns, "beam_row"]
+
+    def get_train_dataloader(self):
+        import datasets
+
+        original = self.train_dataset
+        if isinstance(original, datasets.Dataset) and not getattr(self.args, "group_by_length", False):
+            self.train_dataset = _RowIndexed(original)
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.train_dataset = original
+
+    # ---- a non-finite step, an empty batch
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        rows = inputs.pop("beam_rows", None)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.guard.seen(loss, rows)
+        return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        self.guard.check(self, grad_norm)  # before the optimizer step: stop, or drop this step's gradients
+        return grad_norm
+
+    # ---- checkpoints
+    def _save_checkpoint(self, model, trial):
+        from beam_sft.train.checkpoints import save_guarded
+
+        save_guarded(self, lambda: super(_Faults, self)._save_checkpoint(model, trial),
+                     self._get_output_dir(trial=trial))
+
+    def _run_epoch(self, *args, **kwargs):
+        # transformers trains the rest of a resumed epoch before it looks at max_steps: a run resumed at
+        # its last step would train one step more (and write checkpoint-<max_steps + 1>).
+        if 0 < self.state.max_steps <= self.state.global_step:
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
+
+    def _issue_warnings_after_load(self, load_result):
+        # Tied weights (lm_head = embed_tokens) are saved once: their "missing" alias is not missing.
+        tied = _tied_aliases(self.model)
+        if load_result.missing_keys and set(load_result.missing_keys) <= tied:
+            load_result.missing_keys.clear()
+        return super()._issue_warnings_after_load(load_result)
 
 
 class _EvaluationCalls:
@@ -36,12 +130,21 @@ class _EvaluationCalls:
         self._metrics["eval"] = defaultdict(list, {f"{label}_{k}": v for k, v in self._metrics["eval"].items()})
 
 
+def _tied_aliases(model) -> set[str]:
+    """Parameter names that are a second name of another parameter (tied weights)."""
+    unique = {name for name, _ in model.named_parameters()}
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    aliases = every - unique
+    # A wrapped model (PEFT) names them with a prefix the checkpoint's keys may lack.
+    return aliases | {name.split(".", 1)[1] for name in aliases if "." in name}
+
+
 def make_trainer_class():
     """`BeamSFTTrainer`, built lazily so importing this module does not import TRL."""
     from torch import as_tensor as torch_as_tensor
     from trl import SFTTrainer
 
-    class BeamSFTTrainer(_EvaluationCalls, SFTTrainer):
+    class BeamSFTTrainer(_EvaluationCalls, _Faults, SFTTrainer):
         """SFTTrainer that counts supervised tokens (labels != -100 after the shift) across processes.
 
         `plain_loss=True` computes the loss from the model's own logits (`cross_entropy`, summed and divided
@@ -50,18 +153,27 @@ def make_trainer_class():
         MoE models: the router (load-balancing) loss is added once, as in TRL's path, and logged as `aux_loss`.
         """
 
-        def __init__(self, *args, plain_loss: bool = False, **kwargs):
+        def __init__(self, *args, plain_loss: bool = False, guard=None, **kwargs):
+            from beam_sft.train.faults import NonFiniteGuard
+
             super().__init__(*args, **kwargs)
             self._supervised_tokens = 0
             self.plain_loss = plain_loss
             self.evaluation_calls = []  # _EvaluationCalls
+            self.guard = guard if guard is not None else NonFiniteGuard()
+            self.data_collator = _RowsCollator(self.data_collator)
+            self._committed: set[int] = set()  # steps checkpointed by this process's run
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if self.model.training and "labels" in inputs:
                 # Position 0 of a row is never predicted, so it never carries loss.
                 local = (inputs["labels"][..., 1:] != -100).sum()
+                if int(local) == 0:
+                    self.guard.empty_batches += 1
                 self._supervised_tokens += int(self.accelerator.gather_for_metrics(local.reshape(1)).sum())
-            if not self.plain_loss or return_outputs or self.args.loss_type != "nll":
+            # A step without one trained token on any rank: TRL's fused path would divide 0 by 0.
+            nothing = num_items_in_batch is not None and int(num_items_in_batch) == 0
+            if (not self.plain_loss and not nothing) or return_outputs or self.args.loss_type != "nll":
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             return self._plain_loss(model, inputs, num_items_in_batch)
 
@@ -108,6 +220,10 @@ def make_trainer_class():
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             if self.model.training:
                 logs["num_supervised_tokens"] = float(self._supervised_tokens)
+                if self.guard.skipped:
+                    logs["nonfinite_steps_skipped"] = float(self.guard.skipped)
+                if self.guard.empty_batches:
+                    logs["batches_without_trained_tokens"] = float(self.guard.empty_batches)
             else:
                 self._label_eval_metrics()
             super().log(logs, start_time)

@@ -1,0 +1,157 @@
+"""Where each row of a prepared split came from: its source and line (JSONL) or index (anything else).
+
+A prepared directory holds one `row_origins.arrow` per split (at the root for train, in `eval/` for eval): an
+Arrow IPC file with one row per dataset row, in dataset-row order, columns `src` (int32, into the source
+names of its schema metadata), `pos` (int64: the 1-based line or 0-based index, as `rejects.jsonl` gives it)
+and `by_line` (bool). So a training job that stops on a bad batch can name its records by file and line.
+
+How it is kept equal to the rows: each worker writes, beside its chunk's shard of a split (`part-K.arrow`),
+the origins of the same kept rows in the same order (`part-K.origins.arrow`, `src` into the chunk's names);
+whatever later takes rows out of a shard (`beam_sft.dataset.workers.drop_rows`: duplicates across chunks)
+takes the same rows out of its origins, and a merge of `--shard` runs copies both. When a split is committed,
+`OriginsWriter` appends the chunks' origins in chunk order, the same order as the split's data files, one
+chunk at a time.
+
+`row_origins(dataset_or_dir)` reads it back memory-mapped; only the rows asked for become Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ORIGINS_FILE = "row_origins.arrow"
+_SUFFIX = ".origins.arrow"
+_METADATA_KEY = b"beam_sft_row_origins"
+_VERSION = 1
+
+
+def origins_schema(metadata: dict[bytes, bytes] | None = None):
+    import pyarrow as pa
+
+    return pa.schema([("src", pa.int32()), ("pos", pa.int64()), ("by_line", pa.bool_())], metadata=metadata)
+
+
+def shard_origins_path(shard: str | os.PathLike) -> str:
+    """The origins file that goes with a chunk's shard (`part-00003.arrow` -> `part-00003.origins.arrow`)."""
+    return str(shard).removesuffix(".arrow") + _SUFFIX
+
+
+def origins_batch(src: list[int], pos: list[int], by_line: list[bool]):
+    import pyarrow as pa
+
+    schema = origins_schema()
+    return pa.record_batch([pa.array(src, pa.int32()), pa.array(pos, pa.int64()), pa.array(by_line, pa.bool_())],
+                           schema=schema)
+
+
+class OriginsWriter:
+    """The origins of one split's kept rows: the chunks' origins files, added in the split's chunk order, then
+    written as the split's `row_origins.arrow`. Holds a few numbers per chunk, never a row."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, list[int]]] = []  # (chunk origins file, chunk's src -> split's src)
+        self.names: dict[str, int] = {}
+        self.complete = True
+
+    def add(self, shard: str | os.PathLike, names: list[str]) -> None:
+        path = shard_origins_path(shard)
+        if not os.path.exists(path):
+            # a shard written before origins were recorded (an older shard run): no sidecar rather than a wrong one
+            self.complete = False
+            return
+        self.parts.append((path, [self.names.setdefault(name, len(self.names)) for name in names]))
+
+    def write(self, directory: str | os.PathLike) -> None:
+        """`directory/row_origins.arrow` from the chunks' files, which are removed."""
+        import numpy as np
+        import pyarrow as pa
+
+        if self.complete:
+            meta = json.dumps({"version": _VERSION, "names": list(self.names)}, ensure_ascii=False)
+            schema = origins_schema({_METADATA_KEY: meta.encode()})
+            with pa.OSFile(str(Path(directory) / ORIGINS_FILE), "wb") as sink, \
+                    pa.ipc.new_file(sink, schema) as writer:
+                for path, lookup in self.parts:
+                    # one chunk at a time (at most CHUNK_ROWS rows), one batch each: batch boundaries inside a
+                    # chunk then never show in the bytes
+                    with pa.OSFile(path) as source:
+                        table = pa.ipc.open_stream(source).read_all()
+                    src, pos, by_line = (table.column(name).combine_chunks() for name in schema.names)
+                    src = pa.array(np.asarray(lookup, dtype=np.int32)[src.to_numpy()], pa.int32())
+                    writer.write_batch(pa.record_batch([src, pos, by_line], schema=schema))
+        for path, _ in self.parts:
+            os.unlink(path)
+
+
+class RowOrigins:
+    """The origins of a prepared split's rows, memory-mapped. Rows are those of the dataset it was found
+    from: through its indices mapping where it has one (a `train_test_split`, `shuffle`, `select`)."""
+
+    def __init__(self, path: str | os.PathLike, indices: Any = None) -> None:
+        import pyarrow as pa
+
+        reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+        meta = json.loads(reader.schema.metadata[_METADATA_KEY])
+        self.path = str(path)
+        self.names: list[str] = meta["names"]
+        self.table = reader.read_all()  # zero-copy over the map
+        self.indices = indices  # pyarrow (chunked) array: dataset row -> split row, or None
+
+    def __len__(self) -> int:
+        return len(self.indices) if self.indices is not None else self.table.num_rows
+
+    def locate(self, rows: list[int]) -> list[tuple[str, int, bool]]:
+        """(source, position, by_line) of each row: the 1-based line when by_line, else the 0-based index."""
+        import pyarrow as pa
+
+        n = len(self)
+        bad = [row for row in rows if not 0 <= row < n]
+        if bad:
+            raise IndexError(f"rows {bad} out of range for {n} rows")
+        take = pa.array(rows, pa.int64())
+        if self.indices is not None:
+            take = self.indices.take(take)
+        picked = self.table.take(take)
+        return [(self.names[src], pos, by_line) for src, pos, by_line in
+                zip(*(picked.column(name).to_pylist() for name in ("src", "pos", "by_line")), strict=True)]
+
+    def describe(self, rows: list[int]) -> list[str]:
+        """`source:line` for JSONL rows, `source[index]` for the others (as the data phase's messages name them)."""
+        return [f"{src}:{pos}" if by_line else f"{src}[{pos}]" for src, pos, by_line in self.locate(rows)]
+
+
+def row_origins(dataset_or_dir: Any) -> RowOrigins | None:
+    """The origins of a prepared split's rows, or None where there are none to be had: older prepared data,
+    a streaming or in-memory dataset, one whose rows were rewritten (a `map` to new files).
+
+    `dataset_or_dir`: a `datasets.Dataset` loaded from a prepared directory (the train split at its root, or
+    `eval/`), found through its `cache_files`; or the path of such a directory or of its `row_origins.arrow`."""
+    if isinstance(dataset_or_dir, (str, os.PathLike)):
+        path = Path(dataset_or_dir)
+        path = path / ORIGINS_FILE if path.is_dir() else path
+        return RowOrigins(path) if path.is_file() else None
+    return _dataset_origins(dataset_or_dir)
+
+
+def _dataset_origins(dataset: Any) -> RowOrigins | None:
+    files = [Path(f["filename"]) for f in getattr(dataset, "cache_files", None) or []]
+    if not files or not (files[0].parent / ORIGINS_FILE).is_file():
+        return None
+    directory = files[0].parent
+    try:
+        state = json.loads((directory / "state.json").read_text(encoding="utf-8"))
+        data_files = [directory / entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    # The split's own files first (any after them hold an indices mapping): a dataset rewritten by `map` has other
+    # files, and its rows need not be these.
+    if [f.resolve() for f in files[: len(data_files)]] != [f.resolve() for f in data_files]:
+        return None
+    # datasets keeps a reordering (train_test_split, shuffle, select, filter) as an indices table over unchanged
+    # data files, with no public accessor; without it the names would be of the wrong rows.
+    indices = getattr(dataset, "_indices", None)
+    origins = RowOrigins(directory / ORIGINS_FILE, indices.column(0) if indices is not None else None)
+    return origins if origins.table.num_rows == dataset.data.num_rows else None

@@ -1,0 +1,293 @@
+"""Checkpoints that count only when complete: a commit marker written last, resume from the newest complete one.
+
+transformers writes `checkpoint-N/` in place (weights first, `trainer_state.json` last) and resumes from the
+highest N without looking inside, so a kill inside a save leaves a directory that `--resume_from_checkpoint last`
+then fails on. Renaming a temporary directory into place would fix that on one machine, but transformers twice
+tried it and withdrew it because it broke multi-node runs on shared storage (a rename races with the other nodes'
+writes, and under `save_on_each_node` each node renames its own copy). Here nothing is renamed: every rank writes
+into `checkpoint-N/` as transformers does, every node flushes what it wrote, all ranks agree that every write
+succeeded, and only then does the saving process of each storage (`args.should_save`: world rank 0, or each
+node's local rank 0 with `save_on_each_node`) write `beam_checkpoint.json`, the commit marker, atomically. A
+directory without it, or whose files no longer match it, is never resumed (torchtitan's `.metadata` rule).
+
+The marker lists every file of the checkpoint with its size, so a checkpoint damaged after the fact (a file
+truncated or removed) is found out at resume time too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from beam_sft.errors import FatalError
+
+logger = logging.getLogger(__name__)
+
+MARKER = "beam_checkpoint.json"
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+# What a transformers checkpoint holds whatever the strategy: the files a marker-less directory is described by.
+_EXPECTED = ("trainer_state.json",)
+EXIT_DISK_FULL = 74  # sysexits EX_IOERR: free space, then resume
+
+
+class DiskFullError(FatalError):
+    """A checkpoint could not be written for lack of space; the previous complete one is untouched."""
+
+    exit_code = EXIT_DISK_FULL
+
+
+def step_of(path: Path) -> int:
+    found = _NAME.match(path.name)
+    return int(found.group(1)) if found else -1
+
+
+def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
+    """Every `checkpoint-N` directory of output_dir, oldest step first."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)), key=step_of)
+
+
+def _files(path: Path) -> dict[str, int]:
+    return {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*"))
+            if f.is_file() and f.name != MARKER and not f.name.startswith(f".{MARKER}")}
+
+
+def lacks(path: Path) -> str | None:
+    """What keeps checkpoint `path` from being resumed, in a few words; None when it is complete."""
+    marker = path / MARKER
+    if not marker.is_file():
+        have = sorted(_files(path))
+        missing = [name for name in _EXPECTED if name not in have]
+        shown = ", ".join(have[:6]) + (f" and {len(have) - 6} more" if len(have) > 6 else "")
+        return (f"no commit marker {MARKER} (a save that did not finish, or written without beam-sft); "
+                f"has {shown or 'no files'}" + (f"; lacks {', '.join(missing)}" if missing else ""))
+    try:
+        listed = json.loads(marker.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"unreadable commit marker ({err})"
+    present = _files(path)
+    for name, size in listed.items():
+        if name not in present:
+            return f"{name} is gone (the marker lists it)"
+        if present[name] != size:
+            return f"{name} is {present[name]} bytes, the marker says {size}"
+    return None
+
+
+def is_complete(path: str | Path) -> bool:
+    return lacks(Path(path)) is None
+
+
+def last_complete(output_dir: str | Path, say=logger.warning) -> str | None:
+    """The newest complete checkpoint of output_dir; each newer incomplete one named in one line with what it
+    lacks (older incomplete ones are leftovers the rotation removes)."""
+    newest = None
+    for path in reversed(checkpoint_dirs(output_dir)):
+        reason = lacks(path)
+        if reason is None:
+            newest = path
+            break
+        say(f"not resuming from {path}: incomplete, {reason}")
+    return str(newest) if newest is not None else None
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush what this machine wrote under `path` to its storage (files, then directories)."""
+    for name in sorted(path.rglob("*")):
+        if name.is_file():
+            fd = os.open(name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a directory; the data files are flushed already
+        pass
+    finally:
+        os.close(fd)
+
+
+def commit(path: Path, step: int, world_size: int) -> None:
+    """Write the commit marker of a checkpoint whose every file is written and flushed. A writer-unique
+    temporary name and a rename, so two nodes committing one shared directory never see a half marker."""
+    body = {"step": step, "world_size": world_size, "time": time.time(), "files": _files(path)}
+    tmp = path / f".{MARKER}.{socket.gethostname()}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(body, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path / MARKER)
+    _fsync_dir(path)
+
+
+def uncommit(path: Path) -> None:
+    """Make `path` incomplete before it is written again (a run resumed from an older checkpoint)."""
+    try:
+        (path / MARKER).unlink()
+    except FileNotFoundError:
+        return
+    _fsync_dir(path)
+
+
+def rotate(output_dir: str | Path, limit: int | None, keep: str | None = None) -> list[Path]:
+    """Keep the newest `limit` complete checkpoints (and `keep`, the best model's); remove older complete ones
+    and incomplete leftovers older than the newest complete one. Runs after a commit, so the checkpoint a
+    resume would take is never the one removed. Returns what it removed."""
+    dirs = checkpoint_dirs(output_dir)
+    complete = [p for p in dirs if is_complete(p)]
+    if not complete:
+        return []
+    protected = set(complete[-limit:] if limit and limit > 0 else complete)
+    if keep:
+        protected.add(Path(keep))
+    newest = step_of(complete[-1])
+    removed = []
+    for path in dirs:
+        if path in protected or step_of(path) >= newest:
+            continue
+        if path in complete and not (limit and limit > 0):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    if removed:
+        logger.info("removed %s (save_total_limit %s)", ", ".join(p.name for p in removed), limit)
+    return removed
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def state_bytes(model, optimizer=None) -> int:
+    """About what one checkpoint takes: the model's state and the optimizer's tensors, as held in memory."""
+    total = 0
+    seen = set()
+    for tensor in list(model.state_dict().values()):
+        if hasattr(tensor, "untyped_storage"):
+            key = tensor.untyped_storage().data_ptr()
+            if key in seen:  # tied weights are saved once
+                continue
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    if optimizer is not None:
+        for state in getattr(optimizer, "state", {}).values():
+            for value in state.values():
+                if hasattr(value, "element_size"):
+                    total += value.numel() * value.element_size()
+    return total
+
+
+def is_disk_full(err: BaseException, directory: Path, needed: int) -> bool:
+    """A write that failed for lack of space: ENOSPC, torch's and safetensors' own words for it, or a failed
+    write with less free space left than the checkpoint needs."""
+    import errno
+
+    text = str(err).lower()
+    if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if "no space left" in text or "quota exceeded" in text:
+        return True
+    if "write" in text or isinstance(err, OSError):
+        return free_bytes(directory) < max(needed, 1)
+    return False
+
+
+def free_bytes(directory: str | Path) -> int:
+    path = Path(directory)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:,.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{n} B"
+
+
+def disk_full_error(directory: Path, needed: int, free: int, previous: str | None) -> DiskFullError:
+    then = (f"{Path(previous).name} is the newest complete checkpoint and stays resumable" if previous
+            else "no complete checkpoint yet")
+    return DiskFullError(
+        f"no space left for {directory}: a checkpoint needs about {needed:,} bytes ({human(needed)}), "
+        f"{free:,} ({human(free)}) were free; {then}; free space (or set save_total_limit) and rerun with "
+        "--resume_from_checkpoint last"
+    )
+
+
+def save_guarded(trainer, save, run_dir: str) -> None:
+    """`save()` (transformers' `_save_checkpoint`) made a commit: the stale directory of this step cleared
+    first, the space checked against the previous checkpoint's size, every rank's writes agreed on, then the
+    marker, then rotation. A failed write on any rank removes the partial directory on every rank's storage
+    and raises on all of them (a full disk as `DiskFullError`)."""
+    from beam_sft.train.faults import agree_any
+
+    args, step = trainer.args, trainer.state.global_step
+    if step in trainer._committed:  # a preemption save at the step a periodic save just wrote
+        return
+    root = Path(run_dir)
+    folder = root / f"checkpoint-{step}"
+    previous = last_complete(root, say=logger.debug)
+    if previous == str(folder):
+        previous = None
+    needed = tree_bytes(Path(previous)) if previous else state_bytes(trainer.model, trainer.optimizer)
+    if args.should_save and folder.exists():  # left by a run that got further before it was resumed earlier
+        uncommit(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+    free = free_bytes(root)
+    if agree_any(bool(previous) and args.should_save and free < needed, args.device):
+        raise disk_full_error(folder, needed, free, previous)
+    error = None
+    limit = args.save_total_limit
+    try:
+        args.save_total_limit = None  # rotation waits for the commit
+        save()
+        if args.local_process_index == 0 and folder.is_dir():
+            fsync_tree(folder)
+    except Exception as err:  # noqa: BLE001 - every rank must reach the agreement below, whatever failed
+        error = err
+    finally:
+        args.save_total_limit = limit
+    if agree_any(error is not None, args.device):
+        _fail(trainer, folder, error, needed, previous)
+    if args.should_save:
+        commit(folder, step, args.world_size)
+        rotate(root, limit, keep=trainer.state.best_model_checkpoint)
+    trainer._committed.add(step)
+    trainer.accelerator.wait_for_everyone()
+
+
+def _fail(trainer, folder: Path, error: BaseException | None, needed: int, previous: str | None):
+    from beam_sft.train.faults import agree_any
+
+    free = free_bytes(folder.parent)
+    full = agree_any(error is not None and is_disk_full(error, folder.parent, needed), trainer.args.device)
+    if trainer.args.should_save:
+        shutil.rmtree(folder, ignore_errors=True)  # the partial save: its space back, nothing to mistake
+    trainer.accelerator.wait_for_everyone()
+    if full:
+        raise disk_full_error(folder, needed, free, previous) from error
+    if error is not None:
+        raise error
+    raise FatalError(f"another rank failed to write {folder}; {Path(previous).name if previous else 'no checkpoint'} "
+                     "is the newest complete checkpoint")

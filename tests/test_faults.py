@@ -1,0 +1,175 @@
+"""Faults of a training run, with real processes and real signals (docs/training.md#when-a-job-fails).
+
+One small setup for every run (the tiny model, 24 OpenAI-format sample records, a global batch of 4, one
+thread), so a run that was killed, preempted or restarted can be compared step by step with the uninterrupted
+one: a resumed run must log the same losses and repeat no step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DRIVER = REPO / "tests" / "fault_driver.py"
+pytestmark = pytest.mark.slow
+
+STEPS = 8
+COMMON = [
+    "--config", str(REPO / "configs" / "quickstart.yaml"),
+    "--dataset_name", str(REPO / "data" / "samples" / "openai.jsonl"),
+    "--max_records", "25", "--max_length", "512", "--packing", "false",
+    "--max_steps", str(STEPS), "--learning_rate", "3e-3", "--warmup_steps", "0",
+    "--logging_steps", "1", "--disable_tqdm", "true", "--seed", "0", "--report_to", "none",
+    "--per_device_train_batch_size", "4",
+]
+RTOL = 1e-5  # a resumed run replays the same batches from the same RNG state: float noise only
+
+
+def env():
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def start(tmp: Path, name: str, argv: list[str], **hooks) -> tuple[subprocess.Popen, Path]:
+    spec = {"losses": str(tmp / f"{name}.losses.jsonl"), "ready": str(tmp / f"{name}.ready"), **hooks}
+    (tmp / f"{name}.json").write_text(json.dumps(spec))
+    proc = subprocess.Popen([sys.executable, str(DRIVER), str(tmp / f"{name}.json"), "--", *argv], env=env(),
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return proc, Path(spec["ready"])
+
+
+def run(tmp: Path, name: str, argv: list[str], timeout: int = 300, **hooks) -> subprocess.CompletedProcess:
+    proc, _ = start(tmp, name, argv, **hooks)
+    _, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, limit: float = 300) -> None:
+    deadline = time.monotonic() + limit
+    while not path.exists():
+        assert proc.poll() is None, f"run ended first: {proc.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"{path.name} not reached in {limit} s"
+        time.sleep(0.2)
+
+
+def losses(tmp: Path, *names: str) -> dict[int, float]:
+    """step -> loss over the named runs' logs, each step logged once in all (a repeated step fails)."""
+    out = {}
+    for name in names:
+        path = tmp / f"{name}.losses.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            entry = json.loads(line)
+            assert entry["step"] not in out, f"step {entry['step']} trained twice"
+            out[entry["step"]] = entry["loss"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run's losses."""
+    tmp = tmp_path_factory.mktemp("reference")
+    done = run(tmp, "ref", [*COMMON, "--output_dir", str(tmp / "out"), "--save_strategy", "no",
+                            "--prepared_cache_dir", str(tmp / "cache")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = losses(tmp, "ref")
+    assert sorted(found) == list(range(1, STEPS + 1))
+    return found
+
+
+def assert_same(found: dict[int, float], reference: dict[int, float]) -> None:
+    assert sorted(found) == sorted(reference), (found, reference)  # no step lost, none repeated
+    for step, loss in reference.items():
+        assert found[step] == pytest.approx(loss, rel=RTOL), (step, found, reference)
+
+
+def test_sigterm_saves_a_complete_checkpoint_and_the_resume_loses_nothing(reference, tmp_path):
+    out = tmp_path / "out"
+    argv = [*COMMON, "--output_dir", str(out), "--save_strategy", "no", "--prepared_cache_dir", str(tmp_path / "c")]
+    proc, ready = start(tmp_path, "first", argv, pause_step=3, pause_s=5)
+    wait_for(ready, proc)
+    os.kill(proc.pid, signal.SIGTERM)  # from outside, while the run sits at step 3's end
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err[-3000:]
+    status = json.loads((out / "run_status.json").read_text())
+    assert status["status"] == "preempted" and status["exit_code"] == 75
+    stopped = status["step"]
+    assert stopped in (3, 4), status  # the step it was at, or the next one: never later
+    assert (out / f"checkpoint-{stopped}" / "beam_checkpoint.json").is_file()
+    assert not (out / "model.safetensors").exists()  # not finished: no final model
+    assert f"saved {out / f'checkpoint-{stopped}'} (complete) at step {stopped}" in err.splitlines()[-1]
+
+    done = run(tmp_path, "second", [*argv, "--resume_from_checkpoint", "last"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from {out / f'checkpoint-{stopped}'}: step {stopped} done" in done.stderr
+    assert "missing keys" not in done.stderr  # the tied lm_head is not missing
+    assert_same(losses(tmp_path, "first", "second"), reference)
+    assert json.loads((out / "run_status.json").read_text())["status"] == "finished"
+
+    again = run(tmp_path, "third", [*argv, "--resume_from_checkpoint", "last"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "holds a run that finished at step 8" in again.stderr and not (tmp_path / "third.losses.jsonl").exists()
+    assert not (out / f"checkpoint-{STEPS + 1}").exists()
+
+
+def test_kill_inside_a_save_is_never_resumed(reference, tmp_path):
+    out = tmp_path / "out"
+    argv = [*COMMON, "--output_dir", str(out), "--save_strategy", "steps", "--save_steps", "2",
+            "--save_total_limit", "1", "--prepared_cache_dir", str(tmp_path / "c")]
+    proc, ready = start(tmp_path, "first", argv, save_pause=4)
+    wait_for(ready, proc)
+    os.kill(proc.pid, signal.SIGKILL)  # weights and optimizer of checkpoint-4 written, its trainer state not
+    proc.wait(timeout=60)
+    half = out / "checkpoint-4"
+    assert (half / "model.safetensors").is_file() and not (half / "trainer_state.json").exists()
+    assert (out / "checkpoint-2" / "beam_checkpoint.json").is_file()  # rotation waited for checkpoint-4
+
+    done = run(tmp_path, "second", [*argv, "--resume_from_checkpoint", "last"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    named = [line for line in done.stderr.splitlines() if "not resuming from" in line]
+    assert len(named) == 1 and str(half) in named[0] and "lacks trainer_state.json" in named[0], named
+    assert f"resuming from {out / 'checkpoint-2'}" in done.stderr
+    first = {s: v for s, v in losses(tmp_path, "first").items() if s <= 2}  # steps 3-4 died with the process
+    assert_same({**first, **losses(tmp_path, "second")}, reference)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{STEPS}"]  # limit 1, all complete
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_step_and_its_records(tmp_path):
+    out = tmp_path / "out"
+    argv = [*COMMON, "--output_dir", str(out), "--learning_rate", "1e4", "--max_grad_norm", "0",
+            "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "1",
+            "--prepared_cache_dir", str(tmp_path / "c")]
+    done = run(tmp_path, "nan", argv)
+    assert done.returncode == 65, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: non-finite ") and " at step " in line, line
+    step = int(line.split(" at step ")[1].split(";")[0].split()[0])
+    # Named by source file and line (the samples are JSONL): four records, the batch of that step.
+    records = line.split("the batch's records: ")[1].split(". ")[0].split(", ")
+    source = str(REPO / "data" / "samples" / "openai.jsonl") + ":"
+    assert len(records) == 4 and all(r.startswith(source) for r in records), records
+    # Stopped before that step's optimizer step: no checkpoint after the last finite one.
+    saved = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    assert saved and max(saved) == step - 1, (saved, step)
+    assert json.loads((out / "run_status.json").read_text())["exit_code"] == 65
+    for path in out.glob("checkpoint-*/model.safetensors"):
+        from safetensors.torch import load_file
+
+        assert all(t.isfinite().all() for t in load_file(str(path)).values()), path
+
+
+def test_skip_drops_non_finite_steps_up_to_a_cap(tmp_path):
+    argv = [*COMMON, "--output_dir", str(tmp_path / "out"), "--learning_rate", "1e4", "--max_grad_norm", "0",
+            "--max_steps", "12", "--save_strategy", "no", "--on_nonfinite", "skip", "--nonfinite_max_skips", "2",
+            "--prepared_cache_dir", str(tmp_path / "c")]
+    done = run(tmp_path, "skip", argv)
+    assert done.returncode == 65, done.stderr[-3000:]
+    assert "after 2 skipped steps in a row (nonfinite_max_skips 2)" in done.stderr.splitlines()[-1]
+    assert done.stderr.count("step skipped (") == 2
