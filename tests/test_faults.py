@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -173,3 +174,109 @@ def test_skip_drops_non_finite_steps_up_to_a_cap(tmp_path):
     assert done.returncode == 65, done.stderr[-3000:]
     assert "after 2 skipped steps in a row (nonfinite_max_skips 2)" in done.stderr.splitlines()[-1]
     assert done.stderr.count("step skipped (") == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real small filesystem (tmpfs, as root): 20 MiB, room for one checkpoint of the tiny model (~14 MiB)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_stops_the_save_and_keeps_the_previous_checkpoint(reference, small_disk, tmp_path):
+    out = small_disk / "out"
+    argv = [*COMMON, "--output_dir", str(out), "--save_strategy", "steps", "--save_steps", "2",
+            "--prepared_cache_dir", str(tmp_path / "c")]
+    done = run(tmp_path, "full", argv)
+    assert done.returncode == 74, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: no space left for {out / 'checkpoint-4'}: a checkpoint needs about "), line
+    assert "checkpoint-2 is the newest complete checkpoint and stays resumable" in line, line
+    sizes = re.search(r"needs about ([\d,]+) bytes \([^)]*\), ([\d,]+) \(", line)
+    needed, free = (int(group.replace(",", "")) for group in sizes.groups())
+    assert needed > free, line
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert (out / "checkpoint-2" / "beam_checkpoint.json").is_file()
+
+    # Freed space (the filesystem made larger), the same command resumes and finishes.
+    grown = subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], capture_output=True, text=True,
+                           check=False)
+    assert grown.returncode == 0, grown.stderr
+    resumed = run(tmp_path, "after", [*argv, "--resume_from_checkpoint", "last"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first = {s: v for s, v in losses(tmp_path, "full").items() if s <= 2}
+    assert_same({**first, **losses(tmp_path, "after")}, reference)
+
+
+def test_a_write_that_fails_for_space_is_the_same_one_error(small_disk, tmp_path):
+    # 8 MiB: the weights (4.6 MB) fit, the optimizer state (9.3 MB) does not: the first save fails mid-way.
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
+    out = small_disk / "out"
+    argv = [*COMMON, "--output_dir", str(out), "--save_strategy", "steps", "--save_steps", "2",
+            "--max_steps", "2", "--prepared_cache_dir", str(tmp_path / "c")]
+    done = run(tmp_path, "mid", argv)
+    assert done.returncode == 74, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: no space left for {out / 'checkpoint-2'}"), line
+    assert "no complete checkpoint yet" in line
+    assert not list(out.glob("checkpoint-*"))  # the partial save removed: its space back, nothing to mistake
+
+
+def test_dry_run_prints_a_checkpoint_size_against_the_free_space_and_help_names_last(small_disk, tmp_path):
+    argv = [*COMMON, "--output_dir", str(small_disk / "out"), "--prepared_cache_dir", str(tmp_path / "c"),
+            "--dry_run", "true"]
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *argv], env=env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.strip().startswith("checkpoints "))
+    # The tiny model's checkpoint is ~14 MiB on disk (weights 4.6 MB + AdamW 9.3 MB); the tmpfs has 20 MiB.
+    assert re.search(r"1[34]\.\d MiB each \(estimate\), every one kept \(no save_total_limit\); ", line), line
+    assert re.search(r"has (19\.\d|20\.0) MiB free$", line), line
+    assert not (small_disk / "out").exists()  # a dry run writes nothing
+    full = subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], capture_output=True, check=False)
+    assert full.returncode == 0
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *argv], env=env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert "NOT ENOUGH FOR ONE" in done.stdout
+
+    helped = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), "--help"], env=env(), cwd=REPO,
+                            capture_output=True, text=True, timeout=120, check=False)
+    text = " ".join(helped.stdout.split())
+    assert "--resume_from_checkpoint" in text and "'last'" in text and "--preemption_signals" in text
+
+
+def test_a_batch_without_trained_tokens_is_counted_not_a_nan(tmp_path):
+    """Both loss paths (TRL's fused LM head and the plain one) give 0 for a batch whose labels are all -100,
+    a step of such batches (num_items_in_batch 0) too, and the batch is counted and logged."""
+    import torch
+    from inmemory import prepare_dataset, read_rows, to_beam_records
+    from trl import SFTConfig
+
+    from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.train.model import build_tiny_model
+    from beam_sft.train.trainer import make_trainer_class
+
+    tok = load_tokenizer()
+    records, _ = to_beam_records(read_rows(str(REPO / "data" / "samples" / "openai.jsonl"))[:4])
+    dataset, _ = prepare_dataset(tok, records, max_length=512)
+    for plain in (False, True):
+        args = SFTConfig(output_dir=str(tmp_path / str(plain)), use_cpu=True, bf16=False, report_to="none",
+                         per_device_train_batch_size=4, max_length=512)
+        trainer = make_trainer_class()(model=build_tiny_model(tok, seed=0), args=args, train_dataset=dataset,
+                                       processing_class=tok, plain_loss=plain)
+        batch = trainer.data_collator([dataset[i] for i in range(4)])
+        batch["labels"] = torch.full_like(batch["labels"], -100)
+        trainer.model.train()
+        for items in (None, torch.tensor(0)):
+            loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=items)
+            assert torch.isfinite(loss) and float(loss) == 0.0, (plain, items, loss)
+        assert trainer.guard.empty_batches == 2
+        logs = {}
+        trainer._log_faults(logs)
+        assert logs == {"batches_without_trained_tokens": 2.0}

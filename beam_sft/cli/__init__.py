@@ -50,7 +50,8 @@ def run_guarded(func, args) -> int:
     except BeamSFTError as err:
         if os.environ.get("BEAM_SFT_DEBUG"):
             raise
-        print(f"{getattr(err, 'prefix', 'error')}: {err}", file=sys.stderr)
+        if str(err):  # a rank other than 0 of a preempted job has nothing to add
+            print(f"{getattr(err, 'prefix', 'error')}: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

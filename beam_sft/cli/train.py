@@ -20,7 +20,7 @@ import sys
 
 # accelerate launch's options beam-sft train passes on (each takes a value).
 LAUNCH_OPTIONS = ("--num_processes", "--config_file", "--num_machines", "--machine_rank", "--main_process_ip",
-                  "--main_process_port", "--mixed_precision")
+                  "--main_process_port", "--mixed_precision", "--rdzv_backend", "--max_restarts", "--monitor_interval")
 HELP = "Fine-tune on Beam data (the options of scripts/train.py; `beam-sft train --help` lists them)"
 
 
@@ -109,6 +109,8 @@ def launch(launch_args: list[str], train_args: list[str], output_dir: str | None
         launch_command(args)
     except subprocess.CalledProcessError as err:
         failure = err.returncode or 1
+    except SystemExit as err:  # accelerate's exit when its launcher was signalled: sys.exit(128 + signal)
+        failure = err.code if isinstance(err.code, int) else 1
     except Exception as err:  # noqa: BLE001 - torchrun's ChildFailedError, or SignalException when the launcher was signalled
         failure = err
     status = read_status(output_dir, since=started) if output_dir and failure is not None else None

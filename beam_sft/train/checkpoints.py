@@ -195,18 +195,14 @@ def state_bytes(model, optimizer=None) -> int:
 
 
 def is_disk_full(err: BaseException, directory: Path, needed: int) -> bool:
-    """A write that failed for lack of space: ENOSPC, torch's and safetensors' own words for it, or a failed
-    write with less free space left than the checkpoint needs."""
+    """A save that failed for lack of space: ENOSPC (or a quota), or any failed write with less free space left
+    than a checkpoint needs (torch.save says only "unexpected pos ..." when the disk fills under it)."""
     import errno
 
-    text = str(err).lower()
     if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
         return True
-    if "no space left" in text or "quota exceeded" in text:
-        return True
-    if "write" in text or isinstance(err, OSError):
-        return free_bytes(directory) < max(needed, 1)
-    return False
+    text = str(err).lower()
+    return "no space left" in text or "quota exceeded" in text or free_bytes(directory) < max(needed, 1)
 
 
 def free_bytes(directory: str | Path) -> int:

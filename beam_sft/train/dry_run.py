@@ -212,8 +212,24 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
     plan.facts.update(memory_bytes=memory["total"], parameters=total, trainable=trainable)
     plan.add("memory (estimate)", f"{_gib(memory['total'])} per process: " + ", ".join(
         f"{k} {_gib(v)}" for k, v in memory.items() if k != "total"))
+    _checkpoint_line(plan, total, trainable, BYTES.get(dtype_name(model_args, embedded), 4), training_args)
     plan.add("packing probe", probe(config, embedded, training_args, model_args))
     return plan
+
+
+def _checkpoint_line(plan: Plan, total: int, trainable: int, weight_bytes: int, training_args) -> None:
+    """One checkpoint's size (the weights saved, LoRA: the adapters only, and AdamW's two moments) against the
+    free space of output_dir, where a full disk would stop the run at its first save."""
+    from beam_sft.train.checkpoints import free_bytes
+
+    weights = (total if trainable == total else trainable) * weight_bytes
+    size = weights + 2 * trainable * weight_bytes
+    free = free_bytes(training_args.output_dir)
+    limit = training_args.save_total_limit
+    kept = f"at most {limit + 1} at once (save_total_limit {limit})" if limit else "every one kept (no save_total_limit)"
+    plan.facts.update(checkpoint_bytes=size, output_dir_free_bytes=free)
+    plan.add("checkpoints", f"{_gib(size)} each (estimate), {kept}; {training_args.output_dir} has {_gib(free)} free"
+             + (" -- NOT ENOUGH FOR ONE" if free < size else ""))
 
 
 def _data_lines(plan: Plan, stats: dict, train, eval_ds, rows: int, training_args) -> None:

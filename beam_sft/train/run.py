@@ -179,9 +179,11 @@ def train(trainer, resume) -> None:
         checkpoint = str(Path(args.output_dir) / f"checkpoint-{stopped}")
         if trainer.is_world_process_zero():
             write_status(args.output_dir, "preempted", EXIT_PREEMPTED, step=stopped, checkpoint=checkpoint)
-        finish(trainer, status=None)
+        finish(trainer)
+        # One line for the job, from rank 0: every rank exits 75.
         raise Preempted(f"saved {checkpoint} (complete) at step {stopped} and stopped; rerun the same command "
-                        "with --resume_from_checkpoint last to go on (exit status 75)")
+                        "with --resume_from_checkpoint last to go on (exit status 75)"
+                        if trainer.is_world_process_zero() else "")
 
 
 def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args, model_args,
@@ -254,6 +256,7 @@ def save(trainer, tokenizer, output_dir: str) -> None:
     """The model, then the tokenizer with both templates (main process), and a one-line account."""
     from beam_sft.template.servable import make_servable
     from beam_sft.template.tokenizer import save_tokenizer
+    from beam_sft.train.faults import write_status
     from beam_sft.train.fsdp import save_final_model
 
     # Under FSDP: the full model gathered to rank 0, whatever state_dict_type the checkpoints use.
@@ -262,6 +265,8 @@ def save(trainer, tokenizer, output_dir: str) -> None:
         # Again, through save_tokenizer: it keeps the response template's key order (see its docstring).
         save_tokenizer(tokenizer, output_dir)
         make_servable(output_dir, tokenizer)  # eos list, serving-subset response template, file modes
+        # Written with the model: a requeued job that finds it does nothing (already_finished).
+        write_status(output_dir, "finished", 0, step=trainer.state.global_step)
     trainer.accelerator.print(
         f"trained {trainer.state.global_step} steps; tokens seen {trainer._total_train_tokens}, supervised "
         f"{trainer._supervised_tokens} (this process's session); saved to {output_dir}"
@@ -296,14 +301,12 @@ def push(trainer, training_args) -> None:
     logger.info("pushed %s to the hub as %s", training_args.output_dir, trainer.hub_model_id)
 
 
-def finish(trainer, status: str | None = "finished") -> None:
-    from beam_sft.train.faults import destroy_process_group, write_status
+def finish(trainer) -> None:
+    from beam_sft.train.faults import destroy_process_group
 
     # A rank that tears the process group down while another is still saving would leave that one blocked
     # in a collective forever.
     trainer.accelerator.wait_for_everyone()
-    if status and trainer.is_world_process_zero():
-        write_status(trainer.args.output_dir, status, 0, step=trainer.state.global_step)
     for tracker in trainer.accelerator.trackers:
         tracker.finish()
     # The DDP/FSDP wrapper holds the process group: dropped first, so the group goes down here, in order.

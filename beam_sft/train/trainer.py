@@ -54,6 +54,27 @@ class _RowsCollator:
 class _Faults:
     """The trainer's side of beam_sft/train/faults.py and checkpoints.py (see the module docstring)."""
 
+    def _init_faults(self, guard) -> None:
+        from beam_sft.train.faults import NonFiniteGuard
+
+        self.guard = guard if guard is not None else NonFiniteGuard()
+        self.data_collator = _RowsCollator(self.data_collator)
+        self._committed: set[int] = set()  # steps checkpointed by this process's run
+
+    def _log_faults(self, logs: dict) -> None:
+        if self.guard.skipped:
+            logs["nonfinite_steps_skipped"] = float(self.guard.skipped)
+        if self.guard.empty_batches:
+            logs["batches_without_trained_tokens"] = float(self.guard.empty_batches)
+
+    def _count_trained_tokens(self, labels) -> int:
+        # Position 0 of a row is never predicted, so it never carries loss.
+        local = (labels[..., 1:] != -100).sum()
+        if int(local) == 0:
+            self.guard.empty_batches += 1  # counted, and its loss is 0 (not 0/0)
+        self._supervised_tokens += int(self.accelerator.gather_for_metrics(local.reshape(1)).sum())
+        return int(local)
+
     # ---- which rows a batch holds
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -154,25 +175,16 @@ def make_trainer_class():
         """
 
         def __init__(self, *args, plain_loss: bool = False, guard=None, **kwargs):
-            from beam_sft.train.faults import NonFiniteGuard
-
             super().__init__(*args, **kwargs)
             self._supervised_tokens = 0
             self.plain_loss = plain_loss
             self.evaluation_calls = []  # _EvaluationCalls
-            self.guard = guard if guard is not None else NonFiniteGuard()
-            self.data_collator = _RowsCollator(self.data_collator)
-            self._committed: set[int] = set()  # steps checkpointed by this process's run
+            self._init_faults(guard)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            if self.model.training and "labels" in inputs:
-                # Position 0 of a row is never predicted, so it never carries loss.
-                local = (inputs["labels"][..., 1:] != -100).sum()
-                if int(local) == 0:
-                    self.guard.empty_batches += 1
-                self._supervised_tokens += int(self.accelerator.gather_for_metrics(local.reshape(1)).sum())
-            # A step without one trained token on any rank: TRL's fused path would divide 0 by 0.
-            nothing = num_items_in_batch is not None and int(num_items_in_batch) == 0
+            trained = self._count_trained_tokens(inputs["labels"]) if self.model.training and "labels" in inputs else 1
+            # A batch (or step) without one trained token: TRL's fused path would divide 0 by 0.
+            nothing = trained == 0 or (num_items_in_batch is not None and int(num_items_in_batch) == 0)
             if (not self.plain_loss and not nothing) or return_outputs or self.args.loss_type != "nll":
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             return self._plain_loss(model, inputs, num_items_in_batch)
@@ -220,10 +232,7 @@ def make_trainer_class():
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             if self.model.training:
                 logs["num_supervised_tokens"] = float(self._supervised_tokens)
-                if self.guard.skipped:
-                    logs["nonfinite_steps_skipped"] = float(self.guard.skipped)
-                if self.guard.empty_batches:
-                    logs["batches_without_trained_tokens"] = float(self.guard.empty_batches)
+                self._log_faults(logs)
             else:
                 self._label_eval_metrics()
             super().log(logs, start_time)
