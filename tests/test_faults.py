@@ -280,3 +280,208 @@ def test_a_batch_without_trained_tokens_is_counted_not_a_nan(tmp_path):
         logs = {}
         trainer._log_faults(logs)
         assert logs == {"batches_without_trained_tokens": 2.0}
+
+
+# --- Two ranks (DDP over gloo, torchrun through accelerate launch), real processes, real signals ---------------
+
+CPU_DDP = REPO / "configs" / "accelerate" / "cpu_ddp.yaml"
+FSDP2 = REPO / "configs" / "accelerate" / "fsdp2.yaml"
+TWO = [*COMMON[:-1], "2"]  # 2 ranks x 2 records = the same global batch of 4
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start2(tmp: Path, name: str, argv: list[str], launch: tuple = (), config: Path = CPU_DDP,
+           extra_env: dict | None = None, port: int | None = None, **hooks) -> tuple[subprocess.Popen, Path]:
+    spec = {"losses": str(tmp / f"{name}.losses.jsonl"), "ready": str(tmp / f"{name}.ready"), **hooks}
+    (tmp / f"{name}.json").write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+           "--main_process_port", str(port or free_port()), *launch, str(DRIVER), str(tmp / f"{name}.json"), "--", *argv]
+    proc = subprocess.Popen(cmd, env={**env(), **(extra_env or {})}, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, Path(spec["ready"])
+
+
+def run2(tmp: Path, name: str, argv: list[str], timeout: int = 120, **kw) -> subprocess.CompletedProcess:
+    proc, _ = start2(tmp, name, argv, **kw)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"{name}: no exit within {timeout} s (a rank hung): {err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+def losses0(tmp: Path, *names: str) -> dict[int, float]:
+    """Rank 0's step -> loss over the named runs (a repeated step fails)."""
+    out = {}
+    for name in names:
+        path = tmp / f"{name}.losses.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            entry = json.loads(line)
+            if entry["rank"] == 0:
+                assert entry["step"] not in out, f"step {entry['step']} trained twice"
+                out[entry["step"]] = entry["loss"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference2(tmp_path_factory):
+    """The uninterrupted 2-rank run's losses (saving every 2 steps: saves do not change the losses)."""
+    tmp = tmp_path_factory.mktemp("reference2")
+    done = run2(tmp, "ref", [*TWO, "--output_dir", str(tmp / "out"), "--save_strategy", "steps", "--save_steps", "2",
+                             "--prepared_cache_dir", str(tmp / "cache")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = losses0(tmp, "ref")
+    assert sorted(found) == list(range(1, STEPS + 1))
+    return found
+
+
+def test_sigterm_to_one_rank_of_two_stops_both_at_one_step(reference2, tmp_path):
+    out = tmp_path / "out"
+    argv = [*TWO, "--output_dir", str(out), "--save_strategy", "no", "--prepared_cache_dir", str(tmp_path / "c")]
+    proc, ready = start2(tmp_path, "first", argv, pids=str(tmp_path / "pids"), pause_step=3, pause_rank=1, pause_s=5)
+    wait_for(ready, proc)
+    os.kill(int((tmp_path / "pids" / "rank1.pid").read_text()), signal.SIGTERM)  # rank 1 only
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, err[-3000:]  # the launcher's own status (1); beam-sft train returns 75 from:
+    status = json.loads((out / "run_status.json").read_text())
+    assert status["status"] == "preempted" and status["exit_code"] == 75, status
+    stopped = status["step"]
+    assert stopped in (3, 4), status
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{stopped}"]
+    from beam_sft.train.checkpoints import is_complete
+
+    assert is_complete(out / f"checkpoint-{stopped}")
+    # Both ranks stopped at the same step: each logged exactly the steps up to it.
+    logged = [json.loads(line) for line in (tmp_path / "first.losses.jsonl").read_text().splitlines()]
+    for rank in (0, 1):
+        assert [e["step"] for e in logged if e["rank"] == rank] == list(range(1, stopped + 1)), logged
+    assert err.count("preempted: saved ") == 1, err[-3000:]  # one line for the job, from rank 0
+
+    done = run2(tmp_path, "second", [*argv, "--resume_from_checkpoint", "last"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from {out / f'checkpoint-{stopped}'}: step {stopped} done" in done.stderr
+    assert_same(losses0(tmp_path, "first", "second"), reference2)
+
+
+def test_beam_sft_train_returns_75_when_one_rank_of_two_is_preempted(tmp_path):
+    """`python -m beam_sft.cli.train --num_processes 2 --config_file cpu_ddp`: the status the workers wrote."""
+    out = tmp_path / "out"
+    argv = [*TWO, "--max_steps", "30", "--output_dir", str(out), "--save_strategy", "no",
+            "--prepared_cache_dir", str(tmp_path / "c")]
+    cmd = [sys.executable, "-m", "beam_sft.cli.train", "--num_processes", "2", "--config_file", "cpu_ddp",
+           "--main_process_port", str(free_port()), *argv]
+    proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 100
+    while not (out / "data_phase.rank1.json").exists():  # the data phase is over: the steps begin
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    time.sleep(4)  # into the steps
+    # accelerate launch runs torchrun's agent in this process: the workers are its children
+    worker = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
+                            check=False).stdout.split()
+    assert len(worker) == 2, worker
+    os.kill(int(sorted(worker, key=int)[1]), signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-3000:]
+    assert json.loads((out / "run_status.json").read_text())["status"] == "preempted"
+
+
+def test_a_killed_rank_ends_the_job_soon_naming_it(tmp_path):
+    out = tmp_path / "out"
+    argv = [*TWO, "--output_dir", str(out), "--save_strategy", "steps", "--save_steps", "2",
+            "--prepared_cache_dir", str(tmp_path / "c")]
+    proc, ready = start2(tmp_path, "first", argv, pids=str(tmp_path / "pids"), pause_step=3, pause_rank=1, pause_s=60)
+    wait_for(ready, proc)
+    pid = int((tmp_path / "pids" / "rank1.pid").read_text())
+    began = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - began
+    print(f"killed rank: the job exited {proc.returncode} {took:.1f} s after the kill")
+    assert proc.returncode != 0 and took < 20, (proc.returncode, took)
+    named = [line for line in err.splitlines() if line.startswith("error: lost ")]
+    assert len(named) == 1, err[-3000:]
+    assert named[0].startswith(f"error: lost rank 1 (pid {pid}, gone) at step 4: "), named
+    assert "checkpoint-2 is the newest complete checkpoint" in named[0], named
+
+
+def test_max_restarts_resumes_from_the_newest_complete_checkpoint(reference2, tmp_path):
+    out = tmp_path / "out"
+    argv = [*TWO, "--output_dir", str(out), "--save_strategy", "steps", "--save_steps", "2",
+            "--prepared_cache_dir", str(tmp_path / "c"), "--resume_from_checkpoint", "last"]
+    proc, ready = start2(tmp_path, "first", argv, launch=("--max_restarts", "1"),
+                         pids=str(tmp_path / "pids"), pause_step=3, pause_rank=1, pause_s=6)
+    wait_for(ready, proc)
+    os.kill(int((tmp_path / "pids" / "rank1.pid").read_text()), signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "connectFullMesh" not in err, err[-3000:]
+    assert f"resuming from {out / 'checkpoint-2'}: step 2 done" in err, err[-3000:]
+    # The first attempt's steps 3-4 died with it (rank 0 may have logged 3): the restart trained them again.
+    found = {}
+    for line in (tmp_path / "first.losses.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry["rank"] == 0:
+            found.setdefault(entry["step"], []).append(entry["loss"])
+    assert sorted(found) == list(range(1, STEPS + 1))
+    assert all(len(v) == 1 for s, v in found.items() if s not in (3,)), found
+    assert_same({s: v[-1] for s, v in found.items()}, reference2)
+    assert json.loads((out / "run_status.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.parametrize("config", ["ddp", "fsdp2"])
+def test_every_rank_of_a_finished_job_exits(config, tmp_path):
+    launch = () if config == "ddp" else ("--num_processes", "2", "--mixed_precision", "no")
+    extra = {} if config == "ddp" else {"BEAM_SFT_FSDP_ON_CPU": "1"}
+    for attempt in range(3):
+        argv = [*TWO, "--max_steps", "2", "--output_dir", str(tmp_path / f"out{attempt}"), "--save_strategy", "no",
+                "--prepared_cache_dir", str(tmp_path / "c")]
+        done = run2(tmp_path, f"run{attempt}", argv, timeout=120, launch=launch,
+                    config=CPU_DDP if config == "ddp" else FSDP2, extra_env=extra)
+        assert done.returncode == 0, (attempt, done.stderr[-3000:])
+
+
+@pytest.mark.parametrize("layout", ["shared", "save_on_each_node"])
+def test_two_nodes_on_one_machine_commit_every_checkpoint_and_resume_the_last(layout, tmp_path):
+    """Two `accelerate launch` processes as two machines (one rank each): (a) one shared output_dir, (b)
+    save_on_each_node with an output_dir per node. Every checkpoint directory ends committed; a second run
+    resumes from the newest one on every node."""
+    from beam_sft.train.checkpoints import is_complete, last_complete
+
+    outs = [tmp_path / "out"] * 2 if layout == "shared" else [tmp_path / "node0", tmp_path / "node1"]
+    extra = ["--save_on_each_node", "true"] if layout == "save_on_each_node" else []
+
+    def both(name: str, steps: int) -> list[str]:
+        port = free_port()
+        procs = []
+        for node in (0, 1):
+            launch = ("--num_machines", "2", "--machine_rank", str(node), "--num_processes", "2",
+                      "--main_process_ip", "127.0.0.1")
+            argv = [*TWO, "--max_steps", str(steps), "--output_dir", str(outs[node]), "--save_strategy", "steps",
+                    "--save_steps", "2", "--prepared_cache_dir", str(tmp_path / "c"), "--resume_from_checkpoint",
+                    "last", *extra]
+            procs.append(start2(tmp_path, f"{name}{node}", argv, launch=launch, port=port)[0])
+        errs = [proc.communicate(timeout=120)[1] for proc in procs]
+        for node, proc in enumerate(procs):
+            assert proc.returncode == 0, (node, [e[-2500:] for e in errs])
+        return errs
+
+    both("first", 4)
+    for out in set(outs):
+        names = sorted(p.name for p in out.glob("checkpoint-*"))
+        assert names == ["checkpoint-2", "checkpoint-4"], (out, names)
+        assert all(is_complete(p) for p in out.glob("checkpoint-*")), out
+    errs = both("second", 6)
+    assert any(f"resuming from {outs[0] / 'checkpoint-4'}: step 4 done" in e for e in errs), errs[0][-3000:]
+    for out in set(outs):
+        assert last_complete(out) == str(out / "checkpoint-6"), out
+        assert all(is_complete(p) for p in out.glob("checkpoint-*")), out

@@ -258,12 +258,15 @@ def save_guarded(trainer, save, run_dir: str) -> None:
     try:
         args.save_total_limit = None  # rotation waits for the commit
         save()
+        _save_weights_on_this_node(trainer, folder)
         if args.local_process_index == 0 and folder.is_dir():
             fsync_tree(folder)
     except Exception as err:  # noqa: BLE001 - every rank must reach the agreement below, whatever failed
         error = err
     finally:
         args.save_total_limit = limit
+    if error is None:
+        error = _missing_here(trainer, folder)
     if agree_any(error is not None, args.device):
         _fail(trainer, folder, error, needed, previous)
     if args.should_save:
@@ -271,6 +274,41 @@ def save_guarded(trainer, save, run_dir: str) -> None:
         rotate(root, limit, keep=trainer.state.best_model_checkpoint)
     trainer._committed.add(step)
     trainer.accelerator.wait_for_everyone()
+
+
+def _save_weights_on_this_node(trainer, folder: Path) -> None:
+    """`save_on_each_node` under DDP: transformers (5.x `should_save_on_this_rank`) writes the model weights on
+    world rank 0 only, so every other node's checkpoint would lack them. Each other node's saving process
+    writes them itself (every DDP rank holds the whole model)."""
+    args = trainer.args
+    if not (args.save_on_each_node and args.should_save and args.process_index != 0):
+        return
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        return  # sharded: the shards are written by every rank through the framework's own save
+    model = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
+    if not hasattr(model, "save_pretrained"):
+        return
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        model.save_pretrained(str(folder), is_main_process=True)
+    finally:
+        del model.should_save_on_this_rank
+
+
+def _missing_here(trainer, folder: Path) -> BaseException | None:
+    """Every saving process's copy of the checkpoint holds the files world rank 0 wrote (but the per-rank RNG
+    states): a node whose copy lacks any is not committed (a checkpoint without its weights is no checkpoint)."""
+    from beam_sft.train.faults import gather_objects
+
+    args = trainer.args
+    mine = sorted(_files(folder)) if args.should_save and folder.is_dir() else None
+    every = gather_objects(mine)
+    if not args.should_save or every[0] is None:
+        return None
+    missing = sorted(n for n in set(every[0]) - set(mine or ()) if not n.startswith("rng_state"))
+    if not missing:
+        return None
+    return FatalError(f"{folder} on this node lacks {', '.join(missing[:5])} (world rank 0 wrote them); not committed")
 
 
 def _fail(trainer, folder: Path, error: BaseException | None, needed: int, previous: str | None):

@@ -278,10 +278,49 @@ def lost_ranks() -> str:
             gone.append(f"rank {rank} (pid {pid}, gone)")
         except PermissionError:
             pass
+        else:
+            if _is_zombie(pid):  # dead, not yet reaped by the launcher (torchrun polls its workers)
+                gone.append(f"rank {rank} (pid {pid}, gone)")
     if gone:
         return ", ".join(gone)
     others = sorted({host for host, _ in _PEERS if host != here})
     return f"a rank on {', '.join(others)}" if others else "another rank"
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def isolate_restart_store() -> bool:
+    """Under torchrun with restarts (`--max_restarts N`): give the restarted workers' process group keys of their
+    own. torchrun's agent keeps one TCPStore for the whole job (the static rendezvous always, c10d unless
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and torch >= 2.4 no longer prefixes the workers' keys by attempt, so
+    the restarted ranks read the dead ranks' gloo addresses and fail in connectFullMesh ("Connection refused").
+    Must run before the process group is created (before TrainingArguments are parsed). True when applied."""
+    import os
+
+    count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    if count == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return False
+    import importlib
+
+    from torch.distributed import PrefixStore
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not the function
+    original = rendezvous._create_c10d_store
+    if getattr(original, "beam_sft_attempt", None) == count:
+        return True
+
+    def create(*args, **kwargs):
+        return PrefixStore(f"beam_sft/attempt_{count}", original(*args, **kwargs))
+
+    create.beam_sft_attempt = count
+    rendezvous._create_c10d_store = create
+    return True
 
 
 def is_peer_lost(err: BaseException) -> bool:

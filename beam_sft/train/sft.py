@@ -68,6 +68,11 @@ def main(script_args, training_args, model_args, callbacks=None):
 
 def make_parser(prog: str | None = None):
     """The options: `beam_sft/train/options.py` (TRL's parser, config errors as one line)."""
+    from beam_sft.train.faults import isolate_restart_store
     from beam_sft.train.options import make_parser as options_parser
+
+    # Parsing the options creates the process group: a restarted worker (--max_restarts) must get its own
+    # store keys before that, every entry point parses through here.
+    isolate_restart_store()
 
     return options_parser(prog=prog, description=DESCRIPTION)
