@@ -1,7 +1,8 @@
 """Faults injected into real training runs and resumed with `--resume_from_checkpoint last`: what each costs.
 
-    python -m benchmarks faults                               # 2 injections per kind, 8 steps, seed 0
+    python -m benchmarks faults                               # 2 injections per kind (1 per rank death), 8 steps
     python -m benchmarks faults --injections 3 --kinds sigkill sigterm --seed 1
+    python -m benchmarks faults --kinds rank-death-ddp rank-death-fsdp2 --rank-injections 2
 
 The tiny model on the OpenAI samples, one process, the setup of tests/test_faults.py (a global batch of 4,
 checkpoints every 2 steps, save_total_limit 1), driven by tests/fault_driver.py, whose hooks pause a run at a
@@ -16,7 +17,15 @@ reference losses), then per kind, each injection its own output_dir, a run with 
 * `disk-full`: the output_dir on a tmpfs (mounted here, needs root; the kind is skipped with the reason when
   the mount fails) too small for a checkpoint (the first save fails writing: exit 74, nothing to resume) or
   for a second one (refused before writing: exit 74, the previous one kept); the tmpfs is then grown (space
-  freed) and the run resumed.
+  freed) and the run resumed;
+* `rank-death-ddp`, `rank-death-fsdp2`: two CPU ranks (gloo) under `accelerate launch --max_restarts 1`
+  (configs/accelerate/cpu_ddp.yaml; fsdp2.yaml with `--num_processes 2 --mixed_precision no` and
+  BEAM_SFT_FSDP_ON_CPU=1), a per-device batch of 2 (the same global batch of 4), checkpoints every 2 steps,
+  `--resume_from_checkpoint last` from the start: SIGKILL to rank 1 at a seeded random step end after the first
+  checkpoint; the launcher restarts both workers, which resume from the newest complete checkpoint, and the
+  chain is that one launch (finished: it exits 0). Compared with an uninterrupted 2-rank run of the same
+  strategy (rank 0's losses); steps lost: what the dead attempt trained past the checkpoint the restart resumed
+  from.
 
 Per kind: injections, resumes that went on from a checkpoint (or from scratch when none was complete), chains
 that finished, steps lost (work since the last complete checkpoint that had to be redone, summed), steps
@@ -44,7 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "fault_driver.py"
-KINDS = ("sigkill", "sigterm", "disk-full")
+SINGLE = ("sigkill", "sigterm", "disk-full")
+RANK_DEATH = ("rank-death-ddp", "rank-death-fsdp2")
+KINDS = (*SINGLE, *RANK_DEATH)
+CPU_DDP = REPO / "configs" / "accelerate" / "cpu_ddp.yaml"
+FSDP2 = REPO / "configs" / "accelerate" / "fsdp2.yaml"
 SAVE_STEPS = 2
 
 
@@ -64,33 +77,59 @@ def _env() -> dict:
             "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(kind: str) -> tuple[list[str], dict]:
+    """`accelerate launch` options and extra environment of a 2-rank kind (DDP or FSDP2 on 2 CPU ranks)."""
+    if kind.endswith("fsdp2"):
+        return (["--config_file", str(FSDP2), "--num_processes", "2", "--mixed_precision", "no"],
+                {"BEAM_SFT_FSDP_ON_CPU": "1"})
+    return ["--config_file", str(CPU_DDP)], {}
+
+
 class Runs:
     """Driver runs in one scratch directory, each named, each logging its losses to NAME.losses.jsonl."""
 
     def __init__(self, tmp: Path, timeout: float) -> None:
         self.tmp, self.timeout = tmp, timeout
 
-    def start(self, name: str, argv: list[str], **hooks) -> tuple[subprocess.Popen, Path]:
+    def start(self, name: str, argv: list[str], launch: list[str] | None = None, extra_env: dict | None = None,
+              **hooks) -> tuple[subprocess.Popen, Path]:
+        """One driver run; with `launch` (accelerate launch options) a multi-rank one, in its own session."""
         spec = {"losses": str(self.tmp / f"{name}.losses.jsonl"), "ready": str(self.tmp / f"{name}.ready"),
                 **hooks}
         (self.tmp / f"{name}.json").write_text(json.dumps(spec))
         err = open(self.tmp / f"{name}.stderr", "w", encoding="utf-8")  # noqa: SIM115 - closed by wait()
-        proc = subprocess.Popen([sys.executable, str(DRIVER), str(self.tmp / f"{name}.json"), "--", *argv],
-                                env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        cmd = [sys.executable, str(DRIVER), str(self.tmp / f"{name}.json"), "--", *argv]
+        if launch is not None:
+            cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch, "--main_process_port",
+                   str(_free_port()), *cmd[1:]]
+        proc = subprocess.Popen(cmd, env={**_env(), **(extra_env or {})}, cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=err, text=True, start_new_session=launch is not None)
         proc._err = err  # type: ignore[attr-defined]
+        proc._group = launch is not None  # type: ignore[attr-defined]
         return proc, Path(spec["ready"])
 
     def wait(self, name: str, proc: subprocess.Popen) -> tuple[int, str]:
         try:
             code = proc.wait(timeout=self.timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            if proc._group:  # type: ignore[attr-defined] # the launcher and its workers
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
             code = proc.wait()
         proc._err.close()  # type: ignore[attr-defined]
         return code, (self.tmp / f"{name}.stderr").read_text(encoding="utf-8", errors="replace")
 
-    def run(self, name: str, argv: list[str], **hooks) -> tuple[int, str]:
-        proc, _ = self.start(name, argv, **hooks)
+    def run(self, name: str, argv: list[str], **kw) -> tuple[int, str]:
+        proc, _ = self.start(name, argv, **kw)
         return self.wait(name, proc)
 
     def until_ready(self, ready: Path, proc: subprocess.Popen) -> bool:
@@ -102,10 +141,12 @@ class Runs:
         return True
 
     def losses(self, name: str) -> list[tuple[int, float]]:
+        """(step, loss) in the order logged, rank 0's (a multi-rank run logs every rank's)."""
         path = self.tmp / f"{name}.losses.jsonl"
         if not path.exists():
             return []
-        return [(e["step"], e["loss"]) for e in map(json.loads, path.read_text().splitlines())]
+        return [(e["step"], e["loss"]) for e in map(json.loads, path.read_text().splitlines())
+                if e.get("rank", 0) == 0]
 
 
 def _resumed_from(stderr: str) -> int | None:
@@ -126,6 +167,12 @@ def _status_step(out: Path) -> int | None:
 def _tail(stderr: str) -> str:
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
+
+
+def _error(stderr: str) -> str:
+    """The run's own error line (`error: ...`, the first rank's) when it wrote one, else its last line."""
+    named = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    return named[0][:300] if named else _tail(stderr)
 
 
 def _chain(runs: Runs, name: str, argv: list[str], fault, max_resumes: int = 3) -> dict:
@@ -212,6 +259,45 @@ def _disk_full(runs: Runs, argv: list[str], out: Path, size: int):
     return fault
 
 
+def _rank_death(runs: Runs, name: str, argv: list[str], kind: str, steps: int, rng: random.Random,
+                pause_s: float = 5) -> dict:
+    """One injection: a 2-rank launch with `--max_restarts 1`; SIGKILL to rank 1 at the end of a seeded random step
+    after the first checkpoint (its save not begun); the restarted workers resume and finish in the same launch."""
+    at = rng.randint(SAVE_STEPS + 1, steps - 1)
+    launch, extra_env = _launch(kind)
+    pids = runs.tmp / f"{name}.pids"
+    proc, ready = runs.start(name, [*argv, "--resume_from_checkpoint", "last"], launch=[*launch, "--max_restarts", "1"],
+                             extra_env=extra_env, pids=str(pids), pause_step=at, pause_rank=1, pause_s=pause_s)
+    hit, victim, split = runs.until_ready(ready, proc), None, None
+    if hit:
+        victim = int((pids / "rank1.pid").read_text())
+        rank0 = (pids / "rank0.pid").read_text()
+        os.kill(victim, signal.SIGKILL)
+        # The dead attempt's log ends where the restarted rank 0 begins (it writes its pid at train begin, after
+        # the launcher stopped the old workers and before its first step): count rank 0's lines then.
+        deadline = time.monotonic() + runs.timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (pids / "rank0.pid").read_text() != rank0:
+                split = len(runs.losses(name))
+                break
+            time.sleep(0.02)
+    code, err = runs.wait(name, proc)
+    start = _resumed_from(err) if hit else None
+    logged = runs.losses(name)
+    if split is None:  # no restart began: everything is the first attempt's
+        split = len(logged)
+    # The chain's curve: the dead attempt's steps up to the checkpoint the restart went on from, then the restart's.
+    curve = [e for e in logged[:split] if start is None or e[0] <= start] + logged[split:]
+    resume = {"exit": code, "from_step": start, "last_line": _error(err),
+              "incomplete_named": [line.split("not resuming from ", 1)[1][:200]
+                                   for line in err.splitlines() if "not resuming from " in line]}
+    note = (f"SIGKILL to rank 1 (pid {victim}) at the end of step {at}, one launch with --max_restarts 1"
+            if hit else f"the run ended before the kill point (the end of step {at}): {_error(err)}")
+    return {"fault_exit": code, "trained_before_fault": at if hit else None, "note": note, "resumed_from": start,
+            "resumes": [resume], "finished": hit and code == 0,
+            "steps_lost": max(0, at - start) if hit and start is not None else None, "logged": curve}
+
+
 def _summary(kind: str, chains: list[dict], reference: dict[int, float]) -> dict:
     repeated, max_rel = 0, 0.0
     for chain in chains:
@@ -236,23 +322,46 @@ def _summary(kind: str, chains: list[dict], reference: dict[int, float]) -> dict
     }
 
 
-def bench(kinds: list[str], injections: int, steps: int, seed: int, timeout: float) -> dict:
+def bench(kinds: list[str], injections: int, steps: int, seed: int, timeout: float, rank_injections: int = 1) -> dict:
     rng = random.Random(seed)
     started = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="beam-faults-"))
     runs = Runs(tmp, timeout)
     cache = tmp / "cache"  # one prepared dataset for every run
     common = [*_common(steps, seed), "--prepared_cache_dir", str(cache)]
+    # 2 ranks x 2 records: the same global batch of 4 (the dataset prepared once for the 2-rank runs)
+    common2 = [*_common(steps, seed)[:-1], "2", "--prepared_cache_dir", str(tmp / "cache2")]
     mounted: list[Path] = []
     try:
-        code, err = runs.run("reference", [*common, "--output_dir", str(tmp / "reference"), "--save_strategy", "no"])
-        if code != 0:
-            raise RuntimeError(f"the uninterrupted run failed (exit {code}): {_tail(err)}")
-        reference = dict(runs.losses("reference"))
+        references: dict[str, dict[int, float]] = {}
+        if any(kind in SINGLE for kind in kinds):
+            code, err = runs.run("reference", [*common, "--output_dir", str(tmp / "reference"),
+                                               "--save_strategy", "no"])
+            if code != 0:
+                raise RuntimeError(f"the uninterrupted run failed (exit {code}): {_tail(err)}")
+            references["single"] = dict(runs.losses("reference"))
         checkpoint_bytes = None
         rows, skipped = [], {}
         for kind in kinds:
             chains = []
+            if kind in RANK_DEATH:
+                # the uninterrupted 2-rank run of the same strategy, saving as the injected runs do
+                launch, extra_env = _launch(kind)
+                ref = f"reference-{kind}"
+                code, err = runs.run(ref, [*common2, "--output_dir", str(tmp / ref), "--save_strategy", "steps",
+                                           "--save_steps", str(SAVE_STEPS)], launch=launch, extra_env=extra_env)
+                references[kind] = dict(runs.losses(ref))
+                # a failed reference does not hide the kind: its injections run all the same, the row says why
+                failed = None if code == 0 else f"the uninterrupted 2-rank run failed (exit {code}) after step " \
+                    f"{max(references[kind], default=0)}: {_error(err)}"
+                for i in range(rank_injections):
+                    argv = [*common2, "--output_dir", str(tmp / f"{kind}-{i}"), "--save_strategy", "steps",
+                            "--save_steps", str(SAVE_STEPS)]
+                    print(f"[faults] {kind} {i + 1}/{rank_injections} ...", file=sys.stderr, flush=True)
+                    chains.append(_rank_death(runs, f"{kind}-{i}", argv, kind, steps, rng))
+                rows.append({**_summary(kind, chains, {} if failed else references[kind]), "reference_failed": failed})
+                continue
+            reference = references["single"]
             for i in range(injections):
                 out = tmp / f"{kind}-{i}"
                 argv = [*common, "--output_dir", str(out), "--save_strategy", "steps",
@@ -278,8 +387,10 @@ def bench(kinds: list[str], injections: int, steps: int, seed: int, timeout: flo
             if kind in skipped:
                 continue
             rows.append(_summary(kind, chains, reference))
-        return {"steps": steps, "seed": seed, "injections_per_kind": injections, "save_steps": SAVE_STEPS,
-                "reference_losses": [reference[s] for s in sorted(reference)], "kinds": rows, "skipped": skipped,
+        return {"steps": steps, "seed": seed, "injections_per_kind": injections,
+                "injections_per_rank_death_kind": rank_injections, "save_steps": SAVE_STEPS,
+                "reference_losses": {name: [ref[s] for s in sorted(ref)] for name, ref in references.items()},
+                "kinds": rows, "skipped": skipped,
                 "seconds": round(time.time() - started, 1)}
     finally:
         for path in mounted:
@@ -303,9 +414,10 @@ def table(figures: dict) -> str:
     for row in figures["kinds"]:
         lines.append(f"| {row['kind']} | {row['injected']} | {row['resumed']} | {row['finished']} | "
                      f"{row['steps_lost']} | {row['steps_repeated']} | {row['steps_missing']} | "
-                     f"{row['max_rel_loss_diff']:.2e} |")
+                     f"{'-' if row.get('reference_failed') else format(row['max_rel_loss_diff'], '.2e')} |")
     for kind, why in figures["skipped"].items():
         lines.append(f"| {kind} | skipped: {why} | | | | | | |")
+    lines += [f"\n{row['kind']}: {row['reference_failed']}" for row in figures["kinds"] if row.get("reference_failed")]
     return "\n".join(lines)
 
 
@@ -314,6 +426,8 @@ def make_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds (default: all)")
     parser.add_argument("--injections", type=int, default=2, help="injections per kind (default: 2)")
+    parser.add_argument("--rank-injections", type=int, default=1,
+                        help="injections per rank-death kind (2-rank launches; default: 1)")
     parser.add_argument("--steps", type=int, default=8, help="max_steps of every run (default: 8)")
     parser.add_argument("--seed", type=int, default=0, help="the fault points and the training seed (default: 0)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default: 300)")
@@ -323,7 +437,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    figures = bench(args.kinds, args.injections, args.steps, args.seed, args.timeout)
+    figures = bench(args.kinds, args.injections, args.steps, args.seed, args.timeout, args.rank_injections)
     print(table(figures))
     for row in figures["kinds"]:
         for chain in row["chains"]:
@@ -333,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     ok = all(row["finished"] == row["injected"] and not row["steps_repeated"] and not row["steps_missing"]
-             for row in figures["kinds"])
+             and not row.get("reference_failed") for row in figures["kinds"]) and not any(kind in RANK_DEATH for kind in figures["skipped"])
     return 0 if ok else 1
 
 

@@ -485,3 +485,34 @@ def test_two_nodes_on_one_machine_commit_every_checkpoint_and_resume_the_last(la
     for out in set(outs):
         assert last_complete(out) == str(out / "checkpoint-6"), out
         assert all(is_complete(p) for p in out.glob("checkpoint-*")), out
+
+
+def test_a_hung_rank_ends_the_job_after_step_timeout(tmp_path):
+    """A rank that stops answering (SIGSTOP: alive, not stepping) ends the job once a collective has waited
+    step_timeout seconds (here 10), not ddp_timeout's 1800."""
+    out = tmp_path / "out"
+    argv = [*TWO, "--output_dir", str(out), "--save_strategy", "no", "--max_steps", "40", "--step_timeout", "10",
+            "--prepared_cache_dir", str(tmp_path / "c")]
+    proc, ready = start2(tmp_path, "hung", argv, pids=str(tmp_path / "pids"), pause_step=2, pause_rank=1,
+                         pause_s=2, extra_env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})
+    wait_for(ready, proc)
+    pid = int((tmp_path / "pids" / "rank1.pid").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    began = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    took = time.monotonic() - began
+    print(f"hung rank: the job exited {proc.returncode} {took:.1f} s after SIGSTOP")
+    assert proc.returncode != 0 and 8 < took < 60, (proc.returncode, took, err[-3000:])
+    named = [line for line in err.splitlines() if line.startswith("error: lost ")]
+    # Rank 0 stops after step_timeout; the launcher then gives the stopped rank its shutdown time (30 s in
+    # torch 2.13 whatever TORCH_ELASTIC_SHUTDOWN_TIMEOUT says) before SIGKILL: measured 42 s in all.
+    assert len(named) == 1 and " at step 3: " in named[0], err[-3000:]
+    assert "hung" in named[0] and "Timed out" in named[0], named

@@ -169,8 +169,11 @@ def train(trainer, resume) -> None:
         if not (args.world_size > 1 and is_peer_lost(err)):
             raise
         newest = last_complete(args.output_dir, say=logger.debug)
+        who = lost_ranks()
+        if who == "another rank" and "timed out" in str(err).lower():
+            who = f"another rank (alive but silent for step_timeout {args.step_timeout} s: hung)"
         raise FatalError(
-            f"lost {lost_ranks()} at step {trainer.state.global_step + 1}: {str(err).splitlines()[0][:200]}; "
+            f"lost {who} at step {trainer.state.global_step + 1}: {str(err).splitlines()[0][:200]}; "
             f"{Path(newest).name if newest else 'no checkpoint'} is the newest complete checkpoint (rerun with "
             "--resume_from_checkpoint last, or launch with --max_restarts N to restart on its own)"
         ) from None
