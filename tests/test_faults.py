@@ -77,9 +77,12 @@ def losses(tmp: Path, *names: str) -> dict[int, float]:
 def reference(tmp_path_factory):
     """The uninterrupted run's losses."""
     tmp = tmp_path_factory.mktemp("reference")
+    # `last` with nothing to resume starts from scratch, saying why (a script can always pass it)
     done = run(tmp, "ref", [*COMMON, "--output_dir", str(tmp / "out"), "--save_strategy", "no",
-                            "--prepared_cache_dir", str(tmp / "cache")])
+                            "--prepared_cache_dir", str(tmp / "cache"), "--resume_from_checkpoint", "last"])
     assert done.returncode == 0, done.stderr[-3000:]
+    assert (f"no complete checkpoint in {tmp / 'out'} (save_strategy is 'no': only a preemption writes a "
+            "checkpoint); starting from scratch") in done.stderr
     found = losses(tmp, "ref")
     assert sorted(found) == list(range(1, STEPS + 1))
     return found
@@ -516,3 +519,43 @@ def test_a_hung_rank_ends_the_job_after_step_timeout(tmp_path):
     # torch 2.13 whatever TORCH_ELASTIC_SHUTDOWN_TIMEOUT says) before SIGKILL: measured 42 s in all.
     assert len(named) == 1 and " at step 3: " in named[0], err[-3000:]
     assert "hung" in named[0] and "Timed out" in named[0], named
+
+
+def test_fsdp2_sharded_checkpoint_killed_inside_a_save_resumes_from_the_last_complete(tmp_path):
+    """FSDP2 on 2 CPU ranks, each rank writing its own shards: the whole job SIGKILLed while checkpoint-4 is
+    being written; the resume passes over it, goes on from checkpoint-2 and logs the uninterrupted losses."""
+    fsdp = {"launch": ("--num_processes", "2", "--mixed_precision", "no"), "config": FSDP2,
+            "extra_env": {"BEAM_SFT_FSDP_ON_CPU": "1"}}
+    base = [*TWO, "--save_strategy", "steps", "--save_steps", "2", "--prepared_cache_dir", str(tmp_path / "c")]
+    ref = run2(tmp_path, "ref", [*base, "--output_dir", str(tmp_path / "ref")], **fsdp)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out = tmp_path / "out"
+    proc, ready = start2(tmp_path, "first", [*base, "--output_dir", str(out)], save_pause=4, pause_s=60, **fsdp)
+    wait_for(ready, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks, mid-save
+    proc.wait(timeout=60)
+    from beam_sft.train.checkpoints import is_complete
+
+    assert is_complete(out / "checkpoint-2") and not is_complete(out / "checkpoint-4")
+    done = run2(tmp_path, "second", [*base, "--output_dir", str(out), "--resume_from_checkpoint", "last"], **fsdp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"not resuming from {out / 'checkpoint-4'}: incomplete" in done.stderr
+    assert f"resuming from {out / 'checkpoint-2'}: step 2 done" in done.stderr
+    first = {s: v for s, v in losses0(tmp_path, "first").items() if s <= 2}
+    assert_same({**first, **losses0(tmp_path, "second")}, losses0(tmp_path, "ref"))
+
+
+def test_a_non_finite_step_on_two_ranks_stops_both_at_that_step(tmp_path):
+    out = tmp_path / "out"
+    argv = [*TWO, "--output_dir", str(out), "--learning_rate", "1e4", "--max_grad_norm", "0", "--max_steps", "12",
+            "--save_strategy", "steps", "--save_steps", "1", "--prepared_cache_dir", str(tmp_path / "c")]
+    done = run2(tmp_path, "nan", argv)
+    assert done.returncode != 0, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error: non-finite ")]
+    assert len(lines) == 2, done.stderr[-3000:]  # each rank says it: the same step, the same records
+    assert lines[0] == lines[1], lines
+    step = int(lines[0].split(" at step ")[1].split(";")[0])
+    records = lines[0].split("the batch's records: ")[1].split(". ")[0].split(", ")
+    assert len(records) == 4, records  # both ranks' rows of that step: 2 + 2
+    assert max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")) == step - 1
+    assert json.loads((out / "run_status.json").read_text())["exit_code"] == 65

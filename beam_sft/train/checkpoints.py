@@ -180,12 +180,17 @@ def state_bytes(model, optimizer=None) -> int:
     total = 0
     seen = set()
     for tensor in list(model.state_dict().values()):
-        if hasattr(tensor, "untyped_storage"):
-            key = tensor.untyped_storage().data_ptr()
-            if key in seen:  # tied weights are saved once
-                continue
-            seen.add(key)
-            total += tensor.numel() * tensor.element_size()
+        if not hasattr(tensor, "element_size"):
+            continue
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # FSDP2's DTensor: the shard's storage
+        try:
+            key = local.untyped_storage().data_ptr()
+        except RuntimeError:  # no storage to name (meta, a wrapper): counted, not deduplicated
+            key = id(tensor)
+        if key in seen:  # tied weights are saved once
+            continue
+        seen.add(key)
+        total += tensor.numel() * tensor.element_size()
     if optimizer is not None:
         for state in getattr(optimizer, "state", {}).values():
             for value in state.values():
