@@ -154,8 +154,15 @@ def train(trainer, resume) -> None:
     one line and its exit status: preempted (75, a complete checkpoint written), a non-finite step (65), a
     full disk (74), a lost rank (1)."""
     from beam_sft.errors import BeamSFTError, FatalError
-    from beam_sft.train.checkpoints import last_complete
-    from beam_sft.train.faults import EXIT_PREEMPTED, Preempted, is_peer_lost, lost_ranks, write_status
+    from beam_sft.train.checkpoints import DiskFullError, last_complete
+    from beam_sft.train.faults import (
+        EXIT_PREEMPTED,
+        NonFiniteError,
+        Preempted,
+        is_peer_lost,
+        lost_ranks,
+        write_status,
+    )
 
     args = trainer.args
     try:
@@ -164,6 +171,8 @@ def train(trainer, resume) -> None:
         if trainer.is_world_process_zero():
             write_status(args.output_dir, type(err).__name__, err.exit_code, step=trainer.state.global_step,
                          message=str(err))
+        elif isinstance(err, (NonFiniteError, DiskFullError)):  # agreed on every rank: rank 0 says it, once
+            raise type(err)("") from None
         raise
     except RuntimeError as err:
         if not (args.world_size > 1 and is_peer_lost(err)):
