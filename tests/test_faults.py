@@ -546,3 +546,15 @@ def test_a_non_finite_step_on_two_ranks_stops_both_at_that_step(tmp_path):
     assert len(records) == 4, records  # both ranks' rows of that step: 2 + 2
     assert max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")) == step - 1
     assert json.loads((out / "run_status.json").read_text())["exit_code"] == 65
+
+
+def test_a_misspelt_preemption_signal_is_refused_before_anything_loads(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *COMMON, "--output_dir",
+                           str(tmp_path / "out"), "--preemption_signals", "SIGTERM,SIGFOO", "--dry_run", "true"],
+                          env=env(), cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: preemption_signals: SIGFOO is not a signal a process can catch (e.g. SIGTERM,SIGUSR1)")
+    from beam_sft.train.faults import parse_signals
+
+    assert [s.name for s in parse_signals("TERM, usr1")] == ["SIGTERM", "SIGUSR1"] and parse_signals("none") == []

@@ -52,6 +52,11 @@ def check_arguments(script_args, training_args) -> None:
     check_evaluation_options(script_args, training_args, held_out)
     if script_args.streaming and training_args.max_steps <= 0:
         raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
+    from beam_sft.train.faults import parse_signals
+
+    parse_signals(training_args.preemption_signals)  # a misspelt signal refused now, not at the first step
+    if training_args.nonfinite_max_skips < 0 or training_args.step_timeout < 0:
+        raise UsageError("nonfinite_max_skips and step_timeout must be >= 0")
     if training_args.bf16 and not torch.cuda.is_available():
         logger.warning("bf16 requested without a GPU: training runs in bf16 autocast on CPU")
 
@@ -86,8 +91,6 @@ def resume_checkpoint(training_args):
         return None
     if isinstance(resume, str) and resume.lower() in ("last", "true"):
         resume = checkpoints.last_complete(training_args.output_dir)
-        if finished_beyond(training_args.output_dir, resume) is not None:
-            return resume
         if resume is None:
             why = (" (save_strategy is 'no': only a preemption writes a checkpoint)"
                    if str(training_args.save_strategy).endswith("no") else "")
