@@ -21,7 +21,7 @@ BENCHMARKS = {
     "backfill": ("backfill", "`beam-sft backfill` with a real local teacher on real records"),
     "response-templates": ("response_templates", ("the current response template against the earlier one, on every "
                                                  "parse the tests make")),
-    "faults": ("faults", ("SIGKILL (some inside a save), SIGTERM and a full disk injected into tiny-model runs, each "
-                          "resumed with --resume_from_checkpoint last: steps lost and repeated, loss against the "
-                          "uninterrupted run")),
+    "faults": ("faults", ("SIGKILL (some inside a save), SIGTERM, a full disk and a dead rank (DDP, FSDP2 on 2 CPU "
+                          "ranks) injected into tiny-model runs, each resumed with --resume_from_checkpoint last: "
+                          "steps lost, repeated and missing, loss against the uninterrupted run")),
 }
