@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -125,15 +124,12 @@ def _fsync_dir(path: Path) -> None:
 
 
 def commit(path: Path, step: int, world_size: int) -> None:
-    """Write the commit marker of a checkpoint whose every file is written and flushed. A writer-unique
-    temporary name and a rename, so two nodes committing one shared directory never see a half marker."""
-    body = {"step": step, "world_size": world_size, "time": time.time(), "files": _files(path)}
-    tmp = path / f".{MARKER}.{socket.gethostname()}.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(body, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path / MARKER)
+    """Write the commit marker of a checkpoint whose every file is written and flushed (atomically, under a
+    writer-unique temporary name: two nodes committing one shared directory never leave a half marker)."""
+    from beam_sft.records.files import write_json_atomic
+
+    write_json_atomic(str(path / MARKER),
+                      {"step": step, "world_size": world_size, "time": time.time(), "files": _files(path)})
     _fsync_dir(path)
 
 

@@ -93,7 +93,7 @@ def resume_checkpoint(training_args):
         resume = checkpoints.last_complete(training_args.output_dir)
         if resume is None:
             why = (" (save_strategy is 'no': only a preemption writes a checkpoint)"
-                   if str(training_args.save_strategy).endswith("no") else "")
+                   if getattr(training_args.save_strategy, "value", training_args.save_strategy) == "no" else "")
             logger.warning("no complete checkpoint in %s%s; starting from scratch", training_args.output_dir, why)
             return None
     else:
