@@ -213,21 +213,17 @@ def free_bytes(directory: str | Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:,.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{n} B"
+def size_text(n: int) -> str:
+    """Bytes as people read them here: GiB from a quarter GiB up, else MiB."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
 def disk_full_error(directory: Path, needed: int, free: int, previous: str | None) -> DiskFullError:
     then = (f"{Path(previous).name} is the newest complete checkpoint and stays resumable" if previous
             else "no complete checkpoint yet")
     return DiskFullError(
-        f"no space left for {directory}: a checkpoint needs about {needed:,} bytes ({human(needed)}), "
-        f"{free:,} ({human(free)}) were free; {then}; free space (or set save_total_limit) and rerun with "
+        f"no space left for {directory}: a checkpoint needs about {needed:,} bytes ({size_text(needed)}), "
+        f"{free:,} ({size_text(free)}) were free; {then}; free space (or set save_total_limit) and rerun with "
         "--resume_from_checkpoint last"
     )
 

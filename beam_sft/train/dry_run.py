@@ -16,6 +16,8 @@ import logging
 import math
 from dataclasses import dataclass, field
 
+from beam_sft.train.checkpoints import free_bytes, size_text
+
 logger = logging.getLogger(__name__)
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -149,10 +151,6 @@ def estimate_memory(config, total: int, trainable: int, dtype: str, training_arg
     return {**parts, "total": sum(parts.values())}
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
-
-
 def dtype_name(model_args, embedded) -> str:
     if embedded is not None:
         return str(next(embedded.parameters()).dtype).removeprefix("torch.")
@@ -210,8 +208,8 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
     _batch_lines(plan, rows, training_args, world_size, stats.get("train", {}))
     memory = estimate_memory(config, total, trainable, dtype_name(model_args, embedded), training_args, longest)
     plan.facts.update(memory_bytes=memory["total"], parameters=total, trainable=trainable)
-    plan.add("memory (estimate)", f"{_gib(memory['total'])} per process: " + ", ".join(
-        f"{k} {_gib(v)}" for k, v in memory.items() if k != "total"))
+    plan.add("memory (estimate)", f"{size_text(memory['total'])} per process: " + ", ".join(
+        f"{k} {size_text(v)}" for k, v in memory.items() if k != "total"))
     _checkpoint_line(plan, total, trainable, BYTES.get(dtype_name(model_args, embedded), 4), training_args)
     plan.add("packing probe", probe(config, embedded, training_args, model_args))
     return plan
@@ -220,15 +218,13 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
 def _checkpoint_line(plan: Plan, total: int, trainable: int, weight_bytes: int, training_args) -> None:
     """One checkpoint's size (the weights saved, LoRA: the adapters only, and AdamW's two moments) against the
     free space of output_dir, where a full disk would stop the run at its first save."""
-    from beam_sft.train.checkpoints import free_bytes
-
     weights = (total if trainable == total else trainable) * weight_bytes
     size = weights + 2 * trainable * weight_bytes
     free = free_bytes(training_args.output_dir)
     limit = training_args.save_total_limit
     kept = f"at most {limit + 1} at once (save_total_limit {limit})" if limit else "every one kept (no save_total_limit)"
     plan.facts.update(checkpoint_bytes=size, output_dir_free_bytes=free)
-    plan.add("checkpoints", f"{_gib(size)} each (estimate), {kept}; {training_args.output_dir} has {_gib(free)} free"
+    plan.add("checkpoints", f"{size_text(size)} each (estimate), {kept}; {training_args.output_dir} has {size_text(free)} free"
              + (" -- NOT ENOUGH FOR ONE" if free < size else ""))
 
 
