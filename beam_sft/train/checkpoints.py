@@ -236,7 +236,7 @@ def save_guarded(trainer, save, run_dir: str) -> None:
     from beam_sft.train.faults import agree_any
 
     args, step = trainer.args, trainer.state.global_step
-    if step in trainer._committed:  # a preemption save at the step a periodic save just wrote
+    if step in trainer.committed_steps:  # a preemption save at the step a periodic save just wrote
         return
     root = Path(run_dir)
     folder = root / f"checkpoint-{step}"
@@ -269,7 +269,7 @@ def save_guarded(trainer, save, run_dir: str) -> None:
     if args.should_save:
         commit(folder, step, args.world_size)
         rotate(root, limit, keep=trainer.state.best_model_checkpoint)
-    trainer._committed.add(step)
+    trainer.committed_steps.add(step)
     trainer.accelerator.wait_for_everyone()
 
 

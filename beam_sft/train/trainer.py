@@ -59,7 +59,7 @@ class _Faults:
 
         self.guard = guard if guard is not None else NonFiniteGuard()
         self.data_collator = _RowsCollator(self.data_collator)
-        self._committed: set[int] = set()  # steps checkpointed by this process's run
+        self.committed_steps: set[int] = set()  # steps checkpointed by this process's run
 
     def _log_faults(self, logs: dict) -> None:
         if self.guard.skipped:
