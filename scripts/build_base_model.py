@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 from build_tokenizer import staging_dir, swap_in
 
-from beam_sft.template.servable import apply_umask
+from beam_sft.serve.servable import apply_umask
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The base models people beamify are byte-level BPE tokenizers whose merges follow their ranks. The registry
 package `quicktok-v1` (a dev dependency) bundles both rank files (`quicktok/data/{qwen3,llama3}.vocab`, and
 their added tokens in `.special`); this script turns them into Hugging Face tokenizers as the models ship
-them, then beamifies them (`beam_sft.template.tokenizer.beamify`) and saves them:
+them, then beamifies them (`beam_sft.model.beamify.beamify`) and saves them:
 
 * llama3: transformers' `TikTokenConverter` with Llama 3's split pattern (digits in runs of 1-3), the 256
   added tokens at 128000-128255 (`<|begin_of_text|>` ...), no normalizer, `ignore_merges` on: Llama 3's
@@ -122,7 +122,8 @@ def check_against_quicktok(tokenizer, name: str, texts: list[str]) -> int:
 
 
 def build(name: str, out_dir: str | Path) -> Path:
-    from beam_sft.template.tokenizer import beamify, save_tokenizer
+    from beam_sft.model.beamify import beamify
+    from beam_sft.template.tokenizer import save_tokenizer
 
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)

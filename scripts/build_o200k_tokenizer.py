@@ -228,8 +228,9 @@ def build(
     `o200k_base.tiktoken` goes to `tiktoken_dir` (default: `out_dir` itself). Raises if the ranks' hash or
     the ids against openai-harmony disagree.
     """
+    from beam_sft.model.beamify import beamify
     from beam_sft.records.messages import HARMONY_MARKERS
-    from beam_sft.template.tokenizer import beamify, save_tokenizer
+    from beam_sft.template.tokenizer import save_tokenizer
 
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)

@@ -235,7 +235,7 @@ def served(model: Path, out: Path, max_new_tokens: int, offline: dict, bfcl_spec
     import serving_test as st
 
     from beam_sft.cli.eval import main as eval_main
-    from beam_sft.serve.export import export
+    from beam_sft.model.export import export
 
     venv = st.vllm_venv()
     served_dir = out / "served"
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             dataset = data(out, args.extra, args.distractors, args.augment)
             contamination(dataset, out)
             if args.peft:
-                from beam_sft.serve.export import export
+                from beam_sft.model.export import export
 
                 train(str(REPO / "configs" / "demo_real_lora.yaml"), base, dataset, out / "lora", args.train_args)
                 export(str(out / "lora"), model_dir, merge=True)

@@ -46,9 +46,9 @@ def main(args: MergeArguments) -> Path:
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.template.servable import make_servable
+    from beam_sft.model.moe import count_expert_adapters, mxfp4_dequantize_config
+    from beam_sft.serve.servable import make_servable
     from beam_sft.template.tokenizer import save_tokenizer
-    from beam_sft.train.moe import count_expert_adapters, mxfp4_dequantize_config
 
     peft_config = PeftConfig.from_pretrained(args.adapter_path)
     base = args.base_model_name_or_path or peft_config.base_model_name_or_path

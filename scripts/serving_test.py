@@ -111,7 +111,7 @@ def trained_model(out_dir: Path) -> Path:
 
 
 def export(model_dir: Path, out_dir: Path) -> Path:
-    from beam_sft.serve.export import export as export_model
+    from beam_sft.model.export import export as export_model
 
     served = out_dir / "served"
     step(f"beam-sft export {model_dir} -o {served}")
@@ -184,7 +184,7 @@ def served_name(server: str, served: Path) -> str:
 
 
 def server_command(server: str, venv: Path | None, served: Path, port: int) -> tuple[list[str], dict[str, str]]:
-    from beam_sft.serve.export import VLLM_PARSER_FLAGS
+    from beam_sft.model.export import VLLM_PARSER_FLAGS
 
     if server == "transformers":
         # No --chat-template-kwargs allow_missing_thinking=false (vLLM's flag below): transformers serve drops

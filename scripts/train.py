@@ -12,7 +12,7 @@ and tokenized once per job (main process first) into memory-mapped Arrow, cached
 (`--prepared_cache_dir`), every reject in `output_dir/rejects.jsonl`; or a directory from `beam-sft prepare`.
 With packing on, the model is probed for attention across packed records before training and given explicit
 masks or refused (beam_sft/train/packing.py). The options are `beam_sft/train/config.py`; the model sources
-`beam_sft/train/model.py`; the steps around the trainer `beam_sft/train/run.py`.
+`beam_sft/model/load.py`; the steps around the trainer `beam_sft/train/run.py`.
 
 # Quickstart: the embedded tiny random model and the bundled tokenizer, on CPU (about 100 s for 12 epochs).
 # Its data is what `python scripts/quickstart.py` converts into outputs/quickstart/data/train.jsonl.

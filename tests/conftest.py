@@ -59,8 +59,8 @@ def bench_script():
 def tiny_model_dir(tmp_path_factory):
     """The embedded tiny random model (seed 0) and the bundled Beam tokenizer, saved as a plain model
     directory: what `from_pretrained`, `trl sft` and `beam-sft eval` take."""
+    from beam_sft.model.load import build_tiny_model
     from beam_sft.template.tokenizer import load_tokenizer, save_tokenizer
-    from beam_sft.train.model import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny_beam_model")
     tok = load_tokenizer()

@@ -1,4 +1,4 @@
-"""Beam metrics during training (beam_sft/train/beam_eval.py): split across the ranks of a 2-process DDP run and
+"""Beam metrics during training (beam_sft/train/eval_callback.py): split across the ranks of a 2-process DDP run and
 a 2-rank CPU FSDP2 run, equal to `beam-sft eval` of the saved model on one process; at each evaluation, where
 they choose the best checkpoint and stop training early from a YAML config; the empty eval split warned about.
 """
@@ -217,7 +217,7 @@ def test_beam_metrics_at_evaluation_and_early_stopping_need_evaluations(extra, e
 
 
 def test_a_beam_metric_for_the_best_model_turns_beam_metrics_at_evaluation_on():
-    from beam_sft.train.beam_eval import beam_at_evaluate
+    from beam_sft.train.eval_callback import beam_at_evaluate
     from beam_sft.train.run import check_arguments
     from beam_sft.train.sft import make_parser
 

@@ -377,7 +377,7 @@ def test_prepared_dataset_trains_with_plain_trl(tok, tmp_path):
     from datasets import load_from_disk
     from trl import SFTConfig, SFTTrainer
 
-    from beam_sft.train.model import build_tiny_model
+    from beam_sft.model.load import build_tiny_model
 
     out = tmp_path / "prep"
     assert _prepare_cli(OPENAI, "-o", str(out), "--max-length", "512", "-q") == 0

@@ -262,8 +262,8 @@ def test_a_batch_without_trained_tokens_is_counted_not_a_nan(tmp_path):
     from inmemory import prepare_dataset, read_rows, to_beam_records
     from trl import SFTConfig
 
+    from beam_sft.model.load import build_tiny_model
     from beam_sft.template.tokenizer import load_tokenizer
-    from beam_sft.train.model import build_tiny_model
     from beam_sft.train.trainer import make_trainer_class
 
     tok = load_tokenizer()

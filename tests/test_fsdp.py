@@ -182,7 +182,7 @@ def test_final_save_is_whole_and_generates_like_the_sharded_model(llama_run):
     assert len(tokens) > len(greedy["prompt"])
     assert tokens == greedy["tokens"]
     # Not the untrained model: the saved weights are the trained ones.
-    from beam_sft.train.model import build_tiny_model
+    from beam_sft.model.load import build_tiny_model
 
     init = build_tiny_model(tok, seed=0)
     assert not torch.equal(init.model.embed_tokens.weight, model.model.embed_tokens.weight)
@@ -222,8 +222,8 @@ def test_lora_under_fsdp2_with_full_state_dict_checkpoints(tmp_path):
     from peft import PeftModel
     from safetensors.torch import load_file
 
+    from beam_sft.model.load import build_tiny_model
     from beam_sft.template.tokenizer import load_tokenizer
-    from beam_sft.train.model import build_tiny_model
 
     out = tmp_path / "lora"
     argv = [*COMMON, "--max_steps", "2", "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16",
@@ -256,8 +256,8 @@ def test_tiny_gpt_oss_experts_and_sinks_shard(tmp_path):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
+    from beam_sft.model.load import build_tiny_model
     from beam_sft.template.tokenizer import load_tokenizer, save_tokenizer
-    from beam_sft.train.model import build_tiny_model
 
     config = json.loads((REPO / "configs" / "models" / "tiny_gpt_oss" / "config.json").read_text())
     config["vocab_size"] = 6000  # the 201k o200k vocabulary would make this test minutes long, not seconds

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "beam_sft"
 LAYERS = (
     "errors",  # the one error type for bad records, and the CLI's error table
     "records",  # the Beam record type, constants, file reading and atomic writing
-    "template",  # the chat template, response template, tokenizer set-up, conformance rules
+    "template",  # the chat template, response template, the bundled tokenizer, conformance rules
     "formats",  # pure converters: raw record -> unvalidated Beam record
     "validate",  # Beam rules, and the one per-record conversion entry
     "augment",  # transforms over validated Beam records that teach when and which tool (beam-sft augment)
@@ -26,9 +26,9 @@ LAYERS = (
     "report",  # mask views, HTML pages, statistics
     "eval",  # generation, parsing, metrics
     "backfill",  # teacher models fill missing reasoning (beam-sft backfill)
-    "model",  # model preparation: a base beamified for Beam training, the one checked save
-    "train",  # trainer, models, packing, MoE
-    "serve",  # servable model directories, export
+    "serve",  # the serving rules: servable model directories, the one checked save, export
+    "model",  # model preparation: beamify, marker-row init, the model a training run starts from
+    "train",  # trainer, packing, MoE, checkpoints and faults
     "cli",  # one module per command
 )
 

@@ -1,4 +1,4 @@
-"""beamify's marker rows (beam_sft.template.marker_init), LoRA on them (beam_sft.train.new_tokens), and
+"""beamify's marker rows (beam_sft.model.marker_init), LoRA on them (beam_sft.train.new_tokens), and
 `beam-sft beamify` (beam_sft.model.beamify), on tiny models; the real base is tests/test_real_base.py."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from tokenizer_factories import FACTORIES, tiny_causal_lm
 
 from beam_sft.errors import UsageError
+from beam_sft.model.beamify import beamify, new_token_ids
+from beam_sft.model.marker_init import MEANINGS, plan
 from beam_sft.records.messages import HARMONY_MARKERS as MARKERS
-from beam_sft.template.marker_init import MEANINGS, plan
-from beam_sft.template.tokenizer import beamify, new_token_ids
 
 
 def chatml_tokenizer():

@@ -127,7 +127,7 @@ def test_prepare_config_and_train_data_phase_agree(tok, tmp_path, capsys):
 
     from beam_sft.cli import main
     from beam_sft.train.config import ScriptArguments
-    from beam_sft.train.data import training_datasets, training_inputs
+    from beam_sft.train.data_phase import training_datasets, training_inputs
 
     files = _files(tmp_path)
     config = _yaml(tmp_path, [{"path": "json", "data_files": files["A"], "fraction": 0.5},
@@ -212,7 +212,7 @@ def test_a_streamed_mixture_trains_each_source_in_its_format_and_shards_by_rank(
 def test_train_streams_a_mixture_config(tmp_path):
     """scripts/train.py --config with `datasets:` and --streaming true: checked, dry-run plan names the shares."""
     from beam_sft.train.config import ScriptArguments
-    from beam_sft.train.data import streamed_note, training_inputs
+    from beam_sft.train.data_phase import streamed_note, training_inputs
 
     files = _files(tmp_path)
     entries = [{"path": files["A"], "fraction": 0.6, "label": "tools"},

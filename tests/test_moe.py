@@ -151,7 +151,7 @@ def lora_run(base, tmp_path_factory):
 def test_lora_on_experts_is_injected_and_trained(lora_run, base):
     from safetensors.torch import load_file
 
-    from beam_sft.train.moe import count_expert_adapters
+    from beam_sft.model.moe import count_expert_adapters
 
     out, trainer = lora_run
     model = trainer.model
@@ -200,8 +200,8 @@ def test_expert_targets_need_experts_and_missing_adapters_fail(tok):
     from peft import get_peft_model
     from trl import ModelConfig
 
-    from beam_sft.train.model import build_tiny_model
-    from beam_sft.train.moe import build_peft_config, check_expert_adapters
+    from beam_sft.model.load import build_tiny_model
+    from beam_sft.model.moe import build_peft_config, check_expert_adapters
 
     llama = build_tiny_model(tok)
     args = ModelConfig(use_peft=True, lora_target_modules=["q_proj", "v_proj"], lora_r=4)
@@ -221,7 +221,7 @@ def test_linear_routers_are_kept_out_of_all_linear(tok):
     from peft import get_peft_model
     from trl import ModelConfig, get_peft_config
 
-    from beam_sft.train.moe import build_peft_config, router_module_names
+    from beam_sft.model.moe import build_peft_config, router_module_names
 
     def with_linear_router():
         model = tiny_gpt_oss(tok)

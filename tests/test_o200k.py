@@ -113,7 +113,7 @@ def test_beamify_on_gpt_oss_keeps_ids_and_adds_no_rows(o200k_dir, script):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from beam_sft.template.tokenizer import beamify
+    from beam_sft.model.beamify import beamify
 
     # gpt-oss's tokenizer as it ships: the same vocabulary with every marker special.
     state = json.loads((o200k_dir / "tokenizer.json").read_text(encoding="utf-8"))

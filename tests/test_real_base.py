@@ -93,7 +93,7 @@ def _train(argv: list[str]) -> None:
 def test_three_steps_learn_and_serve(beam_base, records, tmp_path, peft):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.serve.export import export
+    from beam_sft.model.export import export
 
     base, _ = beam_base
     torch.set_num_threads(2)

@@ -453,7 +453,7 @@ def test_beamified_tokenizer_families(family):
     # Other tokenizer families, made Beam-ready by beamify: the fast path and identity on real data.
     import tokenizer_factories
 
-    from beam_sft.template.tokenizer import beamify
+    from beam_sft.model.beamify import beamify
 
     tokenizer = getattr(tokenizer_factories, family)()
     beamify(tokenizer)

@@ -15,7 +15,8 @@ import pytest
 
 from beam_sft.cli import main as cli
 from beam_sft.errors import FatalError
-from beam_sft.template import response_template, servable
+from beam_sft.serve import servable
+from beam_sft.template import response_template
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +41,8 @@ def _saved_templates(tmp_path, tok) -> dict[str, dict]:
     save_tokenizer writes for it, and what beamify installs on other tokenizer families."""
     from tokenizer_factories import FACTORIES
 
-    from beam_sft.template.tokenizer import beamify, save_tokenizer
+    from beam_sft.model.beamify import beamify
+    from beam_sft.template.tokenizer import save_tokenizer
 
     out = {"package": response_template(), "data/tokenizer": tok.response_template}
     save_tokenizer(tok, tmp_path / "bundled")
@@ -143,7 +145,7 @@ def test_the_comparison_sees_the_one_input_where_the_templates_differ(tok):
 def saved_model(tmp_path, tok):
     """The tiny model and the bundled tokenizer as a trainer would leave them: plain save_pretrained
     (sorted keys), the earlier response template, one EOS id, a 0600 weights file."""
-    from beam_sft.train.model import build_tiny_model
+    from beam_sft.model.load import build_tiny_model
 
     model = build_tiny_model(tok)
     model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
@@ -239,7 +241,7 @@ def test_export_merges_a_lora_only_output_into_its_base(saved_model, tmp_path, t
 
 
 def test_gpt_oss_serve_commands_say_what_vllm_does():
-    from beam_sft.serve.export import serve_commands
+    from beam_sft.model.export import serve_commands
 
     text = serve_commands("/models/beam-oss", "gpt_oss")
     assert text.startswith("CAVEAT (model_type gpt_oss)") and "openai-harmony" in text

@@ -155,7 +155,7 @@ def test_prepare_cli_hub_options_and_eval_split(tmp_path, capsys):
 
 def test_train_options_dataset_config_and_test_split(tmp_path, tok):
     from beam_sft.train.config import ScriptArguments
-    from beam_sft.train.data import eval_inputs, training_datasets, training_inputs
+    from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
     from beam_sft.train.options import make_parser
 
     repo = _repo(tmp_path)

@@ -341,8 +341,8 @@ def test_plain_loss_path_equals_trl_fused_lm_head(tmp_path):
     from inmemory import prepare_dataset, read_rows, to_beam_records
     from trl import SFTConfig
 
+    from beam_sft.model.load import build_tiny_model
     from beam_sft.template.tokenizer import load_tokenizer
-    from beam_sft.train.model import build_tiny_model
     from beam_sft.train.trainer import make_trainer_class
 
     tok = load_tokenizer()
@@ -384,8 +384,8 @@ def test_checkpoint_without_beam_template_needs_beamify(tmp_path):
     from transformers import AutoTokenizer
 
     from beam_sft.errors import UsageError
+    from beam_sft.model.load import build_tiny_model
     from beam_sft.template.tokenizer import load_tokenizer
-    from beam_sft.train.model import build_tiny_model
 
     tok = load_tokenizer()
     model = build_tiny_model(tok)

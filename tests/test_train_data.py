@@ -286,7 +286,7 @@ def test_packing_keeps_masks_and_sequences_separate(tok):
     from trl.data_utils import pack_dataset
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from beam_sft.train.model import build_tiny_model
+    from beam_sft.model.load import build_tiny_model
 
     records = [ANSWER, TOOL_LOOP, dict(ANSWER, chat_template_kwargs={"reasoning_effort": "low"})]
     dataset, _ = prepare_dataset(tok, records, max_length=None)

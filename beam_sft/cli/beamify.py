@@ -22,8 +22,8 @@ import sys
 
 
 def register(subparsers) -> None:
-    from beam_sft.model.save import DTYPES
-    from beam_sft.template.marker_init import DEFAULT_INIT, INIT_CHOICES
+    from beam_sft.model.marker_init import DEFAULT_INIT, INIT_CHOICES
+    from beam_sft.serve.save import DTYPES
 
     parser = subparsers.add_parser(
         "beamify",

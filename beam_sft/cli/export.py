@@ -24,7 +24,7 @@ import sys
 
 
 def register(subparsers) -> None:
-    from beam_sft.model.save import DTYPES
+    from beam_sft.serve.save import DTYPES
 
     parser = subparsers.add_parser(
         "export",
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft.serve.export import export, serve_commands
+    from beam_sft.model.export import export, serve_commands
 
     print(f"exporting {args.checkpoint} -> {args.output} ...", file=sys.stderr)
     report = export(args.checkpoint, args.output, adapter=args.adapter, merge=args.merge, dtype=args.dtype)

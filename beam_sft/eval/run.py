@@ -75,7 +75,7 @@ def evaluate(
     from tqdm.auto import tqdm
 
     if getattr(tokenizer, "response_template", None) is None:
-        raise UsageError("the tokenizer has no response_template; install it with beam_sft.template.tokenizer.beamify")
+        raise UsageError("the tokenizer has no response_template; install it with beam_sft.model.beamify.beamify")
     if turns not in TURN_CHOICES:
         raise UsageError(f"--turns must be one of {', '.join(TURN_CHOICES)}, not {turns!r}")
     result = EvalResult(backend=getattr(backend, "name", type(backend).__name__))
@@ -210,7 +210,7 @@ def evaluate_trainer(trainer, tokenizer, records: Sequence[dict], *, max_new_tok
                            "saved model instead", trainer.args.output_dir)
         return None
     if not records:
-        return None  # the empty eval split was warned about before training (beam_sft.train.beam_eval)
+        return None  # the empty eval split was warned about before training (beam_sft.train.eval_callback)
     world = accelerator.num_processes
     model = accelerator.unwrap_model(trainer.model)
     backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size,

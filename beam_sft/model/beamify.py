@@ -1,18 +1,50 @@
 """`beam-sft beamify BASE -o DIR`: any base model directory (or cached hub id) into a Beam base model.
 
 DIR holds the base's weights with the embeddings grown for the seven markers (each new row initialised from
-what it means, `beam_sft.template.marker_init`), the tokenizer with both Beam templates, the eos list
+what it means, `beam_sft.model.marker_init`), the tokenizer with both Beam templates, the eos list
 `[<|return|>, <|call|>]`, and `config.json`'s `beam_sft` entry (which ids are new and how they started, so a
 LoRA run on DIR trains those rows). It is written atomically and only when it is servable as is and passes
 every check-template rule (`serve.export.check_export`), the checks `beam-sft export` makes.
+
+`beamify` itself, on a tokenizer (and model) in memory:
+
+Usage:
+
+    from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.model.beamify import beamify
+    tok = load_tokenizer()                       # data/tokenizer, the small bundled byte-level BPE
+    beamify(hf_tokenizer, model)                 # any tokenizer, in place; resizes, inits new rows by meaning
+
+What `beamify` guarantees, for any fast (tokenizers-backed) tokenizer: the marker/EOS/pad/template
+properties above; the markers match raw text (`normalized=False`), so a normalizer cannot split them; marker
+ids that already existed keep their ids (a gpt-oss vocabulary stays aligned with its embeddings); with a
+model, each new embedding row starts from what its marker means (`marker_init`), so the rows are
+distinct and a closing marker already scores where the base would end a message.
+
+What it fixes: SentencePiece-style tokenizers that prepend "▁" to every text segment (Metaspace
+`prepend_scheme="always"`, or Llama-2's `Prepend("▁")` normalizer) would put a space after every marker
+when decoding (`<|message|>Hi` -> `<|message|> Hi`), which breaks `parse_response` on decoded output. By
+default (`fix_prefix_space=True`) beamify makes them prepend only at the start of the input, as
+transformers' non-legacy Llama conversion does; a rendered chat starts with `<|start|>`, so nothing is
+prepended at all. This changes how the first word after each marker is split, which a model fine-tuned
+on Beam data learns anyway.
+
+What it cannot fix: a vocabulary or normalizer that loses text (no byte fallback, so `\t` becomes
+`<unk>`; NFKC folding full-width characters). Masks stay right (transformers computes them from character
+offsets), but text does not survive encode/decode, and parsing decoded output can differ from what was
+rendered. BOS tokens are not an issue: apply_chat_template tokenizes with add_special_tokens=False and the
+Beam template writes no BOS. Run `beam-sft check-template` on the result: rules `round-trip` and
+`parse-decoded-ids` report such losses.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
+from beam_sft.template.tokenizer import EOS_TOKEN, MARKERS, PAD_TOKEN, PLAIN_MARKERS, install_templates
 
 
 def beamify_directory(base: str, output: str | Path, *, init: str = "semantic", dtype: str = "auto") -> dict[str, Any]:
@@ -20,10 +52,9 @@ def beamify_directory(base: str, output: str | Path, *, init: str = "semantic", 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from beam_sft.model.save import DTYPES, save_checked
+    from beam_sft.model.marker_init import INIT_CHOICES
+    from beam_sft.serve.save import DTYPES, save_checked
     from beam_sft.template.conformance import run_suite
-    from beam_sft.template.marker_init import INIT_CHOICES
-    from beam_sft.template.tokenizer import beamify
 
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -67,3 +98,155 @@ def describe(report: dict[str, Any]) -> list[str]:
                  "is not a stop: docs/real-model.md); pad " + repr(report["pad_token"]))
     lines.append(f"check-template: {report['checks_passed']}/{report['checks_passed']} rules pass")
     return lines
+
+
+def _backend(tokenizer):
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise TypeError(
+            f"beamify needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}; "
+            "load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
+        )
+    return backend
+
+
+def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
+    """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers.
+
+    Added tokens split the text into segments that are normalised and pre-tokenised one by one, so a
+    `Prepend("▁")` normaliser or a Metaspace `prepend_scheme="always"` turns `<|message|>Hi` into
+    `<|message|>▁Hi`, which decodes as `<|message|> Hi`: the decoded text is no longer the prompt, and the
+    response parser no longer finds `<|channel|>analysis<|message|>`. Prepending only at the start of the
+    input (`"first"`, what transformers' non-legacy Llama conversion does) keeps the text exact; a rendered
+    chat starts with `<|start|>`, so nothing is prepended at all. Returns whether `state` changed.
+    """
+    changed = False
+
+    def walk(node: Any, key: str) -> Any:
+        nonlocal changed
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "Sequence":
+            children = [walk(child, key) for child in node.get(key, [])]
+            node[key] = [c for c in children if c is not None]
+            return node
+        if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "always":
+            node["prepend_scheme"] = "first"
+            changed = True
+        if node.get("type") == "Prepend" and node.get("prepend") == "▁":
+            changed = True
+            return None
+        return node
+
+    had_prepend = "Prepend" in json.dumps(state.get("normalizer"))
+    state["normalizer"] = walk(state.get("normalizer"), "normalizers")
+    state["pre_tokenizer"] = walk(state.get("pre_tokenizer"), "pretokenizers")
+    state["decoder"] = walk(state.get("decoder"), "decoders")
+    if (
+        had_prepend
+        and "Prepend" not in json.dumps(state.get("normalizer"))
+        and state.get("pre_tokenizer") is None
+    ):
+        # The normaliser's prepend moves to a Metaspace pre-tokenizer that prepends at the input start only.
+        state["pre_tokenizer"] = {
+            "type": "Metaspace",
+            "replacement": "▁",
+            "prepend_scheme": "first",
+            "split": False,
+        }
+    return changed
+
+
+def _install_markers(tokenizer, fix_prefix_space: bool) -> None:
+    from tokenizers import AddedToken, Tokenizer
+
+    backend = _backend(tokenizer)
+    # normalized=False: markers must match the raw text, whatever the normalizer does to ordinary text.
+    backend.add_tokens([AddedToken(m, special=False, normalized=False) for m in PLAIN_MARKERS])
+    backend.add_special_tokens([AddedToken(EOS_TOKEN, special=True, normalized=False)])
+    # A marker the tokenizer already had as a special token (gpt-oss tokenizers have all seven) keeps its
+    # id, and add_tokens clears its `special` flag, but not the backend's internal set of special tokens,
+    # so decode(skip_special_tokens=True) would still drop it. Reloading from the serialised form rebuilds
+    # that set from the flags.
+    state = json.loads(backend.to_str())
+    for entry in state.get("added_tokens", []):
+        if entry["content"] in MARKERS:
+            entry["special"], entry["normalized"] = entry["content"] == EOS_TOKEN, False
+    if fix_prefix_space:
+        _segment_prefix_space_off(state)
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(state))
+    # transformers keeps its own list of extra special tokens; a plain marker must not be in it.
+    extra = list(getattr(tokenizer, "extra_special_tokens", None) or [])
+    if any(str(t) in PLAIN_MARKERS for t in extra):
+        tokenizer.extra_special_tokens = [t for t in extra if str(t) not in PLAIN_MARKERS]
+    tokenizer.eos_token = EOS_TOKEN
+
+
+def _install_pad(tokenizer) -> None:
+    from tokenizers import AddedToken
+
+    if tokenizer.pad_token is None or tokenizer.pad_token in MARKERS:
+        tokenizer.add_special_tokens({"pad_token": AddedToken(PAD_TOKEN, special=True, normalized=False)})
+
+
+def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fix_prefix_space: bool = True,
+            init: str = "semantic"):
+    """Make `tokenizer` (and `model`, if given) Beam Harmony capable, in place.
+
+    Adds the markers (only `<|return|>` special; it becomes EOS), a special pad token when there is none or
+    it is a marker, and both templates. With `model`, grows the embedding matrices to `len(tokenizer)` and
+    initialises every row of a newly added token as `init` says (`beam_sft.model.marker_init`: "semantic",
+    the default, from what each marker means; "mean", the mean of the old rows), in the input embeddings and
+    in the output projection when it is not tied; sets eos/pad ids on `model.config` and
+    `model.generation_config`, where EOS is exactly `[<|return|>, <|call|>]` (the base's own EOS is dropped:
+    see `BEAMIFY_EOS_DECISION`); and records what it added in `model.config.beam_sft` (the new ids, so a LoRA
+    run makes their rows trainable, and how each was initialised). Both are modified in place; returns
+    `tokenizer`. `fix_prefix_space`: see the module docstring. Calling it again is a no-op.
+    """
+    from beam_sft.model.marker_init import INIT_CHOICES, initialise_rows
+
+    if init not in INIT_CHOICES:
+        raise ValueError(f"beamify init {init!r}: choose one of {', '.join(INIT_CHOICES)}")
+    old_len = len(tokenizer)
+    base_eos = tokenizer.eos_token
+    _install_markers(tokenizer, fix_prefix_space)
+    _install_pad(tokenizer)
+    install_templates(tokenizer, template_dir)
+    for marker in MARKERS:
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+        assert len(ids) == 1, f"marker {marker!r} encodes to {len(ids)} tokens after beamify: {ids}"
+    if model is None:
+        return tokenizer
+    new_len = len(tokenizer)
+    if new_len > model.get_input_embeddings().weight.shape[0]:
+        # mean_resizing=False: transformers' mean resizing samples around the mean; marker_init sets each row.
+        model.resize_token_embeddings(new_len, mean_resizing=False)
+    # Ids from the old tokenizer length on are the new tokens (a padded matrix may already have rows there).
+    rows = initialise_rows(model, tokenizer, old_len, new_len, init, base_eos) if new_len > old_len else []
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    call_id = tokenizer.convert_tokens_to_ids("<|call|>")
+    pad_id = tokenizer.pad_token_id
+    model.config.eos_token_id = eos_id
+    model.config.pad_token_id = pad_id
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.eos_token_id = [eos_id, call_id]
+        generation_config.pad_token_id = pad_id
+    if rows:
+        model.config.beam_sft = {"new_token_ids": [r.id for r in rows], "init": init,
+                                 "rows": {r.token: r.parts for r in rows}, "base_eos": base_eos}
+    return tokenizer
+
+
+# Why a beamified base stops only at <|return|> / <|call|> (docs/real-model.md, "Stop tokens"): a Beam turn
+# ends only there, and a partly trained model that falls back on the base's end token (SmolLM2 after 54 steps
+# wrote <|im_end|> as its first token) would otherwise be served as a clean, empty stop; without it the
+# failure shows (`stopped` false, `marker_leak`) instead of passing for an answer.
+BEAMIFY_EOS_DECISION = "[<|return|>, <|call|>] only"
+
+
+def new_token_ids(model) -> list[int]:
+    """The ids `beamify` added to `model` (recorded in its config, so also after save and load); [] if none."""
+    info = getattr(getattr(model, "config", None), "beam_sft", None)
+    ids = info.get("new_token_ids") if isinstance(info, dict) else None
+    return [int(i) for i in ids] if isinstance(ids, list) else []

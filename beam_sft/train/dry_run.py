@@ -48,8 +48,8 @@ def tokenizer_and_config(script_args, training_args, model_args):
     """(tokenizer, model config, embedded model or None): no checkpoint weights are read."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from beam_sft.template.tokenizer import beamify
-    from beam_sft.train.model import embedded_model
+    from beam_sft.model.beamify import beamify
+    from beam_sft.model.load import embedded_model
 
     if model_args.model_name_or_path is None:
         model, tokenizer = embedded_model(script_args, training_args)
@@ -69,7 +69,7 @@ def parameter_counts(config, script_args, model_args) -> tuple[int, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from beam_sft.train.moe import build_peft_config
+    from beam_sft.model.moe import build_peft_config
     from beam_sft.train.new_tokens import refuse_tied_output
 
     with torch.device("meta"):
@@ -174,10 +174,10 @@ def probe(config, embedded, training_args, model_args) -> str:
 
 def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan:
     """Check the run and return its plan; trains nothing, writes nothing to output_dir."""
+    from beam_sft.model.load import check_tokenizer
     from beam_sft.train import run
     from beam_sft.train.config import data_settings
-    from beam_sft.train.data import eval_inputs, training_datasets, training_inputs
-    from beam_sft.train.model import check_tokenizer
+    from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
 
     run.check_arguments(script_args, training_args)
     tokenizer, config, embedded = tokenizer_and_config(script_args, training_args, model_args)
@@ -191,7 +191,7 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
     plan.add("parameters", f"{total:,} ({trainable:,} trainable)")
     settings = data_settings(script_args, training_args)
     if script_args.streaming:
-        from beam_sft.train.data import streamed_note
+        from beam_sft.train.data_phase import streamed_note
 
         plan.add("data", f"{streamed_note(training_inputs(script_args, seed=training_args.seed)) or script_args.dataset_name}"
                          ": streamed, not counted")

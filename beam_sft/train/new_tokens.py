@@ -52,7 +52,7 @@ def refuse_tied_output(peft_config, model) -> None:
 def make_new_rows_trainable(peft_config, model) -> dict | None:
     """Add beamify's new token ids to `peft_config.trainable_token_indices` (in place); what was done, or None
     when there is nothing to do (no LoRA, or no new tokens)."""
-    from beam_sft.template.tokenizer import new_token_ids
+    from beam_sft.model.beamify import new_token_ids
 
     refuse_tied_output(peft_config, model)
     ids = new_token_ids(model)

@@ -27,7 +27,7 @@ def check_arguments(script_args, training_args) -> None:
     import torch
 
     from beam_sft.errors import UsageError
-    from beam_sft.train.beam_eval import beam_eval_wanted
+    from beam_sft.train.eval_callback import beam_eval_wanted
 
     mixture = bool(getattr(script_args, "datasets", None))
     if script_args.dataset_name is None and not mixture:
@@ -64,7 +64,7 @@ def check_arguments(script_args, training_args) -> None:
 def check_evaluation_options(script_args, training_args, held_out) -> None:
     """Beam metrics at evaluation and early stopping need evaluations (and a metric) to happen at all."""
     from beam_sft.errors import UsageError
-    from beam_sft.train.beam_eval import beam_at_evaluate, beam_metric_named
+    from beam_sft.train.eval_callback import beam_at_evaluate, beam_metric_named
 
     evaluates = training_args.eval_strategy != "no"
     if beam_at_evaluate(script_args, training_args) and not evaluates:
@@ -204,6 +204,7 @@ def train(trainer, resume) -> None:
 def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args, model_args,
                   callbacks=None):
     """`BeamSFTTrainer` with LoRA (when asked), its loss path, and packing made exact (probed) before training."""
+    from beam_sft.model.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.faults import (
         NonFiniteGuard,
         make_preemption_callback,
@@ -211,7 +212,6 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
         parse_signals,
     )
     from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report
-    from beam_sft.train.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.new_tokens import check_new_rows_trainable, make_new_rows_trainable
     from beam_sft.train.packing import ensure_exact_packing
     from beam_sft.train.trainer import make_trainer_class
@@ -269,7 +269,7 @@ def name_rows(trainer, train_dataset) -> None:
 
 def save(trainer, tokenizer, output_dir: str) -> None:
     """The model, then the tokenizer with both templates (main process), and a one-line account."""
-    from beam_sft.template.servable import make_servable
+    from beam_sft.serve.servable import make_servable
     from beam_sft.template.tokenizer import save_tokenizer
     from beam_sft.train.faults import write_status
     from beam_sft.train.fsdp import save_final_model

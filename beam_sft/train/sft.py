@@ -1,7 +1,7 @@
 """The training job of `beam-sft train` and `scripts/train.py`: parse -> model -> data -> trainer -> train -> save.
 
 `main` is TRL's `sft.py` main with Beam's steps (`beam_sft/train/run.py`): the template checks, the data phase
-(`beam_sft/train/data.py`), the servable save, and the hub push after it.
+(`beam_sft/train/data_phase.py`), the servable save, and the hub push after it.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ def main(script_args, training_args, model_args, callbacks=None):
 
         print(dry_run(script_args, training_args, model_args, world_size=int(os.environ.get("WORLD_SIZE", "1"))))
         return None
+    from beam_sft.model.load import check_tokenizer, load_model_and_tokenizer
     from beam_sft.train import run
-    from beam_sft.train.beam_eval import add_beam_eval, beam_eval_wanted, held_out_records
     from beam_sft.train.config import data_settings
-    from beam_sft.train.data import eval_inputs, training_datasets, training_inputs
-    from beam_sft.train.model import check_tokenizer, load_model_and_tokenizer
+    from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
+    from beam_sft.train.eval_callback import add_beam_eval, beam_eval_wanted, held_out_records
     from beam_sft.train.source_eval import add_source_eval
 
     run.setup_logging(training_args)

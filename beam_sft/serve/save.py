@@ -2,7 +2,7 @@
 
 Both `beam-sft beamify` (a base prepared for Beam training) and `beam-sft export` (a trained model for a
 server) write through `save_checked`, so a directory either passes every check-template rule and the serving
-checks (`beam_sft.template.servable`) or is not written at all.
+checks (`beam_sft.serve.servable`) or is not written at all.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ def check_export(directory: Path) -> list[str]:
     """Problems of an exported directory: servability, then every check-template rule, run on the files."""
     from transformers import AutoTokenizer
 
+    from beam_sft.serve.servable import servable_problems
     from beam_sft.template.conformance import run_suite
-    from beam_sft.template.servable import servable_problems
 
     problems = servable_problems(directory)
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
@@ -32,7 +32,7 @@ def save_checked(model, tokenizer, output: Path, failure: str) -> dict[str, Any]
     """Save `model` + `tokenizer` into `output` atomically, made servable and checked (`check_export`); nothing
     is written when a check fails (FatalError "{output} {failure}: ..."). Returns `make_servable`'s report."""
     from beam_sft.records.files import atomic_output
-    from beam_sft.template.servable import make_servable
+    from beam_sft.serve.servable import make_servable
     from beam_sft.template.tokenizer import save_tokenizer
 
     output.parent.mkdir(parents=True, exist_ok=True)

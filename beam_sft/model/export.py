@@ -1,12 +1,12 @@
 """`beam-sft export`: a checkpoint, or a base model + LoRA adapter, into a directory a server loads as is.
 
-    from beam_sft.serve.export import export, serve_commands
+    from beam_sft.model.export import export, serve_commands
     report = export("outputs/run/checkpoint-200", "outputs/run/served")
     print(serve_commands("outputs/run/served", report["model_type"]))
 
 The output holds the weights (merged when an adapter is given), the tokenizer with both Beam templates, and
 `generation_config.json`; it is written to a temporary directory beside the target, made servable
-(`beam_sft.template.servable.make_servable`), checked (the check-template suite, the serving subset, the EOS
+(`beam_sft.serve.servable.make_servable`), checked (the check-template suite, the serving subset, the EOS
 lists, readable files), and only then renamed into place: a failed check leaves no output behind.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
-from beam_sft.model.save import DTYPES, save_checked
+from beam_sft.serve.save import DTYPES, save_checked
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ def beam_response_template(template: dict[str, Any]) -> dict[str, Any]:
 
     A trainer checkpoint's tokenizer_config.json was written by plain `save_pretrained` (sorted keys), which
     reorders the tool-call dicts the parser builds (see `save_tokenizer`); the package's copy restores it."""
+    from beam_sft.serve.servable import to_serving_form
     from beam_sft.template import response_template
-    from beam_sft.template.servable import to_serving_form
 
     serving = to_serving_form(template)
     ours = response_template()
@@ -72,7 +72,7 @@ def _load(base: str, adapter: str | None, merge: bool, dtype: str):
                              "--enable-lora --lora-modules NAME=ADAPTER)")
         from peft import PeftModel
 
-        from beam_sft.train.moe import count_expert_adapters
+        from beam_sft.model.moe import count_expert_adapters
 
         if model.get_input_embeddings().num_embeddings < len(tokenizer):
             model.resize_token_embeddings(len(tokenizer))

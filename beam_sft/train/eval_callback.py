@@ -75,7 +75,7 @@ def held_out_records(trainer, script_args, settings) -> list[dict]:
     from accelerate.utils import broadcast_object_list
 
     from beam_sft.dataset.prepare import eval_records
-    from beam_sft.train.data import eval_inputs, training_inputs
+    from beam_sft.train.data_phase import eval_inputs, training_inputs
 
     box: list = [None]
     if trainer.accelerator.is_main_process:

@@ -52,7 +52,8 @@ def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int 
 
 def embedded_model(script_args, training_args):
     """(model, tokenizer) of the embedded source: the bundled (or given) tokenizer and the tiny random model."""
-    from beam_sft.template.tokenizer import beamify, load_tokenizer
+    from beam_sft.model.beamify import beamify
+    from beam_sft.template.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(script_args.tokenizer_name_or_path)
     if script_args.beamify:
@@ -67,7 +68,7 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import get_quantization_config
 
-    from beam_sft.template.tokenizer import beamify
+    from beam_sft.model.beamify import beamify
 
     if model_args.model_name_or_path is None:
         model, tokenizer = embedded_model(script_args, training_args)
@@ -81,7 +82,7 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     quantization_config = get_quantization_config(model_args)
     if script_args.mxfp4_dequantize:
         from beam_sft.errors import UsageError
-        from beam_sft.train.moe import mxfp4_dequantize_config
+        from beam_sft.model.moe import mxfp4_dequantize_config
 
         if quantization_config is not None:
             raise UsageError("mxfp4_dequantize cannot be combined with load_in_4bit / load_in_8bit")
