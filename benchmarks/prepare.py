@@ -267,9 +267,9 @@ def bench_prepare_run(src: Path, dst: Path, num_proc: int, tokenizer_path: str |
 
     report = work / f"{dst.name}.rusage.json"
     command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--force",
-               "--missing-reasoning", "keep",
-               "--max-length", "0", "--num-proc", str(num_proc),
-               *(["--tokenizer", tokenizer_path] if tokenizer_path else []), *extra]
+               "--missing_reasoning", "keep",
+               "--max_length", "0", "--dataset_num_proc", str(num_proc),
+               *(["--tokenizer_name_or_path", tokenizer_path] if tokenizer_path else []), *extra]
     usage = _measured(command, report, work / f"{dst.name}.log")
     manifest = orjson.loads((dst / "beam_sft_manifest.json").read_bytes())
     counts = manifest["counts"]
@@ -296,9 +296,9 @@ def bench_convert_run(src: Path, dst: Path, num_proc: int, work: Path) -> dict:
 
 def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
     """Where one process's CPU time goes in `build_prepared` (warm: tokenizer, encoder, imports): converting
-    (the converters, `_convert_batch`), encoding (`MaskedEncoder.encode`) and everything else (reading,
+    (the converters, `convert_batch`), encoding (`MaskedEncoder.encode`) and everything else (reading,
     chunk files, labels, counts, shard writes, rejects): the share the worker pool's design has to keep small."""
-    from beam_sft.dataset import stages
+    from beam_sft.dataset import pipeline
     from beam_sft.dataset.prepare import build_prepared
     from beam_sft.dataset.settings import DataSettings
     from beam_sft.render import encoder as render
@@ -314,9 +314,9 @@ def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
                 spent[key] += time.process_time() - start
         return wrapper
 
-    # The workers import `_convert_batch` from `stages` when a task runs: patched there, it is timed.
-    real_convert, real_encode = stages._convert_batch, render.MaskedEncoder.encode
-    stages._convert_batch = timed("convert", real_convert)
+    # A task looks `convert_batch` up in `pipeline` when it runs: patched there, it is timed.
+    real_convert, real_encode = pipeline.convert_batch, render.MaskedEncoder.encode
+    pipeline.convert_batch = timed("convert", real_convert)
     render.MaskedEncoder.encode = timed("encode", real_encode)
     try:
         # Imports, hashes and the like once, on a few records: the row is about what grows with the data.
@@ -331,7 +331,7 @@ def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
                                   num_proc=1)
         total = time.process_time() - start
     finally:
-        stages._convert_batch, render.MaskedEncoder.encode = real_convert, real_encode
+        pipeline.convert_batch, render.MaskedEncoder.encode = real_convert, real_encode
     records = manifest["counts"]["records_in"]
     other = total - spent["convert"] - spent["encode"]
     return {"records": records, "cpu_s": total, "convert_s": spent["convert"], "encode_s": spent["encode"],
@@ -374,7 +374,7 @@ def _dedup_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int],
             start += size
         for rep in range(args.repeat):
             for size in sizes:
-                for label, extra in (("on", ()), ("off", ("--keep-duplicates",))):
+                for label, extra in (("on", ()), ("off", ("--dedup", "false"))):
                     _log(f"dedup {label}: {size} records (+10% copies), run {rep + 1}/{args.repeat}")
                     run = bench_prepare_run(work / f"dedup-{size}.jsonl", work / f"dedup-out-{size}-{label}", 1,
                                             tokenizer_path, work, extra)
@@ -402,8 +402,8 @@ def _shard_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int],
         for i in range(2):
             _log(f"shards: shard {i}/2")
             command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(work / f"shard{i}"), "-q",
-                       "--missing-reasoning", "keep", "--max-length", "0", "--num-proc", "1", "--shard", f"{i}/2",
-                       *(["--tokenizer", tokenizer_path] if tokenizer_path else [])]
+                       "--missing_reasoning", "keep", "--max_length", "0", "--dataset_num_proc", "1",
+                       "--shard", f"{i}/2", *(["--tokenizer_name_or_path", tokenizer_path] if tokenizer_path else [])]
             steps.append({"step": f"shard {i}/2", **_measured(command, work / f"shard{i}.rusage.json",
                                                               work / f"shard{i}.log")})
         _log("shards: merge")

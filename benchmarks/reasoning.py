@@ -104,14 +104,14 @@ def pick(items: list, n: int) -> list:
 def evaluate(model_dir: Path, records: list[dict], num_prompts: int, max_new_tokens: int) -> dict:
     """has_reasoning & co. on the first turns of `num_prompts` records of each half."""
     from beam_sft.eval.backends import TransformersBackend
+    from beam_sft.eval.run import EvalOptions, load_model
     from beam_sft.eval.run import evaluate as run_eval
-    from beam_sft.eval.run import load_model
 
     model, tokenizer = load_model(str(model_dir), device="cpu")
     chosen = [(r, half) for half in HALVES
               for r in pick([r for k, r in enumerate(records) if (k % 2) == HALVES.index(half)], num_prompts)]
     backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens)
-    result = run_eval(backend, tokenizer, chosen, total=len(chosen))
+    result = run_eval(backend, tokenizer, chosen, EvalOptions(total=len(chosen)))
     by_half = result.summary()["by_format"]
     return {half: {key: by_half[half][key] for key in ("turns", "has_reasoning", "empty_analysis",
                                                         "mean_analysis_tokens", "well_formed")}

@@ -138,7 +138,7 @@ def first_turn(record: dict, *, through_call: bool = False) -> dict:
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:
-    from beam_sft.records.files import atomic_output
+    from beam_sft.storage import atomic_output
 
     with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         held_tools = info.get("heldout_tools") or parser.error("--part extra needs the split's data/real/split.json")
     if args.part in ("all", "extra"):
         build_extra(args, info, held_tools)
-    from beam_sft.records.files import write_json_atomic
+    from beam_sft.storage import write_json_atomic
 
     write_json_atomic(str(split_json), info)
     return 0

@@ -74,6 +74,7 @@ def render() -> str:
             sys.path.insert(0, path)
     from beam_sft.cli import COMMANDS
     from beam_sft.cli import make_parser as cli_parser
+    from beam_sft.cli.prepare import make_parser as prepare_parser
     from beam_sft.train.sft import make_parser as train_parser
     from benchmarks.__main__ import make_parser as bench_parser
     from benchmarks.registry import BENCHMARKS
@@ -85,8 +86,9 @@ def render() -> str:
     top = cli_parser()
     parts.append(_section("beam-sft", _help(top)))
     subparsers = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    own = {"train": lambda: train_parser(prog="beam-sft train"), "prepare": prepare_parser}  # TRL's parsers
     for name in COMMANDS:
-        parser = train_parser(prog="beam-sft train") if name == "train" else subparsers.choices[name]
+        parser = own[name]() if name in own else subparsers.choices[name]
         parts.append(_section(f"beam-sft {name}", _help(parser)))
     for name in SCRIPTS:
         parts.append(_section(f"python scripts/{name}", _help(_script_parser(name))))

@@ -108,7 +108,7 @@ def describe(parsed: dict | None) -> str:
 def generate(model_dir: Path, out_dir: Path, num_prompts: int, max_new_tokens: int) -> float:
     from beam_sft.eval.backends import TransformersBackend
     from beam_sft.eval.report import summary_table
-    from beam_sft.eval.run import evaluate, load_model
+    from beam_sft.eval.run import EvalOptions, evaluate, load_model
     from beam_sft.eval.turns import _load_records
 
     print(f"== 3. load {model_dir} (model + tokenizer with both templates)", flush=True)
@@ -121,7 +121,7 @@ def generate(model_dir: Path, out_dir: Path, num_prompts: int, max_new_tokens: i
           f"<|return|>/<|call|>, max_new_tokens={max_new_tokens}, parse_response)", flush=True)
     results: list = []
     backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens)
-    result = evaluate(backend, tokenizer, chosen, on_result=results.append, total=len(chosen))
+    result = evaluate(backend, tokenizer, chosen, EvalOptions(on_result=results.append, total=len(chosen)))
     results.sort(key=lambda r: r.turn.record)
     with open(out_dir / "generations.jsonl", "w", encoding="utf-8") as f:
         for r in results:

@@ -59,7 +59,7 @@ python scripts/train.py --config configs/beam_lora.yaml --model_name_or_path Qwe
 
 # Tokenize once with `beam-sft prepare`, then train on every node from shared storage without tokenizing
 ```bash
-beam-sft prepare data/samples/openai.jsonl -o /shared/prepared --max-length 1024
+beam-sft prepare data/samples/openai.jsonl -o /shared/prepared --max_length 1024
 accelerate launch --config_file configs/accelerate/cpu_ddp.yaml scripts/train.py \
     --config configs/quickstart.yaml --dataset_name /shared/prepared --dataset_format auto
 ```

@@ -323,7 +323,34 @@ def _beam_sft_problem(args: list[str], command: Command) -> str | None:
 
         _, train_args = split_launch_args(args[1:])
         return _train_problem(train_args, command)
+    if args[0] == "prepare":
+        return _prepare_problem(args[1:], command)
     return _argparse_problem(sub, args[1:], command)
+
+
+def _prepare_problem(args: list[str], command: Command) -> str | None:
+    """beam-sft prepare: TRL's parser with the YAML config (parsed, nothing prepared); with a YAML the page
+    writes (`mix.yaml`), the options' names only."""
+    from beam_sft.cli.prepare import make_parser, parse
+    from beam_sft.errors import BeamSFTError
+    from beam_sft.template.bundled import resolve_config
+
+    config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
+    try:
+        page_yaml = config is not None and not resolve_config(config).exists()
+    except ValueError:
+        page_yaml = True
+    if command.inline or command.elided or _has_placeholder(args) or page_yaml:
+        known = _options_of(make_parser()) | {"--config"}
+        unknown = [a.split("=", 1)[0] for a in args if a.startswith("--") and a.split("=", 1)[0] not in known]
+        return f"unknown option(s) {unknown}" if unknown else None
+    if "--help" in args or "-h" in args:
+        return None
+    try:
+        parse(args)
+    except BeamSFTError as err:
+        return f"refused: {err}"
+    return None
 
 
 def _benchmarks_problem(args: list[str], command: Command) -> str | None:

@@ -1,4 +1,4 @@
-"""Faults around the atomic writes of beam_sft.records.files: permissions under the umask, kill -9 mid-run, stale temporaries.
+"""Faults around the atomic writes of beam_sft.storage: permissions under the umask, kill -9 mid-run, stale temporaries.
 
 Every output — `convert-dataset` outputs (JSONL, Parquet, save_to_disk), `--rejects`, `--stats`, and whatever
 goes through `atomic_output` — must get the permissions any new file gets under the user's umask (a temporary
@@ -21,8 +21,8 @@ import orjson
 import pytest
 
 from beam_sft.cli.convert import main
-from beam_sft.records.files import (
-    _HOST,
+from beam_sft.storage import (
+    HOST,
     atomic_output,
     remove_stale_temporaries,
     temporary_path,
@@ -78,7 +78,7 @@ def test_every_output_gets_the_umask_permissions(tmp_path, capsys, umask, mask, 
         (tmp / "part-0.arrow").write_bytes(b"x")
     with atomic_output(tmp_path / "one.bin") as tmp:
         tmp.write_bytes(b"y")
-    from beam_sft.records.files import write_text_atomic
+    from beam_sft.storage import write_text_atomic
 
     write_text_atomic(tmp_path / "page.html", "<html></html>")
     assert _mode(tmp_path / "prepared") == dir_mode and _mode(tmp_path / "prepared" / "part-0.arrow") == file_mode
@@ -108,11 +108,11 @@ def _dead_pid() -> int:
 def test_only_stale_temporaries_of_this_host_are_removed(tmp_path):
     target = tmp_path / "out.jsonl"
     dead = _dead_pid()
-    stale_file = tmp_path / f".out.jsonl.beam-tmp-{_HOST}-{dead}-0a0a0a0a"
-    stale_dir = tmp_path / f".out.jsonl.beam-tmp-{_HOST}-{dead}-0b0b0b0b"
-    alive = tmp_path / f".out.jsonl.beam-tmp-{_HOST}-{os.getppid()}-0c0c0c0c"  # a live process: another run
+    stale_file = tmp_path / f".out.jsonl.beam-tmp-{HOST}-{dead}-0a0a0a0a"
+    stale_dir = tmp_path / f".out.jsonl.beam-tmp-{HOST}-{dead}-0b0b0b0b"
+    alive = tmp_path / f".out.jsonl.beam-tmp-{HOST}-{os.getppid()}-0c0c0c0c"  # a live process: another run
     other_host = tmp_path / f".out.jsonl.beam-tmp-otherhost-{dead}-0d0d0d0d"  # its PID means nothing here
-    other_output = tmp_path / f".other.jsonl.beam-tmp-{_HOST}-{dead}-0e0e0e0e"
+    other_output = tmp_path / f".other.jsonl.beam-tmp-{HOST}-{dead}-0e0e0e0e"
     for p in (stale_file, alive, other_host, other_output):
         p.write_bytes(b"x")
     stale_dir.mkdir()
@@ -121,7 +121,7 @@ def test_only_stale_temporaries_of_this_host_are_removed(tmp_path):
     assert sorted(removed) == sorted([stale_file, stale_dir])
     assert alive.exists() and other_host.exists() and other_output.exists()
     mine = temporary_path(target)
-    assert mine.name.startswith(f".out.jsonl.beam-tmp-{_HOST}-{os.getpid()}-")
+    assert mine.name.startswith(f".out.jsonl.beam-tmp-{HOST}-{os.getpid()}-")
     assert remove_stale_temporaries(target) == [] and mine.exists()  # never our own
 
 
@@ -184,3 +184,30 @@ def test_every_output_creates_its_parent_directory(tmp_path, suffix):
         (tmp / "part").write_bytes(b"x")
     assert (tmp_path / "d" / "e" / "f" / "part").read_bytes() == b"x"
     assert not [p for p in tmp_path.rglob("*") if ".beam-tmp-" in p.name]
+
+
+def test_cache_entries_and_their_keys(tmp_path, monkeypatch):
+    """The cache directory follows $BEAM_SFT_CACHE; a key is the sha256 of its parts in order; an entry that
+    cannot be written (a read-only cache) is skipped, not an error."""
+    import hashlib
+
+    from beam_sft.storage import cache_dir, files_digest, short_hash, write_cache_file
+
+    monkeypatch.setenv("BEAM_SFT_CACHE", str(tmp_path / "cache"))
+    assert cache_dir() == tmp_path / "cache"
+    monkeypatch.delenv("BEAM_SFT_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "beam_sft"
+    assert short_hash("ab", b"c") == short_hash("abc") == hashlib.sha256(b"abc").hexdigest()[:16]
+    assert len(short_hash("abc", length=32)) == 32
+    assert write_cache_file(tmp_path / "cache" / "entry.bin", b"data")
+    assert (tmp_path / "cache" / "entry.bin").read_bytes() == b"data"
+    (tmp_path / "cache" / "other").write_bytes(b"x")
+    before = files_digest(tmp_path / "cache")
+    (tmp_path / "cache" / "other").write_bytes(b"y")
+    assert files_digest(tmp_path / "cache") != before
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "cache").chmod(0o555)
+        try:
+            assert not write_cache_file(tmp_path / "cache" / "new.bin", b"data")
+        finally:
+            (tmp_path / "cache").chmod(0o755)

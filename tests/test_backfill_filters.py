@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from beam_sft.backfill import filters as F
 from beam_sft.backfill.filters import check
+from beam_sft.eval import degenerate as D
 
 REPO = Path(__file__).resolve().parent.parent
 REAL = REPO / "tests" / "data" / "realdata"
@@ -73,11 +74,11 @@ def test_no_real_reasoning_is_filtered(traces):
 
 
 def test_real_reasoning_stays_clear_of_the_thresholds(traces):
-    """Not only unfiltered: the measures stay clear of the thresholds documented in filters.py."""
+    """Not only unfiltered: the measures stay clear of the thresholds documented in eval/degenerate.py."""
     texts = [t for _, t, _, _ in traces]
-    assert max(F.repeated_ngram_share(t) for t in texts) < 0.3 < F.MAX_REPEATED_NGRAMS
-    assert min(F.compression_ratio(t) for t in texts) > 0.35 > F.MIN_COMPRESSION_RATIO
-    assert max(F.max_line_repeats(t) for t in texts) <= F.MAX_LINE_REPEATS
+    assert max(D.repeated_ngram_share(t) for t in texts) < 0.3 < D.MAX_REPEATED_NGRAMS
+    assert min(D.compression_ratio(t) for t in texts) > 0.35 > D.MIN_COMPRESSION_RATIO
+    assert max(D.max_line_repeats(t) for t in texts) <= D.MAX_LINE_REPEATS
 
 
 _word = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=2, max_size=9)
@@ -87,7 +88,7 @@ _word = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=2, max_size=9)
 @given(phrase=st.lists(_word, min_size=2, max_size=8), times=st.integers(5, 30), sep=st.sampled_from([" ", "\n", "\n\n"]))
 def test_a_phrase_looped_is_repetitive(phrase, times, sep):
     text = sep.join([" ".join(phrase)] * times)
-    if len(F.words(text)) >= F.NGRAM + F.MIN_NGRAMS:
+    if len(D.words(text)) >= D.NGRAM + D.MIN_NGRAMS:
         assert _check(text) == "repetitive"
 
 
@@ -96,7 +97,7 @@ def test_a_phrase_looped_is_repetitive(phrase, times, sep):
 def test_a_loop_with_a_counter_is_repetitive(start, times):
     """The 4-grams differ (the number changes); the compression ratio or the repeated lines catch it."""
     text = "\n".join(f"Step {start + k}: the assistant checks the list of recipes again." for k in range(times))
-    assert F.is_repetitive(text)
+    assert D.is_repetitive(text)
 
 
 @settings(max_examples=40, deadline=None)

@@ -81,8 +81,8 @@ def eval_saved_model(model: Path, records: list[dict], tmp: Path) -> dict:
 
 
 def held_out(argv: list[str], tmp: Path) -> list[dict]:
+    from beam_sft.dataset.arguments import data_settings
     from beam_sft.dataset.prepare import eval_records
-    from beam_sft.train.config import data_settings
     from beam_sft.train.sft import make_parser
 
     script_args, training_args, _ = make_parser().parse_args_and_config(argv)

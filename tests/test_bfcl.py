@@ -15,6 +15,7 @@ from beam_sft.cli import main as cli
 from beam_sft.eval.backends import Generation
 from beam_sft.eval.bfcl import checker, prompts
 from beam_sft.eval.bfcl.run import evaluate_bfcl, make_turn, rescore, summary_table
+from beam_sft.eval.run import EvalOptions
 
 # Java and JavaScript answers are written in those languages' syntax (`new int[]{2, 7}` for an array), not as BFCL's
 # possible answers store them: the Python categories get known-good outputs built from the answers.
@@ -120,7 +121,8 @@ def test_history_turns_without_reasoning_render_alike_offline_and_served(tok):
 def test_known_good_outputs_score_one_and_breaks_are_named(tok):
     good = Scripted(tok, lambda t: render(tok, t, good_calls(t.entry)) if t.entry.answer is not None
                     else render(tok, t, content="None of the declared functions can do that."))
-    result = evaluate_bfcl(good, tok, [*PYTHON_AST, "irrelevance", "live_irrelevance"], max_records=40, progress=False)
+    result = evaluate_bfcl(good, tok, [*PYTHON_AST, "irrelevance", "live_irrelevance"],
+                           EvalOptions(max_records=40, progress=False))
     summary = result.summary()
     for category, row in summary["bfcl"].items():
         assert row["accuracy"] == 1.0, (category, result.failures[:2])
@@ -134,8 +136,8 @@ def test_known_good_outputs_score_one_and_breaks_are_named(tok):
         (name, args), *rest = good_calls(t.entry)
         return render(tok, t, [(name + "_x", args), *rest])  # a function that was never declared
 
-    result = evaluate_bfcl(Scripted(tok, bad), tok, ["simple_python", "multiple", "irrelevance"], max_records=10,
-                           progress=False)
+    result = evaluate_bfcl(Scripted(tok, bad), tok, ["simple_python", "multiple", "irrelevance"],
+                           EvalOptions(max_records=10, progress=False))
     kinds = {c: set(v["error_types"]) for c, v in result.summary()["bfcl"].items()}
     assert all(v["accuracy"] == 0.0 for v in result.summary()["bfcl"].values())
     assert kinds == {"simple_python": {"simple_function_checker:wrong_func_name"},
@@ -271,8 +273,8 @@ def test_rescore_of_a_scripted_run_with_passes_and_failures(tok, tmp_path):
             calls[0] = (name, {k: ([v] if not isinstance(v, list) else v + v) for k, v in args.items()})
         return render(tok, t, calls)
 
-    result = evaluate_bfcl(Scripted(tok, answer), tok, ["simple_python", "live_simple"], max_records=20,
-                           progress=False, on_result=lambda s: lines.append(json.dumps(s.to_json())))
+    result = evaluate_bfcl(Scripted(tok, answer), tok, ["simple_python", "live_simple"], EvalOptions(
+        max_records=20, progress=False, on_result=lambda s: lines.append(json.dumps(s.to_json()))))
     path = tmp_path / "out.jsonl"
     path.write_text("\n".join(lines) + "\n")
     first, second = result.summary(), rescore(str(path)).summary()
@@ -293,8 +295,8 @@ def test_called_counts_entries_answered_with_a_call_apart_from_accuracy(tok, tmp
             return render(tok, t, [(tool["name"], {})])
         return render(tok, t, content="None of my tools does that.")
 
-    result = evaluate_bfcl(Scripted(tok, answer), tok, ["simple_python", "irrelevance"], max_records=10,
-                           progress=False, on_result=lambda s: lines.append(json.dumps(s.to_json())))
+    result = evaluate_bfcl(Scripted(tok, answer), tok, ["simple_python", "irrelevance"], EvalOptions(
+        max_records=10, progress=False, on_result=lambda s: lines.append(json.dumps(s.to_json()))))
     s = result.summary()
     calling = sum(entry_number(r["id"]) % 2 == 0 for r in map(json.loads, lines)
                   if r["category"] == "irrelevance")

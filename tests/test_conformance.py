@@ -11,14 +11,9 @@ import pytest
 from tokenizer_factories import FACTORIES
 
 from beam_sft.cli import check_template
+from beam_sft.model.beamify import beamify
 from beam_sft.template import conformance
-from beam_sft.template.tokenizer import (
-    DEFAULT_TOKENIZER_DIR,
-    TEMPLATES_DIR,
-    beamify,
-    load_tokenizer,
-    save_tokenizer,
-)
+from beam_sft.template.tokenizer import DEFAULT_TOKENIZER_DIR, TEMPLATES_DIR, load_tokenizer, save_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_TEMPLATES = (TEMPLATES_DIR / "chat_template.jinja").is_file() and (

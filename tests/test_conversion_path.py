@@ -30,11 +30,11 @@ def _why(reject: dict) -> tuple:
 
 @pytest.mark.parametrize("path", SAMPLES + REALDATA, ids=lambda p: Path(p).name)
 def test_inspect_and_the_data_phase_reject_the_same_records_for_the_same_reasons(path, tmp_path):
-    from beam_sft.dataset.stages import convert_source
-    from beam_sft.eval.turns import _load_records
+    from beam_sft.dataset.pipeline import convert_records
+    from beam_sft.eval.turns import read_held_out
     from beam_sft.report.masks import load_records
 
-    phase = convert_source(path, tmp_path)
+    phase = convert_records(path, tmp_path)
     loaded = load_records(path)
     assert loaded.total == phase.records_in > 0
     phase_rejects = {_where(r): _why(r) for r in phase.iter_rejects()}
@@ -45,7 +45,7 @@ def test_inspect_and_the_data_phase_reject_the_same_records_for_the_same_reasons
     assert [orjson.dumps(r) for r in phase.iter_records()] == [orjson.dumps(r) for r in loaded.records]
     # eval reads its test data the same way, with one difference: a reference turn needs no reasoning to be
     # scored, so eval reads as `--missing-reasoning keep` does (nothing is `nothing_to_train` there)
-    evaluated = list(_load_records(path, split="train"))
+    evaluated = list(read_held_out(path, split="train"))
     kept = load_records(path, missing_reasoning="keep")
     assert {_where(r): _why(r) for _, r, _ in evaluated if r is not None} == \
         {_where(r): _why(r) for r in kept.rejects}
@@ -58,14 +58,14 @@ def test_inspect_and_the_data_phase_reject_the_same_records_for_the_same_reasons
 
 def test_convert_dataset_rejects_the_same_records_for_the_same_reasons(tmp_path):
     from beam_sft.cli.convert import main
-    from beam_sft.dataset.stages import convert_source
+    from beam_sft.dataset.pipeline import convert_records
 
     for i, path in enumerate(SAMPLES + REALDATA):
         out, rejects = tmp_path / "out.jsonl", tmp_path / "rejects.jsonl"
-        # (convert_source is the per-record stage: no deduplication, which is the data phase's and the CLI's)
+        # (convert_records is the per-record stage: no deduplication, which is the data phase's and the CLI's)
         assert main([path, "-o", str(out), "--rejects", str(rejects), "-q", "--keep-duplicates"]) == 0
         (tmp_path / f"work{i}").mkdir()
-        phase = convert_source(path, tmp_path / f"work{i}")
+        phase = convert_records(path, tmp_path / f"work{i}")
         cli = [orjson.loads(line) for line in rejects.read_bytes().splitlines()]
         assert {_where(r): _why(r) for r in cli} == {_where(r): _why(r) for r in phase.iter_rejects()}, path
         # convert-dataset writes every row with all three keys; the records are the same
@@ -132,7 +132,7 @@ def test_input_formats_are_the_converters_and_beam():
 def test_a_record_that_cannot_be_stored_is_a_reject_not_a_crash(tmp_path, monkeypatch):
     """The data phase stores each kept record as JSON; one that will not serialise (a converter bug) is an
     `internal_error` reject with its provenance, and the run keeps the others: records in = out + rejected."""
-    from beam_sft.dataset import stages
+    from beam_sft.dataset.pipeline import convert_records
     from beam_sft.validate import convert as conversion
 
     real = conversion.try_convert
@@ -147,7 +147,7 @@ def test_a_record_that_cannot_be_stored_is_a_reject_not_a_crash(tmp_path, monkey
 
     monkeypatch.setattr(conversion, "try_convert", leaky)
     path = str(REPO / "data" / "samples" / "openai.jsonl")
-    converted = stages.convert_source(path, tmp_path)
+    converted = convert_records(path, tmp_path)
     rejects = list(converted.iter_rejects())
     internal = [r for r in rejects if r["reason"] == "internal_error"]
     assert len(internal) == 1 and internal[0]["source"].endswith("openai.jsonl") and internal[0]["line"] == 2

@@ -150,7 +150,6 @@ def test_usage_errors_exit_2_and_leave_nothing(tmp_path, capsys):
 def _fault_every_third(monkeypatch):
     """Make every third record raise an unexpected exception inside the converters (a simulated bug)."""
     from beam_sft import formats
-    from beam_sft.validate import fast_openai
 
     calls = {"n": 0}
     real = formats.FORMATS["openai"]
@@ -162,7 +161,6 @@ def _fault_every_third(monkeypatch):
         return real(rec)
 
     monkeypatch.setitem(formats.FORMATS, "openai", flaky)
-    monkeypatch.setattr(fast_openai, "fast_convert", lambda rec, options=None, counters=None: None)
 
 
 def test_an_unexpected_exception_rejects_one_record_as_internal_error_and_the_run_goes_on(tmp_path, capsys,
@@ -202,14 +200,12 @@ def test_internal_error_exit_status_from_the_command_line(tmp_path):
     code = f"""
 import sys
 from beam_sft import formats
-from beam_sft.validate import fast_openai
 real = formats.FORMATS["openai"]
 def flaky(rec):
     if isinstance(rec, dict) and len(rec.get("messages") or ()) % 2:
         raise KeyError("injected")
     return real(rec)
 formats.FORMATS["openai"] = flaky
-fast_openai.fast_convert = lambda rec, options=None, counters=None: None
 from beam_sft.cli import main
 sys.exit(main(["convert", {str(SAMPLES / "openai.jsonl")!r}, "-o", {str(out)!r}, "--rejects", {str(rej)!r},
                "--format", "openai", "-q", "--render-check", "none"]))

@@ -1,4 +1,5 @@
-"""The data phase (beam_sft.dataset: settings, stages, prepare, stream) and `beam-sft prepare`: Arrow, cached, counted."""
+"""The data phase (beam_sft.dataset: settings, pipeline, prepare, stream) and `beam-sft prepare`: Arrow, cached,
+counted."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 from inmemory import prepare_dataset, read_rows, to_beam_records
 
 from beam_sft.dataset.examples import IGNORE_INDEX, EmptyMaskError
+from beam_sft.dataset.pipeline import convert_records
 from beam_sft.dataset.prepare import eval_records, load_prepared, prepare_data
 from beam_sft.dataset.settings import MANIFEST, REJECTS, DataSettings
-from beam_sft.dataset.stages import convert_source
 from beam_sft.errors import RecordError, UsageError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ def test_same_rows_and_counts_as_the_in_memory_path(tok, tmp_path, max_length, p
 
 
 def test_without_assistant_only_loss_every_token_is_a_label(tok, tmp_path):
-    """The workers build a batch's labels at once (`workers._labelled`): without assistant-only loss the labels
+    """The workers build a batch's labels at once (`examples.label_batch`): without assistant-only loss the labels
     are the ids, and every token, stop tokens included, is counted as supervised."""
     from beam_sft.template.tokenizer import stop_token_ids
 
@@ -130,7 +131,7 @@ def _tree_bytes(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("eval_split", [0.0, 0.2, "inputs"])
 def test_num_proc_1_and_2_give_the_same_bytes(tok, tmp_path, eval_split):
-    """The worker pool (beam_sft.dataset.workers): the same shards, rejects and counts, byte for byte, with
+    """The worker pool (beam_sft.dataset.pipeline): the same shards, rejects and counts, byte for byte, with
     one process or two, fused (convert + tokenize in one task) or in two passes (an eval split drawn among
     the converted records), with rejects of both stages in several chunks."""
     from beam_sft.dataset.prepare import build_prepared
@@ -159,32 +160,32 @@ def test_num_proc_1_and_2_give_the_same_bytes(tok, tmp_path, eval_split):
 
 
 def test_the_data_phase_freezes_the_gc_only_while_records_stream(tok, tmp_path, monkeypatch):
-    """`workers._frozen`: what is alive at the start is out of the cyclic GC's way during the run (the
+    """`pipeline._frozen`: what is alive at the start is out of the cyclic GC's way during the run (the
     encoder's setup, a training job's model), and the process is left as it was, also when a run fails."""
     import gc
 
-    from beam_sft.dataset import stages, workers
+    from beam_sft.dataset import pipeline
     from beam_sft.dataset.prepare import build_prepared
 
     seen = []
-    real = stages._convert_batch
+    real = pipeline.convert_batch
 
     def spy(*args, **kwargs):
         seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(stages, "_convert_batch", spy)
+    monkeypatch.setattr(pipeline, "convert_batch", spy)
     before = gc.get_threshold()
     assert gc.get_freeze_count() == 0
     build_prepared([OPENAI], tok, DataSettings(max_length=200), tmp_path / "p", num_proc=1)
     assert seen and min(count for count, _ in seen) > 1000  # the tokenizer, encoder and test session: frozen
-    assert {threshold for _, threshold in seen} == {workers.GC_THRESHOLD}
+    assert {threshold for _, threshold in seen} == {pipeline.GC_THRESHOLD}
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(workers, "run_task", boom)
+    monkeypatch.setattr(pipeline, "run_task", boom)
     with pytest.raises(KeyboardInterrupt):
         build_prepared([OPENAI], tok, DataSettings(max_length=200), tmp_path / "q", num_proc=1)
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
@@ -201,12 +202,12 @@ def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tm
         return real(rec, format, options, counters)
 
     monkeypatch.setattr(conversion, "convert", flaky)
-    conv = convert_source(OPENAI, tmp_path, format="auto")
+    conv = convert_records(OPENAI, tmp_path, format="auto")
     internal = [r for r in conv.iter_rejects() if r["reason"] == "internal_error"]
     assert internal and all(r["message"] == "ZeroDivisionError: boom" and r["line"] for r in internal)
     assert conv.rejected["internal_error"] == len(internal)
-    assert conv.records_in == len(conv.records) + sum(conv.rejected.values())
-    assert len(conv.records) > 0  # the run went on
+    assert conv.records_in == len(conv) + sum(conv.rejected.values())
+    assert len(conv) > 0  # the run went on
 
 
 def test_a_record_the_template_rejects_is_a_reject_not_a_stop(tok, tmp_path, monkeypatch):
@@ -230,12 +231,14 @@ def test_a_record_the_template_rejects_is_a_reject_not_a_stop(tok, tmp_path, mon
     assert counts["records_kept"] > 0
 
 
-def test_convert_source_gives_records_with_provenance(tmp_path):
-    conv = convert_source([str(SAMPLES / "harmony.jsonl")], tmp_path, format="auto")
-    first = conv.records[0]
-    assert conv.provenance(first).startswith(str(SAMPLES / "harmony.jsonl") + ":")
+def test_convert_records_gives_records_with_their_input_positions(tmp_path):
+    conv = convert_records([str(SAMPLES / "harmony.jsonl")], tmp_path, format="auto")
+    assert conv.names == [str(SAMPLES / "harmony.jsonl")]
     records = list(conv.iter_records())
-    assert len(records) == len(conv.records) and all(r["messages"] for r in records)
+    assert len(records) == len(conv) and all(r["messages"] for r in records)
+    assert records[:3] == conv[:3] and conv[len(conv) - 1] == records[-1]
+    rows = sorted([*conv.positions().tolist(), *conv.reject_rows.tolist()])
+    assert rows == list(range(conv.records_in))  # every input row once: a record or a reject
 
 
 def test_empty_mask_is_a_hard_error_naming_the_record(tok, tmp_path):
@@ -321,7 +324,7 @@ def _prepare_cli(*argv: str) -> int:
 def test_prepare_cli_writes_dataset_manifest_rejects(tmp_path, capsys):
     out = tmp_path / "prep"
     stats = tmp_path / "stats.json"
-    rc = _prepare_cli(OPENAI, str(SAMPLES / "sharegpt.json"), "-o", str(out), "--max-length", "256", "--stats",
+    rc = _prepare_cli(OPENAI, str(SAMPLES / "sharegpt.json"), "-o", str(out), "--max_length", "256", "--stats",
                       str(stats), "--rejects", str(tmp_path / "rej.jsonl"), "-q")
     captured = capsys.readouterr()
     assert rc == 0 and captured.out.strip() == str(out)
@@ -353,7 +356,7 @@ def test_prepare_cli_usage_errors(tmp_path, capsys):
 
 def test_manifest_mismatch_is_a_clear_error_naming_the_field(tok, tmp_path):
     out = tmp_path / "prep"
-    assert _prepare_cli(OPENAI, "-o", str(out), "--max-length", "512", "-q") == 0
+    assert _prepare_cli(OPENAI, "-o", str(out), "--max_length", "512", "-q") == 0
     ok = load_prepared(out, tok, DataSettings(max_length=512))
     assert len(ok.train) == ok.manifest["counts"]["records_kept"]
     with pytest.raises(UsageError, match=r"manifest field 'max_length' is 512, this run has 1024"):
@@ -380,7 +383,7 @@ def test_prepared_dataset_trains_with_plain_trl(tok, tmp_path):
     from beam_sft.model.load import build_tiny_model
 
     out = tmp_path / "prep"
-    assert _prepare_cli(OPENAI, "-o", str(out), "--max-length", "512", "-q") == 0
+    assert _prepare_cli(OPENAI, "-o", str(out), "--max_length", "512", "-q") == 0
     ds = load_from_disk(str(out))
     args = SFTConfig(output_dir=str(tmp_path / "trl"), max_steps=2, per_device_train_batch_size=2, use_cpu=True,
                      bf16=False, report_to="none", max_length=512, save_strategy="no", logging_steps=1,
@@ -405,7 +408,7 @@ def test_prepare_cli_rerun_is_up_to_date_until_something_changes(tmp_path, capsy
     capsys.readouterr()
     assert _prepare_cli(str(data), "-o", str(out), "-q") == 0
     assert "is up to date" in capsys.readouterr().err
-    assert _prepare_cli(str(data), "-o", str(out), "-q", "--max-length", "300") == 0
+    assert _prepare_cli(str(data), "-o", str(out), "-q", "--max_length", "300") == 0
     assert "is up to date" not in capsys.readouterr().err
     assert json.loads((out / MANIFEST).read_text())["fingerprint"] != first["fingerprint"]
 
@@ -440,11 +443,22 @@ def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
 def test_the_worker_pool_also_works_spawned(tok, tmp_path, monkeypatch):
     """Where fork is not safe (CUDA initialised) the workers are spawned and get the tokenizer pickled: the same
     bytes out."""
-    from beam_sft.dataset import workers
+    from beam_sft.dataset import pipeline
     from beam_sft.dataset.prepare import build_prepared
 
     settings = DataSettings(max_length=200)
     build_prepared([OPENAI], tok, settings, tmp_path / "forked", num_proc=2, chunk_rows=8, fingerprint="fp")
-    monkeypatch.setattr(workers, "_start_method", lambda: "spawn")
+    monkeypatch.setattr(pipeline, "_start_method", lambda: "spawn")
     build_prepared([OPENAI], tok, settings, tmp_path / "spawned", num_proc=2, chunk_rows=8, fingerprint="fp")
     assert _tree_bytes(tmp_path / "forked") == _tree_bytes(tmp_path / "spawned")
+
+
+def test_dataset_info_is_what_datasets_writes(tmp_path):
+    """The prepared split's dataset_info.json is written from a constant (no datasets import in prepare's first
+    pass): it must stay byte for byte what `save_to_disk` writes for the same features."""
+    from datasets import Dataset
+
+    from beam_sft.dataset.prepare import DATASET_INFO, _final_features
+
+    Dataset.from_dict({"input_ids": [], "labels": []}, features=_final_features()).save_to_disk(str(tmp_path))
+    assert (tmp_path / "dataset_info.json").read_text() == DATASET_INFO

@@ -131,10 +131,10 @@ def test_prepare_cli_keep_duplicates_and_default(tmp_path, capsys):
     from beam_sft.cli import main
 
     inputs, n_in, n_unique = _inputs(tmp_path)
-    assert main(["prepare", *inputs, "-o", str(tmp_path / "d"), "-q", "--num-proc", "1"]) == 0
+    assert main(["prepare", *inputs, "-o", str(tmp_path / "d"), "-q", "--dataset_num_proc", "1"]) == 0
     assert "duplicate" in capsys.readouterr().err
     on = json.loads((tmp_path / "d" / "beam_sft_manifest.json").read_text())
-    assert main(["prepare", *inputs, "-o", str(tmp_path / "k"), "-q", "--num-proc", "1", "--keep-duplicates"]) == 0
+    assert main(["prepare", *inputs, "-o", str(tmp_path / "k"), "-q", "--dataset_num_proc", "1", "--dedup", "false"]) == 0
     off = json.loads((tmp_path / "k" / "beam_sft_manifest.json").read_text())
     assert (on["counts"]["records_kept"], off["counts"]["records_kept"]) == (n_unique, n_in)
 
@@ -179,7 +179,7 @@ def test_per_row_token_counts_match_the_rows_empty_ones_included():
     they are the sums over that row alone, whatever rows around it are empty."""
     import numpy as np
 
-    from beam_sft.dataset.workers import _labelled
+    from beam_sft.dataset.examples import label_batch
 
     rng = np.random.default_rng(0)
     stops = [7, 9]
@@ -187,7 +187,7 @@ def test_per_row_token_counts_match_the_rows_empty_ones_included():
         lengths = rng.integers(0, 6, rng.integers(1, 9))
         ids = [rng.choice([1, 2, 7, 9], n).tolist() for n in lengths]
         masks = [rng.integers(0, 2, n).tolist() for n in lengths]
-        _, _, counts, rows = _labelled(ids, masks, True, stops, per_row=True)
+        _, _, counts, rows = label_batch(ids, masks, True, stops, per_row=True)
         want = [{"total_tokens": len(i), "supervised_tokens": sum(m),
                  "supervised_return": sum(t == 7 and b for t, b in zip(i, m, strict=True)),
                  "supervised_call": sum(t == 9 and b for t, b in zip(i, m, strict=True))} for i, m in zip(ids, masks,

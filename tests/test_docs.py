@@ -249,13 +249,20 @@ def _subcommand_options() -> dict[str, list[str]]:
     import argparse
 
     from beam_sft.cli import make_parser
+    from beam_sft.cli.prepare import make_parser as prepare_parser
 
     parser = make_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {
+    options = {
         name: [s for action in p._actions for s in action.option_strings if s not in ("-h", "--help")]
         for name, p in sub.choices.items()
     }
+    # prepare's options are TRL's parser's (the subcommand only dispatches): each by its own name, the
+    # `--no_x` complements and `--x-y` spellings HfArgumentParser adds aside
+    options["prepare"] = [action.option_strings[0] for action in prepare_parser()._actions
+                          if action.option_strings and action.option_strings[0] not in ("-h", "--help")
+                          and not action.option_strings[0].startswith("--no_")] + ["--config"]
+    return options
 
 
 def test_cli_page_lists_every_option_of_every_command():

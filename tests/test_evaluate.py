@@ -18,8 +18,8 @@ import pytest
 from beam_sft.cli import main as cli
 from beam_sft.eval.backends import TransformersBackend
 from beam_sft.eval.metrics import METRICS
-from beam_sft.eval.run import evaluate, load_model, resolve_adapter
-from beam_sft.eval.turns import _load_records, record_turns
+from beam_sft.eval.run import EvalOptions, evaluate, load_model, resolve_adapter
+from beam_sft.eval.turns import read_held_out, record_turns
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "data" / "samples"
@@ -148,7 +148,7 @@ def test_report_page(trained_eval):
 def test_batched_generation_matches_one_at_a_time(trained, data_dir):
     model, tok = load_model(str(trained[0]), device="cpu")
     # Rows 0 (a short answer) and 3 (a tool call) of each format: prompts of different lengths, so padded.
-    records = [(r, f) for k, (r, _, f) in enumerate(_load_records(str(data_dir))) if k % 4 in (0, 3)]
+    records = [(r, f) for k, (r, _, f) in enumerate(read_held_out(str(data_dir))) if k % 4 in (0, 3)]
     prompts = [t.prompt for r, f in records for t in record_turns(tok, r, 0, f, "first")]
     assert len({len(p) for p in prompts}) > 1
     one = TransformersBackend(model, tok, max_new_tokens=160, batch_size=1).generate(prompts)
@@ -182,13 +182,13 @@ def test_lora_adapter(trained, data_dir, tmp_path):
                     param.data.normal_(0, 0.5)
         model.save_pretrained(tmp_path / name)
     save_tokenizer(load_tokenizer(base), tmp_path / "zero")  # as scripts/train.py saves it next to an adapter
-    records = [(r, f) for r, _, f in _load_records(str(data_dir), max_records=3)]
+    records = [(r, f) for r, _, f in read_held_out(str(data_dir), max_records=3)]
 
     def texts(adapter):
         model, tok = load_model(base, adapter=adapter, device="cpu")
         result = []
         evaluate(TransformersBackend(model, tok, max_new_tokens=48), tok, records,
-                    on_result=result.append, progress=False)
+                 EvalOptions(on_result=result.append, progress=False))
         return [r.generation.text for r in sorted(result, key=lambda r: r.turn.record)]
 
     plain = texts(None)
@@ -220,8 +220,8 @@ def test_max_records_stops_reading(tmp_path):
     lines = (SAMPLES / "openai.jsonl").read_text(encoding="utf-8").splitlines()[:3]
     path = tmp_path / "d.jsonl"
     path.write_bytes(("\n".join(lines) + "\n").encode() + b"{not json\n")
-    assert [rej for _, rej, _ in _load_records(str(path), max_records=3)] == [None] * 3
-    rejects = [rej for _, rej, _ in _load_records(str(path)) if rej]
+    assert [rej for _, rej, _ in read_held_out(str(path), max_records=3)] == [None] * 3
+    rejects = [rej for _, rej, _ in read_held_out(str(path)) if rej]
     assert [r["reason"] for r in rejects] == ["malformed_json"] and rejects[0]["line"] == 4
 
 

@@ -17,7 +17,7 @@ from beam_sft.eval.metrics import (
     score_turn,
 )
 from beam_sft.eval.report import summary_table
-from beam_sft.eval.run import _parse, evaluate
+from beam_sft.eval.run import EvalOptions, evaluate, parse_generation
 from beam_sft.eval.turns import Turn, assistant_indices
 from beam_sft.template.conformance import GET_WEATHER
 
@@ -65,7 +65,7 @@ def score(tok, reference, text, stop):
     """Parse `text` like the eval loop does (prefix = the prompt, tools = the record's) and score it."""
     prompt = tok.apply_chat_template(USER, tools=TOOLS, tokenize=False, add_generation_prompt=True)
     turn = Turn(0, 1, reference, TOOLS, "openai", "default", prompt)
-    parsed, error = _parse(tok, turn, Generation(text, 0, stop))
+    parsed, error = parse_generation(tok, turn, Generation(text, 0, stop))
     assert not error
     return score_turn(reference, parsed, stop, TOOLS)
 
@@ -235,7 +235,7 @@ def test_turn_selection():
 
 
 def test_reasoning_figures_empty_analysis_and_mean_length(tok):
-    from beam_sft.eval.reasoning_figures import analysis_tokens, empty_analysis
+    from beam_sft.eval.metrics import analysis_tokens, empty_analysis
 
     assert empty_analysis("<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>hi")
     assert empty_analysis("<|channel|>analysis<|message|>  \n<|end|>")
@@ -258,7 +258,7 @@ def test_reasoning_figures_empty_analysis_and_mean_length(tok):
     records = [({"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "Hello",
                                                                     "reasoning_content": "r"}]}, "openai")
                for k in range(2)]
-    result = evaluate(Canned(), tok, records, progress=False)
+    result = evaluate(Canned(), tok, records, EvalOptions(progress=False))
     summary = result.summary()
     assert summary["empty_analysis"] == 0.5 and summary["has_reasoning"] == 0.5
     assert summary["mean_analysis_tokens"] == analysis_tokens(tok, {"thinking": "Say hello."}) / 2
@@ -285,7 +285,7 @@ def test_degenerate_reasoning_counts_loops_and_analyses_cut_at_the_bound(tok):
     records = [({"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "Hello",
                                                                     "reasoning_content": "r"}]}, "openai")
                for k in range(4)]
-    result = evaluate(Canned(), tok, records, progress=False)
+    result = evaluate(Canned(), tok, records, EvalOptions(progress=False))
     summary = result.summary()
     assert summary["has_reasoning"] == 0.75 and summary["degenerate_reasoning"] == 2 / 3
     assert "degenerate_reasoning" in summary_table(result)
@@ -322,7 +322,7 @@ def test_a_final_answer_followed_by_more_messages_is_not_well_formed(tok):
     records = [({"messages": [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "Hello",
                                                                     "reasoning_content": "r"}]}, "openai")
                for k in range(2)]
-    result = evaluate(Canned(), tok, records, progress=False)
+    result = evaluate(Canned(), tok, records, EvalOptions(progress=False))
     assert result.summary()["well_formed"] == 0.5
     [failed] = [r for r in result.failures if not r.metrics["well_formed"]]
     assert "closed by <|end|>" in failed.reason and failed.parsed["content"] == "The capital of 16."

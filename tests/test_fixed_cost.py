@@ -117,14 +117,15 @@ def _warm_and_cold(path):
 
 @pytest.mark.parametrize("which", ["bundled", "o200k"])
 def test_warm_tokenizer_answers_as_the_real_one(which, request, snapshots, monkeypatch):
+    from beam_sft.dataset.settings import DataSettings, run_fields
     from beam_sft.render import warm as warm_module
-    from beam_sft.render.encoder import MaskedEncoder, tokenizer_fingerprint
+    from beam_sft.render.encoder import MaskedEncoder
     from beam_sft.template.tokenizer import stop_token_ids, template_hash, vocab_hash
 
     warm, cold = _warm_and_cold(_tokenizer_dir(which, request))
     # Nothing below may load the real tokenizer: what the data phase asks comes from the snapshot.
     monkeypatch.setattr(warm_module, "load_tokenizer", lambda *a, **k: pytest.fail("loaded the real tokenizer"))
-    for ask in (vocab_hash, template_hash, stop_token_ids, tokenizer_fingerprint, len):
+    for ask in (vocab_hash, template_hash, stop_token_ids, lambda t: run_fields(t, DataSettings()), len):
         assert ask(warm) == ask(cold), ask
     for name in ("chat_template", "special_tokens_map", "truncation_side", "split_special_tokens", "name_or_path"):
         assert getattr(warm, name) == getattr(cold, name), name
@@ -132,6 +133,7 @@ def test_warm_tokenizer_answers_as_the_real_one(which, request, snapshots, monke
     fast, reference = MaskedEncoder(warm), MaskedEncoder(cold)
     assert (fast.fast, fast.tiktoken_reason, fast._marker_ids) == (True, reference.tiktoken_reason,
                                                                     reference._marker_ids)
+    assert (fast._tiktoken is None) == (reference._tiktoken is None)
     assert _encoded(fast) == _encoded(reference)
     assert fast._backend.to_str() == reference._backend.to_str()
     assert not warm.loaded
@@ -188,6 +190,7 @@ def test_snapshot_follows_the_tokenizer_files(snapshots, tmp_path):
     assert template_hash(changed) == template_hash(load_tokenizer(path))
     assert isinstance(load_for_encoding(path), WarmTokenizer)
     assert template_hash(load_for_encoding(path)) == template_hash(changed)
+    assert len(list(snapshots.glob("warm-*"))) == 2
 
 
 def test_no_warm_start_where_it_cannot_stand_in(snapshots, tmp_path, monkeypatch):
@@ -205,11 +208,21 @@ def test_no_warm_start_where_it_cannot_stand_in(snapshots, tmp_path, monkeypatch
 
 
 def test_damaged_snapshot_sets_up_as_usual(snapshots, request):
+    """The tiktoken ranks the snapshot names gone (pruned from the shared cache) and its backend copy damaged:
+    the encoder sets up as usual, on the real tokenizer."""
     from beam_sft.render.encoder import MaskedEncoder
+    from beam_sft.render.warm import load_for_encoding
 
-    warm, cold = _warm_and_cold(request.getfixturevalue("o200k_dir"))
-    (snapshots.glob("warm-*").__next__() / "tiktoken.bin").unlink()
-    (snapshots.glob("warm-*").__next__() / "backend.json").write_text("{}")
+    path = request.getfixturevalue("o200k_dir")
+    _, cold = _warm_and_cold(path)
+    where = next(snapshots.glob("warm-*"))
+    snapshot = json.loads((where / "snapshot.json").read_text())
+    assert snapshot["encoder"]["tiktoken_key"] is not None
+    snapshot["encoder"]["tiktoken_key"] = "0" * 32
+    (where / "snapshot.json").write_text(json.dumps(snapshot))
+    (where / "backend.json").write_text("{}")
+    warm = load_for_encoding(path)
+    assert not warm.loaded
     encoder = MaskedEncoder(warm)
     assert warm.loaded and encoder.fast and encoder._tiktoken is not None
     assert _encoded(encoder) == _encoded(MaskedEncoder(cold))
@@ -234,8 +247,8 @@ def test_prepare_writes_the_same_bytes_cold_and_warm(which, request, snapshots, 
 
     def prepare(name, *extra):
         out = tmp_path / name
-        assert main(["prepare", *inputs, "-o", str(out), "--tokenizer", str(path), "-q", "--max-length", "300",
-                     *extra]) == 0
+        assert main(["prepare", *inputs, "-o", str(out), "--tokenizer_name_or_path", str(path), "-q",
+                     "--max_length", "300", *extra]) == 0
         return _prepared_files(out)
 
     cold = prepare("cold")
@@ -243,17 +256,18 @@ def test_prepare_writes_the_same_bytes_cold_and_warm(which, request, snapshots, 
     loads = []
     monkeypatch.setattr(warm, "load_tokenizer", lambda *a, **k: loads.append(a) or load_tokenizer(*a, **k))
     assert prepare("warm") == cold
-    assert prepare("warm2", "--num-proc", "2") == cold
+    assert prepare("warm2", "--dataset_num_proc", "2") == cold
     assert not loads  # neither this process nor the forked workers loaded the real tokenizer
     monkeypatch.setenv(warm.ENV_OFF, "1")
     assert prepare("off") == cold
+    assert prepare("off2", "--dataset_num_proc", "2") == cold
     assert cold[1]["counts"]["rejected_total"] > 0
 
 
 def test_spawned_workers_get_the_snapshot_not_the_vocabulary(snapshots, tmp_path, monkeypatch):
     """A process that has initialised CUDA spawns its workers: they unpickle the warm tokenizer and set up from
-    the snapshot; the output is the same bytes."""
-    from beam_sft.dataset import workers
+    the snapshot; the output is the same bytes as with the real tokenizer."""
+    from beam_sft.dataset import pipeline
     from beam_sft.dataset.prepare import build_prepared
     from beam_sft.dataset.settings import DataSettings
     from beam_sft.render.warm import load_for_encoding
@@ -262,9 +276,11 @@ def test_spawned_workers_get_the_snapshot_not_the_vocabulary(snapshots, tmp_path
     inputs = [str(SAMPLES / "openai.jsonl")]
     settings = DataSettings(max_length=300)
     build_prepared(inputs, cold, settings, tmp_path / "cold", fingerprint="f")
-    monkeypatch.setattr(workers, "_start_method", lambda: "spawn")
+    monkeypatch.setattr(pipeline, "_start_method", lambda: "spawn")
     build_prepared(inputs, load_for_encoding(DEFAULT_TOKENIZER_DIR), settings, tmp_path / "warm", num_proc=2,
                    fingerprint="f", chunk_rows=20)
+    build_prepared(inputs, cold, settings, tmp_path / "spawned", num_proc=2, fingerprint="f", chunk_rows=20)
     build_prepared(inputs, cold, settings, tmp_path / "cold2", fingerprint="f", chunk_rows=20)
     assert _prepared_files(tmp_path / "warm") == _prepared_files(tmp_path / "cold2")
+    assert _prepared_files(tmp_path / "spawned") == _prepared_files(tmp_path / "cold2")
     assert _prepared_files(tmp_path / "cold")[1]["counts"] == _prepared_files(tmp_path / "warm")[1]["counts"]

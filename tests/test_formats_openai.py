@@ -6,7 +6,6 @@ import copy
 import json
 from pathlib import Path
 
-import orjson
 import pytest
 
 from beam_sft.errors import Reason, RecordError
@@ -285,88 +284,13 @@ def test_error_indexes_name_the_input_message_after_a_result_list_was_split():
     assert err.code is Reason.HARMONY_MARKER_IN_TEXT and err.message_index == 4
 
 
-def _all_openai_shaped_records():
-    for path in [*sorted(REALDATA.iterdir()), Path(__file__).parents[1] / "data" / "samples" / "openai.jsonl"]:
-        for item in iter_items(expand_inputs([str(path)])):
-            try:
-                yield f"{path.name}:{item.position}", parse_line(item.payload) if item.raw else item.payload
-            except RecordError:
-                continue
-    import benchmarks.data  # noqa: F401  (puts scripts/ on the path: the workload reads make_samples.py)
-    from benchmarks.rows.workload import make_workload, to_openai
-
-    for i, r in enumerate(make_workload(300, seed=5)):
-        yield f"bench:{i}", to_openai(r, i)
-
-
-def test_fast_path_equals_the_general_path_or_defers_to_it():
-    import copy
-
-    from beam_sft.formats import convert_raw
-    from beam_sft.validate.fast_openai import fast_convert
-    from beam_sft.validate.rules import Options, validate
-
-    records = list(_all_openai_shaped_records())
-    for policy in ("mask", "keep", "reject"):
-        options = Options(missing_reasoning=policy)
-        used = without_reasoning = rejected_fast = 0
-        for where, rec in records:
-            fast_counts: dict = {}
-            slow_counts: dict = {}
-            try:
-                fast = fast_convert(copy.deepcopy(rec), options, fast_counts)
-            except RecordError as err:  # it rejects only what the general path rejects, for the same reason
-                fast = err
-            try:
-                slow = validate(convert_raw(copy.deepcopy(rec), "openai")[0], options, slow_counts)
-            except RecordError as err:
-                if isinstance(fast, RecordError):
-                    assert (fast.code, str(fast)) == (err.code, str(err)), (policy, where)
-                    rejected_fast += 1
-                else:
-                    assert fast is None, (policy, where)  # the fast path never accepts what the general path rejects
-                continue
-            assert not isinstance(fast, RecordError), (policy, where)
-            if fast is not None:
-                used += 1
-                assert orjson.dumps(fast) == orjson.dumps(slow), (policy, where)  # same content, same key order
-                assert fast_counts == slow_counts, (policy, where)
-                without_reasoning += any(m["role"] == "assistant" and not m["reasoning_content"]
-                                         for m in fast["messages"])
-        assert used > 300, policy  # it does carry the plain rows
-        # ... and the rows without reasoning (most real rows): kept under `keep`, rejected as nothing to train
-        # under `mask` when no turn has reasoning
-        assert (without_reasoning > 50) == (policy == "keep"), (policy, without_reasoning)
-        assert (rejected_fast > 30) == (policy == "mask"), (policy, rejected_fast)
-
-
-def test_fast_path_defers_on_everything_that_needs_a_decision():
-    from beam_sft.validate.fast_openai import fast_convert
-
+def test_a_plain_row_comes_out_as_it_went_in():
     base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}]
-    assert fast_convert({"messages": base}) == {"messages": base}
-    for bad in (
-        [base[0], {"role": "assistant", "content": "<think>x</think>a", "reasoning_content": "r"}],
-        [base[0], base[1], {"role": "system", "content": "late"}, base[0], base[1]],
-        [base[0], base[1], base[1]],                                                          # merge
-        [base[0], {"role": "assistant", "content": "pre", "reasoning_content": "r",          # fold
-                   "tool_calls": [call("f", "{}", "1")]}, {"role": "tool", "tool_call_id": "1", "content": "x"}],
-        [base[0], {"role": "assistant", "reasoning_content": "r",                            # reorder
-                   "tool_calls": [call("f", "{}", "1"), call("g", "{}", "2")]},
-         {"role": "tool", "tool_call_id": "2", "content": "x"}, {"role": "tool", "tool_call_id": "1", "content": "y"}],
-        [base[0], {"role": "assistant", "reasoning_content": "r",
-                   "tool_calls": [call("f", '{"a": {"b": ["</rfl:parameter>"]}}')]}],
-    ):
-        assert fast_convert({"messages": bad}) is None
-    from beam_sft.validate.rules import Options
-
-    # missing reasoning under `reject`: the general path says which message
-    assert fast_convert({"messages": [base[0], {"role": "assistant", "content": "a"}]},
-                        Options(missing_reasoning="reject")) is None
+    assert convert_record({"messages": copy.deepcopy(base)}, "openai") == {"messages": base}
 
 
-def test_fast_path_applies_the_missing_reasoning_policy_as_validate_does():
-    from beam_sft.validate.fast_openai import fast_convert
+def test_the_missing_reasoning_policy_on_openai_rows():
+    from beam_sft.validate.convert import convert
     from beam_sft.validate.rules import Options
 
     q = {"role": "user", "content": "q"}
@@ -376,47 +300,47 @@ def test_fast_path_applies_the_missing_reasoning_policy_as_validate_does():
     result = {"role": "tool", "tool_call_id": "1", "content": "x"}
     rec = {"messages": [q, bare, q, called, result, q, reasoned]}
     counts: dict = {}
-    out = fast_convert(copy.deepcopy(rec), Options(missing_reasoning="mask"), counts)
+    out = convert(copy.deepcopy(rec), "openai", Options(missing_reasoning="mask"), counts)[0]
     assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 0, None]
     assert [m["reasoning_content"] for m in out["messages"] if m["role"] == "assistant"] == ["", "", "r"]
     assert counts == {"masked_missing_reasoning": 2}
     counts = {}
-    out = fast_convert(copy.deepcopy(rec), Options(missing_reasoning="keep"), counts)
+    out = convert(copy.deepcopy(rec), "openai", Options(missing_reasoning="keep"), counts)[0]
     assert all("weight" not in m for m in out["messages"]) and counts == {"missing_reasoning": 2}
-    assert fast_convert(copy.deepcopy(rec), Options(missing_reasoning="reject")) is None
-    # every turn masked: nothing to train, the general path's error
     with pytest.raises(RecordError) as info:
-        fast_convert({"messages": [q, bare]}, Options(missing_reasoning="mask"))
+        convert(copy.deepcopy(rec), "openai", Options(missing_reasoning="reject"))
+    assert info.value.code == Reason.MISSING_REASONING and info.value.message_index == 1
+    # every turn masked: nothing to train
+    with pytest.raises(RecordError) as info:
+        convert({"messages": [q, bare]}, "openai", Options(missing_reasoning="mask"))
     assert info.value.code == Reason.NOTHING_TO_TRAIN
-    # reasoning under another field name is the converter's to read
-    assert fast_convert({"messages": [q, {**bare, "thinking": "t"}]}, Options(missing_reasoning="keep")) is None
-    assert fast_convert({"messages": [q, {**bare, "reasoning_content": 5}]}, Options(missing_reasoning="keep")) is None
+    # reasoning under another field name is read as reasoning
+    out = convert({"messages": [q, {**bare, "thinking": "t"}]}, "openai", Options(missing_reasoning="keep"))[0]
+    assert out["messages"][1]["reasoning_content"] == "t"
 
 
-def test_fast_path_leaves_records_of_other_formats_to_detection():
-    """`auto` tries the fast path before `detect`, so it must refuse anything detect would not call openai."""
+def test_auto_reads_each_record_as_the_format_detect_names():
     from beam_sft.formats import detect
-    from beam_sft.validate.fast_openai import fast_convert
+    from beam_sft.validate.convert import convert
 
     harmony_like = {"messages": [{"role": "user", "content": "hi"},
                                  {"role": "assistant", "channel": "final", "reasoning_content": "r", "content": "x"}]}
     sharegpt_like = {"messages": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]}
-    for rec in (harmony_like, sharegpt_like):
-        assert detect(rec) != "openai"
-        assert fast_convert(rec) is None
     plain = {"messages": [{"role": "user", "content": "hi"},
                           {"role": "assistant", "reasoning_content": "r", "content": "x"}]}
-    assert detect(plain) == "openai" and fast_convert(plain) is not None
+    assert detect(harmony_like) != "openai" and detect(sharegpt_like) != "openai" and detect(plain) == "openai"
+    for rec in (harmony_like, sharegpt_like, plain):
+        try:
+            assert convert(copy.deepcopy(rec), "auto")[1] == detect(rec)
+        except RecordError:
+            pass
 
 
 def test_openai_fine_tuning_weights_are_kept_and_checked():
-    from beam_sft.validate.fast_openai import fast_convert
-
     rec = {"messages": [{"role": "user", "content": "q"},
                         {"role": "assistant", "content": "a", "reasoning_content": "r", "weight": 0},
                         {"role": "user", "content": "q2"},
                         {"role": "assistant", "content": "b", "reasoning_content": "r", "train": True}]}
-    assert fast_convert(rec) is None  # a weight takes the general path, which keeps and checks it
     out = convert_record(copy.deepcopy(rec), "openai")
     assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 1]
     assert all("train" not in m for m in out["messages"])

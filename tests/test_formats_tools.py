@@ -525,7 +525,7 @@ def test_cli_stats_count_every_new_format(tmp_path, capsys):
     capsys.readouterr()
 
 
-# --- the OpenAI fast path leaves all of this to the general path -----------------------------------------------------
+# --- tool markup and schemas in OpenAI rows --------------------------------------------------------------------------
 
 PLAIN = {"messages": [{"role": "user", "content": "Hi"},
                       {"role": "assistant", "reasoning_content": "Greet.", "content": "Hello."}]}
@@ -535,27 +535,21 @@ PLAIN = {"messages": [{"role": "user", "content": "Hi"},
     ("user", "```tool_response\n{\"ok\": 1}\n```"), ("user", "FUNCTION RESPONSE: {}"),
     ("assistant", "```tool_call\n{\"name\": \"f\", \"arguments\": {}}\n```"),
 ])
-def test_fast_path_defers_on_tool_markup_without_angle_brackets(where, text):
-    from beam_sft.validate.fast_openai import fast_convert
-
+def test_tool_markup_without_angle_brackets_is_lifted_or_rejected(where, text):
     rec = json.loads(json.dumps(PLAIN))
     rec["messages"][0 if where == "user" else 1]["content"] = text
-    assert fast_convert(rec) is None
     if where == "assistant":  # the general path lifts the fence into a call, or rejects the text
         assert convert_record(rec, "openai")["messages"][1]["tool_calls"] == [call("f", {})]
     else:
         assert rejected(rec, "openai").code in (Reason.TOOL_MARKUP_IN_TEXT, Reason.TOOL_RESULT_WITHOUT_CALL)
 
 
-def test_python_type_names_in_openai_schemas_are_mapped_on_both_paths():
-    from beam_sft.validate.fast_openai import fast_convert
-
+def test_python_type_names_in_openai_schemas_are_mapped():
     tool = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "dict", "properties": {"n": {"type": "int"}, "xs": {"type": "List[str]"}}, "required": ["n"]}}}
     xlam_map = {"type": "function", "function": {"name": "g", "parameters": {"q": {"type": "str", "default": ""}}}}
     for t in (tool, xlam_map):
         rec = {**json.loads(json.dumps(PLAIN)), "tools": [t]}
-        assert fast_convert(rec) is None
         params = conv(rec, "openai")["tools"][0]["function"]["parameters"]
         blob = json.dumps(params)
         assert params["type"] == "object" and not any(f'"type": "{t}"' in blob for t in ("int", "str", "dict"))
@@ -581,13 +575,10 @@ def test_validate_alone_names_the_message_with_markup_and_ignores_matches_across
     assert validate({"messages": split})["messages"][1]["content"] == "`tool_call` is a word"
 
 
-def test_required_next_to_parameters_moves_inside_on_both_paths():
-    from beam_sft.validate.fast_openai import fast_convert
-
+def test_required_next_to_parameters_moves_inside():
     tool = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"q": {"type": "string"}}}, "required": ["q"]}}
     rec = {**json.loads(json.dumps(PLAIN)), "tools": [tool]}
-    assert fast_convert(rec) is None
     fn = conv(rec, "openai")["tools"][0]["function"]
     assert fn == {"name": "f", "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
                                               "required": ["q"]}}

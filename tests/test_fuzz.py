@@ -28,13 +28,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import FORMATS, convert_raw, detect
+from beam_sft.formats import FORMATS, detect
 from beam_sft.formats.harmony import parse_text
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
 from beam_sft.records.files import normalize_record
 from beam_sft.records.messages import HARMONY_MARKERS
 from beam_sft.validate.convert import convert_record
-from beam_sft.validate.fast_openai import fast_convert
 from beam_sft.validate.rules import Options, make_render_check, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,15 +264,6 @@ def check_record(rec) -> None:
             assert err.message_index is None or type(err.message_index) is int
             continue
         _accepted(beam, name)
-    try:
-        fast = fast_convert(_clone(rec))
-    except RecordError as err:  # it rejects only what the general path rejects, for the same reason
-        with pytest.raises(RecordError) as info:
-            validate(convert_raw(_clone(rec), "openai")[0])
-        assert (info.value.code, str(info.value)) == (err.code, str(err))
-        fast = None
-    if fast is not None:  # the fast path must agree with the general path
-        assert fast == validate(convert_raw(_clone(rec), "openai")[0])
     try:  # validate() alone, as training calls it on records that claim to be Beam records already
         validate(_clone(rec))
     except RecordError:

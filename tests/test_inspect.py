@@ -529,8 +529,8 @@ def test_html_screenshot_shows_the_masks(tmp_path):
 
 
 def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
-    """`inspect --stats` reads via beam_sft.dataset.stages.convert_source (memory-mapped, batch by batch); its figures
-    and the input positions it names equal those of the in-memory path over the same file."""
+    """`inspect --stats` reads via beam_sft.dataset.pipeline.convert_records (memory-mapped, batch by batch); its
+    figures and the input positions it names equal those of the in-memory path over the same file."""
     import argparse
 
     from beam_sft.cli.inspect import _dataset_stats

@@ -1,5 +1,5 @@
-"""The package's structure as a contract: data flows one way through the layers, with no import circles, and
-functions stay short.
+"""The package's structure as a contract: data flows one way through the layers, with no import circles, no
+module imports another's private names, and functions stay short.
 
 Layers, lowest first; a module may import its own layer and the ones below it, never one above. Imports inside
 functions count too: a lazy import is still a dependency.
@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "beam_sft"
 
 LAYERS = (
     "errors",  # the one error type for bad records, and the CLI's error table
-    "records",  # the Beam record type, constants, file reading and atomic writing
+    "storage",  # the cache directory, cache-key hashes and atomic writes: what every layer writes to disk with
+    "records",  # the Beam record type, constants, file reading and output writers
     "template",  # the chat template, response template, the bundled tokenizer, conformance rules
     "formats",  # pure converters: raw record -> unvalidated Beam record
     "validate",  # Beam rules, and the one per-record conversion entry
@@ -115,6 +116,23 @@ def test_no_import_circle():
     for node in sorted(edges):
         if node not in state and (cycle := visit(node)):
             pytest.fail("import circle: " + " -> ".join(cycle))
+
+
+def test_no_import_of_another_modules_private_names():
+    """`from beam_sft.x import _y` (at any depth, lazy imports included) couples a module to another's insides:
+    what two modules share is public and named for what it does."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("beam_sft")):
+                continue
+            if node.level or node.module == module:
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private:
+                wrong.append(f"{module}:{node.lineno} imports {', '.join(private)} from {node.module}")
+    assert not wrong, "\n".join(wrong)
 
 
 MAX_FUNCTION_LINES = 80

@@ -133,8 +133,8 @@ def test_prepare_config_and_train_data_phase_agree(tok, tmp_path, capsys):
     config = _yaml(tmp_path, [{"path": "json", "data_files": files["A"], "fraction": 0.5},
                               {"path": files["B"], "fraction": 0.3},
                               {"path": files["C"], "format": "sharegpt", "fraction": 0.2}])
-    assert main(["prepare", "--config", str(config), "-o", str(tmp_path / "p"), "-q", "--num-proc", "1",
-                 "--max-length", "0"]) == 0
+    assert main(["prepare", "--config", str(config), "-o", str(tmp_path / "p"), "-q", "--dataset_num_proc", "1",
+                 "--max_length", "0", "--seed", "0"]) == 0
     manifest = json.loads((tmp_path / "p" / "beam_sft_manifest.json").read_text())
     assert [m["taken"] for m in manifest["mixture"]] == [30, 18, 12]
     args = ScriptArguments(datasets=yaml.safe_load(config.read_text())["datasets"])

@@ -109,8 +109,8 @@ def test_saved_model_loads_generates_and_parses(full_run, tok):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from beam_sft.eval.backends import TransformersBackend
-    from beam_sft.eval.run import evaluate
-    from beam_sft.eval.turns import _load_records
+    from beam_sft.eval.run import EvalOptions, evaluate
+    from beam_sft.eval.turns import read_held_out
 
     out, trainer = full_run
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -120,13 +120,13 @@ def test_saved_model_loads_generates_and_parses(full_run, tok):
     ids = torch.tensor([tok("<|start|>user<|message|>What is the weather in Paris today?<|end|>")["input_ids"]])
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, trained(ids).logits, atol=1e-5)
-    records = [r for r, _, _ in _load_records(str(REPO / "data" / "samples" / "openai.jsonl"), max_records=3)
+    records = [r for r, _, _ in read_held_out(str(REPO / "data" / "samples" / "openai.jsonl"), max_records=3)
                if r is not None][:2]
 
     def run(model, tokenizer):
         seen = []
         evaluate(TransformersBackend(model, tokenizer, max_new_tokens=40, batch_size=1), tokenizer,
-                 ((r, "openai") for r in records), progress=False, on_result=seen.append)
+                 ((r, "openai") for r in records), EvalOptions(progress=False, on_result=seen.append))
         return sorted(seen, key=lambda t: t.turn.record)
 
     samples, again = run(loaded, loaded_tok), run(trained, tok)

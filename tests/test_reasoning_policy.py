@@ -45,7 +45,7 @@ def test_prepare_applies_the_policy_and_counts_turns(tmp_path, capsys, policy, k
                                                       masked):
     src = _write(tmp_path / "in.jsonl", _rows())
     out = tmp_path / "prepared"
-    assert cli_main(["prepare", str(src), "-o", str(out), "-q", "--missing-reasoning", policy]) == 0
+    assert cli_main(["prepare", str(src), "-o", str(out), "-q", "--missing_reasoning", policy]) == 0
     err = capsys.readouterr().err
     manifest = json.loads((out / "beam_sft_manifest.json").read_text())
     counts = manifest["counts"]

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from beam_sft.errors import Reason, RecordError
 from beam_sft.render import encoder as render
 from beam_sft.render import jinja
-from beam_sft.render.encoder import MaskedEncoder, encode_dataset, encode_record, reference_encode
+from beam_sft.render.encoder import MaskedEncoder, encode_record, reference_encode
 from beam_sft.template.tokenizer import MARKERS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -538,51 +538,33 @@ def sample_records():
     return converted(SAMPLES / "openai.jsonl") + converted(SAMPLES / "sharegpt.json")
 
 
-def _dataset(records):
-    import datasets
+def _rows(records):
+    """Converted rows of the data pipeline (`beam_sft.dataset.pipeline`): records as JSON text, with provenance."""
+    n = len(records)
+    return {"src": [0] * n, "pos": list(range(1, n + 1)), "by_line": [True] * n,
+            "record": [json.dumps(r, ensure_ascii=False) for r in records]}
 
-    # JSON strings survive Arrow's struct unification (which would add None-valued keys to arguments).
-    return datasets.Dataset.from_dict({"record": [json.dumps(r, ensure_ascii=False) for r in records]})
 
+def test_the_pipeline_tokenizes_as_the_reference_does(tok, sample_records):
+    """`tokenize_batch`, what every data driver runs: the reference's ids and masks, row for row; cut at
+    max_length by keep_start, the reference's truncated ids and masks."""
+    from beam_sft.dataset.pipeline import Job, tokenize_batch
 
-def test_encode_dataset_matches_and_caches(tok, sample_records, tmp_path, monkeypatch):
-    dataset = _dataset(sample_records)
+    out = tokenize_batch(_rows(sample_records), Job(tok, "beam", None, "turn", True, []), ["s.jsonl"])
     expected = [reference_encode(tok, r) for r in sample_records]
-    first = encode_dataset(tok, dataset, record_column="record", cache_dir=tmp_path, batch_size=8)
-    assert first.column_names == ["input_ids", "assistant_masks"]
-    assert [{"input_ids": r["input_ids"], "assistant_masks": r["assistant_masks"]} for r in first] == expected
-    assert list(tmp_path.glob("beam-sft-encoded-*.arrow"))
-
-    # The second run must load the cache: encoding at all is an error now.
-    def refuse(*args, **kwargs):
-        raise AssertionError("tokenized again instead of loading the cache")
-
-    monkeypatch.setattr(MaskedEncoder, "encode", refuse)
-    second = encode_dataset(tok, dataset, record_column="record", cache_dir=tmp_path, batch_size=8)
-    assert second["input_ids"] == first["input_ids"]
-    # A different max_length is a different fingerprint: it is not served from the cache.
-    with pytest.raises(AssertionError, match="tokenized again"):
-        encode_dataset(tok, dataset, record_column="record", cache_dir=tmp_path, max_length=16)
+    assert [{"input_ids": i, "assistant_masks": m} for i, m in zip(out["input_ids"], out["mask"], strict=True)] \
+        == expected
+    assert all(out["keep"]) and out["reason"] == [None] * len(sample_records)
+    cut = tokenize_batch(_rows(sample_records), Job(tok, "beam", 64, "keep_start", True, []), ["s.jsonl"])
+    expected = [reference_encode(tok, r, max_length=64) for r in sample_records]
+    assert [{"input_ids": i, "assistant_masks": m} for i, m in zip(cut["input_ids"], cut["mask"], strict=True)] \
+        == expected
 
 
-def test_encode_dataset_multiprocess_and_columns(tok, sample_records):
-    import datasets
+def test_the_pipeline_names_the_bad_row(tok, sample_records):
+    """A record the template rejects is a reject naming its source and line, and the others go on."""
+    from beam_sft.dataset.pipeline import Job, tokenize_batch
 
-    # Plain columns; tools-free records keep Arrow from inventing keys in tool arguments.
-    plain = [
-        r for r in sample_records if "tools" not in r and not any("tool_calls" in m for m in r["messages"])
-    ]
-    dataset = datasets.Dataset.from_list([{"messages": r["messages"]} for r in plain])
-    rows = [
-        {"messages": [{k: v for k, v in m.items() if v is not None} for m in row]}
-        for row in dataset["messages"]
-    ]
-    expected = [reference_encode(tok, r, max_length=64) for r in rows]
-    out = encode_dataset(tok, dataset, num_proc=2, max_length=64, batch_size=4)
-    assert [{"input_ids": r["input_ids"], "assistant_masks": r["assistant_masks"]} for r in out] == expected
-
-
-def test_encode_dataset_names_the_bad_row(tok, sample_records):
     bad = {
         "messages": [
             {"role": "user", "content": "x"},
@@ -592,7 +574,7 @@ def test_encode_dataset_names_the_bad_row(tok, sample_records):
             },
         ]
     }
-    dataset = _dataset([*sample_records[:5], bad])
-    with pytest.raises(RecordError) as caught:
-        encode_dataset(tok, dataset, record_column="record", batch_size=4)
-    assert caught.value.line == 5
+    out = tokenize_batch(_rows([*sample_records[:5], bad]), Job(tok, "beam", None, "turn", True, []), ["s.jsonl"])
+    assert out["reason"][:5] == [None] * 5 and out["reason"][5] is not None
+    entry = json.loads(out["reject"][5])
+    assert (entry["source"], entry["line"]) == ("s.jsonl", 6)

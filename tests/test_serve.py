@@ -264,10 +264,10 @@ def _completion(message: dict, finish_reason: str, stop_reason=None, tokens=5, *
 
 def test_openai_backend_scores_what_the_server_parsed(tok):
     from beam_sft.eval.openai_backend import OpenAIBackend, request_messages
-    from beam_sft.eval.run import evaluate
-    from beam_sft.eval.turns import _load_records
+    from beam_sft.eval.run import EvalOptions, evaluate
+    from beam_sft.eval.turns import read_held_out
 
-    records = [r for r, _, _ in _load_records(str(REPO / "data" / "samples" / "openai.jsonl"), "auto",
+    records = [r for r, _, _ in read_held_out(str(REPO / "data" / "samples" / "openai.jsonl"), "auto",
                                                   max_records=12) if r is not None]
     call_id = tok.convert_tokens_to_ids("<|call|>")
     requests = []
@@ -287,7 +287,7 @@ def test_openai_backend_scores_what_the_server_parsed(tok):
 
     client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
     result = evaluate(OpenAIBackend("http://unused/v1", "beam", tok, client=client), tok,
-                         ((r, "openai") for r in records), progress=False)
+                         ((r, "openai") for r in records), EvalOptions(progress=False))
     summary = result.summary()
     assert summary["turns"] == len(records) == len(requests)
     # the reference turn, returned by the "server", scores perfectly on every metric
@@ -375,7 +375,7 @@ def test_openai_backend_scores_the_raw_turn_from_token_ids_and_drops_the_field_w
     import openai
 
     from beam_sft.eval.openai_backend import OpenAIBackend
-    from beam_sft.eval.run import evaluate
+    from beam_sft.eval.run import EvalOptions, evaluate
 
     final = "<|start|>assistant<|channel|>final<|message|>"
     raw = f"<|channel|>analysis<|message|>Think.<|end|>{final}One.<|end|>{final}Two.<|return|>"
@@ -402,10 +402,10 @@ def test_openai_backend_scores_the_raw_turn_from_token_ids_and_drops_the_field_w
         seen.clear()
         client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
         backend = OpenAIBackend("http://unused/v1", "beam", tok, client=client)
-        result = evaluate(backend, tok, records, progress=False)
+        result = evaluate(backend, tok, records, EvalOptions(progress=False))
         assert result.summary()["well_formed"] == well_formed
         assert seen[0] == {"return_token_ids": True}
     assert seen == [{"return_token_ids": True}, None] and backend.token_ids is False
     [failed] = evaluate(OpenAIBackend("http://unused/v1", "beam", tok, client=SimpleNamespace(
-        chat=SimpleNamespace(completions=SimpleNamespace(create=vllm)))), tok, records, progress=False).failures
+        chat=SimpleNamespace(completions=SimpleNamespace(create=vllm)))), tok, records, EvalOptions(progress=False)).failures
     assert "closed by <|end|>" in failed.reason

@@ -105,7 +105,7 @@ def test_the_prepare_command_shards_and_merges(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr("beam_sft.dataset.prepare.CHUNK_ROWS", 9)  # several chunks from the small samples
     inputs = _inputs(tmp_path)
-    common = ["--max-length", "200", "-q"]
+    common = ["--max_length", "200", "-q"]
     assert main([*inputs, "-o", str(tmp_path / "one"), *common]) == 0
     for i in range(2):
         assert main([*inputs, "-o", str(tmp_path / f"s{i}"), "--shard", f"{i}/2", *common]) == 0
@@ -122,11 +122,11 @@ def test_the_prepare_command_shards_and_merges(tmp_path, monkeypatch, capsys):
     assert "is up to date" in capsys.readouterr().err
     # the same shards merged under other options: refused, naming why
     assert main([*inputs, "-o", str(tmp_path / "m2"), "--merge", str(tmp_path / "s0"), str(tmp_path / "s1"),
-                 "--max-length", "300", "-q"]) == 2
+                 "--max_length", "300", "-q"]) == 2
     assert "merge with the arguments the shards were prepared with" in capsys.readouterr().err
     for bad, message in ((["--shard", "2/2"], "0 <= I < N"), (["--shard", "x"], "expected I/N"),
                          (["--shard", "0/2", "--merge", "a"], "not both"),
-                         (["--shard", "0/2", "--eval-split-size", "0.2"], "needs all of them first")):
+                         (["--shard", "0/2", "--eval_split_size", "0.2"], "needs all of them first")):
         assert main([*inputs, "-o", str(tmp_path / "bad"), *bad, *common]) == 2
         assert message in capsys.readouterr().err
     assert main([*inputs, "-o", str(tmp_path / "one"), "--shard", "0/2", *common]) == 2  # a prepared DIR, not a shard

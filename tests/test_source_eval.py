@@ -51,7 +51,7 @@ def _train(tmp_path: Path, name: str, files: dict[str, str], **extra):
     config.write_text(yaml.safe_dump({
         "datasets": [{"path": files["A"], "label": "maths"}, {"path": "json", "data_files": files["C"],
                                                               "format": "sharegpt"}],
-        "test_split_size": 10, "seed": 0, "max_length": 256, "per_device_train_batch_size": 4,
+        "eval_split_size": 10, "seed": 0, "max_length": 256, "per_device_train_batch_size": 4,
         "per_device_eval_batch_size": 1, "max_steps": 4, "eval_strategy": "steps", "eval_steps": 2,
         "learning_rate": 3e-3, "warmup_steps": 0, "logging_steps": 1, "save_strategy": "no", "use_cpu": True,
         "bf16": False, "activation_checkpointing": False, "report_to": "none", "disable_tqdm": True,

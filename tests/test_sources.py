@@ -142,15 +142,15 @@ def test_prepare_cli_hub_options_and_eval_split(tmp_path, capsys):
 
     repo = _repo(tmp_path)
     out = tmp_path / "prep"
-    assert main(["prepare", str(repo), "--dataset-config", "tools", "--eval-split", "validation", "-o", str(out),
-                 "-q", "--num-proc", "1"]) == 0
+    assert main(["prepare", str(repo), "--dataset_config", "tools", "--dataset_test_split", "validation", "-o",
+                 str(out), "-q", "--dataset_num_proc", "1"]) == 0
     manifest = json.loads((out / "beam_sft_manifest.json").read_text())
     assert manifest["splits"]["train"]["records_kept"] == 6 and manifest["splits"]["eval"]["records_kept"] == 3
     assert len(load_from_disk(str(out / "eval"))) == 3
     capsys.readouterr()
-    assert main(["prepare", str(repo / "chat" / "train.jsonl"), "--eval-split", "validation", "-o",
+    assert main(["prepare", str(repo / "chat" / "train.jsonl"), "--dataset_test_split", "validation", "-o",
                  str(tmp_path / "x"), "-q"]) == 2
-    assert "files, which have no splits" in capsys.readouterr().err
+    assert "has no splits (files)" in capsys.readouterr().err
 
 
 def test_train_options_dataset_config_and_test_split(tmp_path, tok):

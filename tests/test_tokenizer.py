@@ -16,13 +16,13 @@ from tokenizer_factories import FACTORIES, sentencepiece_like, tiny_causal_lm
 from transformers import AutoTokenizer
 
 from beam_sft.errors import FatalError
+from beam_sft.model.beamify import beamify
 from beam_sft.template.tokenizer import (
     DEFAULT_TOKENIZER_DIR,
     EOS_TOKEN,
     MARKERS,
     PAD_TOKEN,
     PLAIN_MARKERS,
-    beamify,
     install_templates,
     load_tokenizer,
     read_templates,

@@ -368,22 +368,19 @@ def test_convert_cli_counts_stripped_tool_prompt(tmp_path, capsys):
         no_tags(json.loads(line))
 
 
-def test_a_json_call_list_in_an_openai_assistant_message_is_calls_on_both_paths():
-    from beam_sft.validate.fast_openai import fast_convert
-
+def test_a_json_call_list_in_an_openai_assistant_message_is_calls():
     said = '[{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}}]'
     rec = {"messages": [{"role": "user", "content": "Oslo?"},
                         {"role": "assistant", "reasoning_content": "Look it up.", "content": said},
                         {"role": "tool", "tool_call_id": "c1", "content": "9 C"},
                         {"role": "assistant", "reasoning_content": "Done.", "content": "9 °C."}],
            "tools": [WEATHER]}
-    assert fast_convert(rec) is None  # the fast path leaves the decision to the general one
     out, _ = converted(rec, "openai")
     assert out["messages"][1] == {"role": "assistant", "reasoning_content": "Look it up.", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}
     assert out["messages"][2] == {"role": "tool", "name": "get_weather", "tool_call_id": "c1", "content": "9 C"}
     rec["messages"][1]["content"] = "\n " + said  # blanks around the list: still the whole text
-    assert fast_convert(rec) is None and converted(rec, "openai")[0] == out
+    assert converted(rec, "openai")[0] == out
 
 
 def test_a_json_call_turn_keeps_its_reasoning_field_and_validate_ignores_a_foreign_stripped_key():

@@ -184,8 +184,8 @@ def test_prepare_then_train_gives_the_raw_files_losses(reference_run, tmp_path):
 
     out_single, _ = reference_run
     prepared = tmp_path / "prepared"
-    assert cli(["prepare", str(REPO / "data" / "samples" / "openai.jsonl"), "-o", str(prepared), "--limit", "25",
-                "--max-length", "512", "-q"]) == 0
+    assert cli(["prepare", str(REPO / "data" / "samples" / "openai.jsonl"), "-o", str(prepared), "--max_records", "25",
+                "--max_length", "512", "-q"]) == 0
     argv = [*_without(COMMON, "--dataset_name", "--dataset_format", "--max_records"), "--dataset_name", str(prepared),
             *SINGLE, "--output_dir", str(tmp_path / "model"), "--report_to", "none"]
     train = load_train_module()
@@ -289,11 +289,11 @@ def test_kill_9_after_checkpoint_then_resume_reaches_same_end(reference_run, tmp
 def test_configs_parse():
     train = load_train_module()
     for name in ("quickstart.yaml", "beam_full.yaml", "beam_lora.yaml"):
-        _, training_args, _ = train.make_parser().parse_args_and_config(
+        script_args, training_args, _ = train.make_parser().parse_args_and_config(
             args=["--config", str(REPO / "configs" / name), "--use_cpu", "true", "--bf16", "false"]
         )
         assert training_args.assistant_only_loss is True, name
-        assert training_args.truncation_policy in ("turn", "drop", "keep_start"), name
+        assert script_args.truncation_policy in ("turn", "drop", "keep_start"), name
     _, lora_args, lora_model = train.make_parser().parse_args_and_config(
         args=["--config", str(REPO / "configs" / "beam_lora.yaml"), "--use_cpu", "true", "--bf16", "false"]
     )

@@ -199,8 +199,8 @@ def test_eval_beam_steps_logs_the_metrics_beam_sft_eval_gives_for_the_checkpoint
     import torch
 
     from beam_sft.cli import main as cli_main
+    from beam_sft.dataset.arguments import data_settings
     from beam_sft.dataset.prepare import eval_records
-    from beam_sft.train.config import data_settings
     from beam_sft.train.sft import main, make_parser
 
     torch.set_num_threads(1)

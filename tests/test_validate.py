@@ -214,3 +214,22 @@ def test_beam_records_from_elsewhere_reasoning_fields_and_missing_content():
               U(), {"role": "assistant", "reasoning": "r2", "tool_calls": [C("f", {"x": 1})]}])
     assert out["messages"][1] == {"role": "assistant", "reasoning_content": "t", "content": "a"}
     assert out["messages"][3] == {"role": "assistant", "reasoning_content": "r2", "tool_calls": [C("f", {"x": 1})]}
+
+
+def test_record_types_declare_every_key_validate_writes():
+    """`beam_sft.records.types` stays true to what `validate` writes: no record, message, call or tool key that
+    its TypedDicts do not declare."""
+    from beam_sft.records.types import BeamRecord, FunctionCall, FunctionSpec, Message, ToolCall, ToolSpec
+
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+    out = ok([{"role": "system", "content": "s"}, U(), A("", calls=[C(cid="c1")]), T(cid="c1"), A(reasoning=""),
+              U(), A()], tools=[tool], chat_template_kwargs={"reasoning_effort": "low"}, missing_reasoning="mask")
+    assert set(out) <= set(BeamRecord.__annotations__)
+    for m in out["messages"]:
+        assert set(m) <= set(Message.__annotations__), m
+        for call in m.get("tool_calls", ()):
+            assert set(call) <= set(ToolCall.__annotations__) and set(call["function"]) <= set(
+                FunctionCall.__annotations__)
+    assert set(out["tools"][0]) <= set(ToolSpec.__annotations__)
+    assert set(out["tools"][0]["function"]) <= set(FunctionSpec.__annotations__)
+    assert {"weight", "tool_call_id", "name", "tool_calls"} <= {k for m in out["messages"] for k in m}

@@ -24,6 +24,7 @@ from typing import Any
 
 from beam_sft.augment.base import Skip, Transform, sampled
 from beam_sft.augment.words import declared, first_call, short_description, texts
+from beam_sft.records.types import BeamRecord, Message
 
 PREPOSITIONS = ("in", "for", "to", "at", "of", "on", "from", "near", "about", "with", "by", "into", "called", "named",
                 "titled")
@@ -126,7 +127,7 @@ class AskMissing(Transform):
     name = "ask-missing"
     adds = True
 
-    def __call__(self, record: dict, rng: random.Random) -> dict:
+    def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
         messages = record["messages"]
         at = first_call(messages)
         if at is None:
@@ -155,13 +156,16 @@ class AskMissing(Transform):
                 reason = "has_default"
                 continue
             try:
-                return self._ask(record, at, call["name"], param, schema, value, rng)
+                return self._ask(record, at, value, {"tool": call["name"], "param": param,
+                                                     "what": describe(param, schema)}, rng)
             except Skip as skip:
                 reason = skip.reason
         raise Skip(reason)
 
     @staticmethod
-    def _ask(record: dict, at: int, tool: str, param: str, schema: Any, value: str, rng: random.Random) -> dict:
+    def _ask(record: BeamRecord, at: int, value: str, words: dict[str, str], rng: random.Random) -> BeamRecord:
+        """The record cut before its call at `at`, `value` dropped from the user's message, the target asking for
+        it (`words`: the tool, the parameter and how to ask for it)."""
         messages = record["messages"]
         text = drop_phrase(messages[at - 1]["content"], value)
         if text is None:
@@ -171,8 +175,6 @@ class AskMissing(Transform):
         prefix = [*messages[:at - 1], {**messages[at - 1], "content": text}]
         if written(value, "\n".join(texts({"messages": prefix}))):
             raise Skip("value_elsewhere")
-        what = describe(param, schema)
-        target = {"role": "assistant", "reasoning_content": rng.choice(REASONING).format(tool=tool, param=param,
-                                                                                         what=what),
-                  "content": rng.choice(ASK).format(what=what)}
+        target: Message = {"role": "assistant", "reasoning_content": rng.choice(REASONING).format(**words),
+                           "content": rng.choice(ASK).format(what=words["what"])}
         return {**record, "messages": [*prefix, target]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 from beam_sft.augment.pool import ToolPool
+from beam_sft.records.types import BeamRecord
 
 
 class Skip(Exception):
@@ -30,7 +31,7 @@ class Transform:
     def __init__(self, value: float, pool: ToolPool | None = None):
         self.value, self.pool = value, pool
 
-    def __call__(self, record: dict, rng: random.Random) -> dict:
+    def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
         raise NotImplementedError
 
 

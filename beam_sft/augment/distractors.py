@@ -14,9 +14,10 @@ import random
 from beam_sft.augment.base import Skip, Transform, rng_for
 from beam_sft.augment.pool import ToolPool
 from beam_sft.augment.words import conversation_words, general_purpose, name_words, speaks_of_tools, tool_name
+from beam_sft.records.types import BeamRecord
 
 
-def unrelated_tools(pool: ToolPool, record: dict, declared: set[str]) -> list[str]:
+def unrelated_tools(pool: ToolPool, record: BeamRecord, declared: set[str]) -> list[str]:
     """The pool's tools that could not serve `record`'s request nor be mistaken for a `declared` one."""
     taken = set().union(*map(name_words, declared)) | conversation_words(record)
     return [name for name in pool.unrelated(taken, declared) if not general_purpose(pool[name])]
@@ -27,7 +28,7 @@ class Distractors(Transform):
     needs_pool = True
     value_kind = "count"
 
-    def __call__(self, record: dict, rng: random.Random) -> dict:
+    def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
         tools = list(record.get("tools") or [])
         if not tools:
             raise Skip("no_tools")
@@ -41,7 +42,7 @@ class Distractors(Transform):
         return {**record, "tools": tools}
 
 
-def add_distractors(records: list[dict], k: int, seed: int = 0) -> tuple[list[dict], int]:
+def add_distractors(records: list[BeamRecord], k: int, seed: int = 0) -> tuple[list[BeamRecord], int]:
     """`Distractors` over a list of records that is also the pool (the demo's data step): each record with tools
     gains up to `k` tools of the other records; returns the records (unchanged ones as given) and how many
     changed."""

@@ -34,6 +34,7 @@ from beam_sft.augment.words import (
     texts,
     tool_name,
 )
+from beam_sft.records.types import BeamRecord, Message, ToolSpec
 
 REPLACEMENTS = 2  # pool tools put in place of the called ones
 LISTED = 5  # tools named in the reasoning; more are counted
@@ -56,7 +57,7 @@ ANSWER = (
 )
 
 
-def listing(tools: list[dict], describe: bool) -> str:
+def listing(tools: list[ToolSpec], describe: bool) -> str:
     """The tools as prose: "a (what a does), b and c", at most `LISTED` of them named."""
     parts = []
     for tool in tools[:LISTED]:
@@ -73,7 +74,7 @@ class Irrelevance(Transform):
     adds = True
     needs_pool = True
 
-    def __call__(self, record: dict, rng: random.Random) -> dict:
+    def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
         messages = record["messages"]
         at = first_call(messages)
         if at is None:
@@ -88,12 +89,12 @@ class Irrelevance(Transform):
         if names_pattern(sorted(called)).search("\n".join(texts({"messages": prefix}))):
             raise Skip("context_names_called_tool")
         tools = self._tools(record, called, rng)
-        target = {"role": "assistant",
+        target: Message = {"role": "assistant",
                   "reasoning_content": rng.choice(REASONING).format(tools=listing(tools, describe=True)),
                   "content": rng.choice(ANSWER).format(names=listing(tools, describe=False))}
         return {**record, "messages": [*prefix, target], "tools": tools}
 
-    def _tools(self, record: dict, called: set[str], rng: random.Random) -> list[dict]:
+    def _tools(self, record: BeamRecord, called: set[str], rng: random.Random) -> list[ToolSpec]:
         """The declared tools that cannot serve the request, with up to `REPLACEMENTS` pool tools at random
         places; Skip when none is left."""
         taken = set().union(*map(name_words, called)) | conversation_words(record)

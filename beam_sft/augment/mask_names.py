@@ -24,6 +24,7 @@ import orjson
 
 from beam_sft.augment.base import Skip, Transform, sampled
 from beam_sft.augment.words import names_pattern, texts, tool_name
+from beam_sft.records.types import BeamRecord, FunctionSpec, Message, ToolSpec
 
 _PLAIN_WORD = re.compile(r"[A-Za-z][a-z]*")
 
@@ -42,7 +43,7 @@ def _walk_strings(value: Any, sub) -> Any:
 class MaskNames(Transform):
     name = "mask-names"
 
-    def __call__(self, record: dict, rng: random.Random) -> dict:
+    def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
         tools = record.get("tools") or []
         if not tools:
             raise Skip("no_tools")
@@ -67,7 +68,7 @@ class MaskNames(Transform):
         return out
 
     @staticmethod
-    def _check_calls(record: dict, names: set[str], params: dict | None = None) -> None:
+    def _check_calls(record: BeamRecord, names: set[str], params: dict | None = None) -> None:
         """Every call names a declared tool; after renaming (`params` given) its argument keys are its
         schema's."""
         for m in record["messages"]:
@@ -79,13 +80,13 @@ class MaskNames(Transform):
                     raise Skip("argument_not_declared")
 
     @staticmethod
-    def _check_words(record: dict, names: list[str]) -> None:
+    def _check_words(record: BeamRecord, names: list[str]) -> None:
         words = [n for n in names if _PLAIN_WORD.fullmatch(n)]
         if words and re.search(names_pattern(words).pattern, "\n".join(texts(record)), re.IGNORECASE):
             raise Skip("name_is_a_word")
 
     @staticmethod
-    def _new_names(record: dict, names: list[str], rng: random.Random) -> dict[str, str]:
+    def _new_names(record: BeamRecord, names: list[str], rng: random.Random) -> dict[str, str]:
         """name -> a fresh `func_XXXX`, distinct and found nowhere in the record."""
         blob = orjson.dumps(record).decode()
         out: dict[str, str] = {}
@@ -97,7 +98,7 @@ class MaskNames(Transform):
         return out
 
     @staticmethod
-    def _param_names(fn: dict, rng: random.Random) -> dict[str, str]:
+    def _param_names(fn: FunctionSpec, rng: random.Random) -> dict[str, str]:
         props = (fn.get("parameters") or {}).get("properties")
         keys = list(props) if type(props) is dict else []
         numbers = list(range(1, len(keys) + 1))
@@ -105,7 +106,7 @@ class MaskNames(Transform):
         return {k: f"arg_{n}" for k, n in zip(keys, numbers, strict=True)}
 
     @staticmethod
-    def _tool(tool: dict, functions: dict, params: dict, sub) -> dict:
+    def _tool(tool: ToolSpec, functions: dict, params: dict, sub) -> ToolSpec:
         fn = tool.get("function", tool)
         rename = params[fn["name"]]
         new = {k: _walk_strings(v, sub) for k, v in fn.items() if k not in ("name", "parameters")}
@@ -120,7 +121,7 @@ class MaskNames(Transform):
         return {**tool, "function": fn}
 
     @staticmethod
-    def _message(m: dict, functions: dict, params: dict, sub) -> dict:
+    def _message(m: Message, functions: dict, params: dict, sub) -> Message:
         m = {k: sub(v) if k in ("content", "reasoning_content") and type(v) is str else v for k, v in m.items()}
         if m["role"] == "tool" and m.get("name") in functions:
             m["name"] = functions[m["name"]]

@@ -32,6 +32,7 @@ from beam_sft.augment.irrelevance import Irrelevance
 from beam_sft.augment.mask_names import MaskNames
 from beam_sft.augment.pool import POOL_SIZE, ToolPool
 from beam_sft.errors import RecordError, UsageError
+from beam_sft.records.types import BeamRecord
 from beam_sft.validate.convert import convert
 from beam_sft.validate.rules import Options
 
@@ -93,7 +94,7 @@ class Output:
     """A record to write: `added_by` the addition that made it (None: the input record), `rewrites` the rewrites
     that changed it, `position` the input record it comes from."""
 
-    record: dict
+    record: BeamRecord
     position: int
     added_by: str | None = None
     rewrites: list[str] = field(default_factory=list)
@@ -116,7 +117,7 @@ class Augmenter:
     def needs_pool(self) -> bool:
         return any(TRANSFORMS[name].needs_pool for name, _ in self.specs)
 
-    def collect(self, record: dict) -> None:
+    def collect(self, record: BeamRecord) -> None:
         """First pass: the record's tools join the pool."""
         self.pool.add_record(record)
 
@@ -125,7 +126,7 @@ class Augmenter:
             self._transforms = [TRANSFORMS[name](value, self.pool) for name, value in self.specs]
         return self._transforms
 
-    def apply(self, record: dict, position: int) -> list[Output]:
+    def apply(self, record: BeamRecord, position: int) -> list[Output]:
         """The input record (rewritten or not), then the records added from it."""
         group = [Output(record, position)]
         for t in self.transforms():
@@ -140,7 +141,7 @@ class Augmenter:
                     out.rewrites.append(t.name)
         return group
 
-    def _run(self, t: Transform, record: dict, position: int, member: int) -> dict | None:
+    def _run(self, t: Transform, record: BeamRecord, position: int, member: int) -> BeamRecord | None:
         counts = self.counts[t.name]
         counts.seen += 1
         try:
@@ -159,7 +160,7 @@ class Augmenter:
             counts.changed += 1
         return new
 
-    def _valid(self, record: dict) -> dict:
+    def _valid(self, record: BeamRecord) -> BeamRecord:
         """The transform's result as the validator normalises it, or Skip(invalid_<code>)."""
         try:
             return convert(record, "beam", self.options)[0]

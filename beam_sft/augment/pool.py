@@ -13,6 +13,7 @@ import hashlib
 import heapq
 
 from beam_sft.augment.words import name_words, tool_name
+from beam_sft.records.types import BeamRecord, ToolSpec
 
 POOL_SIZE = 2000
 
@@ -20,7 +21,7 @@ POOL_SIZE = 2000
 class ToolPool:
     def __init__(self, seed: int = 0, size: int = POOL_SIZE):
         self.seed, self.size = seed, size
-        self.tools: dict[str, dict] = {}
+        self.tools: dict[str, ToolSpec] = {}
         self._heap: list[tuple[int, str]] = []  # (-priority, name): the root is the first to go
         self.refused = 0  # schemas not kept because the pool was full (a name counts each time it comes)
         self._names: list[str] | None = None
@@ -30,7 +31,7 @@ class ToolPool:
         digest = hashlib.blake2b(f"{self.seed}\0{name}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big")
 
-    def add(self, tool: dict) -> None:
+    def add(self, tool: ToolSpec) -> None:
         name = tool_name(tool)
         if name in self.tools:
             return
@@ -47,14 +48,14 @@ class ToolPool:
         self.tools[name] = tool
         self._names = None
 
-    def add_record(self, record: dict) -> None:
+    def add_record(self, record: BeamRecord) -> None:
         for tool in record.get("tools") or []:
             self.add(tool)
 
     def __len__(self) -> int:
         return len(self.tools)
 
-    def __getitem__(self, name: str) -> dict:
+    def __getitem__(self, name: str) -> ToolSpec:
         return self.tools[name]
 
     def _freeze(self) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from beam_sft.records.types import BeamRecord, FunctionSpec, Message, ToolSpec
+
 NAME_VERBS = frozenset({"get", "set", "calculate", "find", "search", "create", "check", "generate", "convert", "fetch",
                         "list", "add", "send", "update"})
 _WORD = re.compile(r"[a-z0-9]{3,}")
@@ -26,13 +28,13 @@ GENERAL_PURPOSE = frozenset({"search", "query", "answer", "web", "google", "inte
                              "chat", "assistant", "wikipedia", "duckduckgo", "bing", "llm", "gpt"})
 
 
-def general_purpose(tool: dict) -> bool:
+def general_purpose(tool: ToolSpec) -> bool:
     function = tool.get("function", tool)
     words = stems(_CAMEL.sub(r"\1 \2", str(function.get("name"))).replace("_", " "))
     return bool((words | stems(str(function.get("description") or ""))) & GENERAL_PURPOSE)
 
 
-def tool_name(tool: dict) -> str:
+def tool_name(tool: ToolSpec) -> str:
     return str(tool.get("function", tool).get("name"))
 
 
@@ -46,7 +48,7 @@ def name_words(name: str) -> set[str]:
     return stems(_CAMEL.sub(r"\1 \2", name).replace("_", " ")) - NAME_VERBS
 
 
-def texts(record: dict) -> list[str]:
+def texts(record: BeamRecord) -> list[str]:
     """Every text of the record's messages: contents, reasoning, tool results."""
     out = []
     for m in record["messages"]:
@@ -57,7 +59,7 @@ def texts(record: dict) -> list[str]:
     return out
 
 
-def conversation_words(record: dict) -> set[str]:
+def conversation_words(record: BeamRecord) -> set[str]:
     return stems(" ".join(texts(record)))
 
 
@@ -67,7 +69,7 @@ def names_pattern(names: list[str]) -> re.Pattern[str]:
     return re.compile(f"{_EDGE_BEFORE}(?:{body}){_EDGE_AFTER}")
 
 
-def speaks_of_tools(record: dict) -> bool:
+def speaks_of_tools(record: BeamRecord) -> bool:
     """Whether the reasoning talks about the tool list ("the tools provided are X and Y"): adding to that list,
     or taking from it, would make the reasoning untrue."""
     declared = [tool_name(t) for t in record.get("tools") or []]
@@ -75,7 +77,7 @@ def speaks_of_tools(record: dict) -> bool:
     return bool(re.search(r"\b(tools|functions)\b", thought, re.IGNORECASE)) or sum(n in thought for n in declared) >= 2
 
 
-def first_call(messages: list[dict]) -> int | None:
+def first_call(messages: list[Message]) -> int | None:
     """The index of the first assistant turn that calls tools, or None."""
     for index, m in enumerate(messages):
         if m.get("role") == "assistant" and m.get("tool_calls"):
@@ -83,9 +85,9 @@ def first_call(messages: list[dict]) -> int | None:
     return None
 
 
-def declared(record: dict) -> dict[str, dict]:
+def declared(record: BeamRecord) -> dict[str, FunctionSpec]:
     """name -> the function of each declared tool (the first of a name)."""
-    out: dict[str, dict] = {}
+    out: dict[str, FunctionSpec] = {}
     for tool in record.get("tools") or []:
         out.setdefault(tool_name(tool), tool.get("function", tool))
     return out

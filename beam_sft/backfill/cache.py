@@ -9,7 +9,6 @@ that failed (timeouts, server errors) are not, so the next run asks again.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from pathlib import Path
@@ -17,13 +16,15 @@ from typing import Any
 
 import orjson
 
+from beam_sft.storage import short_hash
+
 
 def record_key(record: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(record, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
+    return short_hash(orjson.dumps(record, option=orjson.OPT_SORT_KEYS), length=24)
 
 
 def turn_key(record_hash: str, turn: int, teacher: str, prompt_version: str) -> str:
-    return hashlib.sha256(f"{record_hash}\0{turn}\0{teacher}\0{prompt_version}".encode()).hexdigest()[:32]
+    return short_hash(f"{record_hash}\0{turn}\0{teacher}\0{prompt_version}", length=32)
 
 
 class TurnCache:

@@ -1,50 +1,22 @@
-"""Checks on a teacher's reasoning before it goes into a record; each failure has a counted reason.
+"""Checks on a teacher's reasoning before it goes into a record; each failure has a counted reason (FILTERS).
 
 A turn whose reasoning fails stays without reasoning, so the default `--missing-reasoning mask` keeps it out
 of the loss rather than training a bad trace. Besides the plain checks (`empty`, Harmony markers, over the
-length bound, a tool other than the called ones), these catch what a weak or misprompted teacher writes,
-seen on SmolLM2-135M-Instruct (docs/reasoning.md has a real example of each):
-
-- `truncated`: the teacher did not stop on its own (cut at the generation bound, mid-word or mid-loop);
-- `repetitive`: a loop (`The assistant's next reply is: The assistant's next reply is: ...`), measured as the
-  share of repeated word 4-grams and as the zlib compression ratio of longer texts;
-- `echoes_prompt`: the prompt's own scaffolding copied out (`## Conversation so far`, `[assistant]`,
-  `The assistant calls tools:`);
-- `narration`: talk *about* the reply (`The assistant's next reply is ...`, `The assistant responds: ...`)
-  instead of reasoning towards it;
-- `restates_reply`: the reference answer copied (a long verbatim run of its words, or most of the reasoning's
-  word 3-grams taken from it) instead of reasoned to;
-- `copies_example`: the prompt's worked example copied into the wrong conversation;
-- `contradicts_reply`: reasoning that argues for the other action than the reply takes: asking or declining
-  before a call, calling before an answer (a system prompt that says to ask when unsure made the teacher write
-  "I can't find the exact stock ticker symbol, so I tell them to ask for clarification." before a call with
-  the ticker): trained, the model learns a reasoning its action does not follow.
-
-The thresholds were chosen on real teacher output and checked against every reasoning trace in the real
-samples (`tests/test_backfill_filters.py`): none of those is filtered. The two checks that need no reference
-(`repetitive`, `truncated`) live in `beam_sft.eval.degenerate`: `beam-sft eval` applies them to a model's
-own analysis.
+length bound, a tool other than the called ones), they catch what a weak or misprompted teacher writes: each
+filter, what it catches and a real example of SmolLM2-135M-Instruct's are in docs/reasoning.md's table. The
+thresholds were chosen on real teacher output and checked against every reasoning trace in the real samples
+(`tests/test_backfill_filters.py`). The two checks that need no reference (`repetitive`, `truncated`) live in
+`beam_sft.eval.degenerate`: `beam-sft eval` applies them to a model's own analysis.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from difflib import SequenceMatcher
 
 from beam_sft.backfill.prompt import EXAMPLES
-from beam_sft.eval.degenerate import (  # noqa: F401 - the measures and thresholds, re-exported for the tests
-    MAX_LINE_REPEATS,
-    MAX_REPEATED_NGRAMS,
-    MIN_COMPRESSION_RATIO,
-    MIN_NGRAMS,
-    NGRAM,
-    compression_ratio,
-    degenerate,
-    is_repetitive,
-    max_line_repeats,
-    repeated_ngram_share,
-    words,
-)
+from beam_sft.eval.degenerate import degenerate, words
 from beam_sft.records.messages import find_marker
 
 FILTERS = ("empty", "harmony_marker", "repetitive", "truncated", "echoes_prompt", "narration", "restates_reply",
@@ -90,18 +62,7 @@ _NEGATION_RE = re.compile(r"\b(no need|not|n't|never|without|instead of|rather t
 def longest_common_run(text: str, reference: str) -> int:
     """The longest run of consecutive words (lower-cased) that `text` and `reference` share."""
     a, b = words(text), words(reference)
-    if not a or not b:
-        return 0
-    best = 0
-    previous = [0] * (len(b) + 1)
-    for x in a:
-        current = [0] * (len(b) + 1)
-        for j, y in enumerate(b, 1):
-            if x == y:
-                current[j] = previous[j - 1] + 1
-                best = max(best, current[j])
-        previous = current
-    return best
+    return SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b)).size
 
 
 def restates_reply(reasoning: str, reference: dict) -> bool:

@@ -91,26 +91,23 @@ class Stats:
             else:
                 setattr(self, key, getattr(self, key) + value)
 
-    def filtered_rows(self) -> list[tuple[str, Any]]:
-        rows = []
-        for code, n in self.filtered.most_common():
-            example = (self.samples.get(code) or [""])[0]
-            rows.append((f"  {code}", f"{n}  e.g. {_clip(example, 90)!r}" if example else n))
-        return rows
-
     def to_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, Counter) else v) for k, v in vars(self).items()}
 
     def table(self) -> str:
+        def codes(counter: Counter) -> list[tuple[str, Any]]:
+            return [(f"  {code}", n) for code, n in counter.most_common()]
+
+        def example(code: str) -> str:  # the first answer the filter refused
+            return _clip((self.samples.get(code) or [""])[0], 90)
+
         rows = [("records in", self.records_in), ("records out", self.records_out),
-                ("rejected", sum(self.rejected.values())),
-                *((f"  {code}", n) for code, n in self.rejected.most_common()),
+                ("rejected", sum(self.rejected.values())), *codes(self.rejected),
                 ("assistant turns", self.assistant_turns), ("without reasoning", self.turns_missing),
                 ("filled", f"{self.filled} ({self.from_cache} from the cache)"),
                 ("filtered out", sum(self.filtered.values())),
-                *self.filtered_rows(),
-                ("failed calls (asked again next run)", sum(self.failed.values())),
-                *((f"  {code}", n) for code, n in self.failed.most_common()),
+                *((f"  {c}", f"{n}  e.g. {example(c)!r}" if example(c) else n) for c, n in self.filtered.most_common()),
+                ("failed calls (asked again next run)", sum(self.failed.values())), *codes(self.failed),
                 ("requests", f"{self.requests} ({self.retried} retries)")]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
@@ -175,11 +172,18 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
     return record, counts, refused
 
 
+@dataclass
+class Output:
+    """Where `backfill` sends each record it is done with, in input order."""
+
+    write: Callable[[dict], None]  # a record, its missing reasoning filled where the teacher's passed
+    write_reject: Callable[[dict], None] = lambda _: None  # a row the conversion rejected
+    progress: Callable[[int], None] = lambda _: None  # one more input row done
+
+
 def backfill(records: Iterable[tuple[dict | None, dict | None]], teacher, cache: TurnCache, settings: Settings,
-             count_tokens: Callable[[str], int], write: Callable[[dict], None],
-             write_reject: Callable[[dict], None], progress: Callable[[int], None] | None = None) -> Stats:
-    """Run over `records` ((record, None) or (None, reject) pairs, in input order); `write` gets the filled
-    records in that order, `write_reject` the rejects."""
+             count_tokens: Callable[[str], int], out: Output) -> Stats:
+    """Run over `records` ((record, None) or (None, reject) pairs, in input order) into `out`."""
     stats = Stats()
     window: deque = deque()
     workers = max(1, settings.concurrency)
@@ -189,19 +193,17 @@ def backfill(records: Iterable[tuple[dict | None, dict | None]], teacher, cache:
         stats.add(counts)
         for reason, text in refused:
             stats.add_sample(reason, text)
-        write(record)
+        out.write(record)
         stats.records_out += 1
-        if progress is not None:
-            progress(1)
+        out.progress(1)
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="backfill") as pool:
         for record, reject in records:
             stats.records_in += 1
             if reject is not None:
                 stats.rejected[reject["reason"]] += 1
-                write_reject(reject)
-                if progress is not None:
-                    progress(1)
+                out.write_reject(reject)
+                out.progress(1)
                 continue
             window.append(pool.submit(fill_record, record, teacher, cache, settings, count_tokens))
             while len(window) >= 2 * workers:

@@ -89,11 +89,12 @@ class OpenAITeacher:
                            self.stop)
 
 
+@dataclass
 class _Request:
-    __slots__ = ("answer", "done", "error", "ids")
-
-    def __init__(self, ids: list[int]) -> None:
-        self.ids, self.answer, self.error, self.done = ids, None, None, False
+    ids: list[int]
+    answer: Answer | None = None
+    error: TeacherError | None = None
+    done: bool = False
 
 
 class TransformersTeacher:

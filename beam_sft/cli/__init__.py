@@ -8,24 +8,16 @@ set `BEAM_SFT_DEBUG=1` for the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib
 import os
 import sys
 
-# name -> module under beam_sft.cli; order is the order of --help.
-COMMANDS = {
-    "convert": "convert",
-    "check-template": "check_template",
-    "inspect": "inspect",
-    "prepare": "prepare",
-    "eval": "eval",
-    "contamination": "contamination",
-    "export": "export",
-    "backfill": "backfill",
-    "augment": "augment",
-    "beamify": "beamify",
-    "train": "train",
-}
+# name -> module under beam_sft.cli (the name, "-" spelled "_"); order is the order of --help.
+COMMANDS = {name: name.replace("-", "_") for name in (
+    "convert", "check-template", "inspect", "prepare", "eval", "contamination", "export", "backfill", "augment",
+    "beamify", "train")}
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -72,6 +64,15 @@ def run_command(register, name: str, argv: list[str] | None = None) -> int:
     return run_guarded(args.func, args)
 
 
+def command_main(module: str, register, name: str):
+    """A subcommand module's `main(argv=None)` (`run_command`), run at once when `module` (the caller's
+    `__name__`) is the program: `python -m beam_sft.cli.NAME`."""
+    main = functools.partial(run_command, register, name)
+    if module == "__main__":
+        sys.exit(main())
+    return main
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -81,8 +82,34 @@ def main(argv: list[str] | None = None) -> int:
     return run_guarded(args.func, args)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def add_command(subparsers, name: str, func, help: str, description: str, epilog: str | None = None):
+    """Add the subcommand `name`, which runs `func(args)`, its texts shown as written; returns its parser."""
+    parser = subparsers.add_parser(name, help=help, description=description, epilog=epilog,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def progress_bar(desc: str, quiet: bool, total: int | None = None):
+    """The progress bar of a command reading records (on stderr; off with -q or when stderr is no terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(desc=desc, unit=" rec", total=total, file=sys.stderr, disable=quiet or None, mininterval=0.5)
+
+
+@contextlib.contextmanager
+def committed(*outputs):
+    """Commit every output (a writer or sink; None is skipped) when the block ends, abort them all if it raises,
+    so an interrupted command leaves no partial output behind."""
+    outputs = [o for o in outputs if o is not None]
+    try:
+        yield
+        for output in outputs:
+            output.commit()
+    except BaseException:
+        for output in outputs:
+            output.abort()
+        raise
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,3 +134,7 @@ def source_options(args: argparse.Namespace) -> dict:
     options = {"config": args.dataset_config, "revision": args.revision, "data_dir": args.data_dir,
                "data_files": args.data_files, "columns": parse_columns(args.columns)}
     return {k: v for k, v in options.items() if v is not None}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

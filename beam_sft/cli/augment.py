@@ -36,6 +36,9 @@ import sys
 from collections import Counter
 from typing import Any
 
+from beam_sft.cli import add_command, command_main, committed, progress_bar
+from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, UsageError
+
 
 class RunCounts:
     """What the run wrote: records in = kept (written from the input) + rejected; written = kept + added."""
@@ -55,7 +58,6 @@ class RunCounts:
 
 
 def _sources(args: argparse.Namespace) -> list:
-    from beam_sft.errors import UsageError
     from beam_sft.records.files import data_sources
 
     sources = data_sources(args.inputs, split=args.split)
@@ -78,10 +80,7 @@ def _records(sources: list, args: argparse.Namespace, options):
 
 def _collect(sources: list, args: argparse.Namespace, augmenter) -> None:
     """First pass: the pool of tools distractors and irrelevance draw from."""
-    from tqdm import tqdm
-
-    with tqdm(desc="collecting tools", unit=" rec", file=sys.stderr, disable=args.quiet or None,
-              mininterval=0.5) as bar:
+    with progress_bar("collecting tools", args.quiet) as bar:
         for _, record, _ in _records(sources, args, augmenter.options):
             if record is not None:
                 augmenter.collect(record)
@@ -96,12 +95,11 @@ def _provenance(out, item, line: int) -> dict[str, Any]:
 def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict) -> RunCounts:
     """Second pass: every input record converted, transformed and written, with its additions after it."""
     import orjson
-    from tqdm import tqdm
 
     from beam_sft.formats import to_row
 
     counts = RunCounts()
-    with tqdm(desc="augmenting", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5) as bar:
+    with progress_bar("augmenting", args.quiet) as bar:
         for position, (item, record, reject) in enumerate(_records(sources, args, augmenter.options)):
             counts.records_in += 1
             bar.update()
@@ -119,20 +117,10 @@ def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict) ->
     return counts
 
 
-def _open(args: argparse.Namespace) -> dict:
-    from beam_sft.records.files import JsonlSink, open_writer
-
-    sinks: dict = {"output": open_writer(args.output)}
-    for key in ("rejects", "provenance"):
-        if getattr(args, key):
-            sinks[key] = JsonlSink(getattr(args, key))
-    return sinks
-
-
 def run(args: argparse.Namespace) -> int:
     from beam_sft.augment.pipeline import Augmenter, parse_specs
-    from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, UsageError
-    from beam_sft.records.files import write_json_atomic
+    from beam_sft.records.files import JsonlSink, open_writer
+    from beam_sft.storage import write_json_atomic
 
     specs = parse_specs(args.transform or [])
     if args.pool_size < 1 or (args.limit is not None and args.limit < 0):
@@ -141,18 +129,13 @@ def run(args: argparse.Namespace) -> int:
     augmenter = Augmenter(specs, seed=args.seed, pool_size=args.pool_size)
     if augmenter.needs_pool:
         _collect(sources, args, augmenter)
-    sinks = _open(args)
-    try:
+    sinks = {"output": open_writer(args.output),
+             **{key: JsonlSink(getattr(args, key)) for key in ("rejects", "provenance") if getattr(args, key)}}
+    with committed(*sinks.values()):
         counts = _augment(sources, args, augmenter, sinks)
         if counts.records_in != counts.kept + sum(counts.rejected.values()):
             raise FatalError(f"bookkeeping error: {counts.records_in} in != {counts.kept} kept + "
                              f"{sum(counts.rejected.values())} rejected")
-        for sink in sinks.values():
-            sink.commit()
-    except BaseException:
-        for sink in sinks.values():
-            sink.abort()
-        raise
     stats = {"inputs": [s.name for s in sources], "output": args.output, "seed": args.seed,
              "specs": list(args.transform), **counts.to_dict(), **augmenter.summary()}
     print(summary(stats))
@@ -168,13 +151,11 @@ def run(args: argparse.Namespace) -> int:
 
 def summary(stats: dict[str, Any]) -> str:
     """The run's counts as text: the invariant, then one line per transform."""
-    head = (f"augment: {stats['records_in']} records in = {stats['records_kept']} written from the input + "
-            f"{stats['rejected']} rejected; {stats['added']} added; {stats['records_written']} records written "
-            f"to {stats['output']}")
-    lines = [head]
+    lines = [(f"augment: {stats['records_in']} records in = {stats['records_kept']} written from the input + "
+              f"{stats['rejected']} rejected; {stats['added']} added; {stats['records_written']} records written "
+              f"to {stats['output']}")]
     lines += [f"  rejected {code}: {n}" for code, n in stats["rejected_by_reason"].items()]
-    if stats["pool"] is not None:
-        pool = stats["pool"]
+    if (pool := stats["pool"]) is not None:
         lines.append(f"  tool pool: {pool['tools']} tools (at most {pool['size']}; {pool['refused']} refused)")
     for name, c in stats["transforms"].items():
         done = f"added {c['added']}" if c["kind"] == "adds" else f"changed {c['changed']}"
@@ -183,11 +164,12 @@ def summary(stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def register(subparsers) -> None:
     from beam_sft.augment.pipeline import TRANSFORMS
     from beam_sft.augment.pool import POOL_SIZE
     from beam_sft.validate.convert import INPUT_FORMATS
 
+    parser = add_command(subparsers, "augment", run, "derive records that teach when and which tool to call", __doc__)
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet), globs, directories, save_to_disk dirs or hub ids")
     parser.add_argument("-o", "--output", required=True, help="output: .jsonl, .parquet or a directory")
@@ -211,18 +193,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("augment", help="derive records that teach when and which tool to call",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_command
-
-    return run_command(register, "augment", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = command_main(__name__, register, "augment")

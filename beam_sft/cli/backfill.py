@@ -31,9 +31,14 @@ Why: docs/reasoning.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import sys
 from typing import Any
+
+from beam_sft.cli import add_command, command_main, committed, progress_bar
+from beam_sft.errors import FatalError, UsageError
 
 
 def expected_records(inputs: list[str], limit: int | None) -> int | None:
@@ -67,8 +72,6 @@ def _records(args: argparse.Namespace):
 
 
 def _dry_run(args: argparse.Namespace) -> int:
-    import json
-
     from beam_sft.backfill.prompt import teacher_messages
 
     shown = 0
@@ -100,7 +103,6 @@ def make_teacher(args: argparse.Namespace):
     from beam_sft.backfill.prompt import STOP
     from beam_sft.backfill.run import generation_bound
     from beam_sft.backfill.teachers import OpenAITeacher, TransformersTeacher
-    from beam_sft.errors import UsageError
 
     max_tokens = generation_bound(args.max_tokens, args.max_reasoning_tokens)
     if args.backend == "transformers":
@@ -112,8 +114,6 @@ def make_teacher(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from beam_sft.errors import FatalError, UsageError
-
     if args.batch_size is None:
         args.batch_size = default_batch_size()
     if args.concurrency < 1 or args.batch_size < 1 or args.retries < 0:
@@ -123,11 +123,11 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args)
     import orjson
-    from tqdm import tqdm
 
     from beam_sft.backfill.cache import TurnCache
-    from beam_sft.backfill.run import Settings, backfill
-    from beam_sft.records.files import JsonlSink, open_writer, write_json_atomic
+    from beam_sft.backfill.run import Output, Settings, backfill
+    from beam_sft.records.files import JsonlSink, open_writer
+    from beam_sft.storage import write_json_atomic
     from beam_sft.template.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -138,14 +138,12 @@ def run(args: argparse.Namespace) -> int:
     teacher = make_teacher(args)
     settings = Settings(mode=args.mode, max_reasoning_tokens=args.max_reasoning_tokens or None,
                         concurrency=args.batch_size if args.backend == "transformers" else args.concurrency,
-                        retries=args.retries,
-                        retry_wait=args.retry_wait)
+                        retries=args.retries, retry_wait=args.retry_wait)
     cache = TurnCache(args.cache or f"{args.output}.backfill-cache.jsonl")
     writer = open_writer(args.output)
     rejects = JsonlSink(args.rejects) if args.rejects else None
     # records, not turns: a teacher's time goes by turn, but turns per record vary; with a total, tqdm shows the ETA
-    bar = tqdm(desc="backfill", unit=" rec", total=expected_records(args.inputs, args.limit), file=sys.stderr,
-               disable=args.quiet or None, mininterval=0.5)
+    bar = progress_bar("backfill", args.quiet, total=expected_records(args.inputs, args.limit))
     review: list[str] = []
 
     def write(record: dict[str, Any]) -> None:
@@ -153,23 +151,13 @@ def run(args: argparse.Namespace) -> int:
             review.extend(review_texts(record, args.review - len(review)))
         writer.write_raw(orjson.dumps(_row(record)))
 
-    try:
-        stats = backfill(_records(args), teacher, cache, settings, count_tokens, write=write,
-                         write_reject=rejects.write if rejects is not None else lambda _: None, progress=bar.update)
+    # Outputs committed (or aborted) first, then the bar and the cache closed, whatever happened.
+    with contextlib.closing(cache), bar, committed(writer, rejects):
+        stats = backfill(_records(args), teacher, cache, settings, count_tokens,
+                         Output(write, rejects.write if rejects is not None else lambda _: None, bar.update))
         if stats.records_in != stats.records_out + sum(stats.rejected.values()):
             raise FatalError(f"bookkeeping error: {stats.records_in} in != {stats.records_out} out + "
                              f"{sum(stats.rejected.values())} rejected")
-        writer.commit()
-        if rejects is not None:
-            rejects.commit()
-    except BaseException:
-        writer.abort()
-        if rejects is not None:
-            rejects.abort()
-        raise
-    finally:
-        bar.close()
-        cache.close()
     print(f"backfill: wrote {stats.records_out} records to {args.output} (teacher {teacher.id})", file=sys.stderr)
     print(stats.table(), file=sys.stderr)
     for k, text in enumerate(review, 1):
@@ -216,11 +204,12 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
             "chat_template_kwargs": record.get("chat_template_kwargs") or {}}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def register(subparsers) -> None:
     from beam_sft.backfill.prompt import MODES
     from beam_sft.backfill.run import MAX_REASONING_TOKENS, UNBOUNDED_GENERATION
     from beam_sft.validate.convert import INPUT_FORMATS
 
+    parser = add_command(subparsers, "backfill", run, "fill missing reasoning with a teacher model", __doc__)
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet), globs, directories, save_to_disk dirs or hub ids")
     parser.add_argument("-o", "--output", required=True, help="output: .jsonl, .parquet or a directory")
@@ -267,18 +256,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("backfill", help="fill missing reasoning with a teacher model",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_command
-
-    return run_command(register, "backfill", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = command_main(__name__, register, "backfill")

@@ -16,29 +16,26 @@ Exit status: 0 when DIR was written, 1 when a check failed (DIR not written), 2 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from beam_sft.cli import add_command, command_main
 
 
 def register(subparsers) -> None:
     from beam_sft.model.marker_init import DEFAULT_INIT, INIT_CHOICES
     from beam_sft.serve.save import DTYPES
 
-    parser = subparsers.add_parser(
-        "beamify",
-        help="Make a base model a Beam base: markers, templates, embeddings grown and initialised, eos list.",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    parser = add_command(
+        subparsers, "beamify", run,
+        "Make a base model a Beam base: markers, templates, embeddings grown and initialised, eos list.",
+        *__doc__.split("\n\n", 1))
     parser.add_argument("base", metavar="BASE", help="a base model directory or a cached hub id")
     parser.add_argument("-o", "--output", required=True, metavar="DIR", help="the Beam base model directory to write")
     parser.add_argument("--init", choices=INIT_CHOICES, default=DEFAULT_INIT,
                         help="how the new rows start (default: %(default)s; mean: all equal, for comparison)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="dtype to load and save in (default: auto)")
     parser.add_argument("--json", action="store_true", help="print what was done as JSON on stdout")
-    parser.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -53,11 +50,4 @@ def run(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_command
-
-    return run_command(register, "beamify", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = command_main(__name__, register, "beamify")

@@ -10,35 +10,26 @@ a local directory or a hub id (loaded with AutoTokenizer; with HF_HUB_OFFLINE=1 
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import sys
 
+from beam_sft.cli import add_command, command_main
+
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "check-template",
-        help="Check a tokenizer's chat/response templates against the Beam Harmony format page.",
-        description=(
-            "Run the Beam Harmony conformance suite on a tokenizer: every example of the format page "
-            "(rule names 'page: ...', run verbatim and compared with the page's output) and the format rules "
-            "(single-token markers, only <|return|> special, exact assistant masks, prompt prefixes, "
-            "encode/decode round trip, response parsing). Exit status 1 if any rule fails."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 2)[-1],
-    )
+    parser = add_command(
+        subparsers, "check-template", run,
+        "Check a tokenizer's chat/response templates against the Beam Harmony format page.",
+        "Run the Beam Harmony conformance suite on a tokenizer: every example of the format page (rule names "
+        "'page: ...', run verbatim and compared with the page's output) and the format rules (single-token markers, "
+        "only <|return|> special, exact assistant masks, prompt prefixes, encode/decode round trip, response "
+        "parsing). Exit status 1 if any rule fails.",
+        __doc__.split("\n\n", 2)[-1])
     parser.add_argument("tokenizer", metavar="TOKENIZER", help="tokenizer directory or hub id")
-    parser.add_argument(
-        "--diff", action="store_true", help="print a unified diff under each failed page example"
-    )
-    parser.add_argument(
-        "--only", metavar="GLOB", action="append", help="run only rules whose name matches (repeatable)"
-    )
-    parser.add_argument(
-        "--spec", metavar="FILE", help="format page to take examples from (default: the bundled copy)"
-    )
-    parser.set_defaults(func=run)
+    parser.add_argument("--diff", action="store_true", help="print a unified diff under each failed page example")
+    parser.add_argument("--only", metavar="GLOB", action="append",
+                        help="run only rules whose name matches (repeatable)")
+    parser.add_argument("--spec", metavar="FILE", help="format page to take examples from (default: the bundled copy)")
 
 
 def run(args) -> int:
@@ -69,7 +60,4 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_command
-
-    return run_command(register, "check-template", argv)
+main = command_main(__name__, register, "check-template")

@@ -17,19 +17,16 @@ Exit status: 0 when the check ran, 1 with --fail-on-overlap when a question over
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from beam_sft.cli import add_command, command_main
+
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "contamination",
-        help="Check training data against BFCL v4: question text (whole or 13-gram) and function names.",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    parser = add_command(subparsers, "contamination", run,
+                         "Check training data against BFCL v4: question text (whole or 13-gram) and function names.",
+                         *__doc__.split("\n\n", 1))
     parser.add_argument("inputs", nargs="*", metavar="INPUT",
                         help="training data: files, globs, directories, save_to_disk datasets or hub ids (any format "
                              "beam-sft converts)")
@@ -46,7 +43,6 @@ def register(subparsers) -> None:
     parser.add_argument("--fail-on-overlap", action="store_true",
                         help="exit 1 when any record's question text overlaps a BFCL question")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
 
 
 def _items(args):
@@ -68,7 +64,7 @@ def run(args) -> int:
     from beam_sft.errors import UsageError
     from beam_sft.eval.bfcl.checker import parse_categories
     from beam_sft.eval.bfcl.contamination import BfclIndex, scan
-    from beam_sft.records.files import write_json_atomic
+    from beam_sft.storage import write_json_atomic
 
     if bool(args.inputs) == (args.config is not None):
         raise UsageError("give INPUT files or --config FILE (one of them)")
@@ -92,11 +88,4 @@ def run(args) -> int:
     return 1 if args.fail_on_overlap and overlaps else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_command
-
-    return run_command(register, "contamination", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = command_main(__name__, register, "contamination")

@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections import Counter, deque
+from collections import Counter
 from typing import Any
 
 from beam_sft.cli import source_options
+from beam_sft.dataset.examples import Counts
 from beam_sft.validate.rules import STRIPPED_PREFIX
 
 # Records per task: big enough that pickling and scheduling vanish next to conversion, small enough that
@@ -39,8 +40,8 @@ RENDER_CHECK_CHOICES = ("all", "sample", "none")
 SAMPLE_HEAD, SAMPLE_EVERY = 1000, 100
 
 
-class Stats:
-    """What a run did. Workers fill one per chunk; the main process merges them in order."""
+class Stats(Counts):
+    """What a run did. Workers fill one per chunk; the main process adds them up in order."""
 
     COUNTERS = ("merged_assistant", "folded_content", "moved_system", "missing_reasoning",
                 "masked_missing_reasoning", "masked_weight")
@@ -103,13 +104,6 @@ class Stats:
         self.records_in += 1
         self.rejected[code] += 1
 
-    def merge(self, other: Stats) -> None:
-        for key, value in vars(other).items():
-            if isinstance(value, Counter):
-                getattr(self, key).update(value)
-            else:
-                setattr(self, key, getattr(self, key) + value)
-
     def take_back(self, payload: bytes, fmt: str) -> None:
         """Undo `add_ok` of a written record found to be a duplicate (its JSON line, as written), and count it
         as a `duplicate` reject. The conversion counters (policy, detected) stay: the conversion happened."""
@@ -121,13 +115,7 @@ class Stats:
         rec = {k: v for k, v in row.items() if k == "messages" or v}  # to_row's empty columns: absent in add_ok
         delta = Stats()
         delta.add_ok(rec, fmt, {})
-        for key, value in vars(delta).items():
-            if isinstance(value, Counter):
-                mine = getattr(self, key)
-                mine.subtract(value)
-                setattr(self, key, +mine)
-            else:
-                setattr(self, key, getattr(self, key) - value)
+        self.subtract(delta)
         self.add_reject(Reason.DUPLICATE.value)
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,28 +243,17 @@ def _chunks(items, size: int):
         yield start, prov, work
 
 
-def _results(chunks, args, init_args):
-    """(provenance, results, stats) per chunk, in input order; in parallel with a bounded window of tasks."""
-    if args.num_proc <= 1:
-        _init_worker(*init_args)
-        for start, prov, work in chunks:
-            out, stats = process_chunk(work, start)
-            yield prov, out, stats
-        return
-    import multiprocessing as mp
+def _convert_chunk(start: int, prov: list, work: list) -> tuple[list, list[tuple], Stats]:
+    return (prov, *process_chunk(work, start))
 
-    ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
-    window = 4 * args.num_proc  # Pool.imap would read the whole input ahead; this keeps memory bounded
-    with ctx.Pool(args.num_proc, initializer=_init_worker, initargs=init_args) as pool:
-        pending: deque = deque()
-        for start, prov, work in chunks:
-            pending.append((prov, pool.apply_async(process_chunk, (work, start))))
-            if len(pending) >= window:
-                p, res = pending.popleft()
-                yield (p, *res.get())
-        while pending:
-            p, res = pending.popleft()
-            yield (p, *res.get())
+
+def _results(chunks, args, init_args):
+    """(provenance, results, stats) per chunk, in input order (the data pipeline's ordered pool), a few chunks
+    per worker in flight."""
+    from beam_sft.dataset.pipeline import ordered_map
+
+    return ordered_map(_convert_chunk, chunks, args.num_proc, init=(_init_worker, init_args),
+                       start_method="forkserver" if sys.platform != "win32" else "spawn", ahead=4)
 
 
 def _check_args(args: argparse.Namespace) -> str | None:
@@ -307,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
         UsageError,
         reject_entry,
     )
-    from beam_sft.records.files import JsonlSink, data_sources, iter_items, open_writer, write_json_atomic
+    from beam_sft.records.files import JsonlSink, data_sources, iter_items, open_writer
+    from beam_sft.storage import write_json_atomic
 
     INTERNAL = Reason.INTERNAL_ERROR.value
     chat_template = _check_args(args)
@@ -332,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         items = iter_items(sources, max_bytes=args.max_record_bytes, limit=args.limit)
         for prov, results, stats in _results(_chunks(items, CHUNK), args, init_args):
-            total.merge(stats)
+            total.add(stats)
             per_source.setdefault(prov[0][0], Counter()).update(stats.detected)
             for (source, pos, by_line), (ok, payload, meta) in zip(prov, results, strict=True):
                 if ok and seen is not None and (dup := seen.check(meta[0], source, pos, by_line)) is not None:

@@ -181,7 +181,8 @@ def _bfcl(args, backend, tokenizer) -> int:
 
     from beam_sft.eval.bfcl.checker import parse_categories
     from beam_sft.eval.bfcl.run import evaluate_bfcl
-    from beam_sft.records.files import atomic_output
+    from beam_sft.eval.run import EvalOptions
+    from beam_sft.storage import atomic_output
 
     categories = parse_categories(args.bfcl)
     with contextlib.ExitStack() as stack:
@@ -195,9 +196,9 @@ def _bfcl(args, backend, tokenizer) -> int:
 
         # chunks of a few batches: the bar moves every few minutes on a CPU, and each chunk is still sorted by
         # length so its batches pad little
-        result = evaluate_bfcl(backend, tokenizer, categories, style=args.bfcl_style, max_records=args.max_records,
-                               seed=args.seed, chunk_size=max(16, 4 * args.batch_size), progress=not args.quiet,
-                               on_result=write)
+        result = evaluate_bfcl(backend, tokenizer, categories, EvalOptions(
+            style=args.bfcl_style, max_records=args.max_records, seed=args.seed,
+            chunk_size=max(16, 4 * args.batch_size), progress=not args.quiet, on_result=write))
     if args.outputs:
         print(f"wrote {args.outputs}", file=sys.stderr)
     return _bfcl_results(args, result)
@@ -219,7 +220,7 @@ def _bfcl_results(args, result) -> int:
 
 def _write(args, summary: dict, page) -> None:
     """--json and --report (`page()` builds the HTML only when asked for), each written atomically."""
-    from beam_sft.records.files import write_json_atomic, write_text_atomic
+    from beam_sft.storage import write_json_atomic, write_text_atomic
 
     if args.json:
         write_json_atomic(args.json, summary)
@@ -232,12 +233,12 @@ def _write(args, summary: dict, page) -> None:
 def _held_out(args, backend, tokenizer) -> int:
     from beam_sft.eval.metrics import METRICS
     from beam_sft.eval.report import report_html, summary_table
-    from beam_sft.eval.run import evaluate
-    from beam_sft.eval.turns import _load_records
+    from beam_sft.eval.run import EvalOptions, evaluate
+    from beam_sft.eval.turns import read_held_out
 
-    records = _load_records(args.data, args.format, args.split, args.max_records)
-    result = evaluate(backend, tokenizer, records, turns=args.turns, progress=not args.quiet,
-                         chunk_size=max(64, 8 * args.batch_size), total=args.max_records)
+    records = read_held_out(args.data, args.format, args.split, args.max_records)
+    result = evaluate(backend, tokenizer, records, EvalOptions(
+        turns=args.turns, progress=not args.quiet, chunk_size=max(64, 8 * args.batch_size), total=args.max_records))
     print(summary_table(result), file=sys.stderr)
     for reject in result.rejects[:5]:
         print(f"rejected: {reject.get('source')}:{reject.get('line', reject.get('index'))} "

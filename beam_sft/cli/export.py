@@ -19,20 +19,18 @@ Exit status: 0 when DIR was written, 1 when a check failed (DIR not written), 2 
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from beam_sft.cli import add_command, command_main
 
 
 def register(subparsers) -> None:
     from beam_sft.serve.save import DTYPES
 
-    parser = subparsers.add_parser(
-        "export",
-        help="Write a checkpoint (or base + LoRA, merged) as a servable model directory; print serve commands.",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    parser = add_command(
+        subparsers, "export", run,
+        "Write a checkpoint (or base + LoRA, merged) as a servable model directory; print serve commands.",
+        *__doc__.split("\n\n", 1))
     parser.add_argument("checkpoint", metavar="CHECKPOINT",
                         help="a saved model directory (scripts/train.py output, a checkpoint-N directory), a "
                              "LoRA-only output (applied to the base its adapter_config.json names), or the base "
@@ -45,7 +43,6 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default="auto",
                         help="dtype to load and save the weights in (default: auto, as saved)")
     parser.add_argument("--name", default="beam", help="model name in the printed serve commands (default: beam)")
-    parser.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -61,11 +58,4 @@ def run(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_command
-
-    return run_command(register, "export", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = command_main(__name__, register, "export")

@@ -19,87 +19,54 @@ tracebacks.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+
+from beam_sft.cli import add_command, command_main
+from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, RecordError, UsageError, internal_error
 
 
 def register(subparsers) -> None:
     from beam_sft.dataset.examples import TRUNCATION_POLICIES
-
-    parser = subparsers.add_parser(
-        "inspect",
-        help="Show which tokens of a dataset are trained (terminal colours, HTML, statistics).",
-        description=(
-            "Render records of DATASET with the chat template, tokenize them with the training encoder and "
-            "show every token as trained or not; --stats adds dataset-level numbers (trained fraction, "
-            "lengths, empty masks, truncation, untrained stop tokens)."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 3)[2] + "\n\n" + __doc__.split("\n\n", 3)[3],
-    )
-    parser.add_argument(
-        "dataset", metavar="DATASET", help="JSONL/JSON/Parquet file, glob, directory or save_to_disk dataset"
-    )
-    parser.add_argument(
-        "--tokenizer",
-        metavar="PATH",
-        default=None,
-        help="tokenizer directory (default: the bundled data/tokenizer)",
-    )
-    parser.add_argument("-n", type=int, default=1, metavar="N", help="show the first N records (default: 1)")
-    parser.add_argument(
-        "--index",
-        type=int,
-        action="append",
-        metavar="I",
-        help="show input record I (0-based, counting rejected ones; repeatable); overrides -n",
-    )
-    parser.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
-    parser.add_argument(
-        "--max-length",
-        type=int,
-        metavar="L",
-        default=None,
-        help="truncate like training does (--truncation-policy) and report what the cut removes",
-    )
-    parser.add_argument(
-        "--truncation-policy",
-        choices=TRUNCATION_POLICIES,
-        default="turn",
-        help="how --max-length cuts, as in training: turn (back to the end of the last whole assistant turn; "
-        "drop the record if none fits), drop (drop longer records), keep_start (keep the first L tokens). "
-        "Default: turn, training's default",
-    )
-    parser.add_argument("--stats", action="store_true", help="print the dataset-level table")
-    parser.add_argument(
-        "--format",
-        default="auto",
-        metavar="FMT",
-        help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam (Beam records, validated as training validates them)",
-    )
-    parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
     from beam_sft.validate import reasoning
     from beam_sft.validate.rules import MISSING_REASONING_CHOICES
 
+    parser = add_command(
+        subparsers, "inspect", run, "Show which tokens of a dataset are trained (terminal colours, HTML, statistics).",
+        "Render records of DATASET with the chat template, tokenize them with the training encoder and show every "
+        "token as trained or not; --stats adds dataset-level numbers (trained fraction, lengths, empty masks, "
+        "truncation, untrained stop tokens).",
+        __doc__.split("\n\n", 2)[2])
+    parser.add_argument("dataset", metavar="DATASET",
+                        help="JSONL/JSON/Parquet file, glob, directory or save_to_disk dataset")
+    parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer directory (default: the bundled data/tokenizer)")
+    parser.add_argument("-n", type=int, default=1, metavar="N", help="show the first N records (default: 1)")
+    parser.add_argument("--index", type=int, action="append", metavar="I",
+                        help="show input record I (0-based, counting rejected ones; repeatable); overrides -n")
+    parser.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
+    parser.add_argument("--max-length", type=int, metavar="L",
+                        help="truncate like training does (--truncation-policy) and report what the cut removes")
+    parser.add_argument("--truncation-policy", choices=TRUNCATION_POLICIES, default="turn",
+                        help="how --max-length cuts, as in training: turn (back to the end of the last whole "
+                             "assistant turn; drop the record if none fits), drop (drop longer records), keep_start "
+                             "(keep the first L tokens). Default: turn, training's default")
+    parser.add_argument("--stats", action="store_true", help="print the dataset-level table")
+    parser.add_argument("--format", default="auto", metavar="FMT",
+                        help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam "
+                             "(Beam records, validated as training validates them)")
+    parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
     parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
                         help="as training: " + reasoning.HELP)
-    parser.add_argument(
-        "--color",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="ANSI colours: auto (when stdout is a terminal), always, never",
-    )
-    parser.set_defaults(func=run)
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                        help="ANSI colours: auto (when stdout is a terminal), always, never")
 
 
 def run(args) -> int:
-    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
-    from beam_sft.records.files import write_text_atomic
     from beam_sft.render.encoder import MaskedEncoder
     from beam_sft.report.masks import load_records
     from beam_sft.report.pages import html_page
     from beam_sft.report.stats import stats_table
+    from beam_sft.storage import write_text_atomic
     from beam_sft.template.tokenizer import load_tokenizer
     from beam_sft.validate.convert import INPUT_FORMATS
 
@@ -118,13 +85,10 @@ def run(args) -> int:
     limit = max(args.index) + 1 if args.index else args.n
     loaded = load_records(args.dataset, format=args.format, limit=limit, split=args.split,
                           missing_reasoning=args.missing_reasoning)
-    if args.index:
-        for position in args.index:
-            if position < 0 or position >= loaded.total:  # loaded.total < limit: the dataset ended first
-                raise UsageError(f"--index {position}: the dataset has {loaded.total} records")
-        wanted = args.index
-    else:
-        wanted = loaded.positions[: args.n]
+    for position in args.index or ():
+        if position < 0 or position >= loaded.total:  # loaded.total < limit: the dataset ended first
+            raise UsageError(f"--index {position}: the dataset has {loaded.total} records")
+    wanted = args.index or loaded.positions[: args.n]
 
     encoder = MaskedEncoder(tokenizer)
     # input positions of records that hit an unexpected exception (a bug): they decide the exit status
@@ -137,22 +101,15 @@ def run(args) -> int:
         internal.update(stats_internal)
         print(stats_table(stats))
     if args.html:
-        write_text_atomic(
-            args.html, html_page(views, title=f"beam-sft inspect {args.dataset}", stats=stats)
-        )
+        write_text_atomic(args.html, html_page(views, title=f"beam-sft inspect {args.dataset}", stats=stats))
         print(f"wrote {args.html}", file=sys.stderr)
     if loaded.rejects and not args.stats:
-        print(
-            f"{len(loaded.rejects)} of the {loaded.total} records read were rejected by the converters",
-            file=sys.stderr,
-        )
+        print(f"{len(loaded.rejects)} of the {loaded.total} records read were rejected by the converters",
+              file=sys.stderr)
     if internal:
         shown = ", ".join(str(p) for p in sorted(internal)[:12])
-        print(
-            f"warning: {len(internal)} record(s) hit an unexpected error (internal_error, a bug in beam-sft; "
-            f"please report it): records {shown}. Exit status {EXIT_INTERNAL_ERRORS}.",
-            file=sys.stderr,
-        )
+        print(f"warning: {len(internal)} record(s) hit an unexpected error (internal_error, a bug in beam-sft; "
+              f"please report it): records {shown}. Exit status {EXIT_INTERNAL_ERRORS}.", file=sys.stderr)
         return EXIT_INTERNAL_ERRORS
     return 0
 
@@ -160,12 +117,9 @@ def run(args) -> int:
 def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
     """Print the records at input positions `wanted`; returns their views. A record that hits an unexpected
     exception is reported and its position added to `internal`."""
-    from beam_sft.errors import RecordError, internal_error
     from beam_sft.report.masks import ansi_view, inspect_record, plain_view
 
-    color = args.color == "always" or (
-        args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    )
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     views = []
     for position in wanted:
         k = loaded.index_of(position)
@@ -173,12 +127,9 @@ def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
             reject = next(r for r in loaded.rejects if r["position"] == position)
             print(f"record {position}: rejected [{reject['reason']}] {reject['message']}", file=sys.stderr)
             continue
-        label = f"record {position} ({loaded.sources[k]})"
         try:
-            view = inspect_record(
-                tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder, label=label,
-                policy=args.truncation_policy,
-            )
+            view = inspect_record(tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder,
+                                  label=f"record {position} ({loaded.sources[k]})", policy=args.truncation_policy)
         except RecordError as err:
             print(f"record {position}: {err}", file=sys.stderr)
             continue
@@ -194,45 +145,34 @@ def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
     return views
 
 
-def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_command
-
-    return run_command(register, "inspect", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _dataset_stats(args, tokenizer, encoder):
-    """--stats over the whole dataset, read and converted by the data phase's convert stage
-    (`beam_sft.dataset.stages.convert_source`: memory-mapped Arrow, the same converters, rejects and `internal_error`
-    barrier as training), records decoded batch by batch. Returns (stats, input positions of internal errors).
+    """--stats over the whole dataset, read and converted by the data pipeline's convert-only task
+    (`beam_sft.dataset.pipeline.convert_records`: memory-mapped Arrow, the same converters, rejects and
+    `internal_error` barrier as training), records decoded batch by batch. Returns (stats, input positions of
+    internal errors).
     """
     import tempfile
 
-    import numpy as np
-    import pyarrow.compute as pc
-
-    from beam_sft.dataset.stages import convert_source
-    from beam_sft.errors import Reason
+    from beam_sft.dataset.pipeline import convert_records
     from beam_sft.report.stats import dataset_stats
 
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
-        converted = convert_source(args.dataset, work, format=args.format, split=args.split,
-                                   progress=sys.stderr.isatty(), missing_reasoning=args.missing_reasoning)
+        converted = convert_records(args.dataset, work, format=args.format, split=args.split,
+                                    missing_reasoning=args.missing_reasoning, progress=sys.stderr.isatty())
         positions = converted.positions()
         stats = dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
-                                  labels=lambda i: f"record {positions[i]}", policy=args.truncation_policy)
+                              labels=lambda i: f"record {positions[i]}", policy=args.truncation_policy)
         stats.rejected += sum(converted.rejected.values())
         stats.rejected_reasons.update(converted.rejected)
         # Indices in the table are input positions, like --index takes them.
         for name in ("empty_mask", "truncated", "cut_inside_assistant", "dropped", "stop_untrained",
                      "internal_errors"):
             setattr(stats, name, [int(positions[i]) for i in getattr(stats, name)])
-        reasons = converted.rows.data.column("reason")
-        internal = np.flatnonzero(pc.fill_null(pc.equal(reasons, Reason.INTERNAL_ERROR.value), False).to_numpy(
-            zero_copy_only=False)).tolist()
+        internal = [int(row) for row, entry in zip(converted.reject_rows, converted.iter_rejects(), strict=True)
+                    if entry["reason"] == Reason.INTERNAL_ERROR.value]
         internal = [*internal, *stats.internal_errors]
         del converted  # closes the memory maps before the work directory goes
     return stats, internal
+
+
+main = command_main(__name__, register, "inspect")

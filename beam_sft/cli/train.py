@@ -18,6 +18,8 @@ import argparse
 import os
 import sys
 
+from beam_sft.errors import UsageError
+
 # accelerate launch's options beam-sft train passes on (each takes a value).
 LAUNCH_OPTIONS = ("--num_processes", "--config_file", "--num_machines", "--machine_rank", "--main_process_ip",
                   "--main_process_port", "--mixed_precision", "--rdzv_backend", "--max_restarts", "--monitor_interval")
@@ -33,8 +35,6 @@ def register(subparsers) -> None:
 
 def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(accelerate launch's options, the training options) from one command line."""
-    from beam_sft.errors import UsageError
-
     launch, rest, i = [], [], 0
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
@@ -52,7 +52,6 @@ def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def resolve_launch_config(launch: list[str]) -> list[str]:
     """`--config_file NAME` -> the shipped configs/accelerate/NAME.yaml (a path stays a path)."""
-    from beam_sft.errors import UsageError
     from beam_sft.template.bundled import resolve_config
 
     out = list(launch)

@@ -7,7 +7,7 @@ and `by_line` (bool). So a training job that stops on a bad batch can name its r
 
 How it is kept equal to the rows: each worker writes, beside its chunk's shard of a split (`part-K.arrow`),
 the origins of the same kept rows in the same order (`part-K.origins.arrow`, `src` into the chunk's names);
-whatever later takes rows out of a shard (`beam_sft.dataset.workers.drop_rows`: duplicates across chunks)
+whatever later takes rows out of a shard (`beam_sft.dataset.pipeline.drop_rows`: duplicates across chunks)
 takes the same rows out of its origins, and a merge of `--shard` runs copies both. When a split is committed,
 `OriginsWriter` appends the chunks' origins in chunk order, the same order as the split's data files, one
 chunk at a time.

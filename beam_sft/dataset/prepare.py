@@ -1,8 +1,8 @@
 """The data phase of a training job: source(s) + tokenizer + settings in, a prepared directory out.
 
-    build_prepared   per chunk, in a worker pool (beam_sft.dataset.workers): convert, then tokenize
-                     (beam_sft.dataset.stages); each chunk's kept rows written to its own shard of the
-                     prepared directory
+    build_prepared   a `PrepareRun`: per chunk, in the pipeline's pool (beam_sft.dataset.pipeline): convert,
+                     then tokenize; each chunk's kept rows written to its own shard of the prepared directory
+    merge_shards     the same run from the shard directories of `build_prepared(shard=...)`
     prepare_data     build_prepared cached under a fingerprint, once per job (main process first)
     load_prepared    a prepared directory, memory-mapped and checked against the run
 
@@ -33,6 +33,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -40,6 +41,20 @@ from typing import Any
 
 from beam_sft.dataset.mixture import Mixture
 from beam_sft.dataset.origins import OriginsWriter
+from beam_sft.dataset.pipeline import (
+    CHUNK_ROWS,
+    Job,
+    Result,
+    Task,
+    convert_records,
+    copy_shard,
+    drop_rows,
+    open_stream,
+    read_chunks,
+    run_tasks,
+    shard_path,
+    token_counts,
+)
 from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
 from beam_sft.dataset.settings import (
     DATA_VERSION,
@@ -54,9 +69,9 @@ from beam_sft.dataset.settings import (
     run_fields,
     source_identity,
 )
-from beam_sft.dataset.stages import CHUNK_ROWS, convert_source, read_chunks, token_counts
 from beam_sft.errors import FatalError, Reason, UsageError
-from beam_sft.records.files import data_sources, source_label
+from beam_sft.records.files import JsonlSink, data_sources, iter_items, source_label
+from beam_sft.storage import remove_stale_temporaries, replace_dir, temporary_path, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -98,19 +113,22 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
     the records of `eval_dataset_name` (a path or id: its "test" split; or sources), or else the same seeded share of `dataset_name`'s
     converted records that `build_prepared` puts in `eval/`. Nothing when there is no eval split.
     """
+    import tempfile
+
     from beam_sft.records.dedup import Seen
 
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     if not eval_dataset_name and settings.eval_split_size <= 0:
         return
     seen = Seen() if settings.dedup else None
-    train = convert_source(dataset_name, work_dir, format=settings.format, split=settings.split,
-                           limit=settings.max_records, missing_reasoning=settings.missing_reasoning)
+    train = convert_records(dataset_name, tempfile.mkdtemp(dir=work_dir), format=settings.format,
+                            split=settings.split, limit=settings.max_records,
+                            missing_reasoning=settings.missing_reasoning)
     # the training records' keys (their copies are not eval records), and how many are first occurrences
     n_train = sum(1 for _ in _first_occurrences(train.iter_records(), seen))
     if eval_dataset_name:
-        yield from _first_occurrences(convert_source(
-            eval_dataset_name, work_dir, format=settings.format, split="test",
+        yield from _first_occurrences(convert_records(
+            eval_dataset_name, tempfile.mkdtemp(dir=work_dir), format=settings.format, split="test",
             missing_reasoning=settings.missing_reasoning).iter_records(), seen)
         return
     mask = _eval_mask(n_train, settings)
@@ -130,8 +148,8 @@ def _first_occurrences(records, seen) -> Iterator[dict[str, Any]]:
 
 
 class _SplitWriter:
-    """The kept rows of one split: the chunks' shard files (written by `beam_sft.dataset.workers`), in chunk
-    order, committed as the Arrow files of a `save_to_disk` directory, with the rows' origins beside them
+    """The kept rows of one split: the chunks' shard files (written by the pipeline's tasks), in chunk order,
+    committed as the Arrow files of a `save_to_disk` directory, with the rows' origins beside them
     (`beam_sft.dataset.origins`). Nothing is read back to save it."""
 
     def __init__(self, directory: Path) -> None:
@@ -147,7 +165,6 @@ class _SplitWriter:
 
     def commit(self, fingerprint: str) -> None:
         import pyarrow as pa
-        from datasets import Dataset
 
         if not self.files:
             path = self.dir / "part-empty.arrow"
@@ -159,11 +176,7 @@ class _SplitWriter:
         for i, file in enumerate(self.files):
             names.append(f"data-{i:05d}-of-{len(self.files):05d}.arrow")
             os.replace(file, self.dir / names[-1])
-        # dataset_info.json as datasets writes it (features included), from an empty dataset of the same features.
-        empty = self.dir / ".empty"
-        Dataset.from_dict({"input_ids": [], "labels": []}, features=_final_features()).save_to_disk(str(empty))
-        os.replace(empty / "dataset_info.json", self.dir / "dataset_info.json")
-        shutil.rmtree(empty)
+        (self.dir / "dataset_info.json").write_text(DATASET_INFO)
         state = {"_data_files": [{"filename": n} for n in names], "_fingerprint": fingerprint,
                  "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
                  "_split": None}
@@ -171,13 +184,18 @@ class _SplitWriter:
         self.origins.write(self.dir)
 
 
+# dataset_info.json of a split, byte for byte what `save_to_disk` writes for `_final_features()` (checked by
+# tests/test_data.py against datasets itself): importing datasets to write it would cost a second per run.
+_TOKEN_LIST = {"feature": {"dtype": "int32", "_type": "Value"}, "_type": "List"}
+DATASET_INFO = json.dumps({"citation": "", "description": "", "features": {"input_ids": _TOKEN_LIST,
+                                                                            "labels": _TOKEN_LIST},
+                           "homepage": "", "license": ""}, indent=2)
+
+
 def _final_features():
     from datasets import Features, List, Value
 
     return Features({"input_ids": List(Value("int32")), "labels": List(Value("int32"))})
-
-
-# --- worker pool (beam_sft.dataset.workers): the build path of `build_prepared` ---
 
 
 @dataclass
@@ -194,29 +212,254 @@ class _Chunk:
     groups: list[int] | None = None  # a mixture's: each source's entry, recorded for the eval rows drawn from it
 
 
-class _Tally:
-    """Records in, rejects by reason (written to the rejects file as they come), per split PrepStats sums,
-    and the split writers the shards go to: all taken from the workers' results, in input order."""
+def _in_input_order(rejects: list[str], names: list[str]) -> list[str]:
+    """A chunk's rejects in input order (duplicates are found in other stages than the rest): one chunk holds
+    rows of its sources in order, so (source, line or index) sorts them."""
+    import orjson
 
-    def __init__(self, rejects, writers: dict[str, _SplitWriter], dedup: bool = False) -> None:
+    index = {name: i for i, name in enumerate(names)}
+
+    def where(text: str) -> tuple[int, int]:
+        entry = orjson.loads(text)
+        return index.get(entry["source"], -1), entry.get("line", entry.get("index")) or 0
+
+    return sorted(rejects, key=where)
+
+
+def _input_names(inputs) -> list[str]:
+    return [src.name for src in inputs.sources] if isinstance(inputs, Mixture) else [source_label(s) for s in inputs]
+
+
+def _owns(n: int, *, shard: tuple[int, int], base: int) -> bool:
+    """Chunk `base + n` (a part's n-th, numbered across parts) is shard I's of N: I, I + N, I + 2N, ..."""
+    return (base + n) % shard[1] == shard[0]
+
+
+# --- one run: build, shard, merge ---
+
+SHARD_MANIFEST = "beam_sft_shard.json"
+
+
+@dataclass
+class PrepareRun:
+    """One run of the data phase and all its state: the inputs and settings, the work directory, the split
+    writers, the rejects file, the chunks and the counts (a `Result` summed over the chunks' results, in input
+    order). `build` writes a prepared directory, `shard` a shard directory, `merge` a prepared directory from
+    shard directories: the same bytes a single run writes."""
+
+    inputs: Any  # paths, or a Mixture
+    tokenizer: Any
+    settings: DataSettings
+    out_dir: str | os.PathLike
+    eval_inputs: Sequence[str] | None = None
+    identity: Any = None
+    fingerprint: str | None = None
+    extra_manifest: dict[str, Any] | None = None
+    num_proc: int | None = None
+    chunk_rows: int | None = None
+    progress: bool = False
+    chunks: list[_Chunk | None] = field(default_factory=list)
+    writers: dict[str, _SplitWriter] = field(default_factory=dict)
+    counts: Result = field(default_factory=lambda: Result(-1))
+    by_source: dict[str, Counter] = field(default_factory=dict)  # source name -> rejects by reason
+
+    @property
+    def draws_eval(self) -> bool:
+        """An eval split drawn among the converted training records (not separate eval data)."""
+        return not self.eval_inputs and self.settings.eval_split_size > 0
+
+    @contextmanager
+    def _session(self, splits: list[str], with_rejects: bool = True) -> Iterator[None]:
+        """The work directory (named like every other temporary output, beam_sft.storage, so a run killed here
+        is cleaned up by the next), the split writers and the rejects file; all gone at the end."""
         from beam_sft.records.dedup import Seen
 
-        self.seen = Seen() if dedup else None  # first occurrences across chunks (and train -> eval)
-        self.rejects = rejects
-        self.writers = writers
-        self.records_in = 0
-        self.rejected: Counter = Counter()
-        self.reasoning: Counter = Counter()  # beam_sft.dataset.reasoning_stats.KEYS over converted records
-        self.splits: dict[str, Counter] = {name: Counter() for name in writers}
-        self.by_source: dict[str, Counter] = {}  # source name -> rejects by reason
-        self.eval_sources: list[int] = []  # the mixture entry of every eval row, in eval split order
+        out = Path(self.out_dir)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(out)
+        self.work = temporary_path(out, directory=True)
+        self.started = time.time()
+        self.final = self.work / "out"
+        self.final.mkdir()
+        self.rejects = JsonlSink(str(self.final / REJECTS)) if with_rejects else None
+        self.seen = Seen() if self.settings.dedup else None  # first occurrences across chunks (and train -> eval)
+        try:
+            self.writers = {split: _SplitWriter(self.final / f"{split}_parts") for split in splits}
+            self.counts.stats = {split: Counter() for split in splits}
+            yield
+        finally:
+            if self.rejects is not None:
+                self.rejects.abort()
+            shutil.rmtree(self.work, ignore_errors=True)
 
-    def deduplicate(self, result, chunk: _Chunk) -> list[int]:
+    def build(self) -> dict[str, Any]:
+        """The prepared directory at `out_dir`; returns its manifest."""
+        self.settings.check()
+        with self._session(["train", "eval"] if self.eval_inputs or self.draws_eval else ["train"]):
+            self._first_pass()
+            self._check_some_training()
+            if self.draws_eval:
+                self._eval_pass()
+            return self._finish()
+
+    def shard(self, shard: tuple[int, int]) -> dict[str, Any]:
+        """Shard I of N (chunks I, I + N, ...) into the shard directory at `out_dir`; returns its manifest."""
+        self.settings.check()
+        index, count = shard
+        if count < 1 or not 0 <= index < count:
+            raise UsageError(f"shard {index}/{count}: I/N needs 0 <= I < N")
+        if self.draws_eval:
+            raise UsageError("an eval split drawn among the converted records (eval_split_size) needs all of them "
+                             "first: with shards, give the eval data separately (--dataset_test_split), or prepare without "
+                             "one and train with eval_split_size (it then holds out a seeded share of the rows)")
+        if self.fingerprint is None:
+            self.fingerprint = fingerprint(self.identity or train_identity(self.inputs, self.settings),
+                                           self.tokenizer, self.settings)
+        with self._session(["train", "eval"] if self.eval_inputs else ["train"], with_rejects=False):
+            (self.final / "results").mkdir()
+            self._first_pass(shard)
+            manifest = {"beam_sft_shard": DATA_VERSION, "shard": index, "of": count, "chunks": len(self.chunks),
+                        "own": [i for i, chunk in enumerate(self.chunks) if chunk is not None],
+                        "fingerprint": self.fingerprint, "inputs": _input_names(self.inputs),
+                        "splits": sorted(self.writers), "seconds": round(time.time() - self.started, 3)}
+            write_json_atomic(str(self.final / SHARD_MANIFEST), manifest)
+            replace_dir(self.final, Path(self.out_dir))
+            return manifest
+
+    def merge(self, shard_dirs: Sequence[str | os.PathLike]) -> dict[str, Any]:
+        """The prepared directory at `out_dir` from the N shard directories of this run; returns its manifest.
+        Each chunk's result is taken in chunk order, as `build` takes them: duplicates across chunks (and
+        shards) are decided here, first occurrence kept; the shards' Arrow files are copied, never changed."""
+        from tqdm import tqdm
+
+        self.settings.check()
+        if not self.eval_inputs and self.settings.eval_split_size > 0:
+            raise UsageError("shards hold no eval split drawn among the records (eval_split_size): merge without it")
+        dirs, n_chunks = _shard_set(shard_dirs, self.fingerprint)
+        with self._session(["train", "eval"] if self.eval_inputs else ["train"]):
+            with tqdm(desc="merging", unit=" rec", disable=not self.progress or None, mininterval=0.5) as bar:
+                for i in range(n_chunks):
+                    result, chunk = self._shard_result(dirs[i % len(dirs)], i)
+                    self._deduplicate(result, chunk)
+                    chunk.n_records = result.n_records
+                    self.chunks.append(chunk)
+                    self._take(result, bar, chunk.names)
+            self._check_some_training()
+            return self._finish()
+
+    def _shard_result(self, shard: Path, i: int) -> tuple[Result, _Chunk]:
+        """Chunk i's result as a shard run kept it, its Arrow files copied into this run's split directories."""
+        try:
+            data = json.loads((shard / "results" / f"part-{i:05d}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise UsageError(f"{shard}: chunk {i}'s result is missing or unreadable ({err}); prepare "
+                             "that shard again") from err
+        result = Result.from_json(data["result"])
+        for split, name in result.shards.items():
+            if split not in self.writers:
+                raise UsageError(f"{shard}: holds a {split} split that these arguments do not make")
+            copy = shard_path(self.writers[split].dir, i)
+            copy_shard(shard / f"{split}_parts" / name, copy)
+            result.shards[split] = copy
+        return result, _Chunk("", None, data["names"], data["is_eval"])
+
+    def _tasks(self, shard: tuple[int, int] | None) -> Iterator[Task]:
+        """Pass 1 tasks as the input is read: convert + tokenize, or (when an eval split is to be drawn among the
+        converted records) convert only. Each chunk is appended to `chunks` as its task is made; with `shard`
+        (I, N), only chunks I, I + N, I + 2N, ... get a task, the others a None in `chunks`."""
+        settings, work = self.settings, self.work
+        parts = [(self.inputs, settings.split, settings.max_records, False)]
+        if self.eval_inputs:
+            parts.append((self.eval_inputs, "test", None, True))
+        for part_inputs, split, limit, is_eval in parts:
+            formats = policies = groups = None
+            if isinstance(part_inputs, Mixture):
+                sources, items = part_inputs.sources, part_inputs.items()
+                formats = part_inputs.formats(settings.format)
+                policies = part_inputs.policies(settings.missing_reasoning)
+                groups = part_inputs.groups()
+            else:
+                sources = data_sources(part_inputs, split)
+                items = iter_items(sources, limit=limit)
+            names = [src.name for src in sources]
+            own = None if shard is None else partial(_owns, shard=shard, base=len(self.chunks))
+            for raw in read_chunks(names, items, work / ("eval" if is_eval else "train"), own=own,
+                                   chunk_rows=self.chunk_rows or CHUNK_ROWS, progress=self.progress):
+                i = len(self.chunks)
+                if raw is None:
+                    self.chunks.append(None)
+                elif self.draws_eval:
+                    converted = str(work / f"converted-{i:05d}.arrow")
+                    self.chunks.append(_Chunk(raw, converted, names, is_eval, groups=groups))
+                    yield Task(i, names, raw=raw, convert_to=converted, tokenize=False, formats=formats,
+                               policies=policies)
+                else:
+                    self.chunks.append(_Chunk(raw, None, names, is_eval))
+                    split_name = "eval" if is_eval else "train"
+                    yield Task(i, names, raw=raw, all_eval=is_eval, formats=formats, policies=policies,
+                               shards={split_name: shard_path(self.writers[split_name].dir, i)})
+
+    def _first_pass(self, shard: tuple[int, int] | None = None) -> None:
+        """Pass 1: read every chunk and run its task (convert + tokenize, or convert only) in the pool. With `shard`,
+        only this shard's chunks, and each result is written to the shard's `results` as it is (`merge` takes
+        them in chunk order, as this loop does in a single run)."""
+        import numpy as np
+        from tqdm import tqdm
+
+        with tqdm(desc="converting" if self.draws_eval else "preparing", unit=" rec",
+                  disable=not self.progress or None, mininterval=0.5) as bar:
+            for result in run_tasks(self._tasks(shard), Job.of(self.tokenizer, self.settings), self.num_proc):
+                chunk = self.chunks[result.index]
+                if shard is not None:
+                    write_json_atomic(str(self.final / "results" / f"part-{result.index:05d}.json"),
+                                      {"names": chunk.names, "is_eval": chunk.is_eval, "result": result.to_json()})
+                    bar.update(result.records_in)
+                    os.unlink(chunk.raw)
+                    continue
+                dup_rows = self._deduplicate(result, chunk)
+                if dup_rows and self.draws_eval:
+                    chunk.skip = np.zeros(result.records_in, dtype=bool)
+                    chunk.skip[dup_rows] = True
+                chunk.n_records = result.n_records
+                self._take(result, bar, chunk.names)
+                os.unlink(chunk.raw)
+                del result  # its Rows (one per record with dedup) freed before the next chunk's are made
+
+    def _eval_pass(self) -> None:
+        """Pass 2 (an eval split to draw): the split is a seeded choice among the converted training records (one
+        byte per record), known only now; then every chunk is tokenized, its rows sent to the split the choice
+        says."""
+        import numpy as np
+        import pyarrow.compute as pc
+        from tqdm import tqdm
+
+        eval_mask = _eval_mask(sum(c.n_records for c in self.chunks), self.settings)
+
+        def tasks() -> Iterator[Task]:
+            offset = 0
+            for i, chunk in enumerate(self.chunks):
+                table = open_stream(chunk.converted).read_all()
+                has_record = pc.is_valid(table.column("record")).to_numpy(zero_copy_only=False)
+                del table
+                if chunk.skip is not None:
+                    has_record &= ~chunk.skip
+                eval_rows = np.zeros(len(has_record), dtype=bool)
+                eval_rows[has_record] = eval_mask[offset: offset + chunk.n_records]
+                offset += chunk.n_records
+                yield Task(i, chunk.names, converted=chunk.converted, eval_rows=eval_rows, skip_rows=chunk.skip,
+                           shards={name: shard_path(w.dir, i) for name, w in self.writers.items()},
+                           groups=chunk.groups)
+
+        with tqdm(desc="tokenizing", unit=" rec", disable=not self.progress or None, mininterval=0.5) as bar:
+            for result in run_tasks(tasks(), Job.of(self.tokenizer, self.settings), self.num_proc):
+                self._take(result, bar, self.chunks[result.index].names)
+                os.unlink(self.chunks[result.index].converted)
+
+    def _deduplicate(self, result: Result, chunk: _Chunk) -> list[int]:
         """Take the records earlier chunks already hold out of `result` (counts, rejects, shard rows), as
         `duplicate` rejects; returns their rows of a convert-only chunk."""
         import orjson
 
-        from beam_sft.dataset import workers
         from beam_sft.dataset.reasoning_stats import KEYS
         from beam_sft.errors import reject_entry
 
@@ -244,272 +487,125 @@ class _Tally:
         if result.rejected.get(Reason.DUPLICATE.value):
             result.rejects = _in_input_order(result.rejects, chunk.names)
         for split, rows in drops.items():
-            if not workers.drop_rows(result.shards[split], rows):
+            if not drop_rows(result.shards[split], rows):
                 del result.shards[split]
         result.n_records -= len(dups)
         return [row.index for row, _ in dups]
 
-    def take(self, result, bar, names: list[str]) -> None:
-        """Add a chunk's result (`names`: the chunk's sources)."""
-        from beam_sft.dataset import workers
+    def _take(self, result: Result, bar, names: list[str]) -> None:
+        """Add a chunk's result (`names`: the chunk's sources): counts, rejects (written as they come) and its
+        shards."""
+        import orjson
 
-        self.records_in += result.records_in
-        self.rejected.update(result.rejected)
-        self.reasoning.update(result.reasoning)
-        self.eval_sources.extend(result.eval_sources)
-        for entry in workers.result_rejects(result):
+        self.counts.add(result)
+        for text in result.rejects:
+            entry = orjson.loads(text)
             self.rejects.write(entry)
             self.by_source.setdefault(entry["source"], Counter())[entry["reason"]] += 1
-        for name, counts in result.stats.items():
-            self.splits[name].update(counts)
         for name, shard in result.shards.items():
             self.writers[name].add(shard, names)
         bar.update(result.records_in or sum(c["records_in"] for c in result.stats.values()))
 
+    def _check_some_training(self) -> None:
+        if not any(c.n_records for c in self.chunks if not c.is_eval):
+            raise UsageError(f"no usable training records in {', '.join(_input_names(self.inputs))}: "
+                             f"{self.counts.records_in} read, {sum(self.counts.rejected.values())} rejected "
+                             f"({dict(self.counts.rejected)})")
 
-def _in_input_order(rejects: list[str], names: list[str]) -> list[str]:
-    """A chunk's rejects in input order (duplicates are found in other stages than the rest): one chunk holds
-    rows of its sources in order, so (source, line or index) sorts them."""
-    import orjson
+    def _checked_stats(self) -> dict[str, dict[str, int]]:
+        """PrepStats per split, after checking that every record in is kept, rejected or dropped."""
+        from beam_sft.dataset.examples import PrepStats
 
-    index = {name: i for i, name in enumerate(names)}
+        stats = {name: PrepStats(**{k: sums[k] for k in PrepStats().to_dict()}).to_dict()
+                 for name, sums in self.counts.stats.items()}
+        if stats["train"]["records_kept"] == 0:
+            raise FatalError(f"the train split is empty after truncation ({stats['train']}); raise max_length")
+        dropped = sum(s["dropped_too_long"] for s in stats.values())
+        kept_total = sum(s["records_kept"] for s in stats.values())
+        rejected_total = sum(self.counts.rejected.values())
+        if self.counts.records_in != kept_total + rejected_total + dropped:
+            raise FatalError(f"bookkeeping error: {self.counts.records_in} records in != {kept_total} kept + "
+                             f"{rejected_total} rejected + {dropped} dropped by truncation")
+        return stats
 
-    def where(text: str) -> tuple[int, int]:
-        entry = orjson.loads(text)
-        return index.get(entry["source"], -1), entry.get("line", entry.get("index")) or 0
+    def _finish(self) -> dict[str, Any]:
+        """Counts checked, rejects and splits committed, the manifest written last, the directory moved to
+        `out_dir`."""
+        stats = self._checked_stats()
+        self.rejects.commit()
+        for name, writer in self.writers.items():
+            writer.commit(f"{self.fingerprint or 'prepared'}-{name}")
+        # The train split at the root (load_from_disk(DIR) is the training set), the eval split in eval/.
+        for file in (self.final / "train_parts").iterdir():
+            os.replace(file, self.final / file.name)
+        (self.final / "train_parts").rmdir()
+        if "eval" in self.writers:
+            os.replace(self.final / "eval_parts", self.final / EVAL_DIR)
+        manifest = {**self._manifest(stats), "seconds": round(time.time() - self.started, 3),
+                    **(self.extra_manifest or {})}
+        # Written last: a directory with a manifest is complete.
+        write_json_atomic(str(self.final / MANIFEST), manifest)
+        replace_dir(self.final, Path(self.out_dir))
+        self.rejects = None
+        return manifest
 
-    return sorted(rejects, key=where)
+    def _manifest(self, stats: dict[str, dict[str, int]]) -> dict[str, Any]:
+        settings, inputs, counts = self.settings, self.inputs, self.counts
+        mixture = isinstance(inputs, Mixture)
+        return {
+            "beam_sft_prepared": DATA_VERSION,
+            "fingerprint": self.fingerprint,
+            **run_fields(self.tokenizer, settings),
+            "format": settings.format,
+            "split": settings.split,
+            "max_records": settings.max_records,
+            "eval_split_size": settings.eval_split_size if not self.eval_inputs else None,
+            "seed": settings.seed,
+            "inputs": _input_names(inputs),
+            "mixture": self._mixture_counts() if mixture else None,
+            "eval_inputs": _input_names(self.eval_inputs) if self.eval_inputs else None,
+            "eval_sources": self._eval_sources() if mixture and "eval" in stats and not self.eval_inputs else None,
+            "sources": self.identity,
+            "counts": {
+                "records_in": counts.records_in,
+                "records_kept": sum(s["records_kept"] for s in stats.values()),
+                "rejected_total": sum(counts.rejected.values()),
+                "rejected": dict(sorted(counts.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
+                "dropped_too_long": sum(s["dropped_too_long"] for s in stats.values()),
+                **{key: sum(s[key] for s in stats.values()) for key in (
+                    "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
+                    "supervised_call")},
+                "reasoning": {key: counts.reasoning[key] for key in REASONING_KEYS},
+            },
+            "missing_reasoning": settings.missing_reasoning,
+            "splits": stats,
+        }
 
+    def _mixture_counts(self) -> list[dict[str, Any]]:
+        """Per entry of the mixture: rows read, taken, rejected by reason, duplicates."""
+        out = []
+        for entry, plan in zip(self.inputs.identity(), self.inputs.plans, strict=True):
+            rejected: Counter = Counter()
+            for src in {src.name for src in plan.files}:
+                rejected.update(self.by_source.get(src, {}))
+            out.append({"path": entry["path"], "data_files": entry["data_files"], "fraction": entry["fraction"],
+                        "files": [src.name for src in plan.files], "read": plan.rows, "taken": plan.taken,
+                        "rejected": dict(rejected.most_common()),
+                        "duplicates": rejected.get(Reason.DUPLICATE.value, 0)})
+        return out
 
-def _input_names(inputs) -> list[str]:
-    return [src.name for src in inputs.sources] if isinstance(inputs, Mixture) else [source_label(s) for s in inputs]
-
-
-def _mixture_counts(mixture: Mixture, tally: _Tally) -> list[dict[str, Any]]:
-    """Per entry of the mixture: rows read, taken, rejected by reason, duplicates."""
-    out = []
-    for entry, plan in zip(mixture.identity(), mixture.plans, strict=True):
-        rejected: Counter = Counter()
-        for src in {src.name for src in plan.files}:
-            rejected.update(tally.by_source.get(src, {}))
-        out.append({"path": entry["path"], "data_files": entry["data_files"], "fraction": entry["fraction"],
-                    "files": [src.name for src in plan.files], "read": plan.rows, "taken": plan.taken,
-                    "rejected": dict(rejected.most_common()), "duplicates": rejected.get(Reason.DUPLICATE.value, 0)})
-    return out
-
-
-def _eval_sources(mixture: Mixture, tally: _Tally) -> list[dict[str, Any]]:
-    """Per mixture entry, the rows of the eval split drawn from it: its label, count and [start, stop) ranges of
-    eval rows (one range: the split keeps input order, and the entries are read one after the other)."""
-    out = [{"label": label, "rows": 0, "ranges": []} for label in mixture.labels()]
-    for row, group in enumerate(tally.eval_sources):
-        ranges = out[group]["ranges"]
-        if ranges and ranges[-1][1] == row:
-            ranges[-1][1] = row + 1
-        else:
-            ranges.append([row, row + 1])
-        out[group]["rows"] += 1
-    return out
-
-
-def _job(tokenizer, settings: DataSettings):
-    from beam_sft.dataset import workers
-    from beam_sft.template.tokenizer import stop_token_ids
-
-    return workers.Job(tokenizer, settings.format, settings.max_length, settings.truncation_policy,
-                       settings.assistant_only_loss, list(stop_token_ids(tokenizer)), settings.missing_reasoning,
-                       settings.dedup)
-
-
-def _owns(n: int, *, shard: tuple[int, int], base: int) -> bool:
-    """Chunk `base + n` (a part's n-th, numbered across parts) is shard I's of N: I, I + N, I + 2N, ..."""
-    return (base + n) % shard[1] == shard[0]
-
-
-def _raw_tasks(inputs, eval_inputs, settings: DataSettings, work: Path, chunks: list[_Chunk | None], writers, *,
-               draw_eval: bool, chunk_rows: int, progress, shard: tuple[int, int] | None = None):
-    """Pass 1 tasks as the input is read: convert + tokenize, or (when an eval split is to be drawn among the
-    converted records) convert only. Each chunk is appended to `chunks` as its task is made; with `shard`
-    (I, N), only chunks I, I + N, I + 2N, ... get a task, the others a None in `chunks`."""
-    from beam_sft.dataset import workers
-
-    parts = [(inputs, settings.split, settings.max_records, False)]
-    if eval_inputs:
-        parts.append((eval_inputs, "test", None, True))
-    for part_inputs, split, limit, is_eval in parts:
-        formats = policies = items = groups = None
-        if isinstance(part_inputs, Mixture):
-            sources, items = part_inputs.sources, part_inputs.items()
-            formats = part_inputs.formats(settings.format)
-            policies = part_inputs.policies(settings.missing_reasoning)
-            groups = part_inputs.groups()
-        else:
-            sources = data_sources(part_inputs, split)
-        names = [src.name for src in sources]
-        own = None if shard is None else partial(_owns, shard=shard, base=len(chunks))
-        for raw in read_chunks(sources, work, chunk_rows=chunk_rows, limit=limit, progress=progress,
-                               prefix="eval" if is_eval else "train", items=items, own=own):
-            if raw is None:
-                chunks.append(None)
-                continue
-            raw_path = raw.cache_files[0]["filename"]
-            del raw  # its memory map: the worker opens the file itself
-            i = len(chunks)
-            if draw_eval:
-                converted = str(work / f"converted-{i:05d}.arrow")
-                chunks.append(_Chunk(raw_path, converted, names, is_eval, groups=groups))
-                yield workers.Task(i, names, raw=raw_path, convert_to=converted, tokenize=False, formats=formats,
-                                   policies=policies)
+    def _eval_sources(self) -> list[dict[str, Any]]:
+        """Per mixture entry, the rows of the eval split drawn from it: its label, count and [start, stop) ranges
+        of eval rows (one range: the split keeps input order, and the entries are read one after the other)."""
+        out = [{"label": label, "rows": 0, "ranges": []} for label in self.inputs.labels()]
+        for row, group in enumerate(self.counts.eval_sources):
+            ranges = out[group]["ranges"]
+            if ranges and ranges[-1][1] == row:
+                ranges[-1][1] = row + 1
             else:
-                chunks.append(_Chunk(raw_path, None, names, is_eval))
-                split_name = "eval" if is_eval else "train"
-                yield workers.Task(i, names, raw=raw_path, all_eval=is_eval, formats=formats, policies=policies,
-                                   shards={split_name: workers.shard_path(writers[split_name].dir, i)})
-
-
-def _first_pass(inputs, eval_inputs, settings: DataSettings, work: Path, job, tally: _Tally, *, draw_eval: bool,
-                chunk_rows: int, num_proc, progress, shard: tuple[int, int] | None = None,
-                results_dir: Path | None = None) -> list[_Chunk | None]:
-    """Pass 1: read every chunk and run its task (convert + tokenize, or convert only) in the pool. With `shard`,
-    only this shard's chunks, and each result is written to `results_dir` as it is (`merge_shards` takes them
-    into a tally in chunk order, as this loop does in a single run)."""
-    from tqdm import tqdm
-
-    from beam_sft.dataset import workers
-    from beam_sft.records.files import write_json_atomic
-
-    chunks: list[_Chunk | None] = []
-    tasks = _raw_tasks(inputs, eval_inputs, settings, work, chunks, tally.writers, draw_eval=draw_eval,
-                       chunk_rows=chunk_rows, progress=progress, shard=shard)
-    with tqdm(desc="converting" if draw_eval else "preparing", unit=" rec", disable=not progress or None,
-              mininterval=0.5) as bar:
-        for result in workers.run_tasks(tasks, job, num_proc):
-            chunk = chunks[result.index]
-            if results_dir is not None:
-                write_json_atomic(str(results_dir / f"part-{result.index:05d}.json"),
-                                  {"names": chunk.names, "is_eval": chunk.is_eval, "result": result.to_json()})
-                bar.update(result.records_in)
-                os.unlink(chunk.raw)
-                continue
-            dup_rows = tally.deduplicate(result, chunk)
-            if dup_rows and draw_eval:
-                import numpy as np
-
-                chunk.skip = np.zeros(result.records_in, dtype=bool)
-                chunk.skip[dup_rows] = True
-            chunk.n_records = result.n_records
-            tally.take(result, bar, chunk.names)
-            os.unlink(chunks[result.index].raw)
-            del result  # its Rows (one per record with dedup) freed before the next chunk's are made
-    if shard is None:
-        _check_some_training(chunks, inputs, tally)
-    return chunks
-
-
-def _check_some_training(chunks: list[_Chunk], inputs, tally: _Tally) -> None:
-    if not any(c.n_records for c in chunks if not c.is_eval):
-        raise UsageError(f"no usable training records in {', '.join(_input_names(inputs))}: {tally.records_in} read, "
-                         f"{sum(tally.rejected.values())} rejected ({dict(tally.rejected)})")
-
-
-def _tokenize_tasks(chunks: list[_Chunk], eval_mask, writers):
-    """Pass 2 tasks: tokenize each converted chunk, its rows sent to the split `eval_mask` says."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    from beam_sft.dataset import workers
-
-    offset = 0
-    for i, chunk in enumerate(chunks):
-        table = workers._open(chunk.converted).read_all()
-        has_record = pc.is_valid(table.column("record")).to_numpy(zero_copy_only=False)
-        del table
-        if chunk.skip is not None:
-            has_record &= ~chunk.skip
-        eval_rows = np.zeros(len(has_record), dtype=bool)
-        eval_rows[has_record] = eval_mask[offset: offset + chunk.n_records]
-        offset += chunk.n_records
-        yield workers.Task(i, chunk.names, converted=chunk.converted, eval_rows=eval_rows, skip_rows=chunk.skip,
-                           shards={name: workers.shard_path(w.dir, i) for name, w in writers.items()},
-                           groups=chunk.groups)
-
-
-def _eval_pass(chunks: list[_Chunk], settings: DataSettings, job, tally: _Tally, *, num_proc, progress) -> None:
-    """Pass 2 (an eval split to draw): the split is a seeded choice among the converted training records (one
-    byte per record), known only now; then every chunk is tokenized."""
-    from tqdm import tqdm
-
-    from beam_sft.dataset import workers
-
-    eval_mask = _eval_mask(sum(c.n_records for c in chunks), settings)
-    with tqdm(desc="tokenizing", unit=" rec", disable=not progress or None, mininterval=0.5) as bar:
-        for result in workers.run_tasks(_tokenize_tasks(chunks, eval_mask, tally.writers), job, num_proc):
-            tally.take(result, bar, chunks[result.index].names)
-            os.unlink(chunks[result.index].converted)
-
-
-# --- worker pool: end ---
-
-
-def _checked_stats(tally: _Tally) -> dict[str, dict[str, int]]:
-    """PrepStats per split, after checking that every record in is kept, rejected or dropped."""
-    from beam_sft.dataset.examples import PrepStats
-
-    stats = {name: PrepStats(**{k: sums[k] for k in PrepStats().to_dict()}).to_dict()
-             for name, sums in tally.splits.items()}
-    if stats["train"]["records_kept"] == 0:
-        raise FatalError(f"the train split is empty after truncation ({stats['train']}); raise max_length")
-    dropped = sum(s["dropped_too_long"] for s in stats.values())
-    kept_total = sum(s["records_kept"] for s in stats.values())
-    rejected_total = sum(tally.rejected.values())
-    if tally.records_in != kept_total + rejected_total + dropped:
-        raise FatalError(f"bookkeeping error: {tally.records_in} records in != {kept_total} kept + "
-                         f"{rejected_total} rejected + {dropped} dropped by truncation")
-    return stats
-
-
-def _commit_splits(final: Path, writers: dict[str, _SplitWriter], fingerprint: str | None) -> None:
-    for name, writer in writers.items():
-        writer.commit(f"{fingerprint or 'prepared'}-{name}")
-    # The train split at the root (load_from_disk(DIR) is the training set), the eval split in eval/.
-    for file in (final / "train_parts").iterdir():
-        os.replace(file, final / file.name)
-    (final / "train_parts").rmdir()
-    if "eval" in writers:
-        os.replace(final / "eval_parts", final / EVAL_DIR)
-
-
-def _manifest(tokenizer, settings: DataSettings, inputs, eval_inputs, identity, fingerprint, tally: _Tally,
-              stats: dict[str, dict[str, int]]) -> dict[str, Any]:
-    return {
-        "beam_sft_prepared": DATA_VERSION,
-        "fingerprint": fingerprint,
-        **run_fields(tokenizer, settings),
-        "format": settings.format,
-        "split": settings.split,
-        "max_records": settings.max_records,
-        "eval_split_size": settings.eval_split_size if not eval_inputs else None,
-        "seed": settings.seed,
-        "inputs": _input_names(inputs),
-        "mixture": _mixture_counts(inputs, tally) if isinstance(inputs, Mixture) else None,
-        "eval_inputs": _input_names(eval_inputs) if eval_inputs else None,
-        "eval_sources": _eval_sources(inputs, tally) if isinstance(inputs, Mixture) and "eval" in stats and not
-        eval_inputs else None,
-        "sources": identity,
-        "counts": {
-            "records_in": tally.records_in,
-            "records_kept": sum(s["records_kept"] for s in stats.values()),
-            "rejected_total": sum(tally.rejected.values()),
-            "rejected": dict(sorted(tally.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "dropped_too_long": sum(s["dropped_too_long"] for s in stats.values()),
-            **{key: sum(s[key] for s in stats.values()) for key in (
-                "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
-                "supervised_call")},
-            "reasoning": {key: tally.reasoning[key] for key in REASONING_KEYS},
-        },
-        "missing_reasoning": settings.missing_reasoning,
-        "splits": stats,
-    }
+                ranges.append([row, row + 1])
+            out[group]["rows"] += 1
+        return out
 
 
 def build_prepared(
@@ -534,7 +630,7 @@ def build_prepared(
     reject in `out_dir/rejects.jsonl`.
 
     Memory stays flat as the data grows: the input is cut into chunks of `chunk_rows` records (default
-    `CHUNK_ROWS`); each chunk is converted and tokenized by one task of `beam_sft.dataset.workers` (in
+    `CHUNK_ROWS`); each chunk is converted and tokenized by one task of `beam_sft.dataset.pipeline` (in
     `num_proc` long-lived processes, or this one when it is None or 1), which writes the chunk's kept rows
     to its own shard of the output. When an eval split is drawn among the converted records, every chunk is
     converted first (that fixes the split) and tokenized in a second pass. The output is the same bytes
@@ -545,101 +641,9 @@ def build_prepared(
     result (counts, rejects, dedup keys), with `beam_sft_shard.json`. `merge_shards` turns the N of them
     into the prepared directory a single run writes, byte for byte. Returns the shard manifest.
     """
-    from beam_sft.records.files import JsonlSink, remove_stale_temporaries, temporary_path
-
-    settings.check()
-    draw_eval = not eval_inputs and settings.eval_split_size > 0
-    if shard is not None:
-        fingerprint = _shard_fingerprint(shard, draw_eval, fingerprint, identity, inputs, tokenizer, settings)
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Named like every other temporary output (beam_sft.records.files), so a run killed here is cleaned up by the next.
-    remove_stale_temporaries(out)
-    work = temporary_path(out, directory=True)
-    started = time.time()
-    final = work / "out"
-    final.mkdir()
-    rejects = JsonlSink(str(final / REJECTS)) if shard is None else None
-    try:
-        writers = {"train": _SplitWriter(final / "train_parts")}
-        if eval_inputs or draw_eval:
-            writers["eval"] = _SplitWriter(final / "eval_parts")
-        tally = _Tally(rejects, writers, dedup=settings.dedup)
-        job = _job(tokenizer, settings)
-        results_dir = None
-        if shard is not None:
-            results_dir = final / "results"
-            results_dir.mkdir()
-        chunks = _first_pass(inputs, eval_inputs, settings, work, job, tally, draw_eval=draw_eval,
-                             chunk_rows=chunk_rows or CHUNK_ROWS, num_proc=num_proc, progress=progress, shard=shard,
-                             results_dir=results_dir)
-        if shard is not None:
-            return _finish_shard(final, out, shard, chunks, fingerprint, inputs, writers, started)
-        if draw_eval:
-            _eval_pass(chunks, settings, job, tally, num_proc=num_proc, progress=progress)
-        manifest = _finish(final, out, tally, writers, rejects, tokenizer, settings, inputs, eval_inputs, identity,
-                           fingerprint, started, extra_manifest)
-        rejects = None
-        return manifest
-    finally:
-        if rejects is not None:
-            rejects.abort()
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _finish(final: Path, out: Path, tally: _Tally, writers, rejects, tokenizer, settings: DataSettings, inputs,
-            eval_inputs, identity, fingerprint, started: float, extra_manifest) -> dict[str, Any]:
-    """Counts checked, rejects and splits committed, the manifest written last, `final` moved to `out`."""
-    from beam_sft.records.files import replace_dir, write_json_atomic
-
-    stats = _checked_stats(tally)
-    rejects.commit()
-    _commit_splits(final, writers, fingerprint)
-    manifest = {**_manifest(tokenizer, settings, inputs, eval_inputs, identity, fingerprint, tally, stats),
-                "seconds": round(time.time() - started, 3), **(extra_manifest or {})}
-    # Written last: a directory with a manifest is complete.
-    write_json_atomic(str(final / MANIFEST), manifest)
-    replace_dir(final, out)
-    return manifest
-
-
-# --- shards: `beam-sft prepare --shard I/N`, then `--merge` ---
-
-SHARD_MANIFEST = "beam_sft_shard.json"
-
-
-def _check_shard(shard: tuple[int, int]) -> None:
-    index, count = shard
-    if count < 1 or not 0 <= index < count:
-        raise UsageError(f"shard {index}/{count}: I/N needs 0 <= I < N")
-
-
-def _shard_fingerprint(shard: tuple[int, int], draw_eval: bool, fingerprint, identity, inputs, tokenizer,
-                       settings: DataSettings) -> str:
-    """A shard run's checks, and the fingerprint its merge is matched against."""
-    _check_shard(shard)
-    if draw_eval:
-        raise UsageError("an eval split drawn among the converted records (eval_split_size) needs all of them "
-                         "first: with shards, give the eval data separately (--eval-split), or prepare without "
-                         "one and train with eval_split_size (it then holds out a seeded share of the rows)")
-    if fingerprint is not None:
-        return fingerprint
-    from beam_sft.dataset.settings import fingerprint as run_fingerprint
-
-    return run_fingerprint(identity or train_identity(inputs, settings), tokenizer, settings)
-
-
-def _finish_shard(final: Path, out: Path, shard: tuple[int, int], chunks, fingerprint: str, inputs, writers,
-                  started: float) -> dict[str, Any]:
-    from beam_sft.records.files import replace_dir, write_json_atomic
-
-    manifest = {"beam_sft_shard": DATA_VERSION, "shard": shard[0], "of": shard[1], "chunks": len(chunks),
-                "own": [i for i, chunk in enumerate(chunks) if chunk is not None], "fingerprint": fingerprint,
-                "inputs": _input_names(inputs), "splits": sorted(writers),
-                "seconds": round(time.time() - started, 3)}
-    write_json_atomic(str(final / SHARD_MANIFEST), manifest)
-    replace_dir(final, out)
-    return manifest
+    run = PrepareRun(inputs, tokenizer, settings, out_dir, eval_inputs, identity, fingerprint, extra_manifest,
+                     num_proc, chunk_rows, progress)
+    return run.build() if shard is None else run.shard(shard)
 
 
 def read_shard_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -694,61 +698,9 @@ def merge_shards(
     extra_manifest: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The N shard directories of one run (`build_prepared(shard=...)`, same inputs and settings as here) ->
-    the prepared directory at `out_dir` a single run writes. Each chunk's result is taken in chunk order, as a
-    single run takes them: duplicates across chunks (and shards) are decided here, first occurrence kept; the
-    shards' Arrow files are copied, never changed. Returns the manifest."""
-    from tqdm import tqdm
-
-    from beam_sft.dataset import workers
-    from beam_sft.records.files import JsonlSink, remove_stale_temporaries, temporary_path
-
-    settings.check()
-    if not eval_inputs and settings.eval_split_size > 0:
-        raise UsageError("shards hold no eval split drawn among the records (eval_split_size): merge without it")
-    dirs, n_chunks = _shard_set(shard_dirs, fingerprint)
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out)
-    work = temporary_path(out, directory=True)
-    started = time.time()
-    final = work / "out"
-    final.mkdir()
-    rejects = JsonlSink(str(final / REJECTS))
-    try:
-        writers = {"train": _SplitWriter(final / "train_parts")}
-        if eval_inputs:
-            writers["eval"] = _SplitWriter(final / "eval_parts")
-        tally = _Tally(rejects, writers, dedup=settings.dedup)
-        chunks = []
-        with tqdm(desc="merging", unit=" rec", disable=not progress or None, mininterval=0.5) as bar:
-            for i in range(n_chunks):
-                shard = dirs[i % len(dirs)]
-                try:
-                    data = json.loads((shard / "results" / f"part-{i:05d}.json").read_text(encoding="utf-8"))
-                except (OSError, ValueError) as err:
-                    raise UsageError(f"{shard}: chunk {i}'s result is missing or unreadable ({err}); prepare "
-                                     "that shard again") from err
-                result = workers.Result.from_json(data["result"])
-                for split, name in result.shards.items():
-                    if split not in writers:
-                        raise UsageError(f"{shard}: holds a {split} split that these arguments do not make")
-                    copy = workers.shard_path(writers[split].dir, i)
-                    workers.copy_shard(shard / f"{split}_parts" / name, copy)
-                    result.shards[split] = copy
-                chunk = _Chunk("", None, data["names"], data["is_eval"])
-                tally.deduplicate(result, chunk)
-                chunk.n_records = result.n_records
-                chunks.append(chunk)
-                tally.take(result, bar, chunk.names)
-        _check_some_training(chunks, inputs, tally)
-        manifest = _finish(final, out, tally, writers, rejects, tokenizer, settings, inputs, eval_inputs, identity,
-                           fingerprint, started, extra_manifest)
-        rejects = None
-        return manifest
-    finally:
-        if rejects is not None:
-            rejects.abort()
-        shutil.rmtree(work, ignore_errors=True)
+    the prepared directory at `out_dir` a single run writes (`PrepareRun.merge`). Returns the manifest."""
+    return PrepareRun(inputs, tokenizer, settings, out_dir, eval_inputs, identity, fingerprint, extra_manifest,
+                      progress=progress).merge(shard_dirs)
 
 
 def load_prepared(path: str | os.PathLike, tokenizer=None, settings: DataSettings | None = None) -> Prepared:
@@ -786,7 +738,7 @@ def _use_prepared(path: str, tokenizer, settings: DataSettings, eval_inputs) -> 
     """A prepared directory as the training input: checked, loaded, and split when eval_split_size asks."""
     if settings.max_records is not None:
         raise UsageError(f"{path} is a prepared dataset: max_records applies to raw data (prepare it with "
-                         "`beam-sft prepare --limit N`)")
+                         "`beam-sft prepare --max_records N`)")
     prepared = load_prepared(path, tokenizer, settings)
     prepared.action = "loaded"
     if settings.eval_split_size > 0 and not eval_inputs:

@@ -18,7 +18,8 @@ from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.files import REJECTS  # noqa: F401  (the prepared dir's rejects file)
-from beam_sft.template.tokenizer import files_digest, short_hash, template_hash, vocab_hash
+from beam_sft.storage import files_digest, short_hash
+from beam_sft.template.tokenizer import template_hash, vocab_hash
 from beam_sft.validate.convert import INPUT_FORMATS
 
 logger = logging.getLogger(__name__)

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
 
+from beam_sft.dataset.pipeline import BATCH_ROWS, Job, convert_batch, label_batch, raw_row, tokenize_batch
 from beam_sft.dataset.settings import DataSettings
-from beam_sft.dataset.stages import (
-    _MAP_BATCH,
-    _convert_batch,
-    _tokenize_batch,
-    _tokenized_features,
-)
 from beam_sft.errors import UsageError
 from beam_sft.records.files import data_sources
 
@@ -31,12 +25,19 @@ def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | N
     wanted = set(shard)
     items = iter_items(list(sources), limit=limit) if mixture is None else islice(mixture.streamed_items(), limit)
     for i, item in enumerate(items):
-        if i % n_shards not in wanted:
-            continue  # another rank's record: skipped before parsing, converting or tokenizing
-        err = item.error
-        yield {"src": index[item.source], "pos": item.position, "by_line": item.by_line,
-               "payload": None if err else (item.json()),
-               "error": json.dumps([err.code.value, err.message_index, err.message]) if err else None}
+        if i % n_shards in wanted:  # another rank's record is skipped before parsing, converting or tokenizing
+            yield raw_row(item, index)
+
+
+def _converted(batch: dict[str, list], fmt, names: list[str], missing_reasoning) -> dict[str, list]:
+    out = convert_batch(batch, fmt, names, missing_reasoning)
+    return {"record": out["record"], "reason": out["reason"], "reject": out["reject"]}
+
+
+def _tokenized(batch: dict[str, list], job: Job, names: list[str]) -> dict[str, list]:
+    out = tokenize_batch(batch, job, names)
+    _, labels, _, _ = label_batch(out["input_ids"], out["mask"], job.assistant_only_loss, job.stop_ids)
+    return {"input_ids": out["input_ids"], "labels": labels.to_pylist(), "keep": out["keep"], "reject": out["reject"]}
 
 
 class StreamRejects:
@@ -92,10 +93,9 @@ def stream_training_data(
     count=False)`): its shares are drawn as the rows stream (`Mixture.streamed_items`), each source with its
     own format, missing-reasoning policy and `max_records`.
     """
-    from datasets import Features, IterableDataset, Value
+    from datasets import Features, IterableDataset, List, Value
 
     from beam_sft.dataset.mixture import Mixture
-    from beam_sft.template.tokenizer import stop_token_ids
 
     if isinstance(inputs, str):
         inputs = [inputs]
@@ -121,17 +121,16 @@ def stream_training_data(
         if shuffle_buffer < 1:
             raise UsageError("shuffle_buffer must be at least 1")
         raw = raw.shuffle(seed=settings.seed, buffer_size=shuffle_buffer)
-    converted = raw.map(_convert_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["payload", "error"],
+    converted = raw.map(_converted, batched=True, batch_size=BATCH_ROWS, remove_columns=["payload", "error"],
                         fn_kwargs={"fmt": fmt, "names": list(names), "missing_reasoning": policy})
-    converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
+    converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=BATCH_ROWS)
     converted = converted.select_columns(["src", "pos", "by_line", "record"])
     tokenized = converted.map(
-        _tokenize_batch, batched=True, batch_size=_MAP_BATCH, remove_columns=["src", "pos", "by_line", "record"],
-        features=_tokenized_features(),
-        fn_kwargs={"tokenizer": tokenizer, "max_length": settings.max_length, "policy": settings.truncation_policy,
-                   "assistant_only_loss": settings.assistant_only_loss, "stop_ids": stop_token_ids(tokenizer),
-                   "names": list(names)},
+        _tokenized, batched=True, batch_size=BATCH_ROWS, remove_columns=["src", "pos", "by_line", "record"],
+        features=Features({"input_ids": List(Value("int32")), "labels": List(Value("int32")), "keep": Value("bool"),
+                           "reject": Value("string")}),
+        fn_kwargs={"job": Job.of(tokenizer, settings), "names": list(names)},
     )
-    tokenized = tokenized.filter(StreamRejects(rejects_dir), batched=True, batch_size=_MAP_BATCH)
-    kept = tokenized.filter(lambda batch: batch["keep"], batched=True, batch_size=_MAP_BATCH)
+    tokenized = tokenized.filter(StreamRejects(rejects_dir), batched=True, batch_size=BATCH_ROWS)
+    kept = tokenized.filter(lambda batch: batch["keep"], batched=True, batch_size=BATCH_ROWS)
     return kept.select_columns(["input_ids", "labels"])

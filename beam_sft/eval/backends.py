@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from beam_sft.errors import UsageError
 from beam_sft.records.messages import STOP_MARKERS
@@ -18,6 +20,23 @@ class Generation:
     text: str  # decoded output, stop token included, special tokens kept
     n_tokens: int
     stop: str | None  # "<|return|>" / "<|call|>", or None when cut at max_new_tokens
+    # A served turn (beam_sft.eval.openai_backend) comes back parsed by the server's parsers, or refused.
+    parsed: dict[str, Any] | None = None
+    error: str = ""
+    finish_reason: str | None = None
+    raw: str | None = None  # the generated tokens decoded, markers kept, when the server returned them
+
+
+def generate_sorted(backend, turns: Sequence[Any]) -> tuple[list[tuple[Any, Generation]], float]:
+    """[(turn, generation)] with the turns sorted by prompt length (a batch pads little), and the seconds it took:
+    a backend that sends conversations to a server (`generate_turns`) gets the turns, the others their prompts."""
+    if not turns:  # a chunk of records with no assistant turn to prompt
+        return [], 0.0
+    turns = sorted(turns, key=lambda t: len(t.prompt))
+    start = time.perf_counter()
+    generations = (backend.generate_turns(turns) if hasattr(backend, "generate_turns")
+                   else backend.generate([t.prompt for t in turns]))
+    return list(zip(turns, generations, strict=True)), time.perf_counter() - start
 
 
 def stop_ids(tokenizer) -> dict[int, str]:

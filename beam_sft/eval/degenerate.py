@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections import Counter
 
 # Repetition, measured on the 397 reasoning traces of the real samples (harmony/, reasoning/, the llamafactory
 # reason/tool-use demo, data/samples) and on SmolLM2-135M-Instruct's answers to real glaive turns. Real
@@ -55,12 +56,8 @@ def compression_ratio(text: str) -> float:
 
 
 def max_line_repeats(text: str) -> int:
-    counts: dict[str, int] = {}
-    for line in text.splitlines():
-        line = " ".join(line.split()).lower()
-        if len(line) >= MIN_REPEATED_LINE_CHARS:
-            counts[line] = counts.get(line, 0) + 1
-    return max(counts.values(), default=0)
+    lines = (" ".join(line.split()).lower() for line in text.splitlines())
+    return max(Counter(line for line in lines if len(line) >= MIN_REPEATED_LINE_CHARS).values(), default=0)
 
 
 def is_repetitive(text: str) -> bool:

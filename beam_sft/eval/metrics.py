@@ -8,6 +8,7 @@ training's callbacks use too.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,21 +21,8 @@ if TYPE_CHECKING:
     from beam_sft.eval.turns import Turn
 
 
-# Key order of the summary (and of `--json`); every value is a fraction of the turns it applies to, or None.
-METRICS = (
-    "well_formed",
-    "stopped",
-    "has_reasoning",
-    "empty_analysis",
-    "degenerate_reasoning",
-    "action_match",
-    "tool_name_accuracy",
-    "tool_args_exact",
-    "tool_args_valid",
-    "marker_leak",
-    "answer_exact",
-)
-# Which turns each metric is computed on (the denominator), for the table and the README.
+# Which turns each metric is computed on (the denominator), for the table and the README; the key order is the
+# summary's (and `--json`'s). Every value is a fraction of the turns it applies to, or None.
 APPLIES_TO = {
     "well_formed": "all turns",
     "stopped": "all turns",
@@ -48,7 +36,8 @@ APPLIES_TO = {
     "marker_leak": "all turns (lower is better)",
     "answer_exact": "turns whose reference answers",
 }
-_LOWER_IS_BETTER = ("empty_analysis", "degenerate_reasoning", "marker_leak")  # metrics a turn fails when True
+METRICS = tuple(APPLIES_TO)
+_LOWER_IS_BETTER = tuple(m for m, turns in APPLIES_TO.items() if "lower is better" in turns)  # fail when True
 
 
 _START = "<|start|>assistant"
@@ -96,8 +85,8 @@ def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set
     shape = structure_error(text)
     if shape:
         return False, shape
-    thinking = parsed.get("thinking")
-    if not isinstance(thinking, str) or not thinking.strip():
+    thinking = reasoning_of(parsed)
+    if not thinking:
         return False, "no thinking"
     content = parsed.get("content")
     calls = parsed.get("tool_calls") or []
@@ -110,10 +99,13 @@ def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set
                 return False, f"unknown tool {function['name']!r}"
     elif not isinstance(content, str) or not content.strip():
         return False, "neither content nor tool_calls"
-    for field_text in (thinking, content if isinstance(content, str) else ""):
-        if any(marker in field_text for marker in HARMONY_MARKERS):
-            return False, "Harmony marker inside a text field"
+    if _has_marker(thinking) or _has_marker(content if isinstance(content, str) else ""):
+        return False, "Harmony marker inside a text field"
     return True, ""
+
+
+def _has_marker(text: str) -> bool:
+    return any(marker in text for marker in HARMONY_MARKERS)
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -134,7 +126,7 @@ def has_marker_leak(parsed: dict[str, Any] | None) -> bool:
         return False
     texts = _strings([parsed.get("thinking"), parsed.get("content"),
                       [c.get("function") for c in parsed.get("tool_calls") or [] if isinstance(c, dict)]])
-    return any(marker in text for text in texts for marker in HARMONY_MARKERS)
+    return any(_has_marker(text) for text in texts)
 
 
 def _calls(message: dict[str, Any] | None) -> list[tuple[Any, Any]]:
@@ -255,12 +247,54 @@ def call_errors(parsed: dict[str, Any] | None, tools: Sequence[dict] | None) -> 
     return errors
 
 
+def reasoning_of(parsed: dict[str, Any] | None) -> str:
+    """The parsed `thinking` when it says anything (not empty, not whitespace), else ""."""
+    thinking = (parsed or {}).get("thinking")
+    return thinking if isinstance(thinking, str) and thinking.strip() else ""
+
+
+# Did the fine-tune keep its reasoning? Besides has_reasoning and degenerate_reasoning: `empty_analysis`, the exact
+# output a model trained on turns without reasoning learns (`<|channel|>analysis<|message|><|end|>`,
+# docs/reasoning.md), which Beam never writes; and the analysis length in tokens, whose mean per turn the report
+# shows, so reasoning that shrank shows even when it is not empty.
+ANALYSIS_OPEN = "<|channel|>analysis<|message|>"
+
+
+def empty_analysis(text: str) -> bool:
+    """Whether the first analysis message of a generated turn is empty (or whitespace only)."""
+    start = text.find(ANALYSIS_OPEN)
+    if start < 0:
+        return False
+    body = text[start + len(ANALYSIS_OPEN):]
+    for end in ("<|end|>", "<|start|>", "<|call|>", "<|return|>"):
+        cut = body.find(end)
+        if cut >= 0:
+            body = body[:cut]
+    return not body.strip()
+
+
+def turn_empty_analysis(generation: Generation, parsed: dict[str, Any] | None) -> bool:
+    """`empty_analysis` of one generated turn: from its text, or, for a served turn (which comes back parsed by the
+    server, without its text: `beam_sft.eval.openai_backend`), an empty parsed `thinking`."""
+    if getattr(generation, "parsed", None) is not None:
+        return not reasoning_of(parsed)
+    return empty_analysis(generation.text)
+
+
+def analysis_tokens(tokenizer, parsed: dict[str, Any] | None) -> int:
+    """The length of the parsed `thinking` in tokens (0 when there is none)."""
+    thinking = (parsed or {}).get("thinking")
+    if not isinstance(thinking, str) or not thinking:
+        return 0
+    return len(tokenizer.encode(thinking, add_special_tokens=False))
+
+
 def degenerate_reasoning(parsed: dict[str, Any] | None, stop: str | None) -> bool | None:
     """The generated analysis loops (`beam_sft.eval.degenerate`, the checks `beam-sft backfill` applies to
     a teacher's reasoning), or the generation ran into its bound while still in it (no stop token, and
     neither an answer nor a call after it); None for a turn without reasoning."""
-    thinking = (parsed or {}).get("thinking")
-    if not isinstance(thinking, str) or not thinking.strip():
+    thinking = reasoning_of(parsed)
+    if not thinking:
         return None
     cut_inside = stop is None and not (parsed or {}).get("content") and not (parsed or {}).get("tool_calls")
     return degenerate(thinking, stopped=False if cut_inside else None) is not None
@@ -293,11 +327,10 @@ def score_turn(
     expects_call = bool(ref_calls)
     gen_calls = _calls(parsed)
     well_formed, reason = is_well_formed(parsed, stop is not None, set(tool_schemas(tools)), text)
-    thinking = (parsed or {}).get("thinking")
     metrics: dict[str, bool | None] = {
         "well_formed": well_formed,
         "stopped": stop == (CALL if expects_call else RETURN),
-        "has_reasoning": isinstance(thinking, str) and bool(thinking.strip()),
+        "has_reasoning": bool(reasoning_of(parsed)),
         "degenerate_reasoning": degenerate_reasoning(parsed, stop),
         "action_match": bool(gen_calls) == expects_call,
         "tool_name_accuracy": None,
@@ -329,7 +362,7 @@ class TurnResult:
     parse_error: str
     metrics: dict[str, bool | None]
     reason: str
-    analysis_tokens: int = 0  # of the parsed thinking (beam_sft.eval.reasoning_figures)
+    analysis_tokens: int = 0  # of the parsed thinking (`analysis_tokens`)
 
     @property
     def failed(self) -> list[str]:
@@ -342,17 +375,15 @@ class TurnResult:
 class Tally:
     records: int = 0
     turns: int = 0
-    hits: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
-    applicable: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
+    hits: Counter = field(default_factory=Counter)  # metric -> turns it holds on
+    applicable: Counter = field(default_factory=Counter)  # metric -> turns it applies to
     analysis_tokens: int = 0
 
     def add(self, result: TurnResult) -> None:
         self.turns += 1
         self.analysis_tokens += result.analysis_tokens
-        for name, value in result.metrics.items():
-            if value is not None:
-                self.applicable[name] += 1
-                self.hits[name] += bool(value)
+        self.applicable.update(m for m, v in result.metrics.items() if v is not None)
+        self.hits.update(m for m, v in result.metrics.items() if v)
 
     def rate(self, name: str) -> float | None:
         return self.hits[name] / self.applicable[name] if self.applicable[name] else None
@@ -367,38 +398,45 @@ class Tally:
 
 
 @dataclass
-class EvalResult:
+class Throughput:
+    """What a run generated, with which backend, and how fast (generation time only)."""
+
+    backend: str = ""
+    generation_tokens: int = 0
+    generation_seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.generation_tokens / self.generation_seconds if self.generation_seconds > 0 else None
+
+
+@dataclass
+class EvalResult(Throughput):
     overall: Tally = field(default_factory=Tally)
     by_format: dict[str, Tally] = field(default_factory=dict)
     by_effort: dict[str, Tally] = field(default_factory=dict)
     rejects: list[dict] = field(default_factory=list)  # the first `keep` rejects
     rejected: int = 0
     records: int = 0  # records evaluated (records with no assistant turn to prompt count here too)
-    generation_tokens: int = 0
-    generation_seconds: float = 0.0
     failures: list[TurnResult] = field(default_factory=list)  # the first `keep` failing turns
     failed_turns: int = 0
-    backend: str = ""
+
+    def _tallies(self, source_format: str, effort: str) -> tuple[Tally, ...]:
+        return self.overall, self.by_format.setdefault(source_format, Tally()), self.by_effort.setdefault(effort, Tally())
 
     def count_record(self, source_format: str, effort: str) -> None:
         self.records += 1
-        for tally in (self.overall, self.by_format.setdefault(source_format, Tally()),
-                      self.by_effort.setdefault(effort, Tally())):
+        for tally in self._tallies(source_format, effort):
             tally.records += 1
 
     def add(self, result: TurnResult, keep: int) -> None:
-        self.overall.add(result)
-        self.by_format.setdefault(result.turn.format, Tally()).add(result)
-        self.by_effort.setdefault(result.turn.effort, Tally()).add(result)
+        for tally in self._tallies(result.turn.format, result.turn.effort):
+            tally.add(result)
         self.generation_tokens += result.generation.n_tokens
         if result.failed:
             self.failed_turns += 1
             if len(self.failures) < keep:
                 self.failures.append(result)
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self.generation_tokens / self.generation_seconds if self.generation_seconds > 0 else None
 
     def summary(self) -> dict[str, Any]:
         """What `--json` writes: the records and turns evaluated, each metric overall (a fraction of the turns
@@ -407,14 +445,14 @@ class EvalResult:
         return {
             **self.overall.to_dict(),
             "by_format": {k: v.to_dict() for k, v in sorted(self.by_format.items())},
-            "by_effort": {k: v.to_dict() for k, v in _by_effort(self).items()},
+            "by_effort": {k: v.to_dict() for k, v in sorted_by_effort(self).items()},
             "rejected": self.rejected,
             "generation_tokens": self.generation_tokens,
             "tokens_per_second": self.tokens_per_second,
         }
 
 
-def _by_effort(result: EvalResult) -> dict[str, Tally]:
+def sorted_by_effort(result: EvalResult) -> dict[str, Tally]:
     """Integer budgets in numeric order, then the named levels."""
     return dict(sorted(result.by_effort.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit()
                                                                    else 0, kv[0])))

@@ -1,22 +1,8 @@
 """`beam-sft eval --backend openai`: the same metrics on what a running OpenAI-compatible server returns.
 
-Each turn goes to `/v1/chat/completions` as the conversation before it (messages, the record's tools and
-`chat_template_kwargs`), greedy, bounded by `max_new_tokens`. The server renders the prompt with the model's
-chat template and parses the output with its own parsers (vLLM: `--reasoning-parser hf --tool-call-parser
-hf`, which read the model's response_template), so what is scored is the served model, parsers included:
-`reasoning_content` (or vLLM's `reasoning`) becomes `thinking`, `content` stays `content`, each tool call's
-JSON `arguments` become a dict (left a string when they are not JSON, which fails `well_formed`). The stop
-token comes from vLLM's `stop_reason` (the id of `<|call|>`, or None for EOS, `<|return|>`), else from
-`finish_reason` (`tool_calls` -> `<|call|>`, `stop` -> `<|return|>`, `length` -> none). A request the server
-refuses (HTTP 4xx, e.g. the template's error for a history without reasoning) scores as a failed turn; a
-server that cannot be reached stops the run.
-
-Each request also asks for the generated token ids (vLLM's `return_token_ids`): decoded with the tokenizer,
-they give the raw turn, markers included, so a turn whose shape is wrong (a final answer closed by `<|end|>`
-and followed by more messages, which the server's parser joins into one `content`) is scored as offline. A
-server that refuses the field (`transformers serve` answers 422 "Unexpected fields in the request", in the
-body's `detail`, which the openai client leaves out of its message) is asked again without it, and from then
-on is scored on its parse alone.
+Each turn goes to `/v1/chat/completions` as the conversation before it, and what is scored is the served model, its
+parsers included; docs/serving.md says what is sent, how the answer is read (reasoning, content, tool calls, the
+stop token, the raw turn from `return_token_ids` when the server returns them) and how refusals count.
 
     from beam_sft.eval.openai_backend import OpenAIBackend
     backend = OpenAIBackend("http://127.0.0.1:8000/v1", "beam", tokenizer)
@@ -29,7 +15,6 @@ import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
@@ -37,14 +22,10 @@ from beam_sft.eval.backends import Generation, stop_ids
 from beam_sft.records.messages import CALL, RETURN
 
 
-@dataclass
-class ServedGeneration(Generation):
-    """A turn as the server returned it, already parsed by the server's parsers."""
-
-    parsed: dict[str, Any] | None = None
-    error: str = ""
-    finish_reason: str | None = None
-    raw: str | None = None  # the generated tokens decoded, markers kept, when the server returned them
+def _field(obj: Any, name: str) -> Any:
+    """An attribute of a client object, else the same key among the fields the client does not declare (vLLM's)."""
+    value = getattr(obj, name, None)
+    return value if value is not None else (getattr(obj, "model_extra", None) or {}).get(name)
 
 
 def request_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -143,7 +124,7 @@ class OpenAIBackend:
     def generate(self, prompts: Sequence[str]) -> list[Generation]:
         raise UsageError("--backend openai generates from conversations (generate_turns), not rendered prompts")
 
-    def generate_turns(self, turns: Sequence[Any]) -> list[ServedGeneration]:
+    def generate_turns(self, turns: Sequence[Any]) -> list[Generation]:
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(self._one, turns))
 
@@ -163,14 +144,12 @@ class OpenAIBackend:
         return kwargs
 
     def _stop(self, choice) -> str | None:
-        stop_reason = getattr(choice, "stop_reason", None)
-        if stop_reason is None:
-            stop_reason = (getattr(choice, "model_extra", None) or {}).get("stop_reason")
+        stop_reason = _field(choice, "stop_reason")
         if isinstance(stop_reason, int) and stop_reason in self.stops:
             return self.stops[stop_reason]
         return {"tool_calls": CALL, "stop": RETURN}.get(choice.finish_reason)
 
-    def _one(self, turn) -> ServedGeneration:
+    def _one(self, turn) -> Generation:
         import openai
 
         for _ in range(2):
@@ -188,19 +167,17 @@ class OpenAIBackend:
                 if asked_ids and err.status_code in (400, 422) and "return_token_ids" in message:
                     self.token_ids = False
                     continue
-                return ServedGeneration("", 0, None, error=f"server refused the request ({err.status_code}): "
+                return Generation("", 0, None, error=f"server refused the request ({err.status_code}): "
                                         f"{message}")
         choice = response.choices[0]
         parsed = parsed_message(choice.message)
         n_tokens = response.usage.completion_tokens if response.usage is not None else 0
         text = json.dumps(parsed, ensure_ascii=False)
-        return ServedGeneration(text, n_tokens, self._stop(choice), parsed=parsed, finish_reason=choice.finish_reason,
+        return Generation(text, n_tokens, self._stop(choice), parsed=parsed, finish_reason=choice.finish_reason,
                                 raw=self._raw(choice))
 
     def _raw(self, choice) -> str | None:
-        ids = getattr(choice, "token_ids", None)
-        if ids is None:
-            ids = (getattr(choice, "model_extra", None) or {}).get("token_ids")
+        ids = _field(choice, "token_ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             return None
         return self.tokenizer.decode(ids, skip_special_tokens=False)

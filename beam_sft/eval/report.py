@@ -5,9 +5,10 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from beam_sft.eval.metrics import METRICS, EvalResult, Tally, _by_effort
+from beam_sft.eval.metrics import METRICS, EvalResult, Tally, sorted_by_effort
 from beam_sft.records.messages import HARMONY_MARKERS
 
 PROMPT_TAIL_CHARS = 800
@@ -19,14 +20,31 @@ def _cell(tally: Tally | None, name: str) -> str:
     return f"{100 * tally.hits[name] / tally.applicable[name]:.1f}% {tally.hits[name]}/{tally.applicable[name]}"
 
 
-def _grid(title: str, groups: dict[str, Tally]) -> list[str]:
+def _rows(title: str, groups: dict[str, Tally]) -> list[list[str]]:
     names = list(groups)
     rows = [[title, *names], ["turns", *(str(groups[n].turns) for n in names)]]
     rows += [[m, *(_cell(groups[n], m) for n in names)] for m in METRICS]
-    rows.append(["mean analysis tokens", *(str(groups[n].mean_analysis_tokens) for n in names)])
+    return [*rows, ["mean analysis tokens", *(str(groups[n].mean_analysis_tokens) for n in names)]]
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Aligned lines: the first column left-aligned (a label), the others right-aligned (figures)."""
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths, strict=True)))
             for r in rows]
+
+
+def html_table(rows: Sequence[Sequence[Any]]) -> str:
+    """An HTML table whose first row is the header; every cell escaped."""
+    def line(row, tag):
+        return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in row) + "</tr>"
+
+    return "<table>" + line(rows[0], "th") + "".join(line(r, "td") for r in rows[1:]) + "</table>"
+
+
+def message_html(who: str, body: str) -> str:
+    """One block of a failure: a label, then `body` (HTML)."""
+    return f'<div class="msg"><span class="who">{who}</span>{body}</div>'
 
 
 def summary_table(result: EvalResult) -> str:
@@ -35,10 +53,14 @@ def summary_table(result: EvalResult) -> str:
     head = (f"{result.records} records ({result.rejected} rejected), {result.overall.turns} turns, "
             f"{result.generation_tokens} generated tokens, "
             f"{'n/a' if tps is None else f'{tps:.1f}'} tokens/s ({result.backend})")
-    lines = [head, *_grid("metric", {"all": result.overall, **dict(sorted(result.by_format.items()))})]
+    lines = [head, *text_table(_rows("metric", _overall(result)))]
     if result.by_effort:
-        lines += ["", *_grid("reasoning effort", _by_effort(result))]
+        lines += ["", *text_table(_rows("reasoning effort", sorted_by_effort(result)))]
     return "\n".join(lines)
+
+
+def _overall(result: EvalResult) -> dict[str, Tally]:
+    return {"all": result.overall, **dict(sorted(result.by_format.items()))}
 
 
 _MARKER_RE = re.compile("|".join(re.escape(m) for m in HARMONY_MARKERS))
@@ -64,18 +86,8 @@ def report_html(result: EvalResult, *, title: str = "beam-sft eval") -> str:
     failing turn with the prompt tail, the raw generation, the parse and the reference."""
     from beam_sft.report.pages import html_document
 
-    tables = []
-    for label, groups in (("Overall and by source format", {"all": result.overall, **result.by_format}),
-                          ("By reasoning effort", _by_effort(result))):
-        names = list(groups)
-        rows = "".join(
-            f"<tr><td>{m}</td>" + "".join(f"<td>{_cell(groups[n], m)}</td>" for n in names) + "</tr>"
-            for m in METRICS
-        )
-        head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
-        turns = "".join(f"<td>{groups[n].turns}</td>" for n in names)
-        tables.append(f"<h2>{label}</h2><table><tr><th>metric</th>{head}</tr><tr><td>turns</td>{turns}</tr>"
-                      f"{rows}</table>")
+    tables = [f"<h2>{label}</h2>{html_table(_rows('metric', groups))}" for label, groups in (
+        ("Overall and by source format", _overall(result)), ("By reasoning effort", sorted_by_effort(result)))]
     parts = [f"<p>{html.escape(summary_table(result).splitlines()[0])}</p>", *tables]
     shown = len(result.failures)
     parts.append(f"<h2>Failures: {result.failed_turns} turns"
@@ -90,14 +102,11 @@ def report_html(result: EvalResult, *, title: str = "beam-sft eval") -> str:
             f'<p class="warn">fails: {html.escape(", ".join(r.failed))}'
             + (f" \u2014 {html.escape(r.reason)}" if r.reason else "")
             + f"; stop: {html.escape(str(r.generation.stop))}, {r.generation.n_tokens} tokens</p>"
-            f'<div class="msg"><span class="who">prompt tail</span>{cut}{_marked(tail)}</div>'
-            f'<div class="msg"><span class="who">generation</span>{_marked(r.generation.text)}</div>'
-            f'<div class="msg"><span class="who">parse</span>{_json_html(r.parsed)}</div>'
-            f'<div class="msg"><span class="who">reference</span>{_json_html(t.reference)}</div>'
+            + message_html("prompt tail", cut + _marked(tail)) + message_html("generation", _marked(r.generation.text))
+            + message_html("parse", _json_html(r.parsed)) + message_html("reference", _json_html(t.reference))
         )
     if result.rejects:
-        rows = "".join(f"<tr><td>{html.escape(str(r.get('source')))}:{r.get('line', r.get('index'))}</td>"
-                       f"<td>{html.escape(str(r.get('reason')))}</td><td>{html.escape(str(r.get('message')))}</td></tr>"
-                       for r in result.rejects)
-        parts.append(f"<h2>Rejected records: {result.rejected}</h2><table>{rows}</table>")
+        rows = [[f"{r.get('source')}:{r.get('line', r.get('index'))}", r.get("reason"), r.get("message")]
+                for r in result.rejects]
+        parts.append(f"<h2>Rejected records: {result.rejected}</h2>{html_table([['record', 'reason', 'message'], *rows])}")
     return html_document(title, "\n".join(parts))

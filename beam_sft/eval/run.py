@@ -6,11 +6,12 @@ scored against the reference turn (`beam_sft.eval.metrics.score_turn`). Work is 
 generated and scored in chunks, so memory stays flat however many records there are; only failures kept for
 the report (capped) are held.
 
-    from beam_sft.eval.run import load_model, evaluate
+    from beam_sft.eval.run import load_model, evaluate, EvalOptions
     from beam_sft.eval.backends import TransformersBackend
     from beam_sft.eval.report import summary_table
     model, tokenizer = load_model("outputs/quickstart/model")
-    result = evaluate(TransformersBackend(model, tokenizer), tokenizer, records)   # [(record, format), ...]
+    result = evaluate(TransformersBackend(model, tokenizer), tokenizer, records,   # [(record, format), ...]
+                      EvalOptions(turns="all"))
     print(summary_table(result)); result.summary()["well_formed"]
 
 `beam-sft eval` (beam_sft/cli/eval.py) is the command over this module; `scripts/quickstart.py` and
@@ -21,21 +22,30 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from beam_sft.errors import RecordError, UsageError
-from beam_sft.eval.backends import Generation, TransformersBackend
-from beam_sft.eval.metrics import METRICS, EvalResult, TurnResult, score_turn
-from beam_sft.eval.reasoning_figures import analysis_tokens, turn_empty_analysis
+from beam_sft.eval.backends import Generation, TransformersBackend, generate_sorted
+from beam_sft.eval.metrics import (
+    METRICS,
+    EvalResult,
+    TurnResult,
+    analysis_tokens,
+    score_turn,
+    turn_empty_analysis,
+)
 from beam_sft.eval.report import summary_table
 from beam_sft.eval.turns import TURN_CHOICES, Turn, effort_label, record_turns
 
 logger = logging.getLogger(__name__)
 
 
-def _parse(tokenizer, turn: Turn, generation: Generation) -> tuple[dict | None, str]:
+def parse_generation(tokenizer, turn: Turn, generation: Generation) -> tuple[dict | None, str]:
+    """(the parsed turn, "") or (None, why not): the server's parse, its refusal, or the response template's."""
     if getattr(generation, "error", ""):  # a served turn the server refused
         return None, generation.error
     if getattr(generation, "parsed", None) is not None:  # parsed by the server's own parsers
@@ -53,75 +63,71 @@ def raw_text(generation: Generation) -> str | None:
     return generation.text
 
 
-def evaluate(
-    backend,
-    tokenizer,
-    records: Iterable[tuple[dict | None, dict | None, str] | tuple[dict, str]],
-    *,
-    turns: str = "first",
-    chunk_size: int = 64,
-    keep: int = 200,
-    progress: bool = True,
-    total: int | None = None,
-    on_result: Callable[[TurnResult], None] | None = None,
-) -> EvalResult:
+@dataclass
+class EvalOptions:
+    """How `evaluate` and `evaluate_bfcl` (beam_sft.eval.bfcl.run) run: what is generated, how much at a time,
+    what is kept and who sees each scored turn (or BFCL entry)."""
+
+    turns: str = "first"  # held-out records: which assistant turns (TURN_CHOICES)
+    style: str = "beam"  # BFCL: how an entry is prompted and decoded (beam_sft.eval.bfcl.prompts.STYLES)
+    max_records: int | None = None  # BFCL: entries per category (a seeded subset, the same every run)
+    seed: int = 0
+    chunk_size: int = 64  # records (entries) generated at a time, each chunk sorted by prompt length
+    keep: int = 200  # held-out records: failing turns and rejects kept for the report
+    progress: bool = True
+    total: int | None = None  # records expected, for the progress bar
+    on_result: Callable[[Any], None] | None = None  # sees every scored turn, in generation order
+
+
+def evaluate(backend, tokenizer, records: Iterable[tuple[dict | None, dict | None, str] | tuple[dict, str]],
+             options: EvalOptions | None = None) -> EvalResult:
     """Generate and score the chosen turns of `records` with `backend` (`TransformersBackend`/`VLLMBackend`).
 
-    `records` yields `(record, format)` pairs, or `(record, reject, format)` triples as `_load_records`
-    does (rejects are counted and kept, up to `keep`). Records are processed `chunk_size` at a time, each
-    chunk's prompts sorted by length so batches pad little. At most `keep` failing turns are kept for the
-    report; `on_result` sees every scored turn (in generation order, not input order).
+    `records` yields `(record, format)` pairs, or `(record, reject, format)` triples as `read_held_out`
+    does (rejects are counted and kept, up to `options.keep`). Records are processed `options.chunk_size` at a
+    time, each chunk's prompts sorted by length so batches pad little. At most `options.keep` failing turns are
+    kept for the report; `options.on_result` sees every scored turn (in generation order, not input order).
     """
     from tqdm.auto import tqdm
 
+    opts = options or EvalOptions()
     if getattr(tokenizer, "response_template", None) is None:
         raise UsageError("the tokenizer has no response_template; install it with beam_sft.model.beamify.beamify")
-    if turns not in TURN_CHOICES:
-        raise UsageError(f"--turns must be one of {', '.join(TURN_CHOICES)}, not {turns!r}")
+    if opts.turns not in TURN_CHOICES:
+        raise UsageError(f"--turns must be one of {', '.join(TURN_CHOICES)}, not {opts.turns!r}")
     result = EvalResult(backend=getattr(backend, "name", type(backend).__name__))
-    bar = tqdm(total=total, desc="Evaluating", unit="rec", disable=not progress)
-    pending: list[Turn] = []
+    bar = tqdm(total=opts.total, desc="Evaluating", unit="rec", disable=not opts.progress)
 
-    def flush() -> None:
-        if not pending:
-            return
-        pending.sort(key=lambda t: len(t.prompt))
-        start = time.perf_counter()
-        generations = (backend.generate_turns(pending) if hasattr(backend, "generate_turns")
-                       else backend.generate([t.prompt for t in pending]))
-        result.generation_seconds += time.perf_counter() - start
-        for turn, generation in zip(pending, generations, strict=True):
-            parsed, error = _parse(tokenizer, turn, generation)
+    def accepted() -> Iterator[list[Turn]]:
+        """Each record's turns to generate; a rejected record counted (and kept, up to `keep`) instead."""
+        for entry in records:
+            record, reject, fmt = entry if len(entry) == 3 else (entry[0], None, entry[1])
+            bar.update(1)
+            try:
+                turns = record_turns(tokenizer, record, result.records, fmt, opts.turns) if reject is None else []
+            except RecordError as err:
+                reject = err.to_dict()
+            if reject is None:
+                result.count_record(fmt, effort_label(record))
+                yield turns
+                continue
+            result.rejected += 1
+            if len(result.rejects) < opts.keep:
+                result.rejects.append(reject)
+
+    chunks = accepted()
+    while chunk := list(islice(chunks, opts.chunk_size)):
+        generated, seconds = generate_sorted(backend, [turn for turns in chunk for turn in turns])
+        result.generation_seconds += seconds
+        for turn, generation in generated:
+            parsed, error = parse_generation(tokenizer, turn, generation)
             metrics, reason = score_turn(turn.reference, parsed, generation.stop, turn.tools, raw_text(generation))
             metrics["empty_analysis"] = turn_empty_analysis(generation, parsed)
             scored = TurnResult(turn, generation, parsed, error, metrics, error or reason,
                                 analysis_tokens(tokenizer, parsed))
-            result.add(scored, keep)
-            if on_result is not None:
-                on_result(scored)
-        pending.clear()
-
-    n_in_chunk = 0
-    for entry in records:
-        record, reject, fmt = entry if len(entry) == 3 else (entry[0], None, entry[1])
-        bar.update(1)
-        if reject is None:
-            try:
-                pending.extend(record_turns(tokenizer, record, result.records, fmt, turns))
-            except RecordError as err:
-                reject = err.to_dict()
-            else:
-                result.count_record(fmt, effort_label(record))
-        if reject is not None:
-            result.rejected += 1
-            if len(result.rejects) < keep:
-                result.rejects.append(reject)
-            continue
-        n_in_chunk += 1
-        if n_in_chunk >= chunk_size:
-            flush()
-            n_in_chunk = 0
-    flush()
+            result.add(scored, opts.keep)
+            if opts.on_result is not None:
+                opts.on_result(scored)
     bar.close()
     return result
 
@@ -139,6 +145,13 @@ def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
     return base, model
 
 
+def _loaded(what: str, source: str, load: Callable[[str], Any]) -> Any:
+    try:
+        return load(source)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load the {what} {source!r}: {err}") from err
+
+
 def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: str | None = None, beam: bool = True):
     """(tokenizer, where it came from): `tokenizer`, else the adapter directory when it holds one
     (scripts/train.py saves it there), else the model's. It must carry both Beam templates, or with `beam=False`
@@ -146,10 +159,7 @@ def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: st
     from transformers import AutoTokenizer
 
     source = tokenizer or (adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else model)
-    try:
-        tok = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load the tokenizer {source!r}: {err}") from err
+    tok = _loaded("tokenizer", source, AutoTokenizer.from_pretrained)
     if not beam:
         if not tok.chat_template:
             raise UsageError(f"{source}: the tokenizer has no chat template to prompt the model with")
@@ -174,27 +184,21 @@ def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None 
     tok, _ = load_eval_tokenizer(model, tokenizer=tokenizer, adapter=adapter, beam=beam)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
-    try:
-        lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load the model {model!r}: {err}") from err
+    lm = _loaded("model", model, lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype))
     if adapter is not None:
         from peft import PeftModel
 
-        try:
-            lm = PeftModel.from_pretrained(lm, adapter).merge_and_unload()
-        except (OSError, ValueError) as err:
-            raise UsageError(f"cannot load the LoRA adapter {adapter!r}: {err}") from err
+        lm = _loaded("LoRA adapter", adapter, lambda path: PeftModel.from_pretrained(lm, path).merge_and_unload())
     if len(tok) > lm.get_input_embeddings().weight.shape[0]:
         raise UsageError(f"the tokenizer has {len(tok)} tokens but the model only {lm.get_input_embeddings().weight.shape[0]} "
                          "embeddings: wrong tokenizer for this model?")
     return lm.to(device).eval(), tok
 
 
-def evaluate_trainer(trainer, tokenizer, records: Sequence[dict], *, max_new_tokens: int = 256,
-                     batch_size: int = 8, turns: str = "first", log: bool = True) -> dict[str, float] | None:
-    """`scripts/train.py --eval_beam` / `--eval_beam_steps`: evaluate the model being trained on the eval
-    records and return the overall metrics as `eval_beam/<metric>` (logged through `trainer.log` when `log`).
+def evaluate_trainer(trainer, tokenizer, records: Sequence[dict]) -> dict[str, float] | None:
+    """`scripts/train.py --eval_beam` / `--eval_beam_steps`: evaluate the model being trained on the first turn of
+    the eval records (`beam-sft eval`'s defaults: 256 new tokens, batches of 8) and return the overall metrics as
+    `eval_beam/<metric>`, logged through `trainer.log`.
 
     Every rank must call it with the same `records`. Over several processes (DDP, FSDP) each rank generates
     its share of the turns (`ShardedBackend`); the generations are gathered, so every rank scores all the
@@ -213,18 +217,16 @@ def evaluate_trainer(trainer, tokenizer, records: Sequence[dict], *, max_new_tok
         return None  # the empty eval split was warned about before training (beam_sft.train.eval_callback)
     world = accelerator.num_processes
     model = accelerator.unwrap_model(trainer.model)
-    backend = TransformersBackend(model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                  synced_gpus=trainer.is_fsdp_enabled and world > 1)
+    backend = TransformersBackend(model, tokenizer, synced_gpus=trainer.is_fsdp_enabled and world > 1)
     if world > 1:
         backend = ShardedBackend(backend, accelerator.process_index, world)
     # The records are already converted: their source format is not known here, so one group.
-    result = evaluate(backend, tokenizer, ((r, "eval_split") for r in records), turns=turns,
-                      progress=accelerator.is_main_process and not trainer.args.disable_tqdm, total=len(records))
+    result = evaluate(backend, tokenizer, ((r, "eval_split") for r in records), EvalOptions(
+        progress=accelerator.is_main_process and not trainer.args.disable_tqdm, total=len(records)))
     summary = result.summary()
     if accelerator.is_main_process:
         logger.info("Beam eval on %d eval records:\n%s", len(records), summary_table(result))
     metrics = {f"eval_beam/{k}": float(v) for k in (*METRICS, "turns", "generation_tokens", "tokens_per_second")
                if (v := summary.get(k)) is not None}
-    if log:
-        trainer.log(dict(metrics))  # on every rank, as the Trainer logs its own metrics
+    trainer.log(dict(metrics))  # on every rank, as the Trainer logs its own metrics
     return metrics

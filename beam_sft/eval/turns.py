@@ -18,7 +18,7 @@ TURN_CHOICES = ("first", "last", "all")
 DEFAULT_EFFORT = "default"
 
 
-def _load_records(
+def read_held_out(
     path: str | Sequence[str], fmt: str = "auto", split: str = "test", max_records: int | None = None
 ) -> Iterator[tuple[dict | None, dict | None, str]]:
     """Read `path` lazily: yields `(record, None, format)` for each Beam record, `(None, reject, format)` for

@@ -15,8 +15,9 @@ from typing import Any
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import glaive, harmony, hermes, openai, sharegpt, xlam
+from beam_sft.records.types import BeamRecord
 
-Converter = Callable[[Any], dict]
+Converter = Callable[[Any], BeamRecord]  # raw record in any shape → unvalidated Beam record
 
 FORMATS: dict[str, Converter] = {
     "openai": openai.convert,
@@ -98,7 +99,7 @@ def detect(rec: Any) -> str | None:
     return None
 
 
-def convert_raw(rec: Any, format: str = "auto") -> tuple[dict, str]:
+def convert_raw(rec: Any, format: str = "auto") -> tuple[BeamRecord, str]:
     """Run one converter (no validation) → (unvalidated Beam record, format name used)."""
     if format == "auto":
         name = detect(rec)
@@ -120,7 +121,7 @@ def convert_raw(rec: Any, format: str = "auto") -> tuple[dict, str]:
     return beam, name
 
 
-def to_row(beam: dict) -> dict:
+def to_row(beam: BeamRecord) -> dict:
     """A Beam record with all three columns present (for `datasets.map` with `beam_sft.records.files.beam_features()`)."""
     return {"messages": beam["messages"], "tools": beam.get("tools"),
             "chat_template_kwargs": beam.get("chat_template_kwargs") or {}}

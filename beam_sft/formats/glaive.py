@@ -22,12 +22,14 @@ import re
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.openai import reject_unsupported_record
+from beam_sft.formats.openai import record_object
 from beam_sft.formats.toolmarkup import call_from_value, loads_lenient, strip_tool_prompt
 from beam_sft.records.messages import normalize_tools, record
+from beam_sft.records.types import BeamRecord, Message, ToolCall, wrong_type
 
 _ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
 _EOT = "<|endoftext|>"
+_PLAIN_ROLES = {"USER": "user", "SYSTEM": "system", "FUNCTION RESPONSE": "tool"}  # turns kept as text
 # glaive writes arguments as '<json>' with the JSON's own quotes unescaped, so an apostrophe inside breaks the
 # Python literal; this reads the string between the first and the last single quote instead.
 _CALL_FALLBACK = re.compile(r"""^\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*'(.*)'\s*\}$""", re.DOTALL)
@@ -58,7 +60,7 @@ def _functions(system: str) -> tuple[list, str]:
     return funcs, text
 
 
-def _call(body: str, i: int) -> dict:
+def _call(body: str, i: int) -> ToolCall:
     body = body.strip()
     try:
         value = loads_lenient(body)
@@ -71,15 +73,12 @@ def _call(body: str, i: int) -> dict:
     return call_from_value(value, body, i, "<functioncall>")
 
 
-def convert(rec: Any) -> dict:
+def convert(rec: Any) -> BeamRecord:
     """One glaive-function-calling-v2 row → a Beam record (not yet validated)."""
-    if not isinstance(rec, dict):
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
-    reject_unsupported_record(rec)
+    rec = record_object(rec)
     chat, system = rec.get("chat"), rec.get("system")
     if type(chat) is not str:
-        raise RecordError(Reason.BAD_CONTENT if "chat" in rec else Reason.UNKNOWN_FORMAT,
-                          f"'chat' is a {type(chat).__name__}, not a string")
+        raise wrong_type(Reason.BAD_CONTENT if "chat" in rec else Reason.UNKNOWN_FORMAT, "'chat'", chat, "a string")
     if system is None:
         system = ""
     if type(system) is not str:
@@ -89,19 +88,15 @@ def convert(rec: Any) -> dict:
     funcs, instructions = _functions(system)
     stripped: dict = {"tool_list": 1} if funcs else {}
     instructions = strip_tool_prompt(instructions, stripped).strip()
-    messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
+    messages: list[Message] = [{"role": "system", "content": instructions}] if instructions else []
     parts = _ROLE.split(chat.replace(_EOT, ""))
     if parts[0].strip():
         raise RecordError(Reason.BAD_CONTENT, f"text before the first role marker: {parts[0][:60]!r}")
     for k in range(1, len(parts), 2):
         role, text = parts[k], parts[k + 1].strip()
         i = k // 2
-        if role == "USER":
-            messages.append({"role": "user", "content": text})
-        elif role == "SYSTEM":
-            messages.append({"role": "system", "content": text})
-        elif role == "FUNCTION RESPONSE":
-            messages.append({"role": "tool", "content": text})
+        if role in _PLAIN_ROLES:
+            messages.append({"role": _PLAIN_ROLES[role], "content": text})
         else:
             at = text.find("<functioncall>")
             if at < 0:

@@ -45,14 +45,15 @@ channels are `bad_harmony`.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
-from beam_sft.records.messages import parse_arguments
-from beam_sft.records.messages import record as beam_record
+from beam_sft.records.messages import function_tool, parse_arguments, record
+from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, wrong_type
 
 DEFAULT_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 _EFFORTS = {"low", "medium", "high"}
@@ -67,20 +68,26 @@ _JSON_STRING_FIELDS = ("channel", "recipient", "content_type")  # openai-harmony
 PYTHON_TOOL_PARAMETERS = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
 
 
+@dataclass(slots=True)
 class HMsg:
-    """One Harmony message. `terminator` is None when the text ended before one (a cut-off message)."""
+    """One Harmony message. `terminator` is None when the text ended before one (a cut-off message); `parts`
+    are the system/developer content parts of openai-harmony JSON."""
 
-    __slots__ = ("author", "body", "channel", "content_type", "index", "parts", "recipient", "terminator")
-
-    def __init__(self, index, author, recipient, channel, content_type, body, terminator, parts=None):
-        self.index, self.author, self.recipient, self.channel = index, author, recipient, channel
-        self.content_type, self.body, self.terminator, self.parts = content_type, body, terminator, parts
+    index: int
+    author: str
+    recipient: str | None
+    channel: str | None
+    content_type: str | None
+    body: str
+    terminator: str | None
+    parts: list | None = None
 
 
 # --- rendered text → HMsg ------------------------------------------------------------------------------
 
 
 def _parse_header(header: str, k: int) -> tuple[str, str | None, str | None, str | None]:
+    """A message header → (author, recipient, channel, content type)."""
     constrain = None
     if "<|constrain|>" in header:
         header, constrain = header.split("<|constrain|>", 1)
@@ -90,40 +97,30 @@ def _parse_header(header: str, k: int) -> tuple[str, str | None, str | None, str
                               message_index=k)
     if header.count("<|channel|>") > 1:
         raise RecordError(Reason.BAD_HARMONY, "header with two <|channel|> markers", message_index=k)
-    role_part, _, chan_part = header.partition("<|channel|>")
+    role_part, has_channel, chan_part = header.partition("<|channel|>")
     if "<|" in role_part or "<|" in chan_part:
         raise RecordError(Reason.BAD_HARMONY, f"unexpected marker in header {header!r}", message_index=k)
-    words = role_part.split()
+    words, cwords = role_part.split(), chan_part.split()
     if not words:
         raise RecordError(Reason.BAD_HARMONY, "message without an author", message_index=k)
-    author, recipient, channel, ctype = words[0], None, None, constrain
-    extra = []
-    for w in words[1:]:
-        if w.startswith("to="):
-            recipient = w[3:]
-        else:
+    if has_channel and not cwords:
+        raise RecordError(Reason.BAD_HARMONY, "empty channel name", message_index=k)
+    recipients = [w[3:] for w in words[1:] if w.startswith("to=")]
+    recipient = recipients[-1] if recipients else None
+    extra = [w for w in words[1:] if not w.startswith("to=")]
+    for w in cwords[1:]:  # "<|channel|>commentary to=functions.X"
+        if not w.startswith("to="):
             extra.append(w)
-    cwords = chan_part.split()
-    if "<|channel|>" in header:
-        if not cwords:
-            raise RecordError(Reason.BAD_HARMONY, "empty channel name", message_index=k)
-        channel = cwords[0]
-        for w in cwords[1:]:
-            if w.startswith("to="):
-                if recipient is not None:
-                    raise RecordError(Reason.BAD_HARMONY, "two recipients in one header", message_index=k)
-                recipient = w[3:]
-            else:
-                extra.append(w)
-    if extra:
-        if ctype is None and len(extra) == 1:
-            ctype = extra[0]  # "to=browser.search code": a content type without <|constrain|>
+        elif recipient is not None:
+            raise RecordError(Reason.BAD_HARMONY, "two recipients in one header", message_index=k)
         else:
-            raise RecordError(Reason.BAD_HARMONY, f"unexpected words in header: {' '.join(extra)!r}",
-                              message_index=k)
+            recipient = w[3:]
+    if extra and (constrain is not None or len(extra) > 1):
+        raise RecordError(Reason.BAD_HARMONY, f"unexpected words in header: {' '.join(extra)!r}", message_index=k)
     if recipient == "":
         raise RecordError(Reason.BAD_HARMONY, "empty recipient after 'to='", message_index=k)
-    return author, recipient, channel, ctype
+    # "to=browser.search code": a content type without <|constrain|>
+    return words[0], recipient, cwords[0] if has_channel else None, extra[0] if extra else constrain
 
 
 def parse_text(text: str) -> list[HMsg]:
@@ -186,8 +183,7 @@ def parse_json_messages(msgs: list) -> list[HMsg]:
         for key in _JSON_STRING_FIELDS:
             value = m.get(key)
             if value is not None and type(value) is not str:
-                raise RecordError(Reason.BAD_HARMONY, f"{key} is a {type(value).__name__}, not a string",
-                                  message_index=k)
+                raise wrong_type(Reason.BAD_HARMONY, key, value, "a string", k)
         content = m.get("content")
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
@@ -213,7 +209,7 @@ def parse_json_messages(msgs: list) -> list[HMsg]:
 # --- system / developer content ------------------------------------------------------------------------
 
 
-def _tools_from_namespace_dict(tools: Any, k: int) -> list[dict]:
+def _tools_from_namespace_dict(tools: Any, k: int) -> list[ToolSpec]:
     """openai-harmony's ``{"functions": {"name", "tools": [...]}, "browser": {...}}`` → OpenAI tools."""
     out = []
     if not tools:
@@ -232,26 +228,15 @@ def _tools_from_namespace_dict(tools: Any, k: int) -> list[dict]:
             if not isinstance(t, dict) or not isinstance(t.get("name"), str):
                 raise RecordError(Reason.BAD_TOOL_SCHEMA, f"a tool of namespace {ns_name!r} has no name",
                                   message_index=k)
-            fn = {"name": t["name"] if ns_name == "functions" else f"{ns_name}.{t['name']}"}
-            if t.get("description"):
-                fn["description"] = t["description"]
-            fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
-            out.append({"type": "function", "function": fn})
+            out.append(function_tool(t["name"] if ns_name == "functions" else f"{ns_name}.{t['name']}",
+                                     t.get("description"), t.get("parameters") or {"type": "object", "properties": {}}))
         if ns_name == "python" and not ns_tools:
             description = ns.get("description")
             if description is not None and type(description) is not str:
                 raise RecordError(Reason.BAD_TOOL_SCHEMA, "python tool description is not a string",
                                   message_index=k)
-            out.append(_python_tool(description))
+            out.append(function_tool("python", description, PYTHON_TOOL_PARAMETERS))
     return out
-
-
-def _python_tool(description: str | None) -> dict:
-    fn: dict[str, Any] = {"name": "python"}
-    if description:
-        fn["description"] = description
-    fn["parameters"] = PYTHON_TOOL_PARAMETERS
-    return {"type": "function", "function": fn}
 
 
 def _sections(body: str) -> list[tuple[str | None, str]]:
@@ -265,9 +250,9 @@ def _sections(body: str) -> list[tuple[str | None, str]]:
     return [(h, "\n".join(lines).strip("\n")) for h, lines in out if h is not None or "".join(lines).strip()]
 
 
-def _tools_section(text: str, k: int) -> list[dict]:
+def _tools_section(text: str, k: int) -> list[ToolSpec]:
     """A ``# Tools`` section: ``## name`` subsections holding a TypeScript namespace, or (python) prose."""
-    tools: list[dict] = []
+    tools: list[ToolSpec] = []
     subs = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
     if subs[0].strip():
         raise RecordError(Reason.BAD_TOOL_SCHEMA, "text before the first '## namespace' in # Tools", message_index=k)
@@ -285,14 +270,14 @@ def _tools_section(text: str, k: int) -> list[dict]:
                 raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool namespace {name!r} does not parse: {err}",
                                   message_index=k) from None
         elif name == "python":
-            tools.append(_python_tool(sub.strip() or None))
+            tools.append(function_tool("python", sub.strip(), PYTHON_TOOL_PARAMETERS))
         else:
             raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool section {name!r} has no namespace declaration",
                               message_index=k)
     return tools
 
 
-def _system(m: HMsg, kwargs: dict, tools: list) -> None:
+def _system(m: HMsg, kwargs: dict, tools: list[ToolSpec]) -> None:
     if m.parts:
         for p in m.parts:
             if p.get("type") != "system_content":
@@ -302,14 +287,12 @@ def _system(m: HMsg, kwargs: dict, tools: list) -> None:
                 _set_effort(str(effort), kwargs, m.index)
             identity = p.get("model_identity")
             if identity is not None and type(identity) is not str:
-                raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"model_identity is a {type(identity).__name__}, "
-                                  "not a string", message_index=m.index)
+                raise wrong_type(Reason.BAD_TEMPLATE_KWARGS, "model_identity", identity, "a string", m.index)
             if identity and identity != DEFAULT_IDENTITY:
                 kwargs["model_identity"] = identity
             tools.extend(_tools_from_namespace_dict(p.get("tools"), m.index))
         return
-    sections = _sections(m.body)
-    for heading, text in sections:
+    for heading, text in _sections(m.body):
         if heading is None:
             lines = [ln for ln in text.split("\n") if ln.strip()]
             rest = [ln for ln in lines if not _SYSTEM_BOILERPLATE.match(ln)]
@@ -332,7 +315,7 @@ def _set_effort(value: str, kwargs: dict, k: int) -> None:
     kwargs["reasoning_effort"] = effort
 
 
-def _developer(m: HMsg, tools: list) -> str:
+def _developer(m: HMsg, tools: list[ToolSpec]) -> str:
     if m.parts:
         texts = []
         for p in m.parts:
@@ -369,7 +352,7 @@ def _strip_ns(name: str) -> str:
     return name.removeprefix("functions.")
 
 
-def _call(m: HMsg, recipient: str) -> dict:
+def _call(m: HMsg, recipient: str) -> ToolCall:
     """An assistant message addressed to a tool → its Beam tool call."""
     k = m.index
     if m.terminator is None:
@@ -384,19 +367,18 @@ def _call(m: HMsg, recipient: str) -> dict:
     return {"type": "function", "function": {"name": name, "arguments": args}}
 
 
-def assemble(hmsgs: list[HMsg]) -> dict:
+def assemble(hmsgs: list[HMsg]) -> BeamRecord:
     """Parsed Harmony messages → an unvalidated Beam record: analysis/commentary into reasoning, final into
     content, messages to a tool into calls, tool authors into results, system/developer into kwargs, tools and
     instructions."""
-    out: list[dict] = []
+    out: list[Message] = []
     src: list[int] = []
     kwargs: dict = {}
-    tools: list[dict] = []
-    cur: dict | None = None  # the assistant message being built
+    tools: list[ToolSpec] = []
+    cur: Message | None = None  # the assistant message being built
     seen_other = False
 
-    def new_assistant(k: int) -> dict:
-        msg = {"role": "assistant", "reasoning_content": "", "content": ""}
+    def add(msg: Message) -> Message:
         out.append(msg)
         src.append(k)
         return msg
@@ -412,58 +394,53 @@ def assemble(hmsgs: list[HMsg]) -> dict:
         if author == "developer":
             text = _developer(m, tools)
             if text:
-                out.append({"role": "system", "content": text})
-                src.append(k)
+                add({"role": "system", "content": text})
             continue
         seen_other = True
         if author == "user":
             cur = None
             if m.terminator is None:
                 raise RecordError(Reason.TRUNCATED_MESSAGE, "user message is cut off", message_index=k)
-            out.append({"role": "user", "content": m.body})
-            src.append(k)
+            add({"role": "user", "content": m.body})
             continue
         if author == "assistant":
             recipient = m.recipient
             if recipient and recipient != "assistant" and recipient != "user":
                 call = _call(m, recipient)
                 if cur is None or cur["content"]:
-                    cur = new_assistant(k)
+                    cur = add({"role": "assistant", "reasoning_content": "", "content": ""})
                 cur.setdefault("tool_calls", []).append(call)
                 continue
             channel = m.channel
             if m.terminator is None:
                 raise RecordError(Reason.TRUNCATED_MESSAGE, f"assistant {channel or ''} message is cut off",
                                   message_index=k)
-            if channel in ("analysis", "commentary"):
-                if cur is None or cur["content"] or cur.get("tool_calls"):
-                    cur = new_assistant(k)
-                r = cur["reasoning_content"]
-                cur["reasoning_content"] = f"{r}\n\n{m.body}" if r else m.body
-            elif channel == "final" or channel is None:
-                if cur is None or cur["content"] or cur.get("tool_calls"):
-                    cur = new_assistant(k)
+            if channel not in ("analysis", "commentary", "final", None):
+                raise RecordError(Reason.BAD_HARMONY, f"unknown channel {channel!r}", message_index=k)
+            if cur is None or cur["content"] or cur.get("tool_calls"):
+                cur = add({"role": "assistant", "reasoning_content": "", "content": ""})
+            if channel == "final" or channel is None:
                 cur["content"] = m.body
             else:
-                raise RecordError(Reason.BAD_HARMONY, f"unknown channel {channel!r}", message_index=k)
+                r = cur["reasoning_content"]
+                cur["reasoning_content"] = f"{r}\n\n{m.body}" if r else m.body
             continue
         if _TOOL_AUTHOR_RE.match(author):
             cur = None
             if m.terminator is None:
                 raise RecordError(Reason.TRUNCATED_MESSAGE, f"result of {author} is cut off", message_index=k)
-            out.append({"role": "tool", "name": _strip_ns(author), "content": m.body})
-            src.append(k)
+            add({"role": "tool", "name": _strip_ns(author), "content": m.body})
             continue
         raise RecordError(Reason.UNKNOWN_ROLE, f"unknown author {author!r}", message_index=k)
     if not seen_other and hmsgs:
         raise RecordError(Reason.EMPTY_CONVERSATION, "only system/developer messages: a prompt header, no "
                           "conversation")
-    rec = beam_record(out, tools or None, kwargs or None)
+    rec = record(out, tools or None, kwargs or None)
     rec["_src"] = src
     return rec
 
 
-def convert(rec: Any) -> dict:
+def convert(rec: Any) -> BeamRecord:
     """One Harmony record (rendered text or openai-harmony JSON) → a Beam record (not yet validated)."""
     if isinstance(rec, str):
         return assemble(parse_text(rec))

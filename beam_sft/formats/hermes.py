@@ -17,6 +17,7 @@ from typing import Any
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import openai, sharegpt
+from beam_sft.records.types import BeamRecord
 
 
 def is_sharegpt(rec: dict) -> bool:
@@ -27,7 +28,7 @@ def is_sharegpt(rec: dict) -> bool:
         and "role" not in msgs[0]
 
 
-def convert(rec: Any) -> dict:
+def convert(rec: Any) -> BeamRecord:
     """One Hermes-tagged record (ShareGPT or OpenAI turns) → a Beam record (not yet validated)."""
     if isinstance(rec, list):
         rec = {"conversations": rec} if rec and type(rec[0]) is dict and "from" in rec[0] else {"messages": rec}

@@ -34,14 +34,14 @@ from beam_sft.formats.toolmarkup import json_calls, lift, scan
 from beam_sft.records.messages import (
     normalize_tools,
     openai_tool_call,
+    openai_tool_calls,
+    record,
     split_think,
     text_of,
     tool_call,
     tool_content,
 )
-from beam_sft.records.messages import (
-    record as beam_record,
-)
+from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, wrong_type
 
 _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _MEDIA_KEYS = ("images", "videos", "audios")
@@ -65,26 +65,25 @@ def reject_unsupported_record(rec: dict) -> None:
 
 
 def record_kwargs(rec: dict) -> dict | None:
+    """The record's template kwargs (an object, or a JSON string of one; an empty value is none), with a
+    record-level ``reasoning_effort`` added."""
     kwargs = rec.get("chat_template_kwargs")
-    if type(kwargs) is dict and "reasoning_effort" not in rec:
-        return kwargs or None
-    if kwargs is not None and not isinstance(kwargs, dict):
-        if isinstance(kwargs, str) and kwargs.strip():
-            try:
-                kwargs = orjson.loads(kwargs)
-            except orjson.JSONDecodeError:
-                raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not a JSON object") from None
-        if not isinstance(kwargs, dict):
-            kwargs = None if not kwargs else kwargs
-            if kwargs is not None:
-                raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not an object")
+    if type(kwargs) is str and kwargs.strip():
+        try:
+            kwargs = orjson.loads(kwargs)
+        except orjson.JSONDecodeError:
+            raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not a JSON object") from None
+    if kwargs and not isinstance(kwargs, dict):
+        raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not an object")
     effort = rec.get("reasoning_effort")
     if effort is not None:
         kwargs = {**(kwargs or {}), "reasoning_effort": effort}
     return kwargs or None
 
 
-def _reasoning_field(m: dict, i: int) -> str | None:
+def message_reasoning(m: dict, i: int) -> str | None:
+    """The reasoning text of input message `m` (number `i`): its first non-empty `reasoning_content`, `reasoning`
+    or `thinking` field, as text (list parts joined), or None."""
     for key in _REASONING_KEYS:
         value = m.get(key)
         if value is None or value == "":
@@ -96,7 +95,7 @@ def _reasoning_field(m: dict, i: int) -> str | None:
     return None
 
 
-def _v1_assistant_parts(parts: list, i: int) -> tuple[str | None, str, list]:
+def _v1_assistant_parts(parts: list, i: int) -> tuple[str | None, str, list[ToolCall]]:
     """LLaMA-Factory v1 assistant parts: reasoning, text, tool_call, tool_calls."""
     reasoning, texts, calls = [], [], []
     for k, part in enumerate(parts):
@@ -107,14 +106,7 @@ def _v1_assistant_parts(parts: list, i: int) -> tuple[str | None, str, list]:
         if ptype == "reasoning":
             reasoning.append(text_of(value, message_index=i))
         elif ptype in ("tool_call", "tool_calls"):
-            if isinstance(value, (str, bytes)):
-                try:
-                    value = orjson.loads(value)
-                except orjson.JSONDecodeError as err:
-                    raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"content part {k} ({ptype}) is not JSON ({err})",
-                                      message_index=i) from None
-            for call in value if isinstance(value, list) else [value]:
-                calls.append(openai_tool_call(call, message_index=i))
+            calls.extend(openai_tool_calls(value, f"content part {k} ({ptype})", message_index=i))
         else:
             texts.append(part)
     return ("\n\n".join(r for r in reasoning if r) or None), text_of(texts, message_index=i), calls
@@ -148,21 +140,21 @@ def _split_result_list(text: str, pending: int) -> list[str] | None:
     return out
 
 
-def _assistant_message(m: dict, content: Any, i: int) -> dict:
+def _assistant_message(m: dict, content: Any, i: int) -> Message:
     """One OpenAI assistant message → a Beam assistant message (reasoning from its fields or a <think> block,
     calls from `tool_calls`, v1 parts or the legacy `function_call`)."""
-    calls: list = []
+    calls: list[ToolCall] = []
     if type(content) is str:
         text = content
     elif _has_part(content, _V1_ASSISTANT_PARTS):
         reasoning, text, calls = _v1_assistant_parts(content, i)
         if reasoning:
-            m = {**m, "reasoning_content": _reasoning_field(m, i) or reasoning}
+            m = {**m, "reasoning_content": message_reasoning(m, i) or reasoning}
     else:
         text = text_of(content, message_index=i)
     reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
     if reasoning is not None and type(reasoning) is not str:
-        reasoning = _reasoning_field(m, i)
+        reasoning = message_reasoning(m, i)
     if not reasoning and text and "<" in text:
         reasoning, text = split_think(text, message_index=i)
     raw_calls = m.get("tool_calls")
@@ -180,12 +172,13 @@ def _assistant_message(m: dict, content: Any, i: int) -> dict:
         calls = json_calls(text, i) or calls  # data-genie: the text is a JSON list of OpenAI-style calls
         if calls:
             text = ""
+    message: Message = {"role": "assistant", "reasoning_content": reasoning or "", "content": text}
     if calls:
-        return {"role": "assistant", "reasoning_content": reasoning or "", "content": text, "tool_calls": calls}
-    return {"role": "assistant", "reasoning_content": reasoning or "", "content": text}
+        message["tool_calls"] = calls
+    return message
 
 
-def _keep_weight(m: dict, beam: dict) -> None:
+def _keep_weight(m: dict, beam: Message) -> None:
     """The OpenAI fine-tuning format's per-message ``weight`` (and axolotl's alias ``train``) is kept for the
     validator, which checks it and writes ``weight``."""
     for key in ("weight", "train"):
@@ -193,12 +186,13 @@ def _keep_weight(m: dict, beam: dict) -> None:
             beam[key] = m[key]
 
 
-def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | None, list[int] | None]:
+def convert_messages(msgs: Any, tools: list[ToolSpec] | None
+                     ) -> tuple[list[Message], list[ToolSpec] | None, list[int] | None]:
     """Messages → Beam messages, the record's tools, and (when a message became several) the map from Beam
     message index to input message index, for error messages."""
     if type(msgs) is not list:
         raise RecordError(Reason.BAD_CONTENT, f"messages is a {type(msgs).__name__}, not a list")
-    out: list[dict] = []
+    out: list[Message] = []
     append = out.append
     pending = 0  # calls of the last assistant message not yet answered, for v1 result lists
     splits: dict[int, int] = {}  # input index -> extra Beam messages it became
@@ -225,17 +219,15 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
             if call_id is None and type(m.get("tool_call_ids")) is list and len(m["tool_call_ids"]) == 1:
                 call_id = m["tool_call_ids"][0]
             if call_id is not None and type(call_id) is not str and type(call_id) is not int:
-                raise RecordError(Reason.BAD_CONTENT, f"tool_call_id is a {type(call_id).__name__}, not a string",
-                                  message_index=i)
+                raise wrong_type(Reason.BAD_CONTENT, "tool_call_id", call_id, "a string", i)
             split = _split_result_list(text, pending) if call_id is None and pending > 1 else None
             if split:
                 splits[i] = len(split) - 1
             name = m.get("name")
             if name is not None and type(name) is not str:
-                raise RecordError(Reason.BAD_CONTENT, f"tool result name is a {type(name).__name__}, not a string",
-                                  message_index=i)
+                raise wrong_type(Reason.BAD_CONTENT, "tool result name", name, "a string", i)
             for part in split or (text,):
-                msg = {"role": "tool", "content": part}
+                msg: Message = {"role": "tool", "content": part}
                 _keep_weight(m, msg)
                 if name:
                     msg["name"] = name
@@ -245,15 +237,11 @@ def convert_messages(msgs: Any, tools: list | None) -> tuple[list[dict], list | 
             pending = 0
         else:
             raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=i)
-    src = None
-    if splits:
-        src = []
-        for i in range(len(msgs)):
-            src.extend([i] * (1 + splits.get(i, 0)))
+    src = [i for i in range(len(msgs)) for _ in range(1 + splits.get(i, 0))] if splits else None
     return out, tools, src
 
 
-def _v1_tools_part(content: list, tools: list | None) -> tuple[list | None, list]:
+def _v1_tools_part(content: list, tools: list[ToolSpec] | None) -> tuple[list[ToolSpec] | None, list]:
     parts = []
     for p in content:
         if isinstance(p, dict) and p.get("type") == "tools":
@@ -264,10 +252,10 @@ def _v1_tools_part(content: list, tools: list | None) -> tuple[list | None, list
     return tools, parts
 
 
-def record_object(rec: Any, key: str) -> dict:
-    """The record as an object: a bare list of messages is one conversation (under `key`); anything else that
-    is not an object, and record-level shapes no format converts, are rejected."""
-    if isinstance(rec, list):
+def record_object(rec: Any, key: str | None = None) -> dict:
+    """The record as an object: a bare list of messages is one conversation (under `key`, when given); anything
+    else that is not an object, and record-level shapes no format converts, are rejected."""
+    if key is not None and isinstance(rec, list):
         rec = {key: rec}
     if not isinstance(rec, dict):
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
@@ -275,7 +263,7 @@ def record_object(rec: Any, key: str) -> dict:
     return rec
 
 
-def convert(rec: Any) -> dict:
+def convert(rec: Any) -> BeamRecord:
     """One OpenAI-style record → a Beam record (not yet validated)."""
     rec = record_object(rec, "messages")
     msgs = rec.get("messages")
@@ -290,7 +278,7 @@ def convert(rec: Any) -> dict:
     return finish(rec, messages, tools, src)
 
 
-def finish(rec: dict, messages: list[dict], tools: list | None, src: list | None) -> dict:
+def finish(rec: dict, messages: list[Message], tools: list[ToolSpec] | None, src: list | None) -> BeamRecord:
     """The unvalidated Beam record of `rec`'s converted messages and tools: Hermes / Qwen tags lifted into calls, results and
     tools, and the notes `validate` reads (`_src`: the source message of each message, for error indexes;
     `_no_markup`: no text holds tool markup; `_format`: "hermes" when tags were lifted)."""
@@ -298,7 +286,7 @@ def finish(rec: dict, messages: list[dict], tools: list | None, src: list | None
     stripped: dict = {}
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
         messages, tools, src = lift(messages, tools, src, stripped)
-    beam = beam_record(messages, tools, record_kwargs(rec))
+    beam = record(messages, tools, record_kwargs(rec))
     if src is not None:
         beam["_src"] = src
     if hermes:

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.openai import _reasoning_field, finish, record_object
+from beam_sft.formats.openai import finish, message_reasoning, record_object
 from beam_sft.formats.toolmarkup import json_calls, result_wrapper
-from beam_sft.records.messages import normalize_tools, openai_tool_call, split_think, text_of, tool_content
+from beam_sft.records.messages import normalize_tools, openai_tool_calls, split_think, text_of, tool_content
+from beam_sft.records.types import BeamRecord, Message, ToolCall
 
 USER_ROLES = frozenset(("human", "user", "prompter", "usr"))
 ASSISTANT_ROLES = frozenset(("gpt", "assistant", "model", "chatgpt", "bing", "bard", "claude", "bot", "ai"))
@@ -53,20 +52,14 @@ def _turn(m: Any, i: int) -> tuple[str, Any, dict]:
     return role.lower(), value, m
 
 
-def _calls(value: Any, i: int) -> list[dict]:
-    if isinstance(value, (str, bytes)):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError as err:
-            raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"function_call value is not JSON ({err})",
-                              message_index=i) from None
-    calls = value if isinstance(value, list) else [value]
+def _calls(value: Any, i: int) -> list[ToolCall]:
+    calls = openai_tool_calls(value, "function_call value", message_index=i)
     if not calls:
         raise RecordError(Reason.BAD_CONTENT, "function_call turn with no call", message_index=i)
-    return [openai_tool_call(c, message_index=i) for c in calls]
+    return calls
 
 
-def convert(rec: Any) -> dict:
+def convert(rec: Any) -> BeamRecord:
     """One ShareGPT record → a Beam record (not yet validated)."""
     rec = record_object(rec, "conversations")
     conv = rec.get("conversations")
@@ -76,7 +69,7 @@ def convert(rec: Any) -> dict:
         raise RecordError(Reason.UNKNOWN_FORMAT, "no 'conversations' list")
     if not isinstance(conv, list):
         raise RecordError(Reason.BAD_CONTENT, f"conversations is a {type(conv).__name__}, not a list")
-    out: list[dict] = []
+    out: list[Message] = []
     system = rec.get("system")
     if system:
         if not isinstance(system, str):
@@ -90,7 +83,7 @@ def convert(rec: Any) -> dict:
             text = text_of(value, message_index=i)
             reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
             if reasoning is not None and type(reasoning) is not str:
-                reasoning = _reasoning_field(m, i)  # text parts are fine, other types are bad_content
+                reasoning = message_reasoning(m, i)  # text parts are fine, other types are bad_content
             calls = json_calls(text, i) if "function" in text else None
             if calls:  # data-genie: the turn is a JSON list of OpenAI-style calls
                 out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": "",
@@ -103,7 +96,7 @@ def convert(rec: Any) -> dict:
             out.append({"role": "assistant", "reasoning_content": "", "content": "",
                         "tool_calls": _calls(value, i)})
         elif role in RESULT_ROLES:
-            msg = {"role": "tool", "content": tool_content(value, message_index=i)}
+            msg: Message = {"role": "tool", "content": tool_content(value, message_index=i)}
             if isinstance(m.get("name"), str) and m["name"]:
                 msg["name"] = m["name"]
             wrapped = result_wrapper(msg["content"]) if type(value) is str else None

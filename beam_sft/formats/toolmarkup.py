@@ -34,6 +34,7 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.records.markup import code_spans, may_have_markup, structural
 from beam_sft.records.messages import normalize_tools, tool_call
+from beam_sft.records.types import Message, ToolCall, ToolSpec
 
 # --- lenient bodies ----------------------------------------------------------------------------------------------
 
@@ -111,7 +112,7 @@ def _blocks(text: str, kind: str, i: int | None) -> tuple[list[str], str] | None
     return bodies, rest
 
 
-def _calls_from_body(body: str, i: int | None) -> list[dict]:
+def _calls_from_body(body: str, i: int | None) -> list[ToolCall]:
     body = body.strip()
     if not body:
         raise RecordError(Reason.BAD_TOOL_CALL, "empty <tool_call> block", message_index=i)
@@ -126,7 +127,7 @@ def _calls_from_body(body: str, i: int | None) -> list[dict]:
     return [call_from_value(item, body, i) for item in items]
 
 
-def call_from_value(item: Any, body: str, i: int | None, what: str = "<tool_call>") -> dict:
+def call_from_value(item: Any, body: str, i: int | None, what: str = "<tool_call>") -> ToolCall:
     """A parsed call body (``{"name", "arguments"}`` in any order, or OpenAI's ``{"function": {...}}``) → a Beam
     call; `arguments` may be an object or a JSON string. Anything else is `bad_tool_call`."""
     if type(item) is not dict:
@@ -305,7 +306,7 @@ def _is_openai_call(item: Any) -> bool:
         and type(fn.get("name")) is str and bool(fn["name"]) and type(fn.get("arguments")) in (dict, str)
 
 
-def json_calls(text: str, i: int | None) -> list[dict] | None:
+def json_calls(text: str, i: int | None) -> list[ToolCall] | None:
     """The calls of an assistant text that is, whole, a JSON list (or one object) of OpenAI-style tool calls,
     as data-genie writes them; None for any other text, including JSON that only looks similar."""
     body = text.strip()
@@ -361,7 +362,12 @@ def result_wrapper(text: str) -> tuple[str, str | None, str | None] | None:
 # --- lift ----------------------------------------------------------------------------------------------------------
 
 
-def scan(messages: list[dict]) -> tuple[bool, bool]:
+def _has_tags(text: str) -> bool:
+    """Whether `text` may hold tags or fences to lift (one-character gates first: `may_have_markup`)."""
+    return ("<" in text and "<tool" in text) or ("`" in text and "```tool" in text)
+
+
+def scan(messages: list[Message]) -> tuple[bool, bool]:
     """(may hold any tool markup, may hold tags to lift) for converted messages: one search over all texts.
 
     A converter that finds neither tells `beam_sft.validate.rules` so (``_no_markup``), which then skips its own
@@ -377,11 +383,11 @@ def scan(messages: list[dict]) -> tuple[bool, bool]:
     joined = "".join(parts)
     if not may_have_markup(joined):
         return False, False
-    return True, ("<" in joined and "<tool" in joined) or ("`" in joined and "```tool" in joined)
+    return True, _has_tags(joined)
 
 
-def lift(messages: list[dict], tools: list | None, src: list | None = None, counts: dict | None = None
-         ) -> tuple[list[dict], list | None, list | None]:
+def lift(messages: list[Message], tools: list[ToolSpec] | None, src: list | None = None, counts: dict | None = None
+         ) -> tuple[list[Message], list[ToolSpec] | None, list | None]:
     """Turn tag markup in converted (not yet validated) Beam messages into calls, results and tools.
 
     `src` maps message index → the caller's message index (for errors); returns the new messages, tools and
@@ -389,16 +395,20 @@ def lift(messages: list[dict], tools: list | None, src: list | None = None, coun
     call-syntax instructions (`strip_tool_prompt`) when it declared tools, or when the record has tools from
     elsewhere; one left empty is dropped. `counts` gets what was removed, per pattern.
     """
-    out: list[dict] = []
+    out: list[Message] = []
     out_src: list = []
     found_tools: list = []
+
+    def emit(msg: Message) -> None:
+        out.append(msg)
+        out_src.append(i)
+
     for k, m in enumerate(messages):
         i = src[k] if src is not None and k < len(src) else k
         role = m.get("role")
         text = m.get("content")
-        if type(text) is not str or not (("<" in text and "<tool" in text) or ("`" in text and "```tool" in text)):
-            out.append(m)
-            out_src.append(i)
+        if type(text) is not str or not _has_tags(text):
+            emit(m)
             continue
         if role in ("system", "developer"):
             got = _system_tools(text, i, counts)
@@ -408,8 +418,7 @@ def lift(messages: list[dict], tools: list | None, src: list | None = None, coun
                 declared, rest = got
                 found_tools.extend(declared)
                 if rest:
-                    out.append({**m, "content": rest})
-                    out_src.append(i)
+                    emit({**m, "content": rest})
                 continue
         elif role == "assistant":
             got = _blocks(text, "tool_call", i)
@@ -419,29 +428,25 @@ def lift(messages: list[dict], tools: list | None, src: list | None = None, coun
                 reasoning = m.get("reasoning_content") or ""
                 if rest:
                     reasoning = f"{reasoning}\n\n{rest}" if reasoning else rest
-                out.append({"role": "assistant", "reasoning_content": reasoning, "content": "",
-                            "tool_calls": [*(m.get("tool_calls") or ()), *calls]})
-                out_src.append(i)
+                emit({"role": "assistant", "reasoning_content": reasoning, "content": "",
+                      "tool_calls": [*(m.get("tool_calls") or ()), *calls]})
                 continue
         elif role in ("tool", "user"):
             got = _blocks(text, "tool_response", i)
             if got is not None:
                 bodies, rest = got
                 for result, name in _results(bodies):
-                    msg = {"role": "tool", "content": result}
+                    msg: Message = {"role": "tool", "content": result}
                     name = name or (m.get("name") if role == "tool" else None)
                     if name:
                         msg["name"] = name
                     if role == "tool" and m.get("tool_call_id") is not None and len(bodies) == 1:
                         msg["tool_call_id"] = m["tool_call_id"]
-                    out.append(msg)
-                    out_src.append(i)
+                    emit(msg)
                 if rest:  # a user who also says something after the results
-                    out.append({"role": role, "content": rest})
-                    out_src.append(i)
+                    emit({"role": role, "content": rest})
                 continue
-        out.append(m)
-        out_src.append(i)
+        emit(m)
     if found_tools:
         tools = (tools or []) + (normalize_tools(found_tools) or [])
     return out, tools, out_src

@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, NamedTuple
+
+from beam_sft.records.messages import function_tool
+from beam_sft.records.types import ToolSpec
 
 
 class TypeScriptError(ValueError):
@@ -50,14 +53,11 @@ _TOKEN_RE = re.compile(
 )
 
 
-class _Tok:
-    __slots__ = ("kind", "line", "newline_before", "text")
-
-    def __init__(self, kind, text, line, newline_before):
-        self.kind, self.text, self.line, self.newline_before = kind, text, line, newline_before
-
-    def __repr__(self):
-        return f"{self.kind}:{self.text!r}@{self.line}"
+class _Tok(NamedTuple):
+    kind: str
+    text: str
+    line: int
+    newline_before: bool
 
 
 def _tokenize(src: str) -> list[_Tok]:
@@ -147,6 +147,13 @@ class _Parser:
         self.i += 1
         return t
 
+    def accept(self, text: str) -> bool:
+        """Take the next token when it is `text`."""
+        if self.peek().text != text:
+            return False
+        self.i += 1
+        return True
+
     def expect(self, text: str) -> _Tok:
         t = self.next()
         if t.text != text:
@@ -167,8 +174,8 @@ class _Parser:
         return None
 
     # -- grammar
-    def namespaces(self) -> list[dict]:
-        tools: list[dict] = []
+    def namespaces(self) -> list[ToolSpec]:
+        tools: list[ToolSpec] = []
         while True:
             self.comments()
             t = self.peek()
@@ -178,7 +185,7 @@ class _Parser:
                 raise TypeScriptError(f"line {t.line}: expected 'namespace', found {t.text!r}")
             tools.extend(self.namespace())
 
-    def namespace(self) -> list[dict]:
+    def namespace(self) -> list[ToolSpec]:
         self.expect("namespace")
         name_tok = self.next()
         if name_tok.kind != "ident":
@@ -197,7 +204,7 @@ class _Parser:
                 raise TypeScriptError(f"line {t.line}: expected 'type' or '}}', found {t.text or 'end of text'!r}")
             tools.append(self.declaration(ns, desc))
 
-    def declaration(self, ns: str, desc_lines: list[str]) -> dict:
+    def declaration(self, ns: str, desc_lines: list[str]) -> ToolSpec:
         self.expect("type")
         name_tok = self.next()
         if name_tok.kind != "ident":
@@ -216,12 +223,8 @@ class _Parser:
         if ret.kind != "ident":
             raise TypeScriptError(f"line {ret.line}: expected a return type after '=>'")
         self.expect(";")
-        fn: dict[str, Any] = {"name": name_tok.text if ns == "functions" else f"{ns}.{name_tok.text}"}
-        desc, _, _ = _description(desc_lines)
-        if desc:
-            fn["description"] = desc
-        fn["parameters"] = params
-        return {"type": "function", "function": fn}
+        name = name_tok.text if ns == "functions" else f"{ns}.{name_tok.text}"
+        return function_tool(name, _description(desc_lines)[0], params)
 
     def object_type(self) -> dict:
         self.expect("{")
@@ -229,18 +232,13 @@ class _Parser:
         required: list[str] = []
         while True:
             lines = self.comments()
-            t = self.peek()
-            if t.text == "}":
-                self.next()
+            if self.accept("}"):
                 break
             name_tok = self.next()
             if name_tok.kind not in ("ident", "string"):
                 raise TypeScriptError(f"line {name_tok.line}: expected a property name, found {name_tok.text!r}")
             name = _literal(name_tok.text) if name_tok.kind == "string" else name_tok.text
-            optional = False
-            if self.peek().text == "?":
-                self.next()
-                optional = True
+            optional = self.accept("?")
             self.expect(":")
             schema = self.union()
             sep = self.peek()
@@ -281,8 +279,7 @@ class _Parser:
     def _union(self) -> dict:
         variants: list[dict] = []
         self.comments()
-        if self.peek().text == "|":  # a leading '|' starts a multi-line one-of
-            self.next()
+        self.accept("|")  # a leading '|' starts a multi-line one-of
         while True:
             self.comments()
             term = self.term()
@@ -295,10 +292,8 @@ class _Parser:
                     term["description"] = note
             variants.append(term)
             self.comments()
-            if self.peek().text != "|":
-                break
-            self.next()
-        return _merge_union(variants)
+            if not self.accept("|"):
+                return _merge_union(variants)
 
     def term(self) -> dict:
         t = self.next()
@@ -319,8 +314,7 @@ class _Parser:
                 schema = {}
             elif t.text in ("true", "false"):
                 schema = {"const": t.text == "true"}
-            elif t.text == "Array" and self.peek().text == "<":
-                self.next()
+            elif t.text == "Array" and self.accept("<"):
                 items = self.union()
                 self.expect(">")
                 schema = {"type": "array", "items": items}
@@ -353,7 +347,7 @@ def _merge_union(variants: list[dict]) -> dict:
     return {"anyOf": variants}
 
 
-def parse_namespaces(src: str) -> list[dict]:
+def parse_namespaces(src: str) -> list[ToolSpec]:
     """All ``namespace X { … }`` blocks in `src` → OpenAI tool schemas. Tools of the ``functions`` namespace
     keep their bare names; tools of other namespaces (``browser``) are named ``browser.search``."""
     return _Parser(src).namespaces()

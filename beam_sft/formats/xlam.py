@@ -18,10 +18,11 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats.openai import reject_unsupported_record
+from beam_sft.formats.openai import record_object
 from beam_sft.formats.toolmarkup import loads_lenient
 from beam_sft.records.messages import openai_tool_call, record, text_of, tool_content
 from beam_sft.records.schema_types import parameters_schema
+from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, wrong_type
 
 _SUFFIX = "Generate API Request:"
 
@@ -37,7 +38,7 @@ def _json_field(rec: dict, key: str) -> Any:
     return value
 
 
-def _tools(raw: Any) -> list[dict] | None:
+def _tools(raw: Any) -> list[ToolSpec] | None:
     if raw is None:
         return None
     if type(raw) is dict:
@@ -63,16 +64,15 @@ def _tools(raw: Any) -> list[dict] | None:
     return out or None
 
 
-def _calls(value: Any, i: int | None, what: str) -> list[dict]:
+def _calls(value: Any, i: int | None, what: str) -> list[ToolCall]:
     if type(value) is dict:
         value = [value]
     if type(value) is not list:
-        raise RecordError(Reason.BAD_TOOL_CALL, f"{what} is a {type(value).__name__}, not a list of calls",
-                          message_index=i)
+        raise wrong_type(Reason.BAD_TOOL_CALL, what, value, "a list of calls", i)
     return [openai_tool_call(c, message_index=i) for c in value]
 
 
-def _fenced_calls(text: str, i: int) -> list[dict]:
+def _fenced_calls(text: str, i: int) -> list[ToolCall]:
     """An API-Bank call message: ```[{"name": ..., "arguments": {...}}]``` (the fence is optional)."""
     body = text.strip()
     if body.startswith("```"):
@@ -87,13 +87,12 @@ def _fenced_calls(text: str, i: int) -> list[dict]:
     return _calls(value, i, "the call message")
 
 
-def _history(query: list) -> list[dict]:
-    out: list[dict] = []
+def _history(query: list) -> list[Message]:
+    out: list[Message] = []
     last = len(query) - 1
     for i, m in enumerate(query):
         if type(m) is not dict:
-            raise RecordError(Reason.BAD_CONTENT, f"query message is a {type(m).__name__}, not an object",
-                              message_index=i)
+            raise wrong_type(Reason.BAD_CONTENT, "query message", m, "an object", i)
         role, content = m.get("role"), m.get("content")
         if role == "tool":
             out.append({"role": "tool", "content": tool_content(content, message_index=i)})
@@ -113,16 +112,14 @@ def _history(query: list) -> list[dict]:
     return out
 
 
-def convert(rec: Any) -> dict:
+def convert(rec: Any) -> BeamRecord:
     """One xLAM / APIGen row → a Beam record (not yet validated)."""
-    if not isinstance(rec, dict):
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
-    reject_unsupported_record(rec)
+    rec = record_object(rec)
     if "query" not in rec or "answers" not in rec:
         raise RecordError(Reason.UNKNOWN_FORMAT, "an xLAM row needs 'query' and 'answers'")
     query = rec["query"]
     if type(query) is str:
-        messages = [{"role": "user", "content": query}]
+        messages: list[Message] = [{"role": "user", "content": query}]
     elif type(query) is list:
         messages = _history(query)
     else:

@@ -4,7 +4,7 @@ DIR holds the base's weights with the embeddings grown for the seven markers (ea
 what it means, `beam_sft.model.marker_init`), the tokenizer with both Beam templates, the eos list
 `[<|return|>, <|call|>]`, and `config.json`'s `beam_sft` entry (which ids are new and how they started, so a
 LoRA run on DIR trains those rows). It is written atomically and only when it is servable as is and passes
-every check-template rule (`serve.export.check_export`), the checks `beam-sft export` makes.
+every check-template rule (`serve.save.check_export`), the checks `beam-sft export` makes.
 
 `beamify` itself, on a tokenizer (and model) in memory:
 
@@ -43,38 +43,30 @@ import json
 from pathlib import Path
 from typing import Any
 
-from beam_sft.errors import FatalError, UsageError
+from beam_sft.errors import UsageError
 from beam_sft.template.tokenizer import EOS_TOKEN, MARKERS, PAD_TOKEN, PLAIN_MARKERS, install_templates
 
 
 def beamify_directory(base: str, output: str | Path, *, init: str = "semantic", dtype: str = "auto") -> dict[str, Any]:
     """Write the beamified `base` to `output`; returns what was done (rows, eos, pad, check counts)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from beam_sft.model.export import load_pretrained
     from beam_sft.model.marker_init import INIT_CHOICES
-    from beam_sft.serve.save import DTYPES, save_checked
-    from beam_sft.template.conformance import run_suite
+    from beam_sft.serve.save import save_checked
+    from beam_sft.template import conformance
 
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if init not in INIT_CHOICES:
         raise UsageError(f"--init must be one of {', '.join(INIT_CHOICES)}, not {init!r}")
     output = Path(output)
     if output.resolve() == Path(base).resolve():
         raise UsageError("the output directory must differ from the base model's")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
-    except (OSError, ValueError) as err:
-        raise FatalError(f"cannot load {base!r}: {err}") from err
+    model, tokenizer = load_pretrained(base, dtype)
     if getattr(model.config, "beam_sft", None) or getattr(tokenizer, "response_template", None) is not None:
         raise UsageError(f"{base} is already a Beam model (it has a response template or beam_sft config)")
     old_len, base_eos = len(tokenizer), tokenizer.eos_token
     beamify(tokenizer, model, init=init)
     servable = save_checked(model, tokenizer, output, "would not be a usable Beam base")
     # save_checked ran every check-template rule on the written files and raised if one failed: count them
-    checks = len(run_suite(AutoTokenizer.from_pretrained(str(output)), output))
+    checks = len(conformance.FORMAT_RULES) + len(conformance.SNIPPETS) + len(conformance.load_spec().examples)
     info = model.config.beam_sft or {}
     return {"output": str(output), "base": base, "old_vocab": old_len, "new_vocab": len(tokenizer),
             "init": init, "rows": info.get("rows", {}), "new_token_ids": info.get("new_token_ids", []),
@@ -103,23 +95,15 @@ def describe(report: dict[str, Any]) -> list[str]:
 def _backend(tokenizer):
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise TypeError(
-            f"beamify needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}; "
-            "load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
-        )
+        raise TypeError(f"beamify needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}; "
+                        "load it with AutoTokenizer.from_pretrained(..., use_fast=True)")
     return backend
 
 
 def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
-    """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers.
-
-    Added tokens split the text into segments that are normalised and pre-tokenised one by one, so a
-    `Prepend("▁")` normaliser or a Metaspace `prepend_scheme="always"` turns `<|message|>Hi` into
-    `<|message|>▁Hi`, which decodes as `<|message|> Hi`: the decoded text is no longer the prompt, and the
-    response parser no longer finds `<|channel|>analysis<|message|>`. Prepending only at the start of the
-    input (`"first"`, what transformers' non-legacy Llama conversion does) keeps the text exact; a rendered
-    chat starts with `<|start|>`, so nothing is prepended at all. Returns whether `state` changed.
-    """
+    """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers (the module
+    docstring's "What it fixes": added tokens split the text into segments normalised and pre-tokenised one by
+    one, so each would get its own "▁"). Returns whether `state` changed."""
     changed = False
 
     def walk(node: Any, key: str) -> Any:
@@ -142,18 +126,9 @@ def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
     state["normalizer"] = walk(state.get("normalizer"), "normalizers")
     state["pre_tokenizer"] = walk(state.get("pre_tokenizer"), "pretokenizers")
     state["decoder"] = walk(state.get("decoder"), "decoders")
-    if (
-        had_prepend
-        and "Prepend" not in json.dumps(state.get("normalizer"))
-        and state.get("pre_tokenizer") is None
-    ):
+    if had_prepend and "Prepend" not in json.dumps(state.get("normalizer")) and state.get("pre_tokenizer") is None:
         # The normaliser's prepend moves to a Metaspace pre-tokenizer that prepends at the input start only.
-        state["pre_tokenizer"] = {
-            "type": "Metaspace",
-            "replacement": "▁",
-            "prepend_scheme": "first",
-            "split": False,
-        }
+        state["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
     return changed
 
 
@@ -204,11 +179,11 @@ def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fi
     `tokenizer`. `fix_prefix_space`: see the module docstring. Calling it again is a no-op.
     """
     from beam_sft.model.marker_init import INIT_CHOICES, initialise_rows
+    from beam_sft.template.tokenizer import stop_token_ids
 
     if init not in INIT_CHOICES:
         raise ValueError(f"beamify init {init!r}: choose one of {', '.join(INIT_CHOICES)}")
-    old_len = len(tokenizer)
-    base_eos = tokenizer.eos_token
+    old_len, base_eos = len(tokenizer), tokenizer.eos_token
     _install_markers(tokenizer, fix_prefix_space)
     _install_pad(tokenizer)
     install_templates(tokenizer, template_dir)
@@ -223,8 +198,7 @@ def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fi
         model.resize_token_embeddings(new_len, mean_resizing=False)
     # Ids from the old tokenizer length on are the new tokens (a padded matrix may already have rows there).
     rows = initialise_rows(model, tokenizer, old_len, new_len, init, base_eos) if new_len > old_len else []
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    call_id = tokenizer.convert_tokens_to_ids("<|call|>")
+    eos_id, call_id = stop_token_ids(tokenizer)  # <|return|>, <|call|>
     pad_id = tokenizer.pad_token_id
     model.config.eos_token_id = eos_id
     model.config.pad_token_id = pad_id

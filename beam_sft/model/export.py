@@ -13,15 +13,14 @@ lists, readable files), and only then renamed into place: a failed check leaves 
 from __future__ import annotations
 
 import json
-import logging
 import shlex
 from pathlib import Path
 from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
-from beam_sft.serve.save import DTYPES, save_checked
-
-logger = logging.getLogger(__name__)
+from beam_sft.serve.save import save_checked
+from beam_sft.serve.servable import to_serving_form
+from beam_sft.template import response_template
 
 # What vLLM needs to parse Beam output with the model's own response_template, and to refuse a history
 # whose assistant turns lost their reasoning (the chat template's strict mode) instead of degrading quietly.
@@ -47,24 +46,32 @@ def beam_response_template(template: dict[str, Any]) -> dict[str, Any]:
 
     A trainer checkpoint's tokenizer_config.json was written by plain `save_pretrained` (sorted keys), which
     reorders the tool-call dicts the parser builds (see `save_tokenizer`); the package's copy restores it."""
-    from beam_sft.serve.servable import to_serving_form
-    from beam_sft.template import response_template
-
     serving = to_serving_form(template)
     ours = response_template()
     return ours if serving == to_serving_form(ours) else serving
 
 
-def _load(base: str, adapter: str | None, merge: bool, dtype: str):
+def load_pretrained(base: str, dtype: str = "auto", tokenizer_source: str | None = None):
+    """(model, tokenizer) of a model directory or cached hub id, as `beam-sft export` and `beam-sft beamify` read
+    them: the tokenizer from `tokenizer_source` when given, `dtype` one of `serve.save.DTYPES` ("auto": as saved)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer_source = adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else base
+    from beam_sft.serve.save import DTYPES
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source or base)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError) as err:
         raise FatalError(f"cannot load {base!r}: {err}") from err
+    return model, tokenizer
+
+
+def _load(base: str, adapter: str | None, merge: bool, dtype: str):
+    tokenizer_source = adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else base
+    model, tokenizer = load_pretrained(base, dtype, tokenizer_source)
     experts = 0
     if adapter is not None:
         if not merge:
@@ -91,17 +98,14 @@ def _load(base: str, adapter: str | None, merge: bool, dtype: str):
 def export(checkpoint: str, output: str | Path, *, adapter: str | None = None, merge: bool = False,
            dtype: str = "auto") -> dict[str, Any]:
     """Write CHECKPOINT (+ adapter, merged) to `output` as a servable directory; returns what was done."""
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     output = Path(output)
     if output.resolve() in (Path(checkpoint).resolve(), Path(adapter or checkpoint).resolve()):
         raise UsageError("the output directory must differ from the checkpoint and the adapter")
     base, adapter = resolve_sources(checkpoint, adapter)
     model, tokenizer, experts = _load(base, adapter, merge, dtype)
     report = save_checked(model, tokenizer, output, "would not be servable as is")
-    model_type = getattr(model.config, "model_type", None)
     return {"output": str(output), "base": base, "adapter": adapter, "expert_adapters": experts,
-            "model_type": model_type, **report}
+            "model_type": getattr(model.config, "model_type", None), **report}
 
 
 def serve_commands(directory: str | Path, model_type: str | None = None, *, name: str = "beam",

@@ -11,8 +11,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from beam_sft.errors import FatalError
+from beam_sft.errors import FatalError, UsageError
+from beam_sft.model.beamify import beamify
 from beam_sft.template.bundled import bundled
+from beam_sft.template.conformance import run_suite
+from beam_sft.template.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +36,8 @@ def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int 
         raise FatalError(f"tiny model config not found: {config_dir / 'config.json'}")
     config = AutoConfig.from_pretrained(str(config_dir))
     if config.vocab_size < len(tokenizer):
-        raise FatalError(
-            f"{config_dir / 'config.json'}: vocab_size {config.vocab_size} < tokenizer size {len(tokenizer)}; "
-            "the tiny model must cover every token id"
-        )
+        raise FatalError(f"{config_dir / 'config.json'}: vocab_size {config.vocab_size} < tokenizer size "
+                         f"{len(tokenizer)}; the tiny model must cover every token id")
     config.eos_token_id = tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
     config.bos_token_id = tokenizer.bos_token_id
@@ -52,9 +53,6 @@ def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int 
 
 def embedded_model(script_args, training_args):
     """(model, tokenizer) of the embedded source: the bundled (or given) tokenizer and the tiny random model."""
-    from beam_sft.model.beamify import beamify
-    from beam_sft.template.tokenizer import load_tokenizer
-
     tokenizer = load_tokenizer(script_args.tokenizer_name_or_path)
     if script_args.beamify:
         beamify(tokenizer)
@@ -68,20 +66,15 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import get_quantization_config
 
-    from beam_sft.model.beamify import beamify
-
     if model_args.model_name_or_path is None:
         model, tokenizer = embedded_model(script_args, training_args)
         return model, tokenizer, True
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        script_args.tokenizer_name_or_path or model_args.model_name_or_path,
-        revision=model_args.model_revision,
-        trust_remote_code=training_args.trust_remote_code,
-    )
+    tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name_or_path or model_args.model_name_or_path,
+                                              revision=model_args.model_revision,
+                                              trust_remote_code=training_args.trust_remote_code)
     quantization_config = get_quantization_config(model_args)
     if script_args.mxfp4_dequantize:
-        from beam_sft.errors import UsageError
         from beam_sft.model.moe import mxfp4_dequantize_config
 
         if quantization_config is not None:
@@ -105,19 +98,13 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     if script_args.beamify:
         beamify(tokenizer, model, init=script_args.beamify_init)
     elif not tokenizer.chat_template or getattr(tokenizer, "response_template", None) is None:
-        from beam_sft.errors import UsageError
-
-        raise UsageError(
-            f"{model_args.model_name_or_path} has no Beam chat template / response template; pass --beamify to "
-            "install them (and the markers) on this tokenizer"
-        )
+        raise UsageError(f"{model_args.model_name_or_path} has no Beam chat template / response template; pass "
+                         "--beamify to install them (and the markers) on this tokenizer")
     return model, tokenizer, False
 
 
 def run_template_check(tokenizer) -> None:
     """Run the check-template suite; log every failure loudly, never stop the run."""
-    from beam_sft.template.conformance import run_suite
-
     failures = [r for r in run_suite(tokenizer) if not r.ok]
     if not failures:
         logger.info("check-template: all rules pass")

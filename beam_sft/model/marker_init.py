@@ -55,18 +55,11 @@ class RowInit:
     id: int
     parts: list[str] = field(default_factory=list)
 
-    def describe(self) -> str:
-        return f"{self.token} (id {self.id}) = " + (" + ".join(f"1/{len(self.parts)} {p!r}" for p in self.parts)
-                                                    if len(self.parts) > 1 else repr(self.parts[0]))
 
-
-def _role_token(tokenizer, role: str, old_len: int) -> str | None:
+def _role_token(tokenizer, role: str, old_len: int, fallback: str | None) -> str | None:
+    """The base's own token for `role` (ROLE_TOKENS), else `fallback`: one the old vocabulary has, or None."""
     vocab = tokenizer.get_vocab()
-    for token in ROLE_TOKENS[role]:
-        if vocab.get(token, old_len) < old_len:
-            return token
-    fallback = tokenizer.bos_token if role == "start" else None
-    return fallback if fallback is not None and vocab.get(fallback, old_len) < old_len else None
+    return next((t for t in (*ROLE_TOKENS[role], fallback) if t is not None and vocab.get(t, old_len) < old_len), None)
 
 
 def _word_ids(tokenizer, word: str, old_len: int) -> list[int]:
@@ -80,9 +73,8 @@ def plan(tokenizer, old_len: int, new_len: int, init: str = DEFAULT_INIT, base_e
     if init not in INIT_CHOICES:
         raise ValueError(f"marker init {init!r}: choose one of {', '.join(INIT_CHOICES)}")
     vocab = tokenizer.get_vocab()
-    roles = {"start": _role_token(tokenizer, "start", old_len),
-             "end": _role_token(tokenizer, "end", old_len) or (
-                 base_eos if base_eos is not None and vocab.get(base_eos, old_len) < old_len else None)}
+    roles = {"start": _role_token(tokenizer, "start", old_len, tokenizer.bos_token),
+             "end": _role_token(tokenizer, "end", old_len, base_eos)}
     out = []
     for token_id in range(old_len, new_len):
         token = tokenizer.convert_ids_to_tokens(token_id)

@@ -81,26 +81,21 @@ def build_peft_config(model_args, model, target_experts: bool = False):
             raise UsageError("lora_target_experts needs use_peft: true")
         return None
     routers = router_module_names(model)
-    if routers:
-        excluded = set(peft_config.exclude_modules or []) if not isinstance(peft_config.exclude_modules, str) else None
-        if excluded is None:
-            logger.warning("exclude_modules is a regex; routers %s are not added to it", routers[:2])
-        else:
-            peft_config.exclude_modules = sorted(excluded | set(routers))
-            logger.info("LoRA: %d router(s) kept out of the adapters (e.g. %s)", len(routers), routers[0])
+    if routers and isinstance(peft_config.exclude_modules, str):
+        logger.warning("exclude_modules is a regex; routers %s are not added to it", routers[:2])
+    elif routers:
+        peft_config.exclude_modules = sorted(set(peft_config.exclude_modules or []) | set(routers))
+        logger.info("LoRA: %d router(s) kept out of the adapters (e.g. %s)", len(routers), routers[0])
     if target_experts:
         experts = expert_parameter_names(model)
         if not experts:
-            raise UsageError(
-                f"lora_target_experts: {type(model).__name__} has no fused expert tensors (3D parameters under an "
-                "`experts` module); its experts, if any, are nn.Linear and lora_target_modules reaches them"
-            )
+            raise UsageError(f"lora_target_experts: {type(model).__name__} has no fused expert tensors (3D parameters "
+                             "under an `experts` module); its experts, if any, are nn.Linear and lora_target_modules "
+                             "reaches them")
         peft_config.target_parameters = sorted(set(peft_config.target_parameters or []) | set(experts))
         if peft_config.lora_dropout:
-            logger.warning(
-                "LoRA on expert tensors: lora_dropout %.3g -> 0 (peft's ParamWrapper cannot apply dropout to a "
-                "weight delta; this applies to every adapter of the config)", peft_config.lora_dropout,
-            )
+            logger.warning("LoRA on expert tensors: lora_dropout %.3g -> 0 (peft's ParamWrapper cannot apply dropout "
+                           "to a weight delta; this applies to every adapter of the config)", peft_config.lora_dropout)
             peft_config.lora_dropout = 0.0
         logger.info("LoRA: expert tensors targeted: %s", ", ".join(experts))
     return peft_config
@@ -117,14 +112,10 @@ def check_expert_adapters(model, wanted: bool) -> int:
     """Count expert adapters after injection; FatalError if `wanted` and there are none. Returns the count."""
     n = count_expert_adapters(model)
     if wanted and n == 0:
-        raise FatalError(
-            "lora_target_experts was set but no LoRA adapter sits on an expert tensor after injection: the run "
-            "would train attention only"
-        )
+        raise FatalError("lora_target_experts was set but no LoRA adapter sits on an expert tensor after injection: "
+                         "the run would train attention only")
     if n:
-        trainable = sum(
-            p.numel() for name, p in model.named_parameters() if p.requires_grad and ".experts." in name
-        )
+        trainable = sum(p.numel() for name, p in model.named_parameters() if p.requires_grad and ".experts." in name)
         logger.info("LoRA: %d adapters on expert tensors, %d trainable expert-adapter parameters", n, trainable)
     return n
 

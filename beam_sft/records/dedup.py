@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Any
 
 import orjson
 
 from beam_sft.errors import Reason, RecordError
+from beam_sft.records.types import BeamRecord
 
 _POS_BITS = 40  # positions below 2**40: lines of a file, rows of a dataset
 
 
-def record_key(record: dict[str, Any]) -> int:
+def record_key(record: BeamRecord) -> int:
     """The record's dedup key (an unsigned 64-bit int)."""
     text = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")

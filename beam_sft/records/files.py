@@ -1,4 +1,4 @@
-"""Streaming readers with provenance, atomic writers, and Arrow-safe storage of Beam records.
+"""Streaming readers with provenance, output writers, and Arrow-safe storage of Beam records.
 
 Readers yield ``Item``s — one per input record — in input order, each with where it came from: the file and
 a 1-based line for JSONL, or a 0-based index for JSON arrays, Parquet, `datasets` directories and hub
@@ -13,10 +13,8 @@ or else every supported file inside, sorted), and hub dataset ids (through `data
 offline cache works). A ``.json`` file holding one conversation object, or a bare list of messages, is one
 record; a ``.json`` file that is really JSON Lines is read as JSON Lines.
 
-Outputs (`open_writer`): ``.jsonl``, ``.parquet``, or any other path as a `save_to_disk` directory. Each is
-written to a temporary path beside the target and renamed into place only when complete (`atomic_output`
-does the same for any other writer), with the permissions the umask gives any new file; temporaries of a
-killed run are removed by the next run on the same output (`remove_stale_temporaries`). In Arrow outputs
+Outputs (`open_writer`): ``.jsonl``, ``.parquet``, or any other path as a `save_to_disk` directory, each written
+atomically as `beam_sft.storage` writes every output. In Arrow outputs
 the free-form parts — tool-call ``arguments``, ``tools`` and ``chat_template_kwargs`` — use the `datasets`
 ``Json`` feature, so records with different argument keys don't turn into one struct padded with nulls;
 `datasets` decodes them back to dicts on load. Every output, JSONL included, has all three keys on every row
@@ -26,15 +24,12 @@ the record has none), since TRL unpacks it with ``**``.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import gzip
 import json
 import os
 import re
-import secrets
 import shutil
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +38,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import FatalError, Reason, RecordError, UsageError
+from beam_sft.storage import fresh_temporary, fsync_file, replace_dir, temporary_path
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 JSON_SUFFIXES = (".json", ".traj")
@@ -636,132 +632,10 @@ def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
 # --- writers -----------------------------------------------------------------------------------------------
 
 
-# Temporary outputs are named `.NAME.beam-tmp-HOST-PID-RANDOM[.suffix]` beside the target NAME: a run killed
-# with kill -9 leaves them behind, and the next run on the same output removes those whose process is gone.
-# Only those from this host (a PID means nothing on another node sharing the filesystem) whose PID no longer
-# exists are removed, so two runs writing beside each other never delete each other's files. PID reuse can
-# only make a stale file live a little longer, never delete a live one.
-_TMP_TAG = ".beam-tmp-"
-_HOST = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname()) or "host"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
-    """Remove the temporaries a killed run left beside `target` (see above); return what was removed."""
-    target = Path(target)
-    pattern = re.compile(rf"^\.{re.escape(target.name)}{re.escape(_TMP_TAG)}(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-")
-    removed = []
-    try:
-        entries = list(os.scandir(target.parent))
-    except OSError:
-        return removed
-    for entry in entries:
-        m = pattern.match(entry.name)
-        if not m or m["host"] != _HOST or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"])):
-            continue
-        path = Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-        removed.append(path)
-    return removed
-
-
-def temporary_path(target: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Path:
-    """A new, empty file (or directory) beside `target`, named as above, with the permissions any new file gets
-    under the umask (not `mkstemp`'s 0600, which would survive the rename). `target`'s directory is created
-    when missing: every command that writes an output goes through here, so none fails on a new directory."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(100):
-        path = target.with_name(f".{target.name}{_TMP_TAG}{_HOST}-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
-        try:
-            if directory:
-                os.mkdir(path, 0o777)
-            else:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(f"no free temporary name beside {target}")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def replace_dir(src: Path, target: Path) -> None:
-    """Move the finished directory `src` to `target`, replacing a previous one (never merging into it)."""
-    old = None
-    if target.exists():
-        old = temporary_path(target, ".old", directory=True)
-        os.replace(target, old)  # an empty directory may be replaced by a rename
-    try:
-        os.replace(src, target)
-    except OSError:
-        if old is not None:  # put the previous output back rather than leave nothing under the name
-            os.replace(old, target)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Iterator[Path]:
-    """Write an output atomically: yields a temporary path beside `path` (a file, or with ``directory=True`` a
-    directory, e.g. for ``save_to_disk``) and renames it to `path` when the block ends without an exception;
-    on an exception the temporary is removed. Stale temporaries of killed runs on the same output are removed
-    first. The result has the umask's permissions, like any new file::
-
-        with atomic_output("out/train") as tmp:      # directory=True for a directory
-            ds.save_to_disk(tmp)
-    """
-    target = Path(path)
-    remove_stale_temporaries(target)
-    tmp = temporary_path(target, suffix, directory=directory)
-    try:
-        yield tmp
-        if directory:
-            replace_dir(tmp, target)
-        else:
-            _fsync(tmp)
-            os.replace(tmp, target)
-    except BaseException:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_output(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def _tmp_path(target: Path, suffix: str = "") -> Path:
-    remove_stale_temporaries(target)
-    return temporary_path(target, suffix)
-
-
 class JsonlWriter:
     def __init__(self, path: Path):
         self.path = path
-        self.tmp = _tmp_path(path)
+        self.tmp = fresh_temporary(path)
         self.f = open(self.tmp, "wb", buffering=1 << 20)  # noqa: SIM115 - closed by commit() or abort()
 
     def write_raw(self, line: bytes) -> None:
@@ -792,7 +666,7 @@ class ArrowWriter:
         self.schema = beam_features().arrow_schema
         self.storage_schema = pa.schema([pa.field(f.name, _storage_type(f.type)) for f in self.schema],
                                         metadata=self.schema.metadata)
-        self.tmp = _tmp_path(path, ".parquet")
+        self.tmp = fresh_temporary(path, ".parquet")
         self.writer = pq.ParquetWriter(self.tmp, self.schema)
         self.rows: list[dict] = []
 
@@ -813,7 +687,7 @@ class ArrowWriter:
         self._flush()
         self.writer.close()
         if self.kind == "parquet":
-            _fsync(self.tmp)
+            fsync_file(self.tmp)
             os.replace(self.tmp, self.path)
             return
         import datasets
@@ -872,12 +746,3 @@ class JsonlSink:
 
     def abort(self) -> None:
         self.w.abort()
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` (UTF-8) to `path` atomically: an HTML page, a report."""
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    write_bytes_atomic(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")

@@ -15,7 +15,8 @@ A Beam record is a TRL conversational row::
 * ``tool``: ``{"role", "name": str, "tool_call_id"?: str, "content": str}``
 
 Converters build these dicts directly (no copies of the input beyond what they keep), so the helpers here
-are small and allocation-light: conversion speed is measured against an orjson load+dump floor.
+are small and allocation-light: conversion speed is measured against an orjson load+dump floor. The shapes
+as types: `beam_sft.records.types`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.records.schema_types import is_xlam_map, parameters_schema, standardize
+from beam_sft.records.types import BeamRecord, FunctionSpec, Message, ToolCall, ToolSpec, wrong_type
 
 # The seven markers of the format, plus the other special tokens of the gpt-oss family that a text must not
 # carry either: any of them inside a message would be tokenized as structure, not text.
@@ -48,6 +50,7 @@ _MARKER_RE = re.compile(
     r"|reserved_\d+)\|>"
 )
 PARAMETER_CLOSE_TAG = "</rfl:parameter>"
+
 
 # Reasoning effort labels the Beam template accepts (an int is accepted too).
 EFFORT_LABELS = frozenset(("minimal", "low", "medium", "high", "xhigh", "max"))
@@ -92,22 +95,16 @@ def tools_json(tools: list) -> bytes:
     ok = _TOOLS_CHECKED.get(blob)
     if ok is None:
         ok = not nests_deeper(tools, MAX_JSON_DEPTH + 1)
-        if ok and all(normalize_tool(t, index=k) is t for k, t in enumerate(tools)):
-            _remember(blob, True)
-        elif not ok:
-            _remember(blob, False)
+        if not ok or all(normalize_tool(t, index=k) is t for k, t in enumerate(tools)):
+            if len(_TOOLS_CHECKED) > 256:
+                _TOOLS_CHECKED.clear()
+            _TOOLS_CHECKED[blob] = ok
     if not ok:
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tool schemas nest deeper than {MAX_JSON_DEPTH} levels")
     return blob
 
 
-def _remember(blob: bytes, ok: bool) -> None:
-    if len(_TOOLS_CHECKED) > 256:
-        _TOOLS_CHECKED.clear()
-    _TOOLS_CHECKED[blob] = ok
-
-
-def checked_tools(tools: Any) -> tuple[list, bytes]:
+def checked_tools(tools: Any) -> tuple[list[ToolSpec], bytes]:
     """A record's tool list, normalized (`normalize_tool`) and checked (`tools_json`), with its JSON; a list seen
     before costs one serialization and one lookup."""
     if type(tools) is not list:
@@ -166,32 +163,28 @@ def text_of(content: Any, *, message_index: int | None = None, what: str = "cont
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        out = []
-        for k, part in enumerate(content):
-            if isinstance(part, str):
-                out.append(part)
-                continue
-            if not isinstance(part, dict):
-                raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} is a {type(part).__name__}, not an object",
-                                  message_index=message_index)
-            ptype = part.get("type", "text")
-            if type(ptype) is not str:
-                raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} has a type that is a {type(ptype).__name__}, "
-                                  "not a string", message_index=message_index)
-            if ptype in _TEXT_PART_TYPES:
-                text = part.get("text", part.get("value"))
-                if not isinstance(text, str):
-                    raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} ({ptype}) has no text string",
-                                      message_index=message_index)
-                out.append(text)
-            else:
-                raise RecordError(Reason.UNSUPPORTED_CONTENT_PART,
-                                  f"{what} part {k} has type {ptype!r}; only text parts are supported",
-                                  message_index=message_index)
-        return "".join(out)
-    raise RecordError(Reason.BAD_CONTENT, f"{what} is a {type(content).__name__}, expected a string or a list "
-                      "of parts", message_index=message_index)
+    if not isinstance(content, list):
+        raise RecordError(Reason.BAD_CONTENT, f"{what} is a {type(content).__name__}, expected a string or a list "
+                          "of parts", message_index=message_index)
+    out = []
+    for k, part in enumerate(content):
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        if not isinstance(part, dict):
+            raise wrong_type(Reason.BAD_CONTENT, f"{what} part {k}", part, "an object", message_index)
+        ptype = part.get("type", "text")
+        if type(ptype) is not str:
+            raise wrong_type(Reason.BAD_CONTENT, f"{what} part {k} has a type that", ptype, "a string", message_index)
+        if ptype not in _TEXT_PART_TYPES:
+            raise RecordError(Reason.UNSUPPORTED_CONTENT_PART, f"{what} part {k} has type {ptype!r}; only text "
+                              "parts are supported", message_index=message_index)
+        text = part.get("text", part.get("value"))
+        if not isinstance(text, str):
+            raise RecordError(Reason.BAD_CONTENT, f"{what} part {k} ({ptype}) has no text string",
+                              message_index=message_index)
+        out.append(text)
+    return "".join(out)
 
 
 def tool_content(content: Any, *, message_index: int | None = None) -> str:
@@ -230,28 +223,26 @@ def parse_arguments(raw: Any, *, message_index: int | None = None, name: str = "
                       "not an object", message_index=message_index)
 
 
-def tool_call(name: Any, arguments: Any, call_id: Any = None, *, message_index: int | None = None) -> dict:
+def tool_call(name: Any, arguments: Any, call_id: Any = None, *, message_index: int | None = None) -> ToolCall:
     """One Beam tool call; `arguments` may be a dict or a JSON string."""
     if type(name) is not str or not name:
         raise RecordError(Reason.BAD_CONTENT, f"tool call without a name (got {name!r})",
                           message_index=message_index)
     if type(arguments) is not dict:
         arguments = parse_arguments(arguments, message_index=message_index, name=name)
+    call: ToolCall = {"type": "function", "function": {"name": name, "arguments": arguments}}
     if call_id is None or call_id == "":
-        return {"type": "function", "function": {"name": name, "arguments": arguments}}
+        return call
     if type(call_id) is not str and type(call_id) is not int:
-        raise RecordError(Reason.BAD_CONTENT, f"tool call id is a {type(call_id).__name__}, not a string",
-                          message_index=message_index)
-    return {"id": call_id if type(call_id) is str else str(call_id), "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+        raise wrong_type(Reason.BAD_CONTENT, "tool call id", call_id, "a string", message_index)
+    return {"id": call_id if type(call_id) is str else str(call_id), **call}
 
 
-def openai_tool_call(call: Any, *, message_index: int | None = None) -> dict:
+def openai_tool_call(call: Any, *, message_index: int | None = None) -> ToolCall:
     """A call in the OpenAI shape (``{"id", "type", "function": {"name", "arguments"}}``, or a bare
     ``{"name", "arguments"}``) as a Beam tool call."""
     if type(call) is not dict:
-        raise RecordError(Reason.BAD_CONTENT, f"tool call is a {type(call).__name__}, not an object",
-                          message_index=message_index)
+        raise wrong_type(Reason.BAD_CONTENT, "tool call", call, "an object", message_index)
     fn = call.get("function", call)
     if type(fn) is not dict:
         raise RecordError(Reason.BAD_CONTENT, "tool call 'function' is not an object", message_index=message_index)
@@ -261,7 +252,26 @@ def openai_tool_call(call: Any, *, message_index: int | None = None) -> dict:
     return tool_call(fn.get("name"), args, call.get("id"), message_index=message_index)
 
 
-def normalize_tool(tool: Any, *, index: int = 0) -> dict:
+def function_tool(name: str, description: str | None, parameters: dict) -> ToolSpec:
+    """A tool schema in the OpenAI shape; an empty description is left out."""
+    fn: FunctionSpec = {"name": name, "description": description} if description else {"name": name}
+    fn["parameters"] = parameters
+    return {"type": "function", "function": fn}
+
+
+def openai_tool_calls(value: Any, what: str, *, message_index: int | None = None) -> list[ToolCall]:
+    """One call or a list of calls in the OpenAI shape (`openai_tool_call`), decoded first when `value` is JSON
+    text (`bad_arguments_json` naming `what` when it is not JSON)."""
+    if isinstance(value, (str, bytes)):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as err:
+            raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"{what} is not JSON ({err})",
+                              message_index=message_index) from None
+    return [openai_tool_call(c, message_index=message_index) for c in (value if isinstance(value, list) else [value])]
+
+
+def normalize_tool(tool: Any, *, index: int = 0) -> ToolSpec:
     """A tool schema as ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``.
 
     Accepts the wrapped OpenAI shape and the bare function shape (legacy ``functions``, glaive). Anything
@@ -270,8 +280,7 @@ def normalize_tool(tool: Any, *, index: int = 0) -> dict:
     if type(tool) is dict and tool.get("type") == "function":  # the OpenAI shape: checked, kept as is
         fn = tool.get("function")
         if type(fn) is dict and type(fn.get("name")) is str and fn["name"]:
-            params = fn.get("parameters")
-            desc = fn.get("description")
+            params, desc = fn.get("parameters"), fn.get("description")
             if (params is None or type(params) is dict) and (desc is None or type(desc) is str):
                 return tool
     if not isinstance(tool, dict):
@@ -281,18 +290,16 @@ def normalize_tool(tool: Any, *, index: int = 0) -> dict:
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] has no function name")
     params = fn.get("parameters")
     if params is not None and not isinstance(params, dict):
-        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): parameters is a "
-                          f"{type(params).__name__}, not an object")
+        raise wrong_type(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): parameters", params, "an object")
     desc = fn.get("description")
     if desc is not None and type(desc) is not str:
-        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): description is a "
-                          f"{type(desc).__name__}, not a string")
+        raise wrong_type(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({fn['name']}): description", desc, "a string")
     if fn is tool or tool.get("type") != "function":
         return {"type": "function", "function": fn}
     return tool
 
 
-def normalize_tools(tools: Any) -> list[dict] | None:
+def normalize_tools(tools: Any) -> list[ToolSpec] | None:
     """A record's tool list (a list, or a JSON string of one, as LLaMA-Factory and glaive store it)."""
     if tools is None:
         return None
@@ -312,7 +319,7 @@ def normalize_tools(tools: Any) -> list[dict] | None:
     return [_standard_types(normalize_tool(t, index=i)) for i, t in enumerate(tools)]
 
 
-def _standard_types(tool: dict) -> dict:
+def _standard_types(tool: ToolSpec) -> ToolSpec:
     """Python / xLAM type names (``int``, ``dict``) in the parameters, or a whole xLAM parameter map → JSON
     Schema (`schema_types`)."""
     fn = tool["function"]
@@ -326,8 +333,9 @@ def _standard_types(tool: dict) -> dict:
     return tool if new is params else {**tool, "function": {**fn, "parameters": new}}
 
 
-def record(messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None) -> dict:
-    out: dict[str, Any] = {"messages": messages}
+def record(messages: list[Message], tools: list[ToolSpec] | None = None, kwargs: dict | None = None) -> BeamRecord:
+    """A Beam record of these parts; empty tools and kwargs are left out."""
+    out: BeamRecord = {"messages": messages}
     if tools:
         out["tools"] = tools
     if kwargs:

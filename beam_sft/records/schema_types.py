@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError
+from beam_sft.records.types import wrong_type
 
 _SCHEMA_KEYWORDS = frozenset(("type", "properties", "additionalProperties", "required", "anyOf", "oneOf", "allOf",
                               "$schema", "$defs", "definitions", "$ref"))
@@ -102,8 +103,6 @@ def _union(args: list[str], depth: int) -> dict:
     return {"type": types[0] if len(types) == 1 else types}
 
 
-
-
 def standardize(schema: Any, depth: int = 0) -> Any:
     """A JSON Schema whose ``type`` names outside JSON Schema (``int``, ``dict``, ``List[str]``) are mapped by
     `json_type`, in the schema positions (properties, items, anyOf/oneOf/allOf, additionalProperties). Returns
@@ -111,45 +110,35 @@ def standardize(schema: Any, depth: int = 0) -> Any:
     anything that is not a schema is returned as is."""
     if type(schema) is not dict or depth > 64:
         return schema
-    out = None
-    t = schema.get("type")
-    if type(t) is str and t not in JSON_SCHEMA_TYPES:
-        frag, _ = json_type(t)
-        out = {}
-        for k, v in schema.items():  # key order kept
-            if k != "type":
-                out[k] = v
-            elif "type" in frag:
-                out["type"] = frag["type"]
-                if "items" in frag and "items" not in schema:
-                    out["items"] = frag["items"]
+    changed: dict[str, Any] = {}  # sub-schemas that needed mapping
     props = schema.get("properties")
     if type(props) is dict:
-        new_props = None
         for k, v in props.items():
-            mapped = standardize(v, depth + 1)
-            if mapped is not v:
-                if new_props is None:
-                    new_props = dict(props)
-                new_props[k] = mapped
-        if new_props is not None:
-            out = out if out is not None else dict(schema)
-            out["properties"] = new_props
+            if (mapped := standardize(v, depth + 1)) is not v:  # copied only when a property changes
+                changed.setdefault("properties", dict(props))[k] = mapped
     for key in ("items", "additionalProperties"):
         sub = schema.get(key)
-        if type(sub) is dict:
-            mapped = standardize(sub, depth + 1)
-            if mapped is not sub:
-                out = out if out is not None else dict(schema)
-                out[key] = mapped
+        if type(sub) is dict and (mapped_sub := standardize(sub, depth + 1)) is not sub:
+            changed[key] = mapped_sub
     for key in ("anyOf", "oneOf", "allOf"):
         subs = schema.get(key)
         if type(subs) is list:
             mapped_list = [standardize(x, depth + 1) for x in subs]
             if any(a is not b for a, b in zip(mapped_list, subs)):
-                out = out if out is not None else dict(schema)
-                out[key] = mapped_list
-    return schema if out is None else out
+                changed[key] = mapped_list
+    t = schema.get("type")
+    if type(t) is not str or t in JSON_SCHEMA_TYPES:
+        return {**schema, **changed} if changed else schema
+    frag, _ = json_type(t)
+    out = {}
+    for k, v in schema.items():  # key order kept; an unknown type name is dropped (any value)
+        if k != "type":
+            out[k] = changed.get(k, v)
+        elif "type" in frag:
+            out["type"] = frag["type"]
+            if "items" in frag and "items" not in schema:
+                out["items"] = frag["items"]
+    return out
 
 
 def is_xlam_map(params: Any) -> bool:
@@ -166,16 +155,14 @@ def parameters_schema(params: Any, name: str = "?", index: int = 0) -> dict:
     if params is None:
         return {"type": "object", "properties": {}}
     if type(params) is not dict:
-        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): parameters is a "
-                          f"{type(params).__name__}, not an object")
+        raise wrong_type(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): parameters", params, "an object")
     if type(params.get("properties")) is dict:
         return standardize(params)
     props: dict = {}
     required: list[str] = []
     for pname, spec in params.items():
         if type(spec) is not dict:
-            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): parameter {pname!r} is a "
-                              f"{type(spec).__name__}, not an object")
+            raise wrong_type(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): parameter {pname!r}", spec, "an object")
         ptype = spec.get("type")
         if ptype is None:
             frag, optional = {}, False

@@ -26,14 +26,10 @@ configuration, then compares whole-text and piece-by-piece tokenization (ids and
 strings; if anything differs it falls back to `apply_chat_template` per example and says why in
 `fallback_reason`: correct beats fast. Records whose spans are not sorted and disjoint (nested
 generation blocks) take the reference path one by one.
-
-`encode_dataset` wraps the encoder in a batched `datasets.map` (multi-process with `num_proc`, cached
-between runs under a fingerprint of the dataset, the tokenizer, the template and `max_length`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -45,9 +41,9 @@ from typing import Any
 from beam_sft.errors import Reason, RecordError, internal_error
 from beam_sft.render import direct as direct_render
 from beam_sft.render import jinja
-from beam_sft.template.tokenizer import backend_state, short_hash, template_hash, vocab_hash
+from beam_sft.template.tokenizer import backend_state
 
-# Part of the datasets cache fingerprint: bump when the output of the encoder could change.
+# Part of the prepared data's fingerprint (beam_sft.dataset.settings): bump when the output of the encoder could change.
 RENDER_VERSION = "1"
 
 # Probe texts for the split-exactness check: spaces before and after markers, line breaks, tabs,
@@ -166,11 +162,6 @@ def encode_each(encoder: MaskedEncoder, records: Sequence) -> list[dict[str, lis
         except Exception as exc:  # noqa: BLE001 - the template or encoder tripping on one record: a reject
             out.append(internal_error(exc))
     return out
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A stable hash of everything that decides the encoder's output for this tokenizer."""
-    return short_hash(f"{vocab_hash(tokenizer)}|{template_hash(tokenizer)}")
 
 
 class MaskedEncoder:
@@ -666,95 +657,3 @@ def encode_record(tokenizer, record, max_length: int | None = None) -> dict[str,
     tokenizer's `truncation_side`). Raises `RecordError` when the template rejects the record.
     """
     return get_encoder(tokenizer).encode([record], max_length)[0]
-
-
-class _MapFunction:
-    """The picklable function `encode_dataset` hands to `datasets.map`."""
-
-    def __init__(
-        self, encoder: MaskedEncoder, max_length: int | None, columns: list[str], record_column: str | None
-    ) -> None:
-        self.encoder = encoder
-        self.max_length = max_length
-        self.columns = columns
-        self.record_column = record_column
-
-    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        if self.record_column is not None:
-            records = [json.loads(raw) if isinstance(raw, str) else raw for raw in batch[self.record_column]]
-        else:
-            records = [{column: batch[column][i] for column in self.columns} for i in range(len(indices))]
-        try:
-            results = self.encoder.encode(records, self.max_length)
-        except RecordError as err:
-            row = indices[err.line] if err.line is not None else None
-            raise err.with_provenance(err.source, row) from None
-        return {
-            "input_ids": [r["input_ids"] for r in results],
-            "assistant_masks": [r["assistant_masks"] for r in results],
-        }
-
-
-def encode_dataset(
-    tokenizer,
-    dataset,
-    *,
-    max_length: int | None = None,
-    num_proc: int | None = None,
-    batch_size: int = 512,
-    record_column: str | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    remove_columns: bool = True,
-    load_from_cache_file: bool = True,
-    desc: str | None = "Rendering and tokenizing",
-):
-    """Add `input_ids` and `assistant_masks` to a datasets.Dataset of Beam records.
-
-    Records are read from the `messages` / `tools` / `chat_template_kwargs` columns, or, with
-    `record_column`, from one column of JSON strings (which keeps tool arguments exactly as written:
-    Arrow unifies struct fields across rows and fills the keys a row lacks with None).
-
-    Multi-process with `num_proc`. The result is cached by datasets under a fingerprint of the dataset,
-    the tokenizer (vocabulary, template, special tokens), `max_length` and `RENDER_VERSION`, so a second
-    run on the same data loads the cache instead of tokenizing. A file-backed dataset caches next to its
-    files; an in-memory one caches only when `cache_dir` is given. A record the template rejects stops the
-    map with a `RecordError` naming its row (`line`, 0-based).
-    """
-    import datasets
-
-    if record_column is not None:
-        if record_column not in dataset.column_names:
-            raise RecordError(Reason.EMPTY_CONVERSATION, f"the dataset has no {record_column!r} column")
-        columns = [record_column]
-    else:
-        columns = [c for c in ("messages", "tools", "chat_template_kwargs") if c in dataset.column_names]
-        if "messages" not in columns:
-            raise RecordError(Reason.EMPTY_CONVERSATION, "the dataset has no 'messages' column")
-    encoder = MaskedEncoder(tokenizer)
-    function = _MapFunction(encoder, max_length, columns, record_column)
-    kwargs: dict[str, Any] = {
-        "batched": True,
-        "batch_size": batch_size,
-        "with_indices": True,
-        "remove_columns": dataset.column_names if remove_columns else None,
-    }
-    if isinstance(dataset, datasets.IterableDataset):
-        return dataset.map(function, **kwargs)
-    parts = [
-        dataset._fingerprint,
-        tokenizer_fingerprint(tokenizer),
-        str(max_length),
-        str(remove_columns),
-        str(record_column),
-        RENDER_VERSION,
-    ]
-    fingerprint = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-    kwargs.update(
-        num_proc=num_proc, new_fingerprint=fingerprint, desc=desc, load_from_cache_file=load_from_cache_file
-    )
-    if cache_dir is not None and not dataset.cache_files:
-        os.makedirs(cache_dir, exist_ok=True)
-        kwargs["cache_file_name"] = os.path.join(
-            os.fspath(cache_dir), f"beam-sft-encoded-{fingerprint}.arrow"
-        )
-    return dataset.map(function, **kwargs)

@@ -46,12 +46,13 @@ encode identically (the README's "Fast masked tokenization").
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from beam_sft.storage import cache_dir, short_hash, write_cache_file
 
 # o200k's pre-tokenization pattern (o200k_base, o200k_harmony).
 O200K_PATTERN = "|".join(  # noqa: FLY002 (one alternative a line reads better)
@@ -92,10 +93,6 @@ def _byte_decoder() -> dict[str, int]:
     return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("BEAM_SFT_CACHE") or Path.home() / ".cache" / "beam_sft")
-
-
 def disagreeing_code_points(classes: tuple[str, ...]) -> str:
     """Code points (of the checked planes) that `tokenizers` and `tiktoken` classify differently.
 
@@ -107,7 +104,7 @@ def disagreeing_code_points(classes: tuple[str, ...]) -> str:
     import tokenizers
 
     key = json.dumps([tokenizers.__version__, tiktoken.__version__, list(classes)])
-    cache = _cache_dir() / "regex-agreement.json"
+    cache = cache_dir() / "regex-agreement.json"
     try:
         known = json.loads(cache.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -130,13 +127,7 @@ def disagreeing_code_points(classes: tuple[str, ...]) -> str:
         differ |= by_tiktoken ^ by_tokenizers
     result = "".join(sorted(differ))
     known[key] = result
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known), encoding="utf-8")
-        os.replace(tmp, cache)
-    except OSError:
-        pass  # a read-only home: check again next time
+    write_cache_file(cache, json.dumps(known).encode())
     return result
 
 
@@ -313,8 +304,6 @@ def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
 
 def cache_key(serialized: str) -> str:
     """What `build`'s result depends on: the serialised backend, this module's source, the library versions."""
-    import hashlib
-
     try:
         import tiktoken
 
@@ -323,20 +312,8 @@ def cache_key(serialized: str) -> str:
         tiktoken_version = None
     import tokenizers
 
-    digest = hashlib.sha256(serialized.encode())
-    digest.update(Path(__file__).read_bytes())
-    digest.update(f"|{tokenizers.__version__}|{tiktoken_version}".encode())
-    return digest.hexdigest()[:32]
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache: build again next time
+    return short_hash(serialized, Path(__file__).read_bytes(), f"|{tokenizers.__version__}|{tiktoken_version}",
+                      length=32)
 
 
 def _dump(pieces: TiktokenPieces | None, reason: str | None) -> bytes:
@@ -383,17 +360,29 @@ def _load(data: bytes) -> tuple[TiktokenPieces | None, str | None]:
     return TiktokenPieces(ranks, header["pattern"], header["avoid"], header["nfc"]), None
 
 
+def _cache_path(key: str) -> Path:
+    return cache_dir() / f"tiktoken-pieces-{key}.bin"
+
+
+def read_cached(key: str) -> tuple[TiktokenPieces | None, str | None] | None:
+    """What `build` gave for the backend whose `cache_key` is `key`, as an earlier process stored it; None when
+    it is not cached (or damaged)."""
+    try:
+        return _load(_cache_path(key).read_bytes())
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def build_cached(serialized: str) -> tuple[TiktokenPieces | None, str | None]:
     """`build(json.loads(serialized))`, read from the disk cache when an earlier process stored it."""
-    path = _cache_dir() / f"tiktoken-pieces-{cache_key(serialized)}.bin"
-    try:
-        return _load(path.read_bytes())
-    except (OSError, ValueError, KeyError):
-        pass  # not cached yet (or damaged): build it
+    key = cache_key(serialized)
+    cached = read_cached(key)
+    if cached is not None:
+        return cached
     try:
         state = json.loads(serialized)
     except ValueError as err:  # pragma: no cover - tokenizers always writes JSON
         return None, f"the backend does not serialise to JSON: {err}"
     pieces, reason = build(state)
-    _write_atomic(path, _dump(pieces, reason))
+    write_cache_file(_cache_path(key), _dump(pieces, reason))
     return pieces, reason

@@ -3,15 +3,17 @@
 Loading a 200k-vocabulary tokenizer costs seconds before the first record: importing transformers, parsing
 tokenizer.json, serialising the backend again to hash it, probing the encoder. None of it changes between two
 runs on the same tokenizer files with the same code and libraries. So the first run that sets up the fast
-path (`MaskedEncoder`) stores a small snapshot, and later runs answer from it:
+path (`MaskedEncoder`) stores a small snapshot, and later runs answer from it. It is what keeps a fresh
+process within the start-up goal (tokenizer + encoder ready in <= 2 s: docs/prepare.md, "Warm start"):
 
-* the key: sha256 of the tokenizer directory's files (every file, as `tokenizer_files_hash`), the
-  transformers, tokenizers and tiktoken versions, and the source of the modules whose behaviour the snapshot
-  captures (this one, the encoder, the tiktoken backend, the tokenizer helpers, the markers);
-* the snapshot (`$BEAM_SFT_CACHE`, else `~/.cache/beam_sft`, `warm-<key>/`): what the data phase asks of the
-  tokenizer (`len`, chat template, special tokens map, truncation side, `vocab_hash`, `template_hash`,
-  `stop_token_ids`), the encoder's setup (marker ids, the tiktoken verdict and ranks), and the serialised
-  backend, for the pieces tiktoken does not vouch for;
+* the key: the tokenizer directory's files (`files_digest`, every file), the Python, transformers,
+  tokenizers and tiktoken versions, and the source of the modules whose behaviour the snapshot captures
+  (this one, the encoder, the tiktoken backend, the tokenizer helpers, the markers);
+* the snapshot (`warm-<key>/` in `beam_sft.storage.cache_dir()`): what the data phase asks of the tokenizer
+  (`len`, chat template, special tokens map, truncation side, `vocab_hash`, `template_hash`,
+  `stop_token_ids`), the encoder's setup (marker ids, the tiktoken verdict, the key of the tiktoken ranks the
+  same cache holds: `tiktoken_backend.build_cached`), and the serialised backend, for the pieces tiktoken does
+  not vouch for;
 * `WarmTokenizer` answers those from the snapshot and loads the real tokenizer (`load_tokenizer`) on first use
   of anything else (`apply_chat_template` for a record the fast path leaves to the reference, `encode`, ...);
   from then on everything comes from the real one.
@@ -24,7 +26,6 @@ the other commands keep a real transformers tokenizer.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,12 +33,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from beam_sft.storage import atomic_output, cache_dir, files_digest, short_hash
 from beam_sft.template.tokenizer import (
-    _PLAIN_CLASSES,
     DEFAULT_TOKENIZER_DIR,
     PACKAGE_DIR,
-    files_digest,
     load_tokenizer,
+    plain_class,
     stop_token_ids,
     template_hash,
     vocab_hash,
@@ -45,7 +46,7 @@ from beam_sft.template.tokenizer import (
 
 ENV_OFF = "BEAM_SFT_NO_WARM_START"
 # Bump when the snapshot's layout changes (the sources below are part of the key anyway).
-FORMAT = 1
+FORMAT = 2
 KEEP = 8  # snapshots kept in the cache directory, newest first
 _SOURCES = ("template/tokenizer.py", "render/encoder.py", "render/tiktoken_backend.py", "render/warm.py",
             "records/messages.py")
@@ -69,24 +70,14 @@ def load_for_encoding(path: str | Path | None = None):
     return tokenizer
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("BEAM_SFT_CACHE") or Path.home() / ".cache" / "beam_sft")
-
-
 def _eligible(path: str | Path | None) -> Path | None:
     """The tokenizer directory when a warm start may stand in for `load_tokenizer(path)`, else None."""
     if os.environ.get(ENV_OFF, "") not in ("", "0"):
         return None
     directory = Path(path) if path is not None else DEFAULT_TOKENIZER_DIR
-    if not (directory / "tokenizer_config.json").is_file() or not (directory / "tokenizer.json").is_file():
+    if not (directory / "tokenizer.json").is_file() or plain_class(directory) is None:
         return None
-    if (directory / "config.json").exists():  # AutoTokenizer decides the class there
-        return None
-    try:
-        named = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return directory if named in _PLAIN_CLASSES else None
+    return directory
 
 
 def _version(name: str) -> str | None:
@@ -100,12 +91,9 @@ def _version(name: str) -> str | None:
 
 def snapshot_key(directory: Path) -> str:
     """What a snapshot depends on: the tokenizer's files, the code that set it up, the library versions."""
-    h = hashlib.sha256(f"{FORMAT}|{files_digest(directory)}|{sys.version_info[:2]}".encode())
-    for name in ("transformers", "tokenizers", "tiktoken"):
-        h.update(f"|{name}={_version(name)}".encode())
-    for source in _SOURCES:
-        h.update(b"\0" + (PACKAGE_DIR / source).read_bytes())
-    return h.hexdigest()[:32]
+    versions = "".join(f"|{name}={_version(name)}" for name in ("transformers", "tokenizers", "tiktoken"))
+    sources = (b"\0" + (PACKAGE_DIR / source).read_bytes() for source in _SOURCES)
+    return short_hash(f"{FORMAT}|{files_digest(directory)}|{sys.version_info[:2]}{versions}", *sources, length=32)
 
 
 def _read(where: Path, key: str) -> dict[str, Any] | None:
@@ -126,6 +114,7 @@ def store(tokenizer, where: Path, key: str) -> bool:
     """Set up `tokenizer`'s encoder and keep what a warm start needs at `where`. False when there is nothing to
     keep (the fast path is off, a stop marker is not one token, a value JSON does not carry exactly)."""
     from beam_sft.errors import FatalError
+    from beam_sft.render import tiktoken_backend
     from beam_sft.render.encoder import get_encoder
 
     state = get_encoder(tokenizer).warm_state()
@@ -139,33 +128,21 @@ def store(tokenizer, where: Path, key: str) -> bool:
                  "stop_token_ids": list(stop_token_ids(tokenizer))}
     except FatalError:
         return False
+    tiktoken_key = tiktoken_backend.cache_key(state["backend"]) if state["tiktoken"] is not None else None
     snapshot = {"format": FORMAT, "key": key, "tokenizer": facts,
                 "encoder": {"marker_ids": state["marker_ids"], "tiktoken_reason": state["tiktoken_reason"],
-                            "tiktoken": state["tiktoken"] is not None, "backend_sha256": state["backend_sha256"]}}
+                            "tiktoken_key": tiktoken_key, "backend_sha256": state["backend_sha256"]}}
     text = json.dumps(snapshot, ensure_ascii=False)
     if json.loads(text) != snapshot:  # tuples, AddedTokens, int keys...: not something to answer from
         return False
-    _write(where, text, state)
+    try:
+        with atomic_output(where, directory=True) as tmp:
+            (tmp / "backend.json").write_text(state["backend"], encoding="utf-8")
+            (tmp / "snapshot.json").write_text(text, encoding="utf-8")
+    except OSError:
+        return False  # a read-only cache: set up again next time
     _prune(where.parent)
     return True
-
-
-def _write(where: Path, text: str, state: dict[str, Any]) -> None:
-    from beam_sft.render import tiktoken_backend
-
-    tmp = where.with_name(f".{where.name}.{os.getpid()}.tmp")
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        (tmp / "backend.json").write_text(state["backend"], encoding="utf-8")
-        if state["tiktoken"] is not None:
-            (tmp / "tiktoken.bin").write_bytes(tiktoken_backend._dump(state["tiktoken"], None))
-        (tmp / "snapshot.json").write_text(text, encoding="utf-8")  # last: a directory with it is complete
-        os.replace(tmp, where)
-    except OSError:
-        pass  # a read-only cache, or another process stored the same snapshot first: set up again next time
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _prune(directory: Path) -> None:
@@ -264,13 +241,13 @@ class WarmTokenizer:
             return None
         encoder = self.__dict__["_snapshot"]["encoder"]
         pieces = None
-        if encoder["tiktoken"]:
+        if encoder["tiktoken_key"] is not None:
             from beam_sft.render import tiktoken_backend
 
-            try:
-                pieces, _ = tiktoken_backend._load((self.__dict__["_where"] / "tiktoken.bin").read_bytes())
-            except (OSError, ValueError, KeyError):
-                return None  # pruned or damaged under us: the normal setup, on the real tokenizer
+            cached = tiktoken_backend.read_cached(encoder["tiktoken_key"])
+            if cached is None or cached[0] is None:
+                return None  # the ranks pruned or damaged under us: the normal setup, on the real tokenizer
+            pieces = cached[0]
         return {**encoder, "tiktoken": pieces}
 
     def beam_backend_state(self) -> tuple[str, str]:
@@ -283,6 +260,6 @@ class WarmTokenizer:
                 text = (self.__dict__["_where"] / "backend.json").read_text(encoding="utf-8")
             except OSError:
                 text = None
-            if text is not None and hashlib.sha256(text.encode()).hexdigest() == want:
+            if text is not None and short_hash(text, length=64) == want:
                 return text, want
         return backend_state(self.real())

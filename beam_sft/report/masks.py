@@ -128,14 +128,15 @@ class RecordView:
         return {key: (a, b) for key, (a, b) in out.items()}
 
 
-def _marker_ids(tokenizer) -> dict[int, str]:
+def marker_ids(tokenizer) -> dict[int, str]:
+    """id -> text of every added token (the Harmony markers, in a Beam tokenizer)."""
     ids = {}
     for token in tokenizer.get_added_vocab():
         ids[tokenizer.convert_tokens_to_ids(token)] = token
     return ids
 
 
-def _stop_ids(tokenizer) -> set[int]:
+def turn_end_ids(tokenizer) -> set[int]:
     """The tokens that end a turn: `<|return|>` and `<|call|>` where they are single tokens, and EOS."""
     try:
         ids = set(stop_token_ids(tokenizer))
@@ -160,7 +161,7 @@ def _group(header: str) -> tuple[str, str]:
     return role, role
 
 
-def _messages_of(
+def token_messages(
     ids: Sequence[int], mask: Sequence[int], markers: dict[int, str], decode
 ) -> tuple[list[int], list[Message]]:
     """Which rendered message each token belongs to, and the messages with their headers and counts."""
@@ -238,13 +239,13 @@ def inspect_record(
     texts = _token_texts(tokenizer, text, full["input_ids"])
     if texts is None:  # a tokenizer without offsets: per-token decoding (multi-byte characters may split)
         texts = [tokenizer.decode([i]) for i in full["input_ids"]]
-    kept = _kept(full, max_length, policy)
+    kept = kept_by_truncation(full, max_length, policy)
     view = _view(tokenizer, full, kept or {"input_ids": [], "assistant_masks": []}, texts, max_length, label)
     view.dropped = kept is None
     return view
 
 
-def _kept(full: dict, max_length: int | None, policy: str) -> dict | None:
+def kept_by_truncation(full: dict, max_length: int | None, policy: str) -> dict | None:
     """What training keeps of an encoded record under the truncation `policy`; None when it drops it."""
     if max_length is None:
         return full
@@ -259,14 +260,14 @@ def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
     ids, mask = kept["input_ids"], kept["assistant_masks"]
     n = len(full["input_ids"])
     texts = texts[: len(ids)]  # training truncation keeps the start
-    markers = _marker_ids(tokenizer)
-    owner, messages = _messages_of(ids, mask, markers, lambda h: tokenizer.decode(h))
+    markers = marker_ids(tokenizer)
+    owner, messages = token_messages(ids, mask, markers, lambda h: tokenizer.decode(h))
     tokens = [
         Token(text=t, token_id=i, trained=bool(m), marker=i in markers, message=o)
         for t, i, m, o in zip(texts, ids, mask, owner, strict=True)
     ]
-    stops = _stop_ids(tokenizer)
-    truncated, inside = _cut(full["assistant_masks"], len(ids))
+    stops = turn_end_ids(tokenizer)
+    truncated, inside = truncation_cut(full["assistant_masks"], len(ids))
     return RecordView(
         tokens=tokens,
         messages=messages,
@@ -281,7 +282,7 @@ def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
     )
 
 
-def _cut(full_mask: Sequence[int], kept: int) -> tuple[bool, bool]:
+def truncation_cut(full_mask: Sequence[int], kept: int) -> tuple[bool, bool]:
     """(truncated, the cut splits an assistant turn: trained tokens on both sides of it)."""
     n = len(full_mask)
     if kept >= n:
@@ -289,7 +290,8 @@ def _cut(full_mask: Sequence[int], kept: int) -> tuple[bool, bool]:
     return True, bool(kept and full_mask[kept - 1] and full_mask[kept])
 
 
-def _summary_line(view: RecordView) -> str:
+def summary_line(view: RecordView) -> str:
+    """One line on a record: its tokens, how many train, and whether truncation cut or dropped it."""
     parts = [f"{view.length} tokens", f"{view.trained} trained"]
     if view.dropped:
         parts.append(f"DROPPED: longer than {view.max_length} and the truncation policy keeps no whole turn")
@@ -317,7 +319,7 @@ def ansi_view(view: RecordView) -> str:
         f"legend: {_ANSI_TRAINED[0]} trained {_ANSI_RESET} {_ANSI_UNTRAINED[0]}not trained{_ANSI_RESET} "
         f"{_ANSI_MARKER}<|marker|>{_ANSI_RESET}"
     )
-    out = [f"\x1b[1m{_summary_line(view)}{_ANSI_RESET}", _group_line(view), legend]
+    out = [f"\x1b[1m{summary_line(view)}{_ANSI_RESET}", _group_line(view), legend]
     line: list[str] = []
     current = None
     for k, token in enumerate(view.tokens):
@@ -338,7 +340,7 @@ def ansi_view(view: RecordView) -> str:
 
 def plain_view(view: RecordView) -> str:
     """No colours: trained text between `{+` and `+}`, markers as they are, a line per rendered message."""
-    out = [_summary_line(view), _group_line(view), "legend: {+trained+} not trained"]
+    out = [summary_line(view), _group_line(view), "legend: {+trained+} not trained"]
     line: list[str] = []
     current = None
     in_trained = False

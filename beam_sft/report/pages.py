@@ -11,7 +11,7 @@ import dataclasses
 import html
 from collections.abc import Sequence
 
-from beam_sft.report.masks import RecordView, _summary_line
+from beam_sft.report.masks import RecordView, summary_line
 from beam_sft.report.stats import DatasetStats, stats_rows
 
 # HTML colours (also what the screenshot test looks for).
@@ -73,7 +73,7 @@ def html_record(view: RecordView) -> str:
     warn = (
         ' class="warn"' if not view.trained or view.stop_tokens_untrained or view.cut_inside_assistant else ""
     )
-    summary = _summary_line(dataclasses.replace(view, label=""))
+    summary = summary_line(dataclasses.replace(view, label=""))
     return (
         f"<h2>{html.escape(view.label or 'record')}</h2><p{warn}>{html.escape(summary)}</p>"
         f"<table><tr><th>role</th><th>trained</th><th>tokens</th></tr>{rows}</table>{_html_tokens(view)}"

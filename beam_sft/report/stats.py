@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.render.encoder import MaskedEncoder, encode_each
-from beam_sft.report.masks import _cut, _kept, _marker_ids, _messages_of, _stop_ids
+from beam_sft.report.masks import kept_by_truncation, marker_ids, token_messages, truncation_cut, turn_end_ids
 
 
 @dataclass
@@ -62,14 +62,14 @@ def _count_kept(stats: DatasetStats, index: int, full_mask, kept: dict, markers,
     ids, mask = kept["input_ids"], kept["assistant_masks"]
     stats.tokens += len(ids)
     stats.trained += sum(mask)
-    _, messages = _messages_of(ids, mask, markers, decode)
+    _, messages = token_messages(ids, mask, markers, decode)
     for message in messages:
         entry = stats.groups.setdefault(message.group, [0, 0])
         entry[0] += message.trained
         entry[1] += message.tokens
     if not any(mask):
         stats.empty_mask.append(index)
-    truncated, inside = _cut(full_mask, len(ids))
+    truncated, inside = truncation_cut(full_mask, len(ids))
     if truncated:
         stats.truncated.append(index)
         if inside:
@@ -83,7 +83,7 @@ def _add_record(stats: DatasetStats, index: int, full: dict, markers, stops, dec
     truncation, untrained stops; a record the truncation policy drops only in `dropped`."""
     stats.records += 1
     stats.lengths.append(len(full["input_ids"]))
-    kept = _kept(full, stats.max_length, stats.policy)
+    kept = kept_by_truncation(full, stats.max_length, stats.policy)
     if kept is None:
         stats.dropped.append(index)
         return
@@ -104,7 +104,7 @@ def dataset_stats(
     """Statistics over `records` (Beam records), encoded by the training encoder in batches and, with
     `max_length`, cut by the training truncation `policy` (`beam_sft.dataset.examples.truncate`).
 
-    `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.stages.Converted`, which decodes each batch
+    `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.pipeline.Converted`, which decodes each batch
     from memory-mapped Arrow only when it is encoded.
 
     A record the template rejects counts as rejected (its reason is kept), never silently dropped; a record
@@ -116,7 +116,7 @@ def dataset_stats(
     stats = DatasetStats(max_length=max_length, policy=policy)
     stats.rejected = len(rejected)
     stats.rejected_reasons.update(r.get("reason", "?") for r in rejected)
-    markers, stops = _marker_ids(tokenizer), _stop_ids(tokenizer)
+    markers, stops = marker_ids(tokenizer), turn_end_ids(tokenizer)
     # A callable or a sequence: for a large dataset the caller names records lazily.
     if labels is None:
         def label_of(i: int) -> str:

@@ -31,8 +31,8 @@ def check_export(directory: Path) -> list[str]:
 def save_checked(model, tokenizer, output: Path, failure: str) -> dict[str, Any]:
     """Save `model` + `tokenizer` into `output` atomically, made servable and checked (`check_export`); nothing
     is written when a check fails (FatalError "{output} {failure}: ..."). Returns `make_servable`'s report."""
-    from beam_sft.records.files import atomic_output
     from beam_sft.serve.servable import make_servable
+    from beam_sft.storage import atomic_output
     from beam_sft.template.tokenizer import save_tokenizer
 
     output.parent.mkdir(parents=True, exist_ok=True)

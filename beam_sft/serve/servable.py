@@ -28,17 +28,14 @@ from typing import Any
 
 from beam_sft.errors import FatalError
 from beam_sft.records.messages import STOP_MARKERS  # defined once, with the other Harmony markers
+from beam_sft.storage import write_json_atomic
+from beam_sft.template.tokenizer import stop_token_ids
 
 logger = logging.getLogger(__name__)
 
 SERVING_FIELDS = ("thinking", "content", "tool_calls")
 TEXT_FIELDS = ("thinking", "content")
-TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
 EOS_FILES = ("generation_config.json", "config.json")
-
-
-# --------------------------------------------------------------------------------------------------------
-# The response template's serving subset
 
 
 def serving_subset_errors(template: Any) -> list[str]:
@@ -72,20 +69,18 @@ def check_serving_subset(template: Any) -> str:
 
     With vLLM importable its own validator runs first (the one the server runs at start-up), then ours, which
     is stricter on `repeats` (see the module docstring)."""
-    checker = "beam-sft"
     try:
-        from vllm.parser.response_template import validate_response_template_for_serving
+        from vllm.parser.response_template import validate_response_template_for_serving as vllm_check
     except Exception:  # noqa: BLE001 - vLLM absent, or present but not importable here: ours decides
-        validate_response_template_for_serving = None
-    if validate_response_template_for_serving is not None:
-        checker = "vllm"
+        vllm_check = None
+    if vllm_check is not None:
         try:
-            validate_response_template_for_serving(deepcopy(template))
+            vllm_check(deepcopy(template))
         except (TypeError, ValueError) as err:
             raise FatalError(f"response_template is not servable (vLLM's check): {err}") from err
     if errors := serving_subset_errors(template):
         raise FatalError("response_template is not servable: " + "; ".join(errors))
-    return checker
+    return "beam-sft" if vllm_check is None else "vllm"
 
 
 def to_serving_form(template: dict[str, Any]) -> dict[str, Any]:
@@ -103,26 +98,10 @@ def to_serving_form(template: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------------
-# Stop tokens
-
-
 def _as_list(value: Any) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
-
-
-def stop_ids(tokenizer) -> list[int]:
-    """Ids of `<|return|>` and `<|call|>`, each a single token of `tokenizer`."""
-    ids = []
-    for marker in STOP_MARKERS:
-        encoded = tokenizer.encode(marker, add_special_tokens=False)
-        if len(encoded) != 1:
-            raise FatalError(f"{marker} is {len(encoded)} tokens with this tokenizer; Beam markers must be single "
-                             "tokens (beamify it)")
-        ids.append(encoded[0])
-    return ids
 
 
 def eos_list(stops: list[int], *existing: Any) -> list[int]:
@@ -143,12 +122,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    from beam_sft.records.files import write_json_atomic
-
-    write_json_atomic(str(path), data)
-
-
 def write_eos(directory: Path, stops: list[int]) -> list[int]:
     """Set `eos_token_id` in generation_config.json (created when missing) and config.json to the stop ids
     plus the EOS ids either file already had; returns the list written."""
@@ -156,20 +129,14 @@ def write_eos(directory: Path, stops: list[int]) -> list[int]:
     eos = eos_list(stops, *((c or {}).get("eos_token_id") for c in configs.values()))
     generation = configs["generation_config.json"]
     if generation is None:
-        generation = {"_from_model_config": False}
-        if (model_config := configs["config.json"]) is not None:
-            for key in ("bos_token_id", "pad_token_id"):
-                if model_config.get(key) is not None:
-                    generation[key] = model_config[key]
+        model_config = configs["config.json"] or {}
+        generation = {"_from_model_config": False, **{key: model_config[key] for key in ("bos_token_id", "pad_token_id")
+                                                      if model_config.get(key) is not None}}
     for name, data in (("generation_config.json", generation), ("config.json", configs["config.json"])):
         if data is not None:
             data["eos_token_id"] = eos
-            _write_json(directory / name, data)
+            write_json_atomic(directory / name, data)
     return eos
-
-
-# --------------------------------------------------------------------------------------------------------
-# Permissions
 
 
 def current_umask() -> int:
@@ -207,21 +174,17 @@ def unreadable(directory: Path) -> list[str]:
             if p.is_file() and p.stat().st_mode & readable != readable]
 
 
-# --------------------------------------------------------------------------------------------------------
-# The directory
-
-
 def _marker_ids(directory: Path, tokenizer=None) -> list[int]:
     """Stop ids from `tokenizer`, else from tokenizer.json's added tokens (no tokenizer load needed)."""
     if tokenizer is not None:
-        return stop_ids(tokenizer)
+        return list(stop_token_ids(tokenizer))
     data = _read_json(directory / "tokenizer.json") or {}
     found = {t.get("content"): t.get("id") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
     if all(isinstance(found.get(m), int) for m in STOP_MARKERS):
         return [found[m] for m in STOP_MARKERS]
     from transformers import AutoTokenizer
 
-    return stop_ids(AutoTokenizer.from_pretrained(str(directory)))
+    return list(stop_token_ids(AutoTokenizer.from_pretrained(str(directory))))
 
 
 def saved_response_template(directory: Path) -> dict[str, Any] | None:
@@ -229,13 +192,18 @@ def saved_response_template(directory: Path) -> dict[str, Any] | None:
     return template if isinstance(template, dict) else None
 
 
+def _has_chat_template(directory: Path) -> bool:
+    return (directory / "chat_template.jinja").is_file() or \
+        bool((_read_json(directory / "tokenizer_config.json") or {}).get("chat_template"))
+
+
 def _servable_template(directory: Path, strict: bool) -> tuple[str | None, bool]:
     """Bring the saved response template into the serving subset where dropping repeats/join does it;
     (which check passed it or None, whether tokenizer_config.json was rewritten)."""
     config_path = directory / "tokenizer_config.json"
     config = _read_json(config_path)
-    template = (config or {}).get("response_template")
-    if not isinstance(template, dict):
+    template = saved_response_template(directory)
+    if template is None:
         if strict:
             raise FatalError(f"{config_path}: no response_template; save the tokenizer with "
                              "beam_sft.template.tokenizer.save_tokenizer")
@@ -244,7 +212,7 @@ def _servable_template(directory: Path, strict: bool) -> tuple[str | None, bool]
     rewritten = False
     if serving_subset_errors(template) and not serving_subset_errors(serving := to_serving_form(template)):
         config["response_template"] = serving
-        _write_json(config_path, config)
+        write_json_atomic(config_path, config)
         logger.info("%s: response_template: repeats/join dropped from thinking/content (vLLM's serving subset)",
                     directory)
         template, rewritten = serving, True
@@ -268,8 +236,7 @@ def make_servable(directory: str | Path, tokenizer=None, *, strict: bool = False
     if not directory.is_dir():
         raise FatalError(f"{directory}: not a directory")
     checker, rewritten = _servable_template(directory, strict)
-    if not (directory / "chat_template.jinja").is_file() and \
-            not (_read_json(directory / "tokenizer_config.json") or {}).get("chat_template"):
+    if not _has_chat_template(directory):
         if strict:
             raise FatalError(f"{directory}: no chat template")
         logger.warning("%s: no chat template: a server cannot render Beam prompts", directory)
@@ -282,10 +249,8 @@ def make_servable(directory: str | Path, tokenizer=None, *, strict: bool = False
 def servable_problems(directory: str | Path) -> list[str]:
     """What keeps `directory` from being served as is (empty when nothing does); changes nothing."""
     directory = Path(directory)
-    problems = []
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        if not (directory / name).is_file():
-            problems.append(f"{name} missing")
+    problems = [f"{name} missing" for name in ("config.json", "tokenizer.json", "tokenizer_config.json")
+                if not (directory / name).is_file()]
     template = saved_response_template(directory)
     if template is None:
         problems.append("tokenizer_config.json has no response_template")
@@ -294,8 +259,7 @@ def servable_problems(directory: str | Path) -> list[str]:
             check_serving_subset(template)
         except FatalError as err:
             problems.append(str(err))
-    if not (directory / "chat_template.jinja").is_file() and \
-            not (_read_json(directory / "tokenizer_config.json") or {}).get("chat_template"):
+    if not _has_chat_template(directory):
         problems.append("no chat template (chat_template.jinja)")
     if not problems:
         stops = _marker_ids(directory)

@@ -31,14 +31,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from beam_sft.records.messages import STOP_MARKERS
 from beam_sft.template.tokenizer import EOS_TOKEN, MARKERS, save_tokenizer
 
 SPEC_PATH = Path(__file__).resolve().parent / "spec" / "beam-harmony-format.md"
-
-
-# --------------------------------------------------------------------------------------------- results
 
 
 @dataclass
@@ -51,20 +49,13 @@ class RuleResult:
     actual: str | None = None
 
     def line(self) -> str:
-        status = "PASS" if self.ok else "FAIL"
-        return f"{status} {self.name}" + (f": {self.reason}" if self.reason else "")
+        return f"{'PASS' if self.ok else 'FAIL'} {self.name}" + (f": {self.reason}" if self.reason else "")
 
     def diff(self) -> str:
         if self.expected is None or self.actual is None or self.ok:
             return ""
-        return "".join(
-            difflib.unified_diff(
-                self.expected.splitlines(keepends=True),
-                self.actual.splitlines(keepends=True),
-                fromfile="page",
-                tofile="template",
-            )
-        )
+        return "".join(difflib.unified_diff(self.expected.splitlines(keepends=True),
+                                            self.actual.splitlines(keepends=True), fromfile="page", tofile="template"))
 
 
 class RuleFailure(AssertionError):
@@ -76,7 +67,9 @@ def _require(condition: bool, reason: str) -> None:
         raise RuleFailure(reason)
 
 
-# ---------------------------------------------------------------------------------------- spec parsing
+def _diverge(a: str, b: str) -> int:
+    """Where `a` and `b` first differ (the shorter one's length when one is a prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 @dataclass
@@ -130,9 +123,8 @@ def _code_blocks(text: str) -> Iterator[tuple[int, str, str, str | None, str]]:
             i += 1
             while i < len(lines) and lines[i].strip() != "```":
                 content = lines[i]
-                assert content.startswith(indent) or not content.strip(), (
+                assert content.startswith(indent) or not content.strip(), \
                     f"spec line {i + 1}: code line is indented less than its fence"
-                )
                 body.append(content[len(indent) :])
                 i += 1
             assert i < len(lines), f"spec line {start + 1}: code block is never closed"
@@ -143,31 +135,24 @@ def _code_blocks(text: str) -> Iterator[tuple[int, str, str, str | None, str]]:
 def parse_spec(text: str) -> SpecPage:
     """Find the page's setup block and its accordion examples (python block + following text block)."""
     setup = None
-    pending: dict[str, list[tuple[int, str, str]]] = {}  # accordion title -> [(line, lang, body)]
-    order: list[str] = []
+    blocks_of: dict[str, list[tuple[int, str, str]]] = {}  # accordion title -> [(line, lang, body)], page order
     snippets: dict[str, list[str]] = {}
     for line, lang, body, accordion, heading in _code_blocks(text):
-        if accordion is None:
-            if lang == "python" and setup is None and "BEAM_MODEL_ID" in body:
-                setup = body
-            elif lang == "text":
-                snippets.setdefault(heading, []).append(body)
-            continue
-        if accordion not in pending:
-            pending[accordion] = []
-            order.append(accordion)
-        pending[accordion].append((line, lang, body))
+        if accordion is not None:
+            blocks_of.setdefault(accordion, []).append((line, lang, body))
+        elif lang == "python" and setup is None and "BEAM_MODEL_ID" in body:
+            setup = body
+        elif lang == "text":
+            snippets.setdefault(heading, []).append(body)
     assert setup is not None, "spec page has no setup block (a python block using BEAM_MODEL_ID)"
     page = SpecPage(setup=setup, snippets=snippets)
-    for title in order:
-        blocks = pending[title]
+    for title, blocks in blocks_of.items():
         pairs = []
         for k, (line, lang, body) in enumerate(blocks):
             if lang != "python":
                 continue
-            assert k + 1 < len(blocks) and blocks[k + 1][1] == "text", (
+            assert k + 1 < len(blocks) and blocks[k + 1][1] == "text", \
                 f"spec line {line}: python block in accordion {title!r} is not followed by a text block"
-            )
             pairs.append((line, body, blocks[k + 1][2]))
         for index, (line, code, expected) in enumerate(pairs, start=1):
             page.examples.append(PageExample(title, index, len(pairs), code, expected, line))
@@ -177,22 +162,6 @@ def parse_spec(text: str) -> SpecPage:
 
 def load_spec(path: str | Path | None = None) -> SpecPage:
     return parse_spec(Path(path or SPEC_PATH).read_text(encoding="utf-8"))
-
-
-# -------------------------------------------------------------------------------------- page examples
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def _run_block(code: str, namespace: dict[str, Any], filename: str) -> str:
@@ -209,17 +178,15 @@ def _run_block(code: str, namespace: dict[str, Any], filename: str) -> str:
 def _fresh_namespace(setup_ns: dict[str, Any]) -> dict[str, Any]:
     # Examples mutate the inputs they build on (e.g. history[1][...] = ...); data gets copied, the
     # tokenizer, modules and functions are shared.
-    return {
-        k: copy.deepcopy(v) if isinstance(v, (list, dict)) and not k.startswith("__") else v
-        for k, v in setup_ns.items()
-    }
+    return {k: copy.deepcopy(v) if isinstance(v, (list, dict)) and not k.startswith("__") else v
+            for k, v in setup_ns.items()}
 
 
 def run_page_examples(model_id: str, page: SpecPage | None = None) -> list[RuleResult]:
     """Run every page example against `model_id` (a tokenizer dir or hub id), one result per example."""
     page = page or load_spec()
     setup_ns: dict[str, Any] = {"__name__": "__beam_spec__"}
-    with _env("BEAM_MODEL_ID", str(model_id)):
+    with mock.patch.dict(os.environ, {"BEAM_MODEL_ID": str(model_id)}):
         setup_out = _run_block(page.setup, setup_ns, "<spec setup>")
     if "tokenizer" not in setup_ns or "render" not in setup_ns:
         reason = f"the page's setup block failed: {setup_out.strip().splitlines()[-1] if setup_out.strip() else '?'}"
@@ -231,10 +198,8 @@ def run_page_examples(model_id: str, page: SpecPage | None = None) -> list[RuleR
             namespace = _fresh_namespace(setup_ns)
         actual = _run_block(ex.code, namespace, f"<spec line {ex.line}>")
         expected = ex.expected + "\n"
-        if actual == expected:
-            results.append(RuleResult(ex.name, True, expected=expected, actual=actual))
-        else:
-            results.append(RuleResult(ex.name, False, _first_difference(expected, actual), expected, actual))
+        reason = "" if actual == expected else _first_difference(expected, actual)
+        results.append(RuleResult(ex.name, actual == expected, reason, expected, actual))
     return results
 
 
@@ -242,14 +207,12 @@ def _first_difference(expected: str, actual: str) -> str:
     exp_lines, act_lines = expected.splitlines(), actual.splitlines()
     for n, (e, a) in enumerate(zip(exp_lines, act_lines), start=1):
         if e != a:
-            col = next((i for i, (x, y) in enumerate(zip(e, a)) if x != y), min(len(e), len(a)))
+            col = _diverge(e, a)
             return f"output line {n} differs at column {col + 1}: page {e[col : col + 60]!r}, got {a[col : col + 60]!r}"
     if len(exp_lines) != len(act_lines):
         return f"page shows {len(exp_lines)} line(s), got {len(act_lines)}"
     return "outputs differ in trailing whitespace"
 
-
-# ------------------------------------------------------------------------------------------ fixtures
 
 GET_WEATHER = {
     "type": "function",
@@ -258,78 +221,46 @@ GET_WEATHER = {
         "description": "Get the current weather for a city.",
         "parameters": {
             "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "days": {"type": "integer", "description": "Forecast length in days"},
-            },
+            "properties": {"city": {"type": "string"},
+                           "days": {"type": "integer", "description": "Forecast length in days"}},
             "required": ["city"],
         },
     },
 }
 
+
+def _call(city: str, **arguments) -> dict:
+    return {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city, **arguments}}}
+
+
 USER = {"role": "user", "content": "What is 2 + 2?"}
 ANSWER = {"role": "assistant", "reasoning_content": "Simple arithmetic.", "content": "4"}
-CALL_LONDON = {
-    "role": "assistant",
-    "reasoning_content": "I should check the weather tool.",
-    "tool_calls": [
-        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "London"}}}
-    ],
-}
-PARALLEL_CALLS = {
-    "role": "assistant",
-    "reasoning_content": "I need both cities.",
-    "tool_calls": [
-        {
-            "id": "c1",
-            "type": "function",
-            "function": {"name": "get_weather", "arguments": {"city": "London"}},
-        },
-        {
-            "id": "c2",
-            "type": "function",
-            "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}},
-        },
-    ],
-}
+CALL_LONDON = {"role": "assistant", "reasoning_content": "I should check the weather tool.",
+               "tool_calls": [_call("London")]}
+PARALLEL_CALLS = {"role": "assistant", "reasoning_content": "I need both cities.",
+                  "tool_calls": [{"id": "c1", **_call("London")}, {"id": "c2", **_call("Paris", days=3)}]}
 AFTER_TOOL = {"role": "assistant", "reasoning_content": "It is cloudy.", "content": "London: 14 C, cloudy."}
+LONDON_RESULT = {"role": "tool", "name": "get_weather", "content": "14 C, cloudy"}
 # Text that trips tokenizers that normalise or add spaces: leading/trailing/multiple spaces, tabs, CRLF,
 # code, emoji, CJK, combining characters.
 ODD_TEXT = "  two leading spaces\tand a tab,\r\nCRLF, trailing  \n```py\ndef f(x):\n    return x  # ok\n```\n😀 中文 e\u0301"
+ODD_ANSWER = {"role": "assistant", "reasoning_content": ODD_TEXT, "content": ODD_TEXT}
 
 CONVERSATIONS: dict[str, tuple[list[dict], list[dict] | None]] = {
     "answer": ([USER, ANSWER], None),
-    "multi-turn": (
-        [USER, ANSWER, {"role": "user", "content": "And 3 + 3?"}, {**ANSWER, "content": "6"}],
-        None,
-    ),
+    "multi-turn": ([USER, ANSWER, {"role": "user", "content": "And 3 + 3?"}, {**ANSWER, "content": "6"}], None),
     "tool-loop": (
-        [
-            {"role": "user", "content": "What's the weather in London?"},
-            CALL_LONDON,
-            {"role": "tool", "name": "get_weather", "content": "14 C, cloudy"},
-            AFTER_TOOL,
-        ],
+        [{"role": "user", "content": "What's the weather in London?"}, CALL_LONDON, LONDON_RESULT, AFTER_TOOL],
         [GET_WEATHER],
     ),
     "parallel-calls": (
-        [
-            {"role": "user", "content": "Compare London and Paris."},
-            PARALLEL_CALLS,
-            {"role": "tool", "tool_call_id": "c1", "content": "14 C, cloudy"},
-            {"role": "tool", "tool_call_id": "c2", "content": "18 C, sunny"},
-            {**AFTER_TOOL, "content": "Paris is warmer."},
-        ],
+        [{"role": "user", "content": "Compare London and Paris."}, PARALLEL_CALLS,
+         {"role": "tool", "tool_call_id": "c1", "content": "14 C, cloudy"},
+         {"role": "tool", "tool_call_id": "c2", "content": "18 C, sunny"},
+         {**AFTER_TOOL, "content": "Paris is warmer."}],
         [GET_WEATHER],
     ),
-    "odd-text": (
-        [
-            {"role": "system", "content": ODD_TEXT},
-            {"role": "user", "content": ODD_TEXT},
-            {"role": "assistant", "reasoning_content": ODD_TEXT, "content": ODD_TEXT},
-        ],
-        None,
-    ),
+    "odd-text": ([{"role": "system", "content": ODD_TEXT}, {"role": "user", "content": ODD_TEXT}, ODD_ANSWER], None),
 }
 
 _MESSAGE_RE = re.compile(
@@ -350,9 +281,7 @@ def expected_assistant_spans(text: str) -> list[tuple[int, int]]:
     for m in _MESSAGE_RE.finditer(text):
         speaker = m.group("header").split(" ", 1)[0]
         if speaker != "assistant":
-            _require(
-                turn_start is None, f"a {speaker!r} message at char {m.start()} interrupts an assistant turn"
-            )
+            _require(turn_start is None, f"a {speaker!r} message at char {m.start()} interrupts an assistant turn")
             continue
         if turn_start is None:
             turn_start = m.start("body")
@@ -362,8 +291,6 @@ def expected_assistant_spans(text: str) -> list[tuple[int, int]]:
     _require(turn_start is None, "an assistant turn never ends with <|return|> or <|call|>")
     return spans
 
-
-# ------------------------------------------------------------------------------------------ format rules
 
 FormatRule = Callable[[Any], str | None]
 FORMAT_RULES: dict[str, FormatRule] = {}
@@ -398,11 +325,7 @@ def _markers_single_token(tokenizer) -> str | None:
 
 @rule("only-return-special")
 def _only_return_special(tokenizer) -> str | None:
-    decoder = (
-        tokenizer.backend_tokenizer.get_added_tokens_decoder()
-        if hasattr(tokenizer, "backend_tokenizer")
-        else {}
-    )
+    decoder = tokenizer.backend_tokenizer.get_added_tokens_decoder() if hasattr(tokenizer, "backend_tokenizer") else {}
     flags = {tok.content: tok.special for tok in decoder.values()}
     for marker in MARKERS:
         want = marker == EOS_TOKEN
@@ -411,19 +334,15 @@ def _only_return_special(tokenizer) -> str | None:
     text = "".join(f"{m}t{i}" for i, m in enumerate(MARKERS))
     kept = tokenizer.decode(_ids(tokenizer, text), skip_special_tokens=True)
     want_text = text.replace(EOS_TOKEN, "")
-    _require(
-        kept == want_text,
-        f"decode(skip_special_tokens=True) gives {kept!r}, expected {want_text!r} (only {EOS_TOKEN} dropped)",
-    )
+    _require(kept == want_text,
+             f"decode(skip_special_tokens=True) gives {kept!r}, expected {want_text!r} (only {EOS_TOKEN} dropped)")
     return None
 
 
 @rule("eos-is-return")
 def _eos_is_return(tokenizer) -> str | None:
     _require(tokenizer.eos_token == EOS_TOKEN, f"eos_token is {tokenizer.eos_token!r}, not {EOS_TOKEN}")
-    _require(
-        tokenizer.eos_token_id == _ids(tokenizer, EOS_TOKEN)[0], "eos_token_id is not the id of <|return|>"
-    )
+    _require(tokenizer.eos_token_id == _ids(tokenizer, EOS_TOKEN)[0], "eos_token_id is not the id of <|return|>")
     return None
 
 
@@ -440,10 +359,8 @@ def _templates_installed(tokenizer) -> str | None:
     from transformers.utils.chat_parsing.response_templates import load_response_template
 
     _require(isinstance(tokenizer.chat_template, str) and tokenizer.chat_template, "no chat template")
-    _require(
-        re.search(r"\{%-?\s*generation\s*-?%\}", tokenizer.chat_template) is not None,
-        "chat template has no {% generation %} block, so there are no assistant masks",
-    )
+    _require(re.search(r"\{%-?\s*generation\s*-?%\}", tokenizer.chat_template) is not None,
+             "chat template has no {% generation %} block, so there are no assistant masks")
     response_template = getattr(tokenizer, "response_template", None)
     _require(response_template is not None, "no response_template")
     try:
@@ -459,25 +376,20 @@ def _round_trip(tokenizer) -> str | None:
         text = _render(tokenizer, messages, tools)
         back = tokenizer.decode(_ids(tokenizer, text))
         if back != text:
-            at = next((i for i, (a, b) in enumerate(zip(text, back)) if a != b), min(len(text), len(back)))
-            raise RuleFailure(
-                f"{name}: decode(encode(prompt)) != prompt from char {at}: "
-                f"{text[at : at + 30]!r} became {back[at : at + 30]!r}"
-            )
+            at = _diverge(text, back)
+            raise RuleFailure(f"{name}: decode(encode(prompt)) != prompt from char {at}: "
+                              f"{text[at : at + 30]!r} became {back[at : at + 30]!r}")
     return f"{len(CONVERSATIONS)} conversations"
 
 
 def _masked_tokens(tokenizer, messages, tools) -> tuple[str, list[int], list[int], list[tuple[int, int]]]:
     """Rendered text, ids, assistant mask and character offsets of one conversation."""
     text = _render(tokenizer, messages, tools)
-    encoded = tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-    )
+    encoded = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
     plain = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    _require(
-        list(encoded["input_ids"]) == list(plain["input_ids"]),
-        "apply_chat_template(tokenize=True) ids differ from tokenizing the rendered text",
-    )
+    _require(list(encoded["input_ids"]) == list(plain["input_ids"]),
+             "apply_chat_template(tokenize=True) ids differ from tokenizing the rendered text")
     return text, list(plain["input_ids"]), list(encoded["assistant_masks"]), list(plain["offset_mapping"])
 
 
@@ -490,22 +402,15 @@ def _mask_spans(tokenizer) -> str | None:
         tokens = tokenizer.convert_ids_to_tokens(ids)
         for s, e in spans:
             # The turn must start and end on token boundaries, or the mask takes in part of the prompt.
-            _require(
-                any(a == s for a, _ in offsets), f"{name}: no token starts where the turn does (char {s})"
-            )
+            _require(any(a == s for a, _ in offsets), f"{name}: no token starts where the turn does (char {s})")
             _require(any(b == e for _, b in offsets), f"{name}: no token ends where the turn does (char {e})")
         # Offsets may be trimmed of whitespace (GPT-2's trim_offsets), so test containment, not coverage.
         want = [int(any(s <= a and b <= e for s, e in spans)) for a, b in offsets]
         if mask != want:
-            wrong = [
-                f"token {i} {tokens[i]!r} ({'masked' if m else 'not masked'})"
-                for i, (m, w) in enumerate(zip(mask, want))
-                if m != w
-            ]
-            raise RuleFailure(
-                f"{name}: mask disagrees with the assistant turns {spans} at {len(wrong)} token(s): "
-                + ", ".join(wrong[:4])
-            )
+            wrong = [f"token {i} {tokens[i]!r} ({'masked' if m else 'not masked'})"
+                     for i, (m, w) in enumerate(zip(mask, want)) if m != w]
+            raise RuleFailure(f"{name}: mask disagrees with the assistant turns {spans} at {len(wrong)} token(s): "
+                              + ", ".join(wrong[:4]))
     return f"{len(CONVERSATIONS)} conversations"
 
 
@@ -523,65 +428,52 @@ def _mask_stop_tokens(tokenizer) -> str | None:
     return None
 
 
+def _prompt_and_full(tokenizer, history, turn, tools) -> tuple[str, str]:
+    """The generation prompt after `history`, and the conversation with `turn` rendered after it."""
+    return _render(tokenizer, history, tools, add_generation_prompt=True), _render(tokenizer, [*history, turn], tools)
+
+
 def _prefix_check(tokenizer, history, turn, tools, label) -> None:
-    prompt = _render(tokenizer, history, tools, add_generation_prompt=True)
-    full = _render(tokenizer, [*history, turn], tools)
+    prompt, full = _prompt_and_full(tokenizer, history, turn, tools)
     if not full.startswith(prompt):
-        at = next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b), len(full))
-        raise RuleFailure(
-            f"{label}: the generation prompt is not a prefix of the conversation: from char {at} prompt has "
-            f"{prompt[at : at + 40]!r}, conversation has {full[at : at + 40]!r}"
-        )
+        at = _diverge(prompt, full)
+        raise RuleFailure(f"{label}: the generation prompt is not a prefix of the conversation: from char {at} prompt "
+                          f"has {prompt[at : at + 40]!r}, conversation has {full[at : at + 40]!r}")
     prompt_ids, full_ids = _ids(tokenizer, prompt), _ids(tokenizer, full)
-    _require(
-        full_ids[: len(prompt_ids)] == prompt_ids, f"{label}: prompt ids are not a prefix of conversation ids"
-    )
+    _require(full_ids[: len(prompt_ids)] == prompt_ids, f"{label}: prompt ids are not a prefix of conversation ids")
 
 
 @rule("prefix-answer")
 def _prefix_answer(tokenizer) -> str | None:
     _prefix_check(tokenizer, [USER], ANSWER, None, "answer")
-    _prefix_check(
-        tokenizer, [USER, ANSWER, {"role": "user", "content": "And 3 + 3?"}], ANSWER, None, "second turn"
-    )
+    _prefix_check(tokenizer, [USER, ANSWER, {"role": "user", "content": "And 3 + 3?"}], ANSWER, None, "second turn")
     return None
 
 
 @rule("prefix-tool-call")
 def _prefix_tool_call(tokenizer) -> str | None:
     ask = {"role": "user", "content": "Weather in London?"}
-    result = {"role": "tool", "name": "get_weather", "content": "14 C, cloudy"}
     _prefix_check(tokenizer, [ask], CALL_LONDON, [GET_WEATHER], "tool call")
     _prefix_check(tokenizer, [ask], PARALLEL_CALLS, [GET_WEATHER], "parallel calls")
-    _prefix_check(
-        tokenizer, [ask, CALL_LONDON, result], AFTER_TOOL, [GET_WEATHER], "answer after tool result"
-    )
+    _prefix_check(tokenizer, [ask, CALL_LONDON, LONDON_RESULT], AFTER_TOOL, [GET_WEATHER], "answer after tool result")
     return None
 
 
 def _generated(tokenizer, history, turn, tools) -> tuple[str, str]:
-    prompt = _render(tokenizer, history, tools, add_generation_prompt=True)
-    full = _render(tokenizer, [*history, turn], tools)
+    prompt, full = _prompt_and_full(tokenizer, history, turn, tools)
     _require(full.startswith(prompt), "generation prompt is not a prefix (see prefix rules)")
     return prompt, full[len(prompt) :]
 
 
 def _check_parsed(parsed: dict, turn: dict, label: str) -> None:
     _require(parsed.get("role") == "assistant", f"{label}: role is {parsed.get('role')!r}")
-    _require(
-        parsed.get("thinking") == turn["reasoning_content"],
-        f"{label}: thinking is {parsed.get('thinking')!r}, rendered {turn['reasoning_content']!r}",
-    )
+    _require(parsed.get("thinking") == turn["reasoning_content"],
+             f"{label}: thinking is {parsed.get('thinking')!r}, rendered {turn['reasoning_content']!r}")
     if "tool_calls" in turn:
         want = [{"type": "function", "function": c["function"]} for c in turn["tool_calls"]]
-        _require(
-            parsed.get("tool_calls") == want,
-            f"{label}: tool_calls are {parsed.get('tool_calls')!r}, want {want!r}",
-        )
-        _require(
-            not parsed.get("content"),
-            f"{label}: a tool-call turn parsed with content {parsed.get('content')!r}",
-        )
+        _require(parsed.get("tool_calls") == want,
+                 f"{label}: tool_calls are {parsed.get('tool_calls')!r}, want {want!r}")
+        _require(not parsed.get("content"), f"{label}: a tool-call turn parsed with content {parsed.get('content')!r}")
     else:
         _require(parsed.get("content") == turn["content"], f"{label}: content is {parsed.get('content')!r}")
         _require(not parsed.get("tool_calls"), f"{label}: an answer parsed with tool_calls")
@@ -591,7 +483,7 @@ PARSE_CASES = [
     ("answer", [USER], ANSWER, None),
     ("tool call", [{"role": "user", "content": "Weather in London?"}], CALL_LONDON, [GET_WEATHER]),
     ("parallel calls", [{"role": "user", "content": "London and Paris?"}], PARALLEL_CALLS, [GET_WEATHER]),
-    ("odd text", [USER], {"role": "assistant", "reasoning_content": ODD_TEXT, "content": ODD_TEXT}, None),
+    ("odd text", [USER], ODD_ANSWER, None),
 ]
 
 
@@ -634,8 +526,7 @@ def _parse_stream(tokenizer) -> str | None:
     for label, history, turn, tools in PARSE_CASES:
         prompt, generated = _generated(tokenizer, history, turn, tools)
         parser = tokenizer.get_response_parser(prefix=prompt, tools=tools)
-        ids = _ids(tokenizer, generated)
-        pieces = _stream_pieces(tokenizer, ids)
+        pieces = _stream_pieces(tokenizer, _ids(tokenizer, generated))
         _require("".join(pieces) == generated, f"{label}: token-by-token decode does not rebuild the text")
         for piece in pieces:
             parser.feed(piece)
@@ -657,119 +548,59 @@ def run_format_rules(tokenizer) -> list[RuleResult]:
     return results
 
 
-# -------------------------------------------------------------------------------------- page snippets
 # The page's text blocks outside examples show the format itself. Each rule renders the conversation a
 # snippet describes and looks for the snippet in the output. The page puts line breaks between messages
 # "for readability", so those are removed first; line breaks inside a message stay.
 
 HELLO = [{"role": "user", "content": "Hello!"}]
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
-
-
-def _call(city: str) -> dict:
-    return {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
-
+BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command.", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 
 # heading -> (how to find it: "prefix" or "contains", messages, tools, chat template kwargs)
 SNIPPETS: dict[str, tuple[str, list[dict], list[dict] | None, dict]] = {
-    "Messages": (
-        "contains",
-        [USER, {"role": "assistant", "reasoning_content": "Simple arithmetic.", "content": "4"}],
-        None,
-        {},
-    ),
+    "Messages": ("contains", [USER, ANSWER], None, {}),
     "System message": ("prefix", HELLO, None, {}),
     # The page's placeholders, used as the message texts.
-    "Instructions": (
-        "contains",
-        [
-            {"role": "system", "content": "{first message}"},
-            {"role": "developer", "content": "{second message}"},
-            *HELLO,
-        ],
-        None,
-        {},
-    ),
+    "Instructions": ("contains", [{"role": "system", "content": "{first message}"},
+                                  {"role": "developer", "content": "{second message}"}, *HELLO], None, {}),
     "Tools": ("contains", HELLO, [GET_WEATHER], {}),
     "Built-in tools": ("contains", HELLO, [BASH], {}),
-    "Tool calls": (
-        "contains",
-        [
-            {"role": "user", "content": "Weather in London?"},
-            {"role": "assistant", "reasoning_content": "Check.", "tool_calls": [_call("London")]},
-            {"role": "tool", "name": "get_weather", "content": "14 C, cloudy"},
-        ],
-        [GET_WEATHER],
-        {},
-    ),
-    "Parallel calls": (
-        "contains",
-        [
-            {"role": "user", "content": "London and Paris?"},
-            {
-                "role": "assistant",
-                "reasoning_content": "Both.",
-                "tool_calls": [_call("London"), _call("Paris")],
-            },
-            {"role": "tool", "name": "get_weather", "content": "14 C, cloudy"},
-            {"role": "tool", "name": "get_weather", "content": "18 C, sunny"},
-        ],
-        [GET_WEATHER],
-        {},
-    ),
+    "Tool calls": ("contains", [{"role": "user", "content": "Weather in London?"},
+                                {"role": "assistant", "reasoning_content": "Check.", "tool_calls": [_call("London")]},
+                                LONDON_RESULT], [GET_WEATHER], {}),
+    "Parallel calls": ("contains", [{"role": "user", "content": "London and Paris?"},
+                                    {"role": "assistant", "reasoning_content": "Both.",
+                                     "tool_calls": [_call("London"), _call("Paris")]},
+                                    LONDON_RESULT, {"role": "tool", "name": "get_weather", "content": "18 C, sunny"}],
+                       [GET_WEATHER], {}),
 }
 
 
+def _snippet_rule(tokenizer, heading: str, blocks: list[str] | None) -> RuleResult:
+    how, messages, tools, kwargs = SNIPPETS[heading]
+    name = f"snippet: {heading}"
+    if not blocks:
+        return RuleResult(name, False, f"the page has no text block under the heading {heading!r}")
+    expected = blocks[0].replace("\n<|start|>", "<|start|>")
+    try:
+        text = _render(tokenizer, messages, tools, add_generation_prompt=True, **kwargs)
+    except Exception as err:  # noqa: BLE001 -- a template error fails the rule, with the error as reason
+        return RuleResult(name, False, f"render raised {type(err).__name__}: {err}")
+    found = text.startswith(expected) if how == "prefix" else expected in text
+    if found:
+        return RuleResult(name, True)
+    # Show the closest stretch of the render: from where the snippet's first line starts, if anywhere.
+    at = text.find(expected.split("\n", 1)[0][:30]) if how == "contains" else 0
+    actual = text[at : at + len(expected)] if at >= 0 else text
+    reason = f"the render does not {'start with' if how == 'prefix' else 'contain'} the page's snippet"
+    return RuleResult(name, False, f"{reason}; {_first_difference(expected, actual)}", expected, actual)
+
+
 def run_snippet_rules(tokenizer, page: SpecPage) -> list[RuleResult]:
-    results = []
-    for heading, (how, messages, tools, kwargs) in SNIPPETS.items():
-        name = f"snippet: {heading}"
-        blocks = page.snippets.get(heading)
-        if not blocks:
-            results.append(
-                RuleResult(name, False, f"the page has no text block under the heading {heading!r}")
-            )
-            continue
-        expected = blocks[0].replace("\n<|start|>", "<|start|>")
-        try:
-            text = _render(tokenizer, messages, tools, add_generation_prompt=True, **kwargs)
-        except Exception as err:  # noqa: BLE001 -- a template error fails the rule, with the error as reason
-            results.append(RuleResult(name, False, f"render raised {type(err).__name__}: {err}"))
-            continue
-        found = text.startswith(expected) if how == "prefix" else expected in text
-        if found:
-            results.append(RuleResult(name, True))
-        else:
-            # Show the closest stretch of the render: from where the snippet's first line starts, if anywhere.
-            first = expected.split("\n", 1)[0]
-            at = text.find(first[:30]) if how == "contains" else 0
-            actual = text[at : at + len(expected)] if at >= 0 else text
-            reason = (
-                f"the render does not {'start with' if how == 'prefix' else 'contain'} the page's snippet"
-            )
-            results.append(
-                RuleResult(name, False, f"{reason}; {_first_difference(expected, actual)}", expected, actual)
-            )
-    return results
+    return [_snippet_rule(tokenizer, heading, page.snippets.get(heading)) for heading in SNIPPETS]
 
 
-# ----------------------------------------------------------------------------------------------- suite
-
-
-def run_suite(
-    tokenizer, model_id: str | Path | None = None, *, page: SpecPage | None = None
-) -> list[RuleResult]:
+def run_suite(tokenizer, model_id: str | Path | None = None, *, page: SpecPage | None = None) -> list[RuleResult]:
     """Run format rules on `tokenizer`, and the page examples on `model_id` (what the page's setup loads).
 
     With `model_id` None the tokenizer is saved to a temporary directory first, which also checks that

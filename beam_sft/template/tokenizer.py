@@ -28,6 +28,7 @@ from typing import Any
 from beam_sft.errors import FatalError
 from beam_sft.records.messages import HARMONY_MARKERS as MARKERS
 from beam_sft.records.messages import RETURN, STOP_MARKERS
+from beam_sft.storage import short_hash, write_text_atomic
 from beam_sft.template.bundled import bundled
 
 EOS_TOKEN = RETURN
@@ -58,10 +59,6 @@ def stop_token_ids(tokenizer) -> tuple[int, int]:
             )
         ids.append(encoded[0])
     return ids[0], ids[1]
-
-
-def short_hash(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
 
 
 def _precomputed(tokenizer, name: str) -> Any:
@@ -137,24 +134,6 @@ def template_hash(tokenizer) -> str:
     return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
 
 
-def files_digest(directory: str | Path) -> str:
-    """sha256 of a directory's files (names and bytes, in name order); remembered per process while no file's
-    size or mtime changes, since `beam-sft prepare` asks twice (up-to-date check, warm-start key)."""
-    directory = Path(directory).resolve()
-    files = sorted(p for p in directory.iterdir() if p.is_file())
-    stats = [f.stat() for f in files]
-    stamp = (str(directory), tuple((f.name, st.st_size, st.st_mtime_ns) for f, st in zip(files, stats, strict=True)))
-    if _FILES_DIGEST.get(stamp[0], (None,))[0] != stamp:
-        h = hashlib.sha256()
-        for file in files:
-            h.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
-        _FILES_DIGEST[stamp[0]] = (stamp, h.hexdigest())
-    return _FILES_DIGEST[stamp[0]][1]
-
-
-_FILES_DIGEST: dict[str, tuple[Any, str]] = {}
-
-
 def read_templates(template_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
     """Return (chat template source, response template dict) read from `template_dir` (default: the package's)."""
     from beam_sft.errors import FatalError
@@ -201,9 +180,7 @@ def save_tokenizer(tokenizer, save_dir: str | Path) -> list[Path]:
     if response_template is not None and config_path.is_file():
         config = json.loads(config_path.read_text(encoding="utf-8"))
         config["response_template"] = response_template
-        tmp = config_path.with_name(config_path.name + ".tmp")
-        tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        tmp.replace(config_path)
+        write_text_atomic(config_path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     return sorted(p for p in save_dir.iterdir() if p.is_file())
 
 
@@ -218,23 +195,17 @@ def load_tokenizer(path: str | Path | None = None, **kwargs):
                 f"bundled tokenizer not found at {path}; run `python scripts/build_tokenizer.py` in the repo, "
                 "or pass a tokenizer path"
             )
-    config = Path(path) / "tokenizer_config.json"
-    # A model directory (config.json) may map its model type to another class: AutoTokenizer decides there.
-    if config.is_file() and not (Path(path) / "config.json").exists():
-        try:
-            named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
-        except (OSError, ValueError):
-            named = None
-        if named in _PLAIN_CLASSES:
-            # The class AutoTokenizer would pick, without importing AutoTokenizer's model registry (and torch
-            # with it): seconds of a data-only command's start-up.
-            import transformers
+    named = plain_class(path)
+    if named is not None:
+        # The class AutoTokenizer would pick, without importing AutoTokenizer's model registry (and torch
+        # with it): seconds of a data-only command's start-up.
+        import transformers
 
-            given = _added_tokens_kwargs(Path(path)) if "added_tokens_decoder" not in kwargs else {}
-            tokenizer = getattr(transformers, named).from_pretrained(str(path), **kwargs, **given)
-            if given:  # where transformers' own reading puts it: the same init_kwargs, key order included
-                tokenizer.init_kwargs["added_tokens_decoder"] = tokenizer.init_kwargs.pop("added_tokens_decoder")
-            return tokenizer
+        given = _added_tokens_kwargs(Path(path)) if "added_tokens_decoder" not in kwargs else {}
+        tokenizer = getattr(transformers, named).from_pretrained(str(path), **kwargs, **given)
+        if given:  # where transformers' own reading puts it: the same init_kwargs, key order included
+            tokenizer.init_kwargs["added_tokens_decoder"] = tokenizer.init_kwargs.pop("added_tokens_decoder")
+        return tokenizer
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path), **kwargs)
@@ -242,6 +213,20 @@ def load_tokenizer(path: str | Path | None = None, **kwargs):
 
 # tokenizer_config.json classes that are plain tokenizers-backed tokenizers (this project's and beamify's output).
 _PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def plain_class(path: str | Path) -> str | None:
+    """The class AutoTokenizer would pick for the directory `path` when it is a plain tokenizers-backed one
+    (`_PLAIN_CLASSES`), else None (a hub id, no tokenizer_config.json, another class)."""
+    config = Path(path) / "tokenizer_config.json"
+    # A model directory (config.json) may map its model type to another class: AutoTokenizer decides there.
+    if not config.is_file() or (Path(path) / "config.json").exists():
+        return None
+    try:
+        named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return named if named in _PLAIN_CLASSES else None
 
 
 def _added_tokens_kwargs(directory: Path) -> dict[str, Any]:

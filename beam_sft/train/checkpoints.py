@@ -16,15 +16,17 @@ truncated or removed) is found out at resume time too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import re
 import shutil
 import time
 from pathlib import Path
 
 from beam_sft.errors import FatalError
+from beam_sft.storage import fsync_file, write_json_atomic
+from beam_sft.train.faults import agree_any, gather_objects
 
 logger = logging.getLogger(__name__)
 
@@ -102,33 +104,19 @@ def fsync_tree(path: Path) -> None:
     """Flush what this machine wrote under `path` to its storage (files, then directories)."""
     for name in sorted(path.rglob("*")):
         if name.is_file():
-            fd = os.open(name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(name)
     _fsync_dir(path)
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a directory; the data files are flushed already
-        pass
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory; the files are flushed already
+        fsync_file(path)
 
 
 def commit(path: Path, step: int, world_size: int) -> None:
     """Write the commit marker of a checkpoint whose every file is written and flushed (atomically, under a
     writer-unique temporary name: two nodes committing one shared directory never leave a half marker)."""
-    from beam_sft.records.files import write_json_atomic
-
-    write_json_atomic(str(path / MARKER),
+    write_json_atomic(path / MARKER,
                       {"step": step, "world_size": world_size, "time": time.time(), "files": _files(path)})
     _fsync_dir(path)
 
@@ -233,8 +221,6 @@ def save_guarded(trainer, save, run_dir: str) -> None:
     first, the space checked against the previous checkpoint's size, every rank's writes agreed on, then the
     marker, then rotation. A failed write on any rank removes the partial directory on every rank's storage
     and raises on all of them (a full disk as `DiskFullError`)."""
-    from beam_sft.train.faults import agree_any
-
     args, step = trainer.args, trainer.state.global_step
     if step in trainer.committed_steps:  # a preemption save at the step a periodic save just wrote
         return
@@ -295,8 +281,6 @@ def _save_weights_on_this_node(trainer, folder: Path) -> None:
 def _missing_here(trainer, folder: Path) -> BaseException | None:
     """Every saving process's copy of the checkpoint holds the files world rank 0 wrote (but the per-rank RNG
     states): a node whose copy lacks any is not committed (a checkpoint without its weights is no checkpoint)."""
-    from beam_sft.train.faults import gather_objects
-
     args = trainer.args
     mine = sorted(_files(folder)) if args.should_save and folder.is_dir() else None
     every = gather_objects(mine)
@@ -309,8 +293,6 @@ def _missing_here(trainer, folder: Path) -> BaseException | None:
 
 
 def _fail(trainer, folder: Path, error: BaseException | None, needed: int, previous: str | None):
-    from beam_sft.train.faults import agree_any
-
     free = free_bytes(folder.parent)
     full = agree_any(error is not None and is_disk_full(error, folder.parent, needed), trainer.args.device)
     if trainer.args.should_save:

@@ -1,25 +1,21 @@
-"""The options of `scripts/train.py`: its own (`ScriptArguments`) and TRL's `SFTConfig` with Beam defaults."""
+"""The options of `scripts/train.py`: its own (`ScriptArguments`, the data options of
+`beam_sft.dataset.arguments` included) and TRL's `SFTConfig` with Beam defaults."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from trl import SFTConfig  # BeamSFTConfig subclasses it: TRL is imported with this module
-from trl.scripts.utils import DatasetConfig
 
-from beam_sft.dataset.settings import DataSettings
+from beam_sft.dataset.arguments import DataArguments
 
 
 @dataclass
-class ScriptArguments:
-    """Data and model-source options of scripts/train.py (the rest is SFTConfig and ModelConfig)."""
+class ScriptArguments(DataArguments):
+    """The data options (`DataArguments`, shared with `beam-sft prepare`) and scripts/train.py's own: streaming,
+    the cache, the model source, Beam evaluation, early stopping, the dry run (the rest is SFTConfig and
+    ModelConfig)."""
 
-    dataset_name: str | None = field(
-        default=None,
-        metadata={"help": "Training data: a .jsonl/.json/.parquet file, a directory of them, a save_to_disk "
-                  "dataset, a hub dataset id, or a directory written by `beam-sft prepare` (trained as is, "
-                  "after checking its manifest against this run's tokenizer and settings)."},
-    )
     streaming: bool = field(
         default=False,
         metadata={"help": "Convert and tokenize on the fly while training (a datasets.IterableDataset; each rank "
@@ -36,82 +32,6 @@ class ScriptArguments:
         metadata={"help": "Where raw data is kept once converted and tokenized (one directory per fingerprint of "
                   "data, tokenizer, template and settings; a rerun loads it). Default: $BEAM_SFT_PREPARED_CACHE, "
                   "else $HF_DATASETS_CACHE/beam_sft_prepared. Multi-node: put it on shared storage."},
-    )
-    dataset_format: str = field(
-        default="auto",
-        metadata={"help": "Format of the rows: 'beam' (convert-dataset output), 'openai', 'sharegpt', 'harmony', "
-                  "'hermes', 'glaive', 'xlam', or 'auto' (detect per row).",
-                  "choices": ["auto", "beam", "openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"]},
-    )
-    dataset_train_split: str = field(default="train", metadata={"help": "Split to read from a hub/disk dataset."})
-    dataset_config: str | None = field(
-        default=None,
-        metadata={"help": "TRL's name: the subset (load_dataset's `name`) of a hub dataset or of a local directory "
-                  "laid out like one (a README.md with `configs:`)."},
-    )
-    dataset_revision: str | None = field(
-        default=None,
-        metadata={"help": "The hub dataset's revision (branch, tag or commit sha); part of the cache fingerprint "
-                  "as the commit it resolves to."},
-    )
-    dataset_data_dir: str | None = field(
-        default=None, metadata={"help": "load_dataset's data_dir for a hub dataset (or a dataset directory)."}
-    )
-    dataset_data_files: str | None = field(
-        default=None,
-        metadata={"help": "load_dataset's data_files for a hub dataset (or a dataset directory): a path or glob "
-                  "inside it (a YAML config may give a list or a split mapping)."},
-    )
-    dataset_columns: str | None = field(
-        default=None,
-        metadata={"help": "Rename columns to the record keys the converters read before the format is detected: "
-                  "KEY=COLUMN[,KEY=COLUMN...], e.g. messages=conversations,tools=functions. Applies to "
-                  "eval_dataset_name too."},
-    )
-    dataset_test_split: str | None = field(
-        default=None,
-        metadata={"help": "TRL's name: the eval split. With eval_dataset_name, the split read from it (default "
-                  "test); without, the eval data is this split of dataset_name (a hub dataset or dataset "
-                  "directory), read with the same dataset_config/revision/data_dir."},
-    )
-    missing_reasoning: str = field(
-        default="mask",
-        metadata={"help": "An assistant turn without reasoning: 'mask' (weight 0: context, not trained), 'keep' "
-                  "(trained with an empty analysis: teaches Beam to skip reasoning, docs/reasoning.md) or "
-                  "'reject' the record. Same option as `beam-sft convert/prepare --missing-reasoning`.",
-                  "choices": ["mask", "keep", "reject"]},
-    )
-    eval_dataset_name: str | None = field(
-        default=None, metadata={"help": "Separate evaluation data (same forms as dataset_name)."}
-    )
-    eval_split_size: float = field(
-        default=0.0,
-        metadata={"help": "Hold out this share (0-1) or number (>=1) of training records for evaluation when "
-                  "no eval_dataset_name is given. The split is seeded by --seed."},
-    )
-    max_records: int | None = field(default=None, metadata={"help": "Use only the first N training records."})
-    # The annotation is TRL's (`DatasetMixtureConfig.datasets`), so a TRL YAML parses the same; the entries stay
-    # dicts: beam_sft.dataset.mixture reads them, beam-sft's own keys included.
-    datasets: list[DatasetConfig] = field(
-        default_factory=list,
-        metadata={"help": "A dataset mixture, in a --config YAML only: TRL's `datasets:` list (path, data_files, "
-                  "data_dir, split, fraction) plus beam-sft's per-source format, max_records, missing_reasoning, "
-                  "shuffle and label; replaces dataset_name (docs/training.md#dataset-mixtures)."},
-    )
-    test_split_size: float | None = field(
-        default=None,
-        metadata={"help": "TRL's mixture key: the eval share of the mixture (eval_split_size, when that is 0)."},
-    )
-    dedup: bool = field(
-        default=True,
-        metadata={"help": "Reject exact duplicates (validated Beam records equal to an earlier one, whatever format "
-                  "each came in; an eval record equal to a training one), counted as `duplicate`, the first "
-                  "kept. `--dedup false` keeps them (same as `beam-sft prepare --keep-duplicates`). Not applied "
-                  "with --streaming."},
-    )
-    tokenizer_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "Tokenizer to use. Default: the model's own; data/tokenizer for the embedded model."},
     )
     tiny_model_config: str | None = field(
         default=None,
@@ -199,12 +119,6 @@ class BeamSFTConfig(SFTConfig):
         default=True,
         metadata={"help": "Train only on assistant turns (the template's generation block). On by default."},
     )
-    truncation_policy: str = field(
-        default="turn",
-        metadata={"help": "Records longer than max_length: 'turn' cuts back to the last whole assistant turn "
-                  "(drops the record if none fits), 'drop' drops them, 'keep_start' cuts at max_length.",
-                  "choices": ["turn", "drop", "keep_start"]},
-    )
     loss_path: str = field(
         default="auto",
         metadata={"help": "'fused': TRL's chunked fused LM head; 'plain': the model's logits + cross_entropy (same "
@@ -272,13 +186,3 @@ class BeamSFTConfig(SFTConfig):
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         super().__post_init__()
 
-
-def data_settings(script_args: ScriptArguments, training_args: BeamSFTConfig) -> DataSettings:
-    """What decides the prepared data, from the run's options."""
-    return DataSettings(
-        format=script_args.dataset_format, max_length=training_args.max_length,
-        truncation_policy=training_args.truncation_policy, assistant_only_loss=training_args.assistant_only_loss,
-        split=script_args.dataset_train_split, max_records=script_args.max_records,
-        eval_split_size=script_args.eval_split_size or script_args.test_split_size or 0.0, seed=training_args.seed,
-        missing_reasoning=script_args.missing_reasoning, dedup=script_args.dedup,
-    )

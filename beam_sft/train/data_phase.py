@@ -64,7 +64,7 @@ def eval_inputs(script_args) -> list | None:
         return None
     if getattr(script_args, "datasets", None):
         raise UsageError("dataset_test_split picks a split of dataset_name; a `datasets:` mixture draws its eval "
-                         "split with test_split_size (or give eval_dataset_name)")
+                         "split with eval_split_size (or give eval_dataset_name)")
     sources = data_sources([script_args.dataset_name], split, source_options(script_args))
     if not all(src.kind in ("hub", "disk") for src in sources):
         raise UsageError(f"dataset_test_split {split!r}: {script_args.dataset_name} has no splits (files); give the "
@@ -137,7 +137,7 @@ def training_datasets(
     `eval_dataset_name`: a path or id (its "test" split), or `eval_inputs`' sources.
     """
     from beam_sft.dataset.reasoning_stats import notes
-    from beam_sft.records.files import atomic_output, write_json_atomic
+    from beam_sft.storage import atomic_output, write_json_atomic
 
     if streaming:
         train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir,

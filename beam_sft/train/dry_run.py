@@ -12,13 +12,16 @@ docs/training.md), not a measurement.
 from __future__ import annotations
 
 import copy
-import logging
 import math
 from dataclasses import dataclass, field
 
+from beam_sft.model.beamify import beamify
+from beam_sft.model.load import check_tokenizer, embedded_model
+from beam_sft.model.moe import build_peft_config
+from beam_sft.train import run
 from beam_sft.train.checkpoints import free_bytes, size_text
-
-logger = logging.getLogger(__name__)
+from beam_sft.train.new_tokens import refuse_tied_output
+from beam_sft.train.packing import ensure_exact_packing, packing_is_padding_free
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Activation elements kept per token and hidden unit by one transformer layer in training, without
@@ -48,9 +51,6 @@ def tokenizer_and_config(script_args, training_args, model_args):
     """(tokenizer, model config, embedded model or None): no checkpoint weights are read."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from beam_sft.model.beamify import beamify
-    from beam_sft.model.load import embedded_model
-
     if model_args.model_name_or_path is None:
         model, tokenizer = embedded_model(script_args, training_args)
         return tokenizer, model.config, model
@@ -68,9 +68,6 @@ def parameter_counts(config, script_args, model_args) -> tuple[int, int]:
     """(total, trainable) parameters of the model this run trains, built on the meta device (no memory)."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from beam_sft.model.moe import build_peft_config
-    from beam_sft.train.new_tokens import refuse_tied_output
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -92,9 +89,8 @@ def probe_model(config, model_args):
     text = small.get_text_config()
     types = getattr(text, "layer_types", None)
     if types:  # one layer of each attention kind (sliding, full, ...), in order
-        kept = list(dict.fromkeys(types))
-        text.layer_types = kept
-        text.num_hidden_layers = len(kept)
+        text.layer_types = list(dict.fromkeys(types))
+        text.num_hidden_layers = len(text.layer_types)
     else:
         text.num_hidden_layers = min(text.num_hidden_layers, PROBE_LAYERS)
     text.vocab_size = min(text.vocab_size, PROBE_VOCAB)
@@ -159,8 +155,6 @@ def dtype_name(model_args, embedded) -> str:
 
 def probe(config, embedded, training_args, model_args) -> str:
     """The packing probe's verdict line, or why it did not run."""
-    from beam_sft.train.packing import ensure_exact_packing, packing_is_padding_free
-
     if not packing_is_padding_free(training_args):
         return "not needed (no padding-free packing)"
     try:
@@ -174,9 +168,7 @@ def probe(config, embedded, training_args, model_args) -> str:
 
 def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan:
     """Check the run and return its plan; trains nothing, writes nothing to output_dir."""
-    from beam_sft.model.load import check_tokenizer
-    from beam_sft.train import run
-    from beam_sft.train.config import data_settings
+    from beam_sft.dataset.arguments import data_settings
     from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
 
     run.check_arguments(script_args, training_args)
@@ -206,20 +198,20 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
         longest = training_args.max_length if training_args.packing else max(len(x) for x in train["input_ids"])
         _data_lines(plan, stats, train, eval_ds, rows, training_args)
     _batch_lines(plan, rows, training_args, world_size, stats.get("train", {}))
-    memory = estimate_memory(config, total, trainable, dtype_name(model_args, embedded), training_args, longest)
+    dtype = dtype_name(model_args, embedded)
+    memory = estimate_memory(config, total, trainable, dtype, training_args, longest)
     plan.facts.update(memory_bytes=memory["total"], parameters=total, trainable=trainable)
     plan.add("memory (estimate)", f"{size_text(memory['total'])} per process: " + ", ".join(
         f"{k} {size_text(v)}" for k, v in memory.items() if k != "total"))
-    _checkpoint_line(plan, total, trainable, BYTES.get(dtype_name(model_args, embedded), 4), training_args)
+    _checkpoint_line(plan, trainable, BYTES.get(dtype, 4), training_args)
     plan.add("packing probe", probe(config, embedded, training_args, model_args))
     return plan
 
 
-def _checkpoint_line(plan: Plan, total: int, trainable: int, weight_bytes: int, training_args) -> None:
+def _checkpoint_line(plan: Plan, trainable: int, weight_bytes: int, training_args) -> None:
     """One checkpoint's size (the weights saved, LoRA: the adapters only, and AdamW's two moments) against the
     free space of output_dir, where a full disk would stop the run at its first save."""
-    weights = (total if trainable == total else trainable) * weight_bytes
-    size = weights + 2 * trainable * weight_bytes
+    size = 3 * trainable * weight_bytes  # what trains is what is saved: all weights, or LoRA's adapters only
     free = free_bytes(training_args.output_dir)
     limit = training_args.save_total_limit
     kept = f"at most {limit + 1} at once (save_total_limit {limit})" if limit else "every one kept (no save_total_limit)"
@@ -250,12 +242,11 @@ def _batch_lines(plan: Plan, rows: int | None, training_args, world_size: int, s
     if rows is None:
         return
     per_epoch, total_steps, epochs = steps(rows, training_args, world_size)
-    plan.facts.update(rows=rows, steps=total_steps, steps_per_epoch=per_epoch, epochs=epochs,
-                      tokens_per_epoch=split.get("total_tokens", 0),
-                      supervised_per_epoch=split.get("supervised_tokens", 0), effective_batch=effective)
+    tokens, supervised = split.get("total_tokens", 0), split.get("supervised_tokens", 0)
+    plan.facts.update(rows=rows, steps=total_steps, steps_per_epoch=per_epoch, epochs=epochs, tokens_per_epoch=tokens,
+                      supervised_per_epoch=supervised, effective_batch=effective)
     plan.add("steps", f"{total_steps} ({per_epoch} per epoch)")
     plan.add("epochs", f"{epochs:g}")
-    tokens, supervised = split.get("total_tokens", 0), split.get("supervised_tokens", 0)
     plan.add("tokens", f"{tokens:,} per epoch, {int(tokens * epochs):,} in all")
     plan.add("supervised tokens", f"{supervised:,} per epoch ({100 * supervised / max(tokens, 1):.1f}%), "
              f"{int(supervised * epochs):,} in all")

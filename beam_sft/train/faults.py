@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from beam_sft.errors import FatalError
+from beam_sft.errors import FatalError, UsageError
+from beam_sft.storage import write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,6 @@ class Preempted(FatalError):
 
 def parse_signals(spec: str | None) -> list[signal.Signals]:
     """'SIGTERM,SIGUSR1' (or 'TERM,USR1', or 'none') -> signals; an unknown name is a UsageError."""
-    from beam_sft.errors import UsageError
-
     if not spec or spec.strip().lower() in ("none", "no", "off", ""):
         return []
     out = []
@@ -185,10 +184,7 @@ class NonFiniteGuard:
 
 def write_status(output_dir: str, status: str, exit_code: int, **details) -> None:
     """`output_dir/run_status.json`: how the last run of this output_dir ended (rank 0 only)."""
-    from beam_sft.records.files import write_json_atomic
-
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(str(Path(output_dir) / STATUS_FILE),
+    write_json_atomic(Path(output_dir) / STATUS_FILE,
                       {"status": status, "exit_code": exit_code, "time": time.time(), **details})
 
 

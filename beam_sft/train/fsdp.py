@@ -25,6 +25,8 @@ import logging
 import os
 from pathlib import Path
 
+from beam_sft.storage import write_json_atomic
+
 logger = logging.getLogger(__name__)
 
 CPU_FSDP_ENV = "BEAM_SFT_FSDP_ON_CPU"
@@ -46,11 +48,9 @@ def allow_fsdp_on_cpu() -> bool:
         import torch
 
         if not torch.cuda.is_available():
-            logger.warning(
-                "FSDP was requested (ACCELERATE_USE_FSDP) on a machine without GPUs: accelerate trains DDP here and "
-                "ignores the FSDP settings. Set %s=1 to shard over CPU processes (gloo; for tests, see docs/fsdp.md)",
-                CPU_FSDP_ENV,
-            )
+            logger.warning("FSDP was requested (ACCELERATE_USE_FSDP) on a machine without GPUs: accelerate trains "
+                           "DDP here and ignores the FSDP settings. Set %s=1 to shard over CPU processes (gloo; for "
+                           "tests, see docs/fsdp.md)", CPU_FSDP_ENV)
         return False
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
@@ -81,32 +81,23 @@ def sharding_summary(model) -> dict:
     from torch.distributed.tensor import DTensor
 
     params = list(model.named_parameters())
-    shards = {
-        name: {"shape": list(p.shape), "local_shape": list(p.to_local().shape),
-               "placements": [str(x) for x in p.placements], "mesh": p.device_mesh.device_type}
-        for name, p in params if isinstance(p, DTensor)
-    }
-    return {
-        "parameters": len(params),
-        "dtensor_parameters": len(shards),
-        "trainable_dtensor_parameters": sum(1 for n, p in params if n in shards and p.requires_grad),
-        "local_numel": sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for _, p in params),
-        "full_numel": sum(p.numel() for _, p in params),
-        "shards": shards,
-    }
+    shards = {name: {"shape": list(p.shape), "local_shape": list(p.to_local().shape),
+                     "placements": [str(x) for x in p.placements], "mesh": p.device_mesh.device_type}
+              for name, p in params if isinstance(p, DTensor)}
+    return {"parameters": len(params), "dtensor_parameters": len(shards),
+            "trainable_dtensor_parameters": sum(1 for n, p in params if n in shards and p.requires_grad),
+            "local_numel": sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for _, p in params),
+            "full_numel": sum(p.numel() for _, p in params), "shards": shards}
 
 
 def make_sharding_report():
     """A TrainerCallback that writes `fsdp_sharding.rank<r>.json` into output_dir when training starts."""
     from transformers import TrainerCallback
 
-    from beam_sft.records.files import write_json_atomic
-
     class ShardingReport(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             summary = {"rank": args.process_index, "world_size": args.world_size, **sharding_summary(model)}
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            write_json_atomic(str(Path(args.output_dir) / f"fsdp_sharding.rank{args.process_index}.json"), summary)
+            write_json_atomic(Path(args.output_dir) / f"fsdp_sharding.rank{args.process_index}.json", summary)
             if args.process_index == 0:
                 logger.info("FSDP: %d of %d parameters sharded; this rank holds %d of %d elements",
                             summary["dtensor_parameters"], summary["parameters"], summary["local_numel"],
@@ -135,7 +126,6 @@ def save_final_model(trainer, output_dir: str) -> None:
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
         n_tensors = len(state_dict)  # save_pretrained consumes the dict
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
         model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         # As Trainer._save does after a non-FSDP run, so both kinds of output directory hold the same files.
         torch.save(trainer.args, os.path.join(output_dir, TRAINING_ARGS_NAME))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 
 from beam_sft.errors import UsageError
+from beam_sft.model.beamify import new_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +53,12 @@ def refuse_tied_output(peft_config, model) -> None:
 def make_new_rows_trainable(peft_config, model) -> dict | None:
     """Add beamify's new token ids to `peft_config.trainable_token_indices` (in place); what was done, or None
     when there is nothing to do (no LoRA, or no new tokens)."""
-    from beam_sft.model.beamify import new_token_ids
-
     refuse_tied_output(peft_config, model)
     ids = new_token_ids(model)
     if peft_config is None or not ids:
         return None
     embed = _module_name(model, model.get_input_embeddings())
-    output_module = model.get_output_embeddings()
-    output = _module_name(model, output_module) if output_module is not None else None
+    output = _module_name(model, model.get_output_embeddings())  # None without an output projection
     tied = _tied(model)
     saved = set(peft_config.modules_to_save or [])
     if embed in saved:
@@ -88,10 +86,7 @@ def check_new_rows_trainable(model, ids: list[int]) -> None:
     embeddings = model.get_input_embeddings()
     adapter = getattr(embeddings, "token_adapter", None)
     if adapter is not None:
-        covered = set()
-        for indices in adapter.token_indices.values():
-            covered |= set(indices)
-        missing = sorted(set(ids) - covered)
+        missing = sorted(set(ids).difference(*adapter.token_indices.values()))
     else:
         weight = getattr(embeddings, "weight", None)
         trained = any(p.requires_grad for p in embeddings.parameters())

@@ -4,7 +4,9 @@ The options are the dataclasses of `beam_sft/train/config.py` plus TRL's `ModelC
 (`--config`: a path or a shipped config's name) and the command line, the command line winning. What TRL's
 parser lets through is refused here as a `UsageError` (exit 2) naming the key or value, with the nearest valid
 one: an unknown YAML key or flag, a value outside a field's `choices` (argparse checks those only on the
-command line, never on YAML-set defaults), a dataclass's own validation (`eval_strategy: step`).
+command line, never on YAML-set defaults), a dataclass's own validation (`eval_strategy: step`), a renamed
+option (`beam_sft.dataset.arguments.RENAMED`). `beam-sft prepare` parses with the same class: one YAML file
+serves both commands, each passing over the keys only the other one takes (`other_keys`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import os
 import re
 import sys
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from trl import TrlParser
@@ -34,7 +36,14 @@ def _nearest(word: str, candidates) -> str:
 
 
 class BeamTrlParser(TrlParser):
-    """TrlParser whose errors are `UsageError`s (one line, exit 2) instead of argparse's usage dump."""
+    """TrlParser whose errors are `UsageError`s (one line, exit 2) instead of argparse's usage dump.
+    `other_keys`: a function giving the YAML keys another command takes, passed over here; `config_path`: the
+    YAML file read, once parsed."""
+
+    def __init__(self, dataclass_types, *, other_keys=None, **kwargs):
+        self.other_keys = other_keys or set
+        self.config_path: Path | None = None
+        super().__init__(dataclass_types, **kwargs)
 
     def error(self, message):
         found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
@@ -50,7 +59,12 @@ class BeamTrlParser(TrlParser):
         (remaining strings wanted) it is TRL's own."""
         if kwargs:
             return super().parse_args_and_config(args, **kwargs)
+        from beam_sft.dataset.arguments import renamed
+
         args = list(args) if args is not None else sys.argv[1:]
+        for arg in args:
+            if arg.startswith("-") and (message := renamed(arg)):
+                raise UsageError(message)
         config_path, args = _pop_config(args)
         if config_path is not None:
             self._apply_config(config_path)
@@ -63,7 +77,8 @@ class BeamTrlParser(TrlParser):
             name = flag.lstrip("-").split("=", 1)[0]
             raise UsageError(f"unknown option {flag!r}{_nearest(name, self.option_names())}")
         for output in outputs:
-            check_choices(output)
+            if is_dataclass(output):  # not the namespace of plain arguments (beam-sft prepare's INPUTs)
+                check_choices(output)
         resolve_bundled_paths(outputs[0])
         return tuple(outputs)
 
@@ -85,15 +100,21 @@ class BeamTrlParser(TrlParser):
         env = config.pop("env", {})
         if not isinstance(env, dict):
             raise UsageError(f"{path}: 'env' must be a mapping of VARIABLE: value")
+        from beam_sft.dataset.arguments import renamed
+
+        self.config_path = path
         known = self.option_names()
-        for key, value in config.items():
-            if key not in known:
+        for key in [k for k in config if k not in known]:
+            if message := renamed(str(key)):
+                raise UsageError(f"{path}: {message}")
+            if key not in self.other_keys():
                 raise UsageError(f"{path}: unknown key {key!r}{_nearest(str(key), known)}")
+            del config[key]  # the other command's (training's learning_rate, prepare's output)
+        for key, value in config.items():
             self._check_choice(path, key, value)
         for key, value in env.items():
             os.environ[str(key)] = str(value)
         self.set_defaults_with_config(**config)
-
 
     def _check_choice(self, path, key: str, value) -> None:
         """argparse checks `choices` on the command line only; a YAML value becomes a default, never checked."""
@@ -145,8 +166,9 @@ def make_parser(prog: str | None = None, description: str | None = None) -> Beam
     """The parser of `beam-sft train` and `scripts/train.py`: ScriptArguments, BeamSFTConfig, ModelConfig."""
     from trl import ModelConfig
 
+    from beam_sft.dataset.arguments import PREPARE_ONLY
     from beam_sft.train.config import BeamSFTConfig, ScriptArguments
 
     # allow_abbrev off: `--learning_rat` would silently set learning_rate.
     return BeamTrlParser((ScriptArguments, BeamSFTConfig, ModelConfig), prog=prog, description=description,
-                         allow_abbrev=False)
+                         allow_abbrev=False, other_keys=lambda: PREPARE_ONLY)

@@ -29,7 +29,7 @@ Every outcome is logged; the result (`PackingReport`) is returned for the caller
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from beam_sft.errors import UsageError
 
@@ -57,18 +57,13 @@ class PackingReport:
     tolerance: float | None
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def line(self) -> str:
         if self.leak_before is None:
             return f"packing ({self.model_type}, attn {self.attn_implementation}): {'; '.join(self.notes)} -> {self.path}"
         after = "" if self.leak_after is None else f", after explicit masks {self.leak_after:.3g}"
-        return (
-            f"packing probe ({self.model_type}, attn {self.attn_implementation}, records {self.lengths}): "
-            f"leak {self.leak_before:.3g}{after}, control {self.control:.3g}, tolerance {self.tolerance:.3g} "
-            f"-> {self.path}"
-        )
+        return (f"packing probe ({self.model_type}, attn {self.attn_implementation}, records {self.lengths}): "
+                f"leak {self.leak_before:.3g}{after}, control {self.control:.3g}, tolerance {self.tolerance:.3g} "
+                f"-> {self.path}")
 
 
 def find_decoder(model):
@@ -79,18 +74,20 @@ def find_decoder(model):
     return None
 
 
+def _decoder_config(model):
+    decoder = find_decoder(model)
+    return decoder.config if decoder is not None else model.config
+
+
 def _layer_types(config) -> list[str]:
     types = getattr(config, "layer_types", None)
-    if types:
-        return list(types)
-    return ["sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"]
+    return list(types) if types else ["sliding_attention" if getattr(config, "sliding_window", None)
+                                      else "full_attention"]
 
 
 def _sliding_window(config) -> int | None:
     window = getattr(config, "sliding_window", None)
-    if window and "sliding_attention" in _layer_types(config):
-        return int(window)
-    return None
+    return int(window) if window and "sliding_attention" in _layer_types(config) else None
 
 
 def is_packed(position_ids) -> bool:
@@ -113,12 +110,8 @@ def packed_masks(config, position_ids, dtype, device):
         raise UsageError(f"cannot build packed attention masks for layer types {unknown}")
     # Only shape, dtype and device of the embeddings are read by the mask builders.
     shape_only = torch.empty(position_ids.shape[0], position_ids.shape[1], 0, dtype=dtype, device=device)
-    masks = {
-        t: builders[t](
-            config=config, inputs_embeds=shape_only, attention_mask=None, cache=None, position_ids=position_ids
-        )
-        for t in types
-    }
+    masks = {t: builders[t](config=config, inputs_embeds=shape_only, attention_mask=None, cache=None,
+                            position_ids=position_ids) for t in types}
     return masks[types[0]] if len(types) == 1 else masks
 
 
@@ -137,20 +130,14 @@ def install_packed_mask_hook(model):
 
     def hook(module, args, kwargs):
         position_ids = kwargs.get("position_ids")
-        if (
-            position_ids is None
-            or kwargs.get("attention_mask") is not None
-            or kwargs.get("cache") is not None
-            or kwargs.get("past_key_values") is not None
-            or kwargs.get("use_cache")
-            or not is_packed(position_ids)
-        ):
+        given = ("attention_mask", "cache", "past_key_values")
+        if position_ids is None or kwargs.get("use_cache") or any(kwargs.get(name) is not None for name in given):
+            return None
+        if not is_packed(position_ids):  # last: it reads the tensor
             return None
         embeds = kwargs.get("inputs_embeds")
-        if embeds is not None:
-            dtype, device = embeds.dtype, embeds.device
-        else:
-            dtype, device = module.embed_tokens.weight.dtype, position_ids.device
+        dtype, device = ((embeds.dtype, embeds.device) if embeds is not None
+                         else (module.embed_tokens.weight.dtype, position_ids.device))
         kwargs["attention_mask"] = packed_masks(config, position_ids, dtype, device)
         return args, kwargs
 
@@ -196,8 +183,7 @@ def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float
     import torch
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    config = find_decoder(model).config if find_decoder(model) is not None else model.config
-    lengths = lengths or _probe_lengths(config)
+    lengths = lengths or _probe_lengths(_decoder_config(model))
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     vocab = min(int(model.config.get_text_config().vocab_size), 50_000)
@@ -257,16 +243,13 @@ def ensure_exact_packing(model, args, mode: str = "auto") -> PackingReport | Non
     "skip" (no probe; a warning). Returns None when packing is off. Call it before training, on every rank.
     """
     if args.packing and args.packing_strategy == "wrapped":
-        raise UsageError(
-            "packing_strategy 'wrapped' cuts and concatenates records with no isolation between them (each token "
-            "attends to the previous record's text); use packing_strategy 'bfd'"
-        )
+        raise UsageError("packing_strategy 'wrapped' cuts and concatenates records with no isolation between them "
+                         "(each token attends to the previous record's text); use packing_strategy 'bfd'")
     if not packing_is_padding_free(args):
         return None
     if mode not in ("auto", "refuse", "skip"):
         raise UsageError(f"packing_check must be auto, refuse or skip, not {mode!r}")
-    decoder = find_decoder(model)
-    config = decoder.config if decoder is not None else model.config
+    config = _decoder_config(model)
     model_type = getattr(config, "model_type", type(model).__name__)
     attn = str(getattr(config, "_attn_implementation", None))
     if mode == "skip":
@@ -278,10 +261,9 @@ def ensure_exact_packing(model, args, mode: str = "auto") -> PackingReport | Non
         # The explicit masks are what transformers builds natively where it honours position_ids, so they
         # are safe to install unverified; the tests prove them on each supported architecture.
         if mode == "refuse":
-            raise UsageError(
-                f"packing_check refuse: the {model_type!r} model's parameters are partitioned or on the meta device, "
-                "so packing isolation cannot be probed before training; use packing_check auto or packing: false"
-            )
+            raise UsageError(f"packing_check refuse: the {model_type!r} model's parameters are partitioned or on the "
+                             "meta device, so packing isolation cannot be probed before training; use packing_check "
+                             "auto or packing: false")
         install_packed_mask_hook(model)
         report = PackingReport(model_type, attn, "explicit_masks_unprobed", [], None, None, None, None,
                                ["parameters partitioned (ZeRO-3) or on meta: probe impossible"])
@@ -296,28 +278,24 @@ def ensure_exact_packing(model, args, mode: str = "auto") -> PackingReport | Non
         logger.info("%s", report.line())
         return report
 
-    refusal = (
-        f"padding-free packing is not exact for model type {model_type!r} with attn_implementation {attn!r}: "
-        f"packed records attend to each other (mean |Δ NLL| per token {leak:.3g} > {tolerance:.3g})"
-    )
+    refusal = (f"padding-free packing is not exact for model type {model_type!r} with attn_implementation {attn!r}: "
+               f"packed records attend to each other (mean |Δ NLL| per token {leak:.3g} > {tolerance:.3g})")
     if mode == "refuse":
         raise UsageError(refusal + "; set packing: false, or packing_check: auto to give it explicit masks")
     handle = install_packed_mask_hook(model)
     try:
         leak_after, control, tolerance, lengths = probe(model, lengths)
+        failure = None if _exact(leak_after, control, tolerance) else \
+            f"even with explicit block-diagonal masks (|Δ| {leak_after:.3g})"
     except Exception as err:  # noqa: BLE001  (a model that rejects the masks is refused below, with the cause)
+        failure = f"and explicit masks fail on it ({type(err).__name__}: {err})"
+    if failure is not None:
         handle.remove()
         find_decoder(model)._beam_packed_mask_hook = None
-        raise UsageError(f"{refusal}, and explicit masks fail on it ({type(err).__name__}: {err}); set packing: false")
+        raise UsageError(f"{refusal}, {failure}; set packing: false")
     report.leak_after, report.control, report.path = leak_after, control, "explicit_masks"
-    if not _exact(leak_after, control, tolerance):
-        handle.remove()
-        find_decoder(model)._beam_packed_mask_hook = None
-        raise UsageError(f"{refusal}, even with explicit block-diagonal masks (|Δ| {leak_after:.3g}); set packing: false")
     logger.warning("%s", report.line())
-    logger.warning(
-        "packing: %s/%s does not isolate packed records by itself; explicit per-record attention masks are used "
-        "(%s layers), at the memory cost of a materialised mask per row", model_type, attn,
-        "/".join(sorted(set(_layer_types(config)))),
-    )
+    logger.warning("packing: %s/%s does not isolate packed records by itself; explicit per-record attention masks "
+                   "are used (%s layers), at the memory cost of a materialised mask per row", model_type, attn,
+                   "/".join(sorted(set(_layer_types(config)))))
     return report

@@ -5,8 +5,14 @@ Each is one call in the script's `main`, so the script reads parse -> model -> d
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
+
+from beam_sft.errors import BeamSFTError, FatalError, UsageError
+from beam_sft.storage import write_json_atomic
+from beam_sft.train import checkpoints, faults
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +32,6 @@ def check_arguments(script_args, training_args) -> None:
     """Refuse what cannot run, before loading anything."""
     import torch
 
-    from beam_sft.errors import UsageError
     from beam_sft.train.eval_callback import beam_eval_wanted
 
     mixture = bool(getattr(script_args, "datasets", None))
@@ -40,7 +45,7 @@ def check_arguments(script_args, training_args) -> None:
         # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
         # to leave the assistant masks alone.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
-    held_out = script_args.eval_dataset_name or script_args.dataset_test_split or (script_args.eval_split_size or script_args.test_split_size or 0) > 0
+    held_out = script_args.eval_dataset_name or script_args.dataset_test_split or script_args.eval_split_size > 0
     for name in ("eval_beam", "eval_beam_steps", "eval_beam_on_evaluate"):
         if getattr(script_args, name) and not held_out:
             # Refused now rather than noticed after the whole training run.
@@ -52,9 +57,7 @@ def check_arguments(script_args, training_args) -> None:
     check_evaluation_options(script_args, training_args, held_out)
     if script_args.streaming and training_args.max_steps <= 0:
         raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
-    from beam_sft.train.faults import parse_signals
-
-    parse_signals(training_args.preemption_signals)  # a misspelt signal refused now, not at the first step
+    faults.parse_signals(training_args.preemption_signals)  # a misspelt signal refused now, not at the first step
     if training_args.nonfinite_max_skips < 0 or training_args.step_timeout < 0:
         raise UsageError("nonfinite_max_skips and step_timeout must be >= 0")
     if training_args.bf16 and not torch.cuda.is_available():
@@ -63,7 +66,6 @@ def check_arguments(script_args, training_args) -> None:
 
 def check_evaluation_options(script_args, training_args, held_out) -> None:
     """Beam metrics at evaluation and early stopping need evaluations (and a metric) to happen at all."""
-    from beam_sft.errors import UsageError
     from beam_sft.train.eval_callback import beam_at_evaluate, beam_metric_named
 
     evaluates = training_args.eval_strategy != "no"
@@ -83,9 +85,6 @@ def check_evaluation_options(script_args, training_args, held_out) -> None:
 def resume_checkpoint(training_args):
     """`--resume_from_checkpoint last` (or true): the newest complete checkpoint of output_dir, or None; a path
     is taken as given unless it cannot be resumed. Says which checkpoint and step the run goes on from."""
-    from beam_sft.errors import UsageError
-    from beam_sft.train import checkpoints
-
     resume = training_args.resume_from_checkpoint
     if resume is None:
         return None
@@ -107,16 +106,16 @@ def resume_checkpoint(training_args):
 
 
 def already_finished(training_args) -> bool:
-    """`--resume_from_checkpoint last` on an output_dir whose run finished after its newest checkpoint: say so
-    and train nothing (the final model stays as it is)."""
-    from beam_sft.train.checkpoints import last_complete
-
+    """`--resume_from_checkpoint last` on an output_dir whose run finished after its newest checkpoint (save_strategy
+    no: only a preemption wrote one), where resuming would train those steps again: say so and train nothing (the
+    final model stays as it is)."""
     resume = training_args.resume_from_checkpoint
     if not (isinstance(resume, str) and resume.lower() in ("last", "true")):
         return False
-    newest = last_complete(training_args.output_dir, say=logger.debug)
-    step = finished_beyond(training_args.output_dir, newest)
-    if step is None:
+    newest = checkpoints.last_complete(training_args.output_dir, say=logger.debug)
+    status = faults.read_status(training_args.output_dir, since=0)
+    step = int(status.get("step") or 0) if status and status.get("status") == "finished" else None
+    if step is None or step <= (checkpoints.step_of(Path(newest)) if newest else 0):
         return False
     logger.warning("%s holds a run that finished at step %d (run_status.json) after its newest checkpoint (%s): "
                    "resuming would train those steps again; nothing to do (use a new output_dir to train again)",
@@ -124,23 +123,7 @@ def already_finished(training_args) -> bool:
     return True
 
 
-def finished_beyond(output_dir: str, checkpoint: str | None) -> int | None:
-    """The step a finished run of output_dir ended at, when its newest checkpoint is older (save_strategy no:
-    only a preemption wrote one): resuming from it would train those steps again."""
-    from beam_sft.train.checkpoints import step_of
-    from beam_sft.train.faults import read_status
-
-    status = read_status(output_dir, since=0)
-    if not status or status.get("status") != "finished":
-        return None
-    step = int(status.get("step") or 0)
-    have = step_of(Path(checkpoint)) if checkpoint else 0
-    return step if step > have else None
-
-
 def _resume_plan(resume: str, training_args) -> str:
-    import json
-
     try:
         state = json.loads((Path(resume) / "trainer_state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -156,32 +139,21 @@ def train(trainer, resume) -> None:
     """`trainer.train`, with each way a run can end written to output_dir/run_status.json and turned into
     one line and its exit status: preempted (75, a complete checkpoint written), a non-finite step (65), a
     full disk (74), a lost rank (1)."""
-    from beam_sft.errors import BeamSFTError, FatalError
-    from beam_sft.train.checkpoints import DiskFullError, last_complete
-    from beam_sft.train.faults import (
-        EXIT_PREEMPTED,
-        NonFiniteError,
-        Preempted,
-        is_peer_lost,
-        lost_ranks,
-        write_status,
-    )
-
     args = trainer.args
     try:
         trainer.train(resume_from_checkpoint=resume)
     except BeamSFTError as err:
         if trainer.is_world_process_zero():
-            write_status(args.output_dir, type(err).__name__, err.exit_code, step=trainer.state.global_step,
-                         message=str(err))
-        elif isinstance(err, (NonFiniteError, DiskFullError)):  # agreed on every rank: rank 0 says it, once
-            raise type(err)("") from None
+            faults.write_status(args.output_dir, type(err).__name__, err.exit_code, step=trainer.state.global_step,
+                                message=str(err))
+        elif isinstance(err, (faults.NonFiniteError, checkpoints.DiskFullError)):
+            raise type(err)("") from None  # agreed on every rank: rank 0 says it, once
         raise
     except RuntimeError as err:
-        if not (args.world_size > 1 and is_peer_lost(err)):
+        if not (args.world_size > 1 and faults.is_peer_lost(err)):
             raise
-        newest = last_complete(args.output_dir, say=logger.debug)
-        who = lost_ranks()
+        newest = checkpoints.last_complete(args.output_dir, say=logger.debug)
+        who = faults.lost_ranks()
         if who == "another rank" and "timed out" in str(err).lower():
             who = f"another rank (alive but silent for step_timeout {args.step_timeout} s: hung)"
         raise FatalError(
@@ -193,10 +165,11 @@ def train(trainer, resume) -> None:
     if stopped is not None:
         checkpoint = str(Path(args.output_dir) / f"checkpoint-{stopped}")
         if trainer.is_world_process_zero():
-            write_status(args.output_dir, "preempted", EXIT_PREEMPTED, step=stopped, checkpoint=checkpoint)
+            faults.write_status(args.output_dir, "preempted", faults.EXIT_PREEMPTED, step=stopped,
+                                checkpoint=checkpoint)
         finish(trainer)
         # One line for the job, from rank 0: every rank exits 75.
-        raise Preempted(f"saved {checkpoint} (complete) at step {stopped} and stopped; rerun the same command "
+        raise faults.Preempted(f"saved {checkpoint} (complete) at step {stopped} and stopped; rerun the same command "
                         "with --resume_from_checkpoint last to go on (exit status 75)"
                         if trainer.is_world_process_zero() else "")
 
@@ -205,12 +178,6 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
                   callbacks=None):
     """`BeamSFTTrainer` with LoRA (when asked), its loss path, and packing made exact (probed) before training."""
     from beam_sft.model.moe import build_peft_config, check_expert_adapters
-    from beam_sft.train.faults import (
-        NonFiniteGuard,
-        make_preemption_callback,
-        make_step_timeout_callback,
-        parse_signals,
-    )
     from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report
     from beam_sft.train.new_tokens import check_new_rows_trainable, make_new_rows_trainable
     from beam_sft.train.packing import ensure_exact_packing
@@ -218,24 +185,16 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
 
     peft_config = build_peft_config(model_args, model, target_experts=script_args.lora_target_experts)
     new_rows = make_new_rows_trainable(peft_config, model)  # LoRA: beamify's marker rows train too
-    plain_loss = training_args.loss_path == "plain" or (
-        training_args.loss_path == "auto" and training_args.device.type == "cpu"
-    )
+    plain_loss = training_args.loss_path == "plain" or (training_args.loss_path == "auto"
+                                                        and training_args.device.type == "cpu")
     allow_fsdp_on_cpu()  # opt-in (BEAM_SFT_FSDP_ON_CPU=1): FSDP2 over CPU processes, see docs/fsdp.md
     trainer = make_trainer_class()(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-        callbacks=callbacks,
-        plain_loss=plain_loss,
-        guard=NonFiniteGuard(training_args.on_nonfinite, training_args.nonfinite_max_skips),
-    )
-    trainer.preemption = make_preemption_callback(parse_signals(training_args.preemption_signals))
+        model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+        processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, plain_loss=plain_loss,
+        guard=faults.NonFiniteGuard(training_args.on_nonfinite, training_args.nonfinite_max_skips))
+    trainer.preemption = faults.make_preemption_callback(faults.parse_signals(training_args.preemption_signals))
     trainer.add_callback(trainer.preemption)
-    trainer.add_callback(make_step_timeout_callback(training_args.step_timeout))
+    trainer.add_callback(faults.make_step_timeout_callback(training_args.step_timeout))
     if trainer.is_fsdp_enabled:
         trainer.add_callback(make_sharding_report())
     if peft_config is not None:
@@ -246,10 +205,7 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
     # adapters do not change the probe). Every rank probes and, if needed, hooks its own copy.
     packing = ensure_exact_packing(trainer.model, training_args, training_args.packing_check)
     if packing is not None and training_args.process_index == 0:
-        from beam_sft.records.files import write_json_atomic
-
-        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(str(Path(training_args.output_dir) / "packing_probe.json"), packing.to_dict())
+        write_json_atomic(Path(training_args.output_dir) / "packing_probe.json", asdict(packing))
     return trainer
 
 
@@ -271,7 +227,6 @@ def save(trainer, tokenizer, output_dir: str) -> None:
     """The model, then the tokenizer with both templates (main process), and a one-line account."""
     from beam_sft.serve.servable import make_servable
     from beam_sft.template.tokenizer import save_tokenizer
-    from beam_sft.train.faults import write_status
     from beam_sft.train.fsdp import save_final_model
 
     # Under FSDP: the full model gathered to rank 0, whatever state_dict_type the checkpoints use.
@@ -281,7 +236,7 @@ def save(trainer, tokenizer, output_dir: str) -> None:
         save_tokenizer(tokenizer, output_dir)
         make_servable(output_dir, tokenizer)  # eos list, serving-subset response template, file modes
         # Written with the model: a requeued job that finds it does nothing (already_finished).
-        write_status(output_dir, "finished", 0, step=trainer.state.global_step)
+        faults.write_status(output_dir, "finished", 0, step=trainer.state.global_step)
     trainer.accelerator.print(
         f"trained {trainer.state.global_step} steps; tokens seen {trainer._total_train_tokens}, supervised "
         f"{trainer._supervised_tokens} (this process's session); saved to {output_dir}"
@@ -317,8 +272,6 @@ def push(trainer, training_args) -> None:
 
 
 def finish(trainer) -> None:
-    from beam_sft.train.faults import destroy_process_group
-
     # A rank that tears the process group down while another is still saving would leave that one blocked
     # in a collective forever.
     trainer.accelerator.wait_for_everyone()
@@ -327,4 +280,4 @@ def finish(trainer) -> None:
     # The DDP/FSDP wrapper holds the process group: dropped first, so the group goes down here, in order.
     trainer.model_wrapped = trainer.model
     trainer.accelerator._models.clear()
-    destroy_process_group()
+    faults.destroy_process_group()

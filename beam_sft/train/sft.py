@@ -19,9 +19,9 @@ def main(script_args, training_args, model_args, callbacks=None):
 
         print(dry_run(script_args, training_args, model_args, world_size=int(os.environ.get("WORLD_SIZE", "1"))))
         return None
+    from beam_sft.dataset.arguments import data_settings
     from beam_sft.model.load import check_tokenizer, load_model_and_tokenizer
     from beam_sft.train import run
-    from beam_sft.train.config import data_settings
     from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
     from beam_sft.train.eval_callback import add_beam_eval, beam_eval_wanted, held_out_records
     from beam_sft.train.source_eval import add_source_eval

@@ -24,6 +24,8 @@ import logging
 
 from transformers import EarlyStoppingCallback, TrainerCallback
 
+from beam_sft.errors import FatalError
+
 logger = logging.getLogger(__name__)
 
 
@@ -32,8 +34,6 @@ def by_source(eval_dataset, eval_sources: list[dict] | None) -> dict:
     no eval row are left out."""
     if not eval_sources or eval_dataset is None:
         return {}
-    from beam_sft.errors import FatalError
-
     if sum(s["rows"] for s in eval_sources) != len(eval_dataset):
         raise FatalError(f"the manifest's eval_sources count {sum(s['rows'] for s in eval_sources)} eval rows, "
                          f"the eval split has {len(eval_dataset)}")

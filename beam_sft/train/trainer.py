@@ -12,9 +12,8 @@
 
 from __future__ import annotations
 
-import logging
-
-logger = logging.getLogger(__name__)
+from beam_sft.train.checkpoints import save_guarded
+from beam_sft.train.faults import NonFiniteGuard
 
 
 class _RowIndexed:
@@ -55,8 +54,6 @@ class _Faults:
     """The trainer's side of beam_sft/train/faults.py and checkpoints.py (see the module docstring)."""
 
     def _init_faults(self, guard) -> None:
-        from beam_sft.train.faults import NonFiniteGuard
-
         self.guard = guard if guard is not None else NonFiniteGuard()
         self.data_collator = _RowsCollator(self.data_collator)
         self.committed_steps: set[int] = set()  # steps checkpointed by this process's run
@@ -106,8 +103,6 @@ class _Faults:
 
     # ---- checkpoints
     def _save_checkpoint(self, model, trial):
-        from beam_sft.train.checkpoints import save_guarded
-
         save_guarded(self, lambda: super(_Faults, self)._save_checkpoint(model, trial),
                      self._get_output_dir(trial=trial))
 

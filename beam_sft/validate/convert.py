@@ -4,7 +4,6 @@ Every reader of training data ends here: `convert-dataset`, the data phase, `ins
 
 * ``format="beam"``: the record is a Beam record (as `convert-dataset` writes it); what Arrow storage did to
   it is undone (`beam_sft.records.files.normalize_record`), then `beam_sft.validate.rules.validate` checks it;
-* ``"openai"`` or ``"auto"``: the fast path (`beam_sft.validate.fast_openai`) takes plain OpenAI rows;
 * otherwise the converter (`beam_sft.formats.convert_raw`, detecting the format under ``"auto"``), then
   `validate`.
 
@@ -33,7 +32,7 @@ import orjson
 from beam_sft.errors import Reason, RecordError, internal_error, reject_entry
 from beam_sft.formats import FORMAT_NAMES, convert_raw
 from beam_sft.records.files import Item, normalize_record, parse_line
-from beam_sft.validate import fast_openai
+from beam_sft.records.types import BeamRecord
 from beam_sft.validate.rules import Options, validate
 
 # "beam": records as convert-dataset writes them (validated again); the rest are beam_sft.formats' converters.
@@ -41,7 +40,7 @@ INPUT_FORMATS = ("beam", *FORMAT_NAMES)
 
 
 def convert(rec: Any, format: str = "auto", options: Options | None = None,
-            counters: dict | None = None) -> tuple[dict, str]:
+            counters: dict | None = None) -> tuple[BeamRecord, str]:
     """One record → (validated Beam record, name of the format it was read as), or `RecordError`.
 
     `counters` is passed to `validate` (what it merged, folded, moved or kept by policy)."""
@@ -49,23 +48,17 @@ def convert(rec: Any, format: str = "auto", options: Options | None = None,
         if type(rec) is not dict:
             raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
         return validate(normalize_record(rec), options, counters), "beam"
-    if format == "openai" or format == "auto":
-        # The fast path accepts only plain OpenAI rows (no key or field of another format), so under `auto`
-        # it can run before detection, which would cost it a tenth of its time.
-        fast = fast_openai.fast_convert(rec, options, counters)
-        if fast is not None:
-            return fast, "openai"
     beam, name = convert_raw(rec, format)
     return validate(beam, options, counters), name
 
 
-def convert_record(rec: Any, format: str = "auto", options: Options | None = None) -> dict:
+def convert_record(rec: Any, format: str = "auto", options: Options | None = None) -> BeamRecord:
     """One record → a validated Beam record, or `RecordError`."""
     return convert(rec, format, options)[0]
 
 
 def try_convert(rec: Any, format: str = "auto", options: Options | None = None, counters: dict | None = None, *,
-                raw: bool = False) -> tuple[dict | None, str | None, RecordError | None]:
+                raw: bool = False) -> tuple[BeamRecord | None, str | None, RecordError | None]:
     """`convert` that never raises for one record: ``(record, format, None)`` or ``(None, None, error)``.
 
     `raw`: `rec` is a JSONL line still to parse (`beam_sft.records.files.parse_line`). `rec` may be a
@@ -84,7 +77,7 @@ def try_convert(rec: Any, format: str = "auto", options: Options | None = None, 
 
 
 def convert_item(item: Item, format: str = "auto", options: Options | None = None
-                 ) -> tuple[dict | None, str | None, dict | None]:
+                 ) -> tuple[BeamRecord | None, str | None, dict | None]:
     """One `beam_sft.records.files.Item` (from `read_items`) → ``(record, format, None)``, or
     ``(None, None, reject entry)`` with the item's provenance (`beam_sft.errors.reject_entry`)."""
     if item.error is not None:

@@ -60,6 +60,7 @@ from beam_sft.records.messages import (
     find_marker,
     nests_deeper,
 )
+from beam_sft.records.types import BeamRecord, Message, ToolCall, wrong_type
 
 LATE_SYSTEM_CHOICES = ("reject", "move")
 # Counter keys for the foreign call-syntax instructions a converter removed: stripped_tool_prompt:<pattern name>.
@@ -73,7 +74,7 @@ MISSING_REASONING_CHOICES = ("mask", "keep", "reject")
 class Options:
     late_system: str = "reject"
     missing_reasoning: str = "mask"
-    render_check: Callable[[dict], Any] | None = None
+    render_check: Callable[[BeamRecord], Any] | None = None
 
     def __post_init__(self):
         if self.late_system not in LATE_SYSTEM_CHOICES:
@@ -96,18 +97,18 @@ def _idx(src: list[int] | None, i: int) -> int:
     return src[i] if src is not None and 0 <= i < len(src) else i
 
 
-def _text_error(text: Any, where: str, i: int) -> RecordError | None:
-    """The error for a text field, or None. Callers test ``type(text) is str and "<|" not in text`` first."""
+def _check_text(text: Any, where: str, i: int) -> None:
+    """A text field must be a string without Harmony markers. Hot callers test ``type(text) is not str or "<" in
+    text`` first, so the common text costs no call."""
     if not isinstance(text, str):
-        return RecordError(Reason.BAD_CONTENT, f"{where} is a {type(text).__name__}, not a string", message_index=i)
+        raise RecordError(Reason.BAD_CONTENT, f"{where} is a {type(text).__name__}, not a string", message_index=i)
     marker = find_marker(text)
     if marker:
-        return RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"{where} contains the Harmony marker {marker}",
-                           message_index=i)
-    return None
+        raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"{where} contains the Harmony marker {marker}",
+                          message_index=i)
 
 
-def _check_markup(out: list[dict], msgs: list, src) -> None:
+def _check_markup(out: list[Message], msgs: list, src: list[int] | None) -> None:
     """Tool-call or result markup left in a text after conversion: trained on, it would teach the model to
     write fake calls as text. Tags quoted in prose are allowed (`beam_sft.records.markup`).
 
@@ -142,9 +143,7 @@ def _check_value(value: Any, name: str, where: str, i: int, depth: int = 2) -> N
             if PARAMETER_CLOSE_TAG in value:
                 raise RecordError(Reason.PARAMETER_CLOSE_TAG_IN_ARGUMENT,
                                   f"argument {name!r} of {where} contains {PARAMETER_CLOSE_TAG}", message_index=i)
-            err = _text_error(value, f"argument {name!r} of {where}", i)
-            if err:
-                raise err
+            _check_text(value, f"argument {name!r} of {where}", i)
     elif depth > MAX_JSON_DEPTH and (type(value) is dict or type(value) is list):
         raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"argument {name!r} of {where} nests deeper than "
                           f"{MAX_JSON_DEPTH} levels", message_index=i)
@@ -154,9 +153,7 @@ def _check_value(value: Any, name: str, where: str, i: int, depth: int = 2) -> N
                 if type(k) is str and PARAMETER_CLOSE_TAG in k:
                     raise RecordError(Reason.PARAMETER_CLOSE_TAG_IN_ARGUMENT, f"a key in argument {name!r} of "
                                       f"{where} contains {PARAMETER_CLOSE_TAG}", message_index=i)
-                err = _text_error(k, f"a key in argument {name!r} of {where}", i)
-                if err:
-                    raise err
+                _check_text(k, f"a key in argument {name!r} of {where}", i)
             _check_value(v, name, where, i, depth + 1)
     elif type(value) is list:
         for v in value:
@@ -175,8 +172,7 @@ def _check_calls(calls: Any, i: int) -> None:
             raise RecordError(Reason.BAD_CONTENT, f"tool call name {name!r} is not a usable name", message_index=i)
         cid = call.get("id")
         if cid is not None and type(cid) is not str:
-            raise RecordError(Reason.BAD_CONTENT, f"id of call {name!r} is a {type(cid).__name__}, not a string",
-                              message_index=i)
+            raise wrong_type(Reason.BAD_CONTENT, f"id of call {name!r}", cid, "a string", i)
         args = fn.get("arguments")
         if type(args) is not dict:
             raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a "
@@ -189,18 +185,16 @@ def _check_calls(calls: Any, i: int) -> None:
                 _check_value(value, key, f"call {name!r}", i)
 
 
-def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: int) -> list[dict]:
+def _pair_results(calls: list[ToolCall], msgs: list[Message], j: int, k: int, src: list[int] | None, ai: int
+                  ) -> list[Message]:
     """Match the results msgs[j:k] to `calls` (id first, then position); tool messages in call order."""
     for ri in range(j, k):
         content = msgs[ri].get("content")
         if type(content) is not str or "<" in content:
-            err = _text_error(content, "tool result", _idx(src, ri))
-            if err:
-                raise err
+            _check_text(content, "tool result", _idx(src, ri))
         rid = msgs[ri].get("tool_call_id")
         if rid is not None and type(rid) is not str:
-            raise RecordError(Reason.BAD_CONTENT, f"tool_call_id is a {type(rid).__name__}, not a string",
-                              message_index=_idx(src, ri))
+            raise wrong_type(Reason.BAD_CONTENT, "tool_call_id", rid, "a string", _idx(src, ri))
     if len(calls) == 1 and k - j == 1:  # the common case: one call, one result
         c, r = calls[0], msgs[j]
         cid, rid = c.get("id"), r.get("tool_call_id")
@@ -211,11 +205,7 @@ def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: 
         if cid is None and rid is None and r.get("name") and r["name"] != name:
             raise RecordError(Reason.TOOL_RESULT_WITHOUT_CALL, f"result from {r['name']!r} where the call is "
                               f"{name!r}", message_index=_idx(src, j))
-        msg = {"role": "tool", "name": name}
-        if cid is not None or rid is not None:
-            msg["tool_call_id"] = cid if cid is not None else rid
-        msg["content"] = r["content"]
-        return [msg]
+        return [_result_message(name, cid if cid is not None else rid, r["content"])]
     id_index: dict[str, int] = {}
     for ci, c in enumerate(calls):
         cid = c.get("id")
@@ -224,7 +214,7 @@ def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: 
                 raise RecordError(Reason.DUPLICATE_CALL_ID, f"two calls share the id {cid!r}",
                                   message_index=_idx(src, ai))
             id_index[cid] = ci
-    assigned: list[dict | None] = [None] * len(calls)
+    assigned: list[Message | None] = [None] * len(calls)
     loose: list[int] = []
     for ri in range(j, k):
         r = msgs[ri]
@@ -254,15 +244,16 @@ def _pair_results(calls: list[dict], msgs: list[dict], j: int, k: int, src, ai: 
             raise RecordError(Reason.TOOL_RESULT_WITHOUT_CALL, f"result from {r['name']!r} where the call at this "
                               f"position is {want!r}", message_index=_idx(src, ri))
         assigned[ci] = r
-    out = []
-    for c, r in zip(calls, assigned, strict=True):
-        msg = {"role": "tool", "name": c["function"]["name"]}
-        cid = c.get("id", r.get("tool_call_id"))
-        if cid is not None:
-            msg["tool_call_id"] = cid
-        msg["content"] = r["content"]
-        out.append(msg)
-    return out
+    return [_result_message(c["function"]["name"], c.get("id", r.get("tool_call_id")), r["content"])
+            for c, r in zip(calls, assigned, strict=True)]
+
+
+def _result_message(name: str, call_id: str | None, content: str) -> Message:
+    msg: Message = {"role": "tool", "name": name}
+    if call_id is not None:
+        msg["tool_call_id"] = call_id
+    msg["content"] = content
+    return msg
 
 
 def _check_kwargs(kwargs: Any) -> None:
@@ -282,7 +273,7 @@ def _check_kwargs(kwargs: Any) -> None:
     raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"reasoning_effort {effort!r} is not a label or an int")
 
 
-def message_weight(m: dict, i: int) -> int | None:
+def message_weight(m: Message, i: int) -> int | None:
     """The loss weight of a message: 0 or 1 from ``weight`` (the OpenAI fine-tuning field) or its alias
     ``train`` (a bool), None when neither is given; anything else → ``bad_weight``."""
     weight, train = m.get("weight"), m.get("train")
@@ -297,7 +288,7 @@ def message_weight(m: dict, i: int) -> int | None:
     return weight
 
 
-def _check_no_weight(msgs: list, src) -> None:
+def _check_no_weight(msgs: list, src: list[int] | None) -> None:
     for q, m in enumerate(msgs):
         if type(m) is dict and ("weight" in m or "train" in m) and m.get("role") != "assistant" \
                 and (m.get("weight") is not None or m.get("train") is not None):
@@ -305,23 +296,18 @@ def _check_no_weight(msgs: list, src) -> None:
                               "messages are trained", message_index=_idx(src, q))
 
 
-def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
+def _merge_run(msgs: list[Message], i: int, j: int, src: list[int] | None, counters: dict | None) -> Message:
     """Merge the consecutive assistant messages msgs[i:j] into one."""
     first = msgs[i]
     if first.get("tool_calls"):
         raise RecordError(Reason.CALL_WITHOUT_RESULT, "the assistant speaks again before the results of its "
                           f"calls in messages[{_idx(src, i)}]", message_index=_idx(src, i + 1))
-    reasoning = [first.get("reasoning_content") or first.get("thinking") or first.get("reasoning") or ""]
-    content = [first.get("content") or ""]
+    reasoning = [m.get("reasoning_content") or m.get("thinking") or m.get("reasoning") or "" for m in msgs[i:j]]
+    content = [m.get("content") or "" for m in msgs[i:j]]
     calls = None
-    for q in range(i + 1, j):
-        m = msgs[q]
-        reasoning.append(m.get("reasoning_content") or m.get("thinking") or m.get("reasoning") or "")
-        content.append(m.get("content") or "")
     for q, (r, c) in enumerate(zip(reasoning, content, strict=True), start=i):
-        err = _text_error(r, "reasoning", _idx(src, q)) or _text_error(c, "assistant content", _idx(src, q))
-        if err:
-            raise err
+        _check_text(r, "reasoning", _idx(src, q))
+        _check_text(c, "assistant content", _idx(src, q))
     for q in range(i + 1, j):
         m = msgs[q]
         if m.get("tool_calls"):
@@ -330,8 +316,8 @@ def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
                                   f"its calls in messages[{_idx(src, q)}]", message_index=_idx(src, q + 1))
             calls = m["tool_calls"]
     _bump(counters, "merged_assistant", j - i - 1)
-    merged = {"role": "assistant", "reasoning_content": "\n\n".join(r for r in reasoning if r),
-              "content": "\n\n".join(c for c in content if c)}
+    merged: Message = {"role": "assistant", "reasoning_content": "\n\n".join(r for r in reasoning if r),
+                       "content": "\n\n".join(c for c in content if c)}
     weights = [message_weight(msgs[q], _idx(src, q)) for q in range(i, j)]
     if 0 in weights:  # one turn now: what the data said not to train stays untrained
         merged["weight"] = 0
@@ -342,7 +328,7 @@ def _merge_run(msgs: list[dict], i: int, j: int, src, counters) -> dict:
     return merged
 
 
-def validate(rec: dict, options: Options | None = None, counters: dict | None = None) -> dict:
+def validate(rec: Any, options: Options | None = None, counters: dict | None = None) -> BeamRecord:
     """Check and normalize an (unvalidated) Beam record; return the record to write, or raise `RecordError`.
 
     The record's message dicts are reused (converters build fresh ones). `counters`, when given, is
@@ -364,7 +350,7 @@ def validate(rec: dict, options: Options | None = None, counters: dict | None = 
     out = _messages(msgs, src, opts, counters)
     if not no_markup:
         _check_markup(out, msgs, src)
-    result: dict[str, Any] = {"messages": out}
+    result: BeamRecord = {"messages": out}
     tools = rec.get("tools")
     if tools:
         tools, blob = checked_tools(tools)
@@ -399,10 +385,10 @@ def nothing_to_train() -> RecordError:
                        "masked by default; fill them in with `beam-sft backfill`)")
 
 
-def _messages(msgs: list, src, opts: Options, counters: dict | None) -> list[dict]:
+def _messages(msgs: list, src: list[int] | None, opts: Options, counters: dict | None) -> list[Message]:
     """The checked Beam messages: turns merged, results paired, late instructions moved or rejected."""
-    out: list[dict] = []
-    late: list[dict] = []
+    out: list[Message] = []
+    late: list[Message] = []
     n_head = 0  # instructions at the start
     seen_other = False
     n_assistant = 0
@@ -421,9 +407,7 @@ def _messages(msgs: list, src, opts: Options, counters: dict | None) -> list[dic
         if role == "user" or role == "system" or role == "developer":
             content = m.get("content")
             if type(content) is not str or "<" in content:
-                err = _text_error(content, f"{role} content", _idx(src, i))
-                if err:
-                    raise err
+                _check_text(content, f"{role} content", _idx(src, i))
             if role == "user":
                 seen_other = True
                 out.append(m)
@@ -450,7 +434,8 @@ def _messages(msgs: list, src, opts: Options, counters: dict | None) -> list[dic
     return out
 
 
-def _assistant(msgs: list, i: int, src, opts: Options, counters: dict | None, out: list[dict]) -> int:
+def _assistant(msgs: list, i: int, src: list[int] | None, opts: Options, counters: dict | None,
+               out: list[Message]) -> int:
     """The assistant turn starting at msgs[i] (consecutive assistant messages merged) and the results of its
     calls, appended to `out`; returns the index of the next message."""
     n = len(msgs)
@@ -475,13 +460,9 @@ def _assistant(msgs: list, i: int, src, opts: Options, counters: dict | None, ou
             m.pop("weight", None)
     reasoning, content, calls = m["reasoning_content"], m["content"], m.get("tool_calls")
     if type(reasoning) is not str or "<" in reasoning:
-        err = _text_error(reasoning, "reasoning", at)
-        if err:
-            raise err
+        _check_text(reasoning, "reasoning", at)
     if type(content) is not str or "<" in content:
-        err = _text_error(content, "assistant content", at)
-        if err:
-            raise err
+        _check_text(content, "assistant content", at)
     if calls:
         _check_calls(calls, at)
         if content:
@@ -506,7 +487,7 @@ def _assistant(msgs: list, i: int, src, opts: Options, counters: dict | None, ou
     return k
 
 
-def _reasoning_policy(m: dict, reasoning: str, opts: Options, counters: dict | None, at: int | None) -> None:
+def _reasoning_policy(m: Message, reasoning: str, opts: Options, counters: dict | None, at: int | None) -> None:
     """A turn with weight 0 in the input stays so (counted); a turn without reasoning is masked (weight 0),
     kept (counted) or rejected, as `opts.missing_reasoning` says."""
     if m.get("weight") == 0:
@@ -521,7 +502,7 @@ def _reasoning_policy(m: dict, reasoning: str, opts: Options, counters: dict | N
             _bump(counters, "missing_reasoning")
 
 
-def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -> Callable[[dict], str]:
+def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -> Callable[[BeamRecord], str]:
     """A `render_check` for `Options`: renders a record with the Beam chat template and returns the text.
 
     With a tokenizer, its own template is used (``apply_chat_template(..., tokenize=False)``); otherwise the
@@ -529,7 +510,7 @@ def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -
     tokenizer files and is several times faster.
     """
     if tokenizer is not None:
-        def render_with_tokenizer(rec: dict) -> str:
+        def render_with_tokenizer(rec: BeamRecord) -> str:
             return tokenizer.apply_chat_template(rec["messages"], tools=rec.get("tools"), tokenize=False,
                                                  **(rec.get("chat_template_kwargs") or {}))
         return render_with_tokenizer
@@ -541,7 +522,7 @@ def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -
 
         chat_template = packaged()
 
-    def render(rec: dict) -> str:
+    def render(rec: BeamRecord) -> str:
         rendered, _ = render_jinja_template([rec["messages"]], tools=rec.get("tools"), chat_template=chat_template,
                                             **(rec.get("chat_template_kwargs") or {}))
         return rendered[0]

@@ -34,8 +34,9 @@ def bench_prepare(sizes_mb: Sequence[float], workdir: Path, seed: int, max_lengt
         _log(f"prepare: writing {mb} MiB of OpenAI rows to {src}")
         rows = write_openai_jsonl(src, int(mb * 2**20), seed)
         # One process: figures per core (benchmarks/prepare.py measures the worker pool).
-        command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q", "--num-proc", "1",
-                   "--max-length", str(max_length), *(["--tokenizer", tokenizer] if tokenizer else [])]
+        command = [sys.executable, "-m", "beam_sft", "prepare", str(src), "-o", str(dst), "-q",
+                   "--dataset_num_proc", "1", "--max_length", str(max_length),
+                   *(["--tokenizer_name_or_path", tokenizer] if tokenizer else [])]
         _log(f"prepare: beam-sft prepare on {rows} rows")
         run = _rusage_run(command, workdir, f"prepare_{i}")
         out["records"].append(rows)

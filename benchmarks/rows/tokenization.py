@@ -1,4 +1,4 @@
-"""Row: masked tokenization, ours vs TRL's per-example preparation vs the floors; then encode_dataset scaling."""
+"""Row: masked tokenization, ours vs TRL's per-example preparation vs the floors; then build_prepared scaling."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _paths(tokenizer, encoder, records: list[dict], batch_size: int) -> dict:
 
     n = len(records)
 
-    # Ours: a fresh encoder (empty piece and prefix caches), batches as encode_dataset hands them over.
+    # Ours: a fresh encoder (empty piece and prefix caches), batches as the data pipeline hands them over.
     def ours():
         encoder.clear_caches()
         out = []
@@ -120,25 +120,29 @@ def _time_paths(paths: dict, n: int) -> tuple[dict, dict, dict]:
     return outputs, wall, cpu
 
 
-def _encode_dataset_scaling(tokenizer, records: list[dict], num_procs: list[int], batch_size: int) -> dict:
-    """encode_dataset (datasets.map, batched) at each num_proc, records as JSON strings."""
-    from datasets import Dataset, disable_progress_bars
+def _prepare_scaling(tokenizer, records: list[dict], num_procs: list[int]) -> dict:
+    """`build_prepared` (the data pipeline's pool: convert + tokenize + label + write) at each num_proc, records
+    as Beam JSONL."""
+    import tempfile
+    from pathlib import Path
 
-    from beam_sft.render.encoder import encode_dataset
+    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.settings import DataSettings
 
     n = len(records)
-    disable_progress_bars()
-    dataset = Dataset.from_dict({"record": [json.dumps(r, ensure_ascii=False) for r in records]})
     scaling, cpu_rates = {}, {}
-    for p in num_procs:
-        _log(f"masked tokenization: encode_dataset num_proc={p}")
-        cpu_before = _cpu_seconds()
-        _, seconds = _timed(encode_dataset, tokenizer, dataset, record_column="record", num_proc=p if p > 1 else None,
-                            batch_size=batch_size, load_from_cache_file=False, desc=None)
-        scaling[str(p)] = n / seconds
-        # CPU seconds of this process and its (joined) workers: on a shared machine wall-clock scaling
-        # measures the neighbours too, while conversations per CPU-second show the parallel overhead alone.
-        cpu_rates[str(p)] = n / (_cpu_seconds() - cpu_before)
+    with tempfile.TemporaryDirectory(prefix="bench_prepare_") as work:
+        src = Path(work) / "records.jsonl"
+        src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+        for p in num_procs:
+            _log(f"masked tokenization: build_prepared num_proc={p}")
+            cpu_before = _cpu_seconds()
+            _, seconds = _timed(build_prepared, [str(src)], tokenizer, DataSettings(format="beam", max_length=None,
+                                dedup=False), Path(work) / f"p{p}", num_proc=p, fingerprint="bench")
+            scaling[str(p)] = n / seconds
+            # CPU seconds of this process and its (joined) workers: on a shared machine wall-clock scaling
+            # measures the neighbours too, while conversations per CPU-second show the parallel overhead alone.
+            cpu_rates[str(p)] = n / (_cpu_seconds() - cpu_before)
     base = scaling[str(num_procs[0])] / num_procs[0] if num_procs else None
     return {
         p: {"conv_per_s": v, "speedup": v / scaling[str(num_procs[0])] * num_procs[0],
@@ -149,7 +153,7 @@ def _encode_dataset_scaling(tokenizer, records: list[dict], num_procs: list[int]
 
 
 def bench_masked_tokenization(tokenizer, records: list[dict], num_procs: list[int], batch_size: int) -> dict:
-    """Ours vs TRL's per-example preparation vs the floor, in this process; then `encode_dataset` scaling."""
+    """Ours vs TRL's per-example preparation vs the floor, in this process; then `build_prepared` scaling."""
     from beam_sft.render.encoder import MaskedEncoder
 
     n = len(records)
@@ -189,5 +193,5 @@ def bench_masked_tokenization(tokenizer, records: list[dict], num_procs: list[in
         "mismatches_vs_trl": len(mismatches),
         "first_mismatch": mismatches[0] if mismatches else None,
         "ids_mismatches_vs_floor": floor_mismatches,
-        "encode_dataset": _encode_dataset_scaling(tokenizer, records, num_procs, batch_size),
+        "prepare_scaling": _prepare_scaling(tokenizer, records, num_procs),
     }

@@ -43,7 +43,7 @@ INSTALL_HINT = (f"BFCL's checker is not installed: pip install --no-deps '{BFCL_
 NON_LIVE_AST = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple")
 LIVE_AST = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
 RELEVANCE = ("irrelevance", "live_irrelevance", "live_relevance")
-CATEGORIES = (*NON_LIVE_AST[:6], "irrelevance", *LIVE_AST, "live_irrelevance", "live_relevance")
+CATEGORIES = (*NON_LIVE_AST, "irrelevance", *LIVE_AST, "live_irrelevance", "live_relevance")
 NO_CALL = ("irrelevance", "live_irrelevance")  # right answer: no call (live_relevance: at least one)
 
 

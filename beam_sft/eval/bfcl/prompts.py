@@ -1,24 +1,13 @@
-"""A BFCL entry as a prompt, and a generation as the calls BFCL's checker reads.
+"""A BFCL entry as a prompt, and a generation as the calls BFCL's checker reads, in three styles (STYLES; each
+described in docs/evaluation.md#bfcl-v4):
 
-Three styles:
-
-* `beam` (Beam models, and any model behind a server with a tool parser): the entry's functions become the
-  record's tools the way BFCL hands them to every OpenAI-style model (`convert_to_tool`: `dict` -> JSON-schema
-  `object`, `float` -> `number`, `tuple` -> `array`, `any` -> `string`, dots in names as underscores); the question's
-  messages are the conversation (a leading system message becomes the developer instructions, as in any Beam
-  record). The output is parsed with the model's response template (or by the server's parsers); each tool call
-  becomes `{name: arguments}`, BFCL's FC-handler shape.
-* `prompt` (a model with no tool format of its own, e.g. SmolLM2-135M-Instruct, whose chat template has none):
-  BFCL's own prompting: its system prompt listing the functions and asking for `[func(a=1)]`, the model's own chat
-  template, and BFCL's decoder (`default_decode_ast_prompting`) on the text. This is how BFCL scores a "Prompt"
-  model, so the base model's row is the leaderboard's zero-shot row for it.
-* `json` (a model taught, or told, to answer with a JSON call list in tags): the functions listed as JSON in a
-  system message that asks for `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>` (`[]` in the tags when
-  none fits), the model's own chat template, and the calls read from the tags. It is the output format of the
-  APIGen-style function-calling data SmolLM2's larger sibling was taught, the one Ollama's SmolLM2 template asks
-  every SmolLM2 size for when tools are given; a second zero-shot row for a base whose SFT data had no tool calls
-  (SmolLM2-135M-Instruct's smol-smoltalk), so a base that never writes BFCL's `[func(a=1)]` is also asked in a
-  format nearer the JSON it has read. Names are as written, as in `prompt`.
+* `beam`: the entry's functions as the record's tools, the way BFCL hands them to every OpenAI-style model
+  (`convert_to_tool`, dots in names as underscores); the output parsed with the response template (or by the
+  server's parsers), each tool call as `{name: arguments}`, BFCL's FC-handler shape;
+* `prompt`: BFCL's own prompting of a model with no tool format (its system prompt, the model's own chat template,
+  BFCL's decoder `default_decode_ast_prompting`): the leaderboard's zero-shot row for such a model;
+* `json`: the functions as JSON in a system message asking for a JSON call list in `<tool_call>` tags (APIGen's
+  format), read from the tags; names as written, as in `prompt`.
 """
 
 from __future__ import annotations

@@ -2,29 +2,27 @@
 the per-entry outputs.
 
     from beam_sft.eval.bfcl.run import evaluate_bfcl
-    result = evaluate_bfcl(backend, tokenizer, ["simple_python", "irrelevance"], style="beam", max_records=50)
+    result = evaluate_bfcl(backend, tokenizer, ["simple_python", "irrelevance"], EvalOptions(max_records=50))
     result.summary()["bfcl"]["simple_python"]["accuracy"]
 
-Each outputs line, `{"id", "category", "calls": [{"name", "arguments"}], "text", "well_formed", "valid", ...}`, holds
-what BFCL's checker was given: `rescore(path)` runs the checker again on it and gives the same figures.
-
-well_formed: in the `beam` style the held-out metric's definition (`beam_sft.eval.metrics.is_well_formed`: a stop
-token, reasoning, a final answer or calls to declared tools with JSON-object arguments, no marker leak); in the
-`prompt` style, the model stopped on its own and its text is either a call list BFCL's decoder reads or no call at
-all (it does not start with `[`); in the `json` style, it stopped on its own and every `<tool_call>` block it wrote
-is a JSON list of `{"name", "arguments"}` calls (or it wrote none).
+Each outputs line (`Scored.to_json`) holds what BFCL's checker was given: `rescore(path)` runs the checker again on
+it and gives the same figures. What `well_formed` means in each style: docs/evaluation.md#bfcl-v4.
 """
 
 from __future__ import annotations
 
 import json
-import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from beam_sft.errors import UsageError
+from beam_sft.eval.backends import generate_sorted
 from beam_sft.eval.bfcl import checker, prompts
+from beam_sft.eval.metrics import Throughput, is_well_formed
+from beam_sft.eval.report import html_table, message_html, text_table
+from beam_sft.eval.run import EvalOptions
 
 KEEP_FAILURES = 300
 
@@ -38,6 +36,7 @@ class BfclTurn:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    style: str = "beam"
 
 
 @dataclass
@@ -57,32 +56,23 @@ class Scored:
     style: str = "beam"
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "category": self.category, "calls": self.calls, "text": self.text,
-                "well_formed": self.well_formed, "valid": self.valid, "decode_error": self.decode_error,
-                "error_type": self.error_type, "error": self.error, "stop": self.stop, "style": self.style}
+        return asdict(self)
 
 
 @dataclass
-class BfclResult:
+class BfclResult(Throughput):
     """Counts per category, the kept failures, generation time."""
 
-    backend: str = ""
     style: str = "beam"
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    error_types: dict[str, dict[str, int]] = field(default_factory=dict)
+    counts: dict[str, Counter] = field(default_factory=dict)  # category -> n, valid, well_formed, called
+    error_types: dict[str, Counter] = field(default_factory=dict)
     failures: list[Scored] = field(default_factory=list)
-    generation_seconds: float = 0.0
-    generation_tokens: int = 0
 
     def add(self, scored: Scored, keep: int = KEEP_FAILURES) -> None:
-        c = self.counts.setdefault(scored.category, {"n": 0, "valid": 0, "well_formed": 0, "called": 0})
-        c["n"] += 1
-        c["valid"] += scored.valid
-        c["well_formed"] += scored.well_formed
-        c["called"] += bool(scored.calls)
+        self.counts.setdefault(scored.category, Counter()).update(  # ints: an empty Counter keeps bools as given
+            n=1, valid=int(scored.valid), well_formed=int(scored.well_formed), called=int(bool(scored.calls)))
         if not scored.valid:
-            kinds = self.error_types.setdefault(scored.category, {})
-            kinds[scored.error_type or "unknown"] = kinds.get(scored.error_type or "unknown", 0) + 1
+            self.error_types.setdefault(scored.category, Counter())[scored.error_type or "unknown"] += 1
             if len(self.failures) < keep:
                 self.failures.append(scored)
 
@@ -95,19 +85,16 @@ class BfclResult:
         return {"bfcl": per, "bfcl_summary": checker.summary(per), "style": self.style, "backend": self.backend,
                 "entries": n, "well_formed": (sum(c["well_formed"] for c in self.counts.values()) / n) if n else None,
                 "called": self.called(),
-                "generation_tokens": self.generation_tokens,
-                "tokens_per_second": (self.generation_tokens / self.generation_seconds
-                                      if self.generation_seconds else None)}
+                "generation_tokens": self.generation_tokens, "tokens_per_second": self.tokens_per_second}
 
     def called(self) -> dict[str, dict[str, int]]:
         """Entries answered with at least one call, split by whether a call is right (AST, relevance) or none is
         (irrelevance): accuracy alone hides a model that never calls, or always does."""
-        out = {"call_expected": {"called": 0, "n": 0}, "no_call_expected": {"called": 0, "n": 0}}
+        out = {"call_expected": Counter(called=0, n=0), "no_call_expected": Counter(called=0, n=0)}
         for cat, c in self.counts.items():
-            side = out["no_call_expected" if checker.expects_no_call(cat) else "call_expected"]
-            side["called"] += c["called"]
-            side["n"] += c["n"]
-        return out
+            out["no_call_expected" if checker.expects_no_call(cat) else "call_expected"].update(called=c["called"],
+                                                                                                 n=c["n"])
+        return {side: dict(c) for side, c in out.items()}
 
 
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
@@ -125,39 +112,31 @@ def make_turn(tokenizer, entry: checker.Entry, style: str) -> BfclTurn:
                                                **kwargs)
     except Exception as err:
         raise UsageError(f"BFCL {entry.id}: the chat template cannot render this entry: {err}") from err
-    return BfclTurn(entry, prompt, conversation, declared, kwargs)
+    return BfclTurn(entry, prompt, conversation, declared, kwargs, style)
 
 
 def _plain_text(generation) -> str:
     """The generated text without the stop token: what BFCL's prompting decoder reads."""
-    parsed = getattr(generation, "parsed", None)
-    if parsed is not None:
-        return parsed.get("content") or ""
+    if generation.parsed is not None:
+        return generation.parsed.get("content") or ""
     text = generation.text
     if generation.stop and text.endswith(generation.stop):
         text = text[: -len(generation.stop)]
     return text
 
 
-def _score_prompt(turn: BfclTurn, generation, tokenizer) -> Scored:
+def _score_text(turn: BfclTurn, generation, tokenizer) -> Scored:
+    """The `prompt` and `json` styles: the text decoded by BFCL's prompting decoder or from `<tool_call>` tags."""
     text = _plain_text(generation)
-    if getattr(generation, "error", ""):
-        decoded, why = None, generation.error
+    if generation.error:  # a served turn the server refused: no stop token, so not well-formed
+        return _verdict(turn, generation, None, generation.error, text, False)
+    if turn.style == "json":
+        decoded, why, malformed = prompts.decode_json(text)
+        shaped = not malformed
     else:
         decoded, why = prompts.decode_prompt(text, turn.entry.category)
-    stripped = text.strip("`\n ")
-    decodes_as_calls = decoded is not None and bool(bfcl_format(decoded))
-    well_formed = generation.stop is not None and (decodes_as_calls or not stripped.startswith("["))
-    return _verdict(turn, decoded, why, text, well_formed, generation.stop, "prompt")
-
-
-def _score_json(turn: BfclTurn, generation, tokenizer) -> Scored:
-    text = _plain_text(generation)
-    if getattr(generation, "error", ""):
-        decoded, why, malformed = None, generation.error, True
-    else:
-        decoded, why, malformed = prompts.decode_json(text)
-    return _verdict(turn, decoded, why, text, generation.stop is not None and not malformed, generation.stop, "json")
+        shaped = (decoded is not None and bool(bfcl_format(decoded))) or not text.strip("`\n ").startswith("[")
+    return _verdict(turn, generation, decoded, why, text, generation.stop is not None and shaped)
 
 
 def bfcl_format(decoded: Any) -> bool:
@@ -165,23 +144,23 @@ def bfcl_format(decoded: Any) -> bool:
 
 
 def _score_beam(turn: BfclTurn, generation, tokenizer) -> Scored:
-    from beam_sft.eval.metrics import is_well_formed
-    from beam_sft.eval.run import _parse, raw_text
+    from beam_sft.eval.run import parse_generation, raw_text
 
-    parsed, why = _parse(tokenizer, turn, generation)  # the held-out eval's parse: served, refused or offline
+    parsed, why = parse_generation(tokenizer, turn, generation)  # the held-out eval's parse: served, refused or offline
     names = {t["function"]["name"] for t in turn.tools or []}
     ok, _ = is_well_formed(parsed, generation.stop is not None, names, raw_text(generation))
     decoded, decode_why = prompts.decode_beam(parsed)
-    text = generation.text if getattr(generation, "parsed", None) is None else json.dumps(parsed, ensure_ascii=False)
-    return _verdict(turn, decoded, why or decode_why, text, ok, generation.stop, "beam")
+    text = generation.text if generation.parsed is None else json.dumps(parsed, ensure_ascii=False)
+    return _verdict(turn, generation, decoded, why or decode_why, text, ok)
 
 
-def _verdict(turn: BfclTurn, decoded, why: str, text: str, well_formed: bool, stop, style: str) -> Scored:
-    verdict = checker.check(turn.entry, decoded, why, raw=text, style=style)
+def _verdict(turn: BfclTurn, generation, decoded, why: str, text: str, well_formed: bool) -> Scored:
+    verdict = checker.check(turn.entry, decoded, why, raw=text, style=turn.style)
     calls = [{"name": name, "arguments": args} for call in decoded or [] if isinstance(call, dict)
              for name, args in call.items()]
     return Scored(turn.entry.id, turn.entry.category, _jsonable(calls), text, bool(well_formed), verdict["valid"],
-                  why if decoded is None else "", verdict.get("error_type", ""), verdict.get("error", []), stop, style)
+                  why if decoded is None else "", verdict.get("error_type", ""), verdict.get("error", []),
+                  generation.stop, turn.style)
 
 
 def _jsonable(value: Any) -> Any:
@@ -189,38 +168,35 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, ensure_ascii=False, default=repr))
 
 
-SCORERS = {"beam": _score_beam, "prompt": _score_prompt, "json": _score_json}
+SCORERS = {"beam": _score_beam, "prompt": _score_text, "json": _score_text}
 
 
-def evaluate_bfcl(backend, tokenizer, categories: Sequence[str], *, style: str = "beam",
-                  max_records: int | None = None, seed: int = 0, chunk_size: int = 64, progress: bool = True,
-                  on_result=None) -> BfclResult:
-    """Generate and score `max_records` entries (seeded, the same every run) of each category."""
+def evaluate_bfcl(backend, tokenizer, categories: Sequence[str], options: EvalOptions | None = None) -> BfclResult:
+    """Generate and score `options.max_records` entries (seeded, the same every run) of each category, prompted
+    and decoded in `options.style`; `options.on_result` sees each scored entry."""
     from tqdm.auto import tqdm
 
-    if style not in prompts.STYLES:
-        raise UsageError(f"--bfcl-style must be one of {', '.join(prompts.STYLES)}, not {style!r}")
-    if style == "beam" and getattr(tokenizer, "response_template", None) is None:
+    opts = options or EvalOptions()
+    if opts.style not in prompts.STYLES:
+        raise UsageError(f"--bfcl-style must be one of {', '.join(prompts.STYLES)}, not {opts.style!r}")
+    if opts.style == "beam" and getattr(tokenizer, "response_template", None) is None:
         raise UsageError("the tokenizer has no Beam response template: a model that does not speak Beam is scored "
                          "with --bfcl-style prompt (BFCL's own prompt and decoder) or json (a JSON call list in "
                          "<tool_call> tags)")
-    entries = [e for c in categories for e in checker.load_entries(c, max_records, seed)]
-    result = BfclResult(backend=getattr(backend, "name", type(backend).__name__), style=style)
-    score = SCORERS[style]
-    with tqdm(total=len(entries), desc="BFCL", unit="entry", disable=not progress) as bar:
-        for start in range(0, len(entries), chunk_size):
-            turns = sorted((make_turn(tokenizer, e, style) for e in entries[start:start + chunk_size]),
-                           key=lambda t: len(t.prompt))
-            began = time.perf_counter()
-            generations = (backend.generate_turns(turns) if hasattr(backend, "generate_turns")
-                           else backend.generate([t.prompt for t in turns]))
-            result.generation_seconds += time.perf_counter() - began
-            for turn, generation in zip(turns, generations, strict=True):
+    entries = [e for c in categories for e in checker.load_entries(c, opts.max_records, opts.seed)]
+    result = BfclResult(backend=getattr(backend, "name", type(backend).__name__), style=opts.style)
+    score = SCORERS[opts.style]
+    with tqdm(total=len(entries), desc="BFCL", unit="entry", disable=not opts.progress) as bar:
+        for start in range(0, len(entries), opts.chunk_size):
+            chunk = [make_turn(tokenizer, e, opts.style) for e in entries[start:start + opts.chunk_size]]
+            generated, seconds = generate_sorted(backend, chunk)
+            result.generation_seconds += seconds
+            for turn, generation in generated:
                 result.generation_tokens += generation.n_tokens
                 scored = score(turn, generation, tokenizer)
                 result.add(scored)
-                if on_result is not None:
-                    on_result(scored)
+                if opts.on_result is not None:
+                    opts.on_result(scored)
                 bar.update(1)
     return result
 
@@ -260,19 +236,24 @@ def rescore(path: str) -> BfclResult:
     return result
 
 
+def _rows(summary: dict[str, Any]) -> list[list[str]]:
+    return [["category", "n", "accuracy", "well_formed", "called"]] + [
+        [c, str(v["n"]), f"{v['accuracy']:.3f}", f"{v['well_formed']:.3f}", f"{v['called']:.3f}"]
+        for c, v in summary["bfcl"].items()]
+
+
+def _fraction(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def summary_table(result: BfclResult) -> str:
     """The stderr table: one row per category, then BFCL's summary columns."""
     s = result.summary()
-    rows = [("category", "n", "accuracy", "well_formed", "called")]
-    rows += [(c, str(v["n"]), f"{v['accuracy']:.3f}", f"{v['well_formed']:.3f}", f"{v['called']:.3f}")
-             for c, v in s["bfcl"].items()]
-    rows += [(f"[{k}]", "", "n/a" if v is None else f"{v:.3f}", "", "") for k, v in s["bfcl_summary"].items()]
-    rows += [(f"[called, {k.replace('_', ' ')}]", str(v["n"]), "", "", str(v["called"]))
+    rows = _rows(s) + [[f"[{k}]", "", _fraction(v), "", ""] for k, v in s["bfcl_summary"].items()]
+    rows += [[f"[called, {k.replace('_', ' ')}]", str(v["n"]), "", "", str(v["called"])]
              for k, v in s["called"].items() if v["n"]]
-    widths = [max(len(r[k]) for r in rows) for k in range(5)]
     head = f"BFCL v4, {s['entries']} entries, style {result.style} ({result.backend})"
-    return "\n".join([head, *("  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in
-                                        enumerate(zip(r, widths, strict=True))) for r in rows)])
+    return "\n".join([head, *text_table(rows)])
 
 
 def report_html(result: BfclResult, *, title: str = "beam-sft eval --bfcl") -> str:
@@ -282,19 +263,14 @@ def report_html(result: BfclResult, *, title: str = "beam-sft eval --bfcl") -> s
     from beam_sft.report.pages import html_document
 
     s = result.summary()
-    rows = "".join(f"<tr><td>{html.escape(c)}</td><td>{v['n']}</td><td>{v['accuracy']:.3f}</td>"
-                   f"<td>{v['well_formed']:.3f}</td><td>{v['called']:.3f}</td>"
-                   f"<td>{html.escape(json.dumps(v['error_types']))}</td></tr>"
-                   for c, v in s["bfcl"].items())
-    cols = "".join(f"<tr><td>{k}</td><td>{'n/a' if v is None else f'{v:.3f}'}</td></tr>"
-                   for k, v in s["bfcl_summary"].items())
+    rows = [r + [json.dumps(v["error_types"])] for r, v in zip(_rows(s)[1:], s["bfcl"].values(), strict=True)]
+    columns = [["column", "accuracy"], *([k, _fraction(v)] for k, v in s["bfcl_summary"].items())]
     parts = [f"<p>{html.escape(summary_table(result).splitlines()[0])}</p>",
-             ("<table><tr><th>category</th><th>n</th><th>accuracy</th><th>well_formed</th><th>called</th>"
-              f"<th>BFCL error types</th></tr>{rows}</table>"), f"<h2>BFCL summary</h2><table>{cols}</table>",
+             html_table([[*_rows(s)[0], "BFCL error types"], *rows]), f"<h2>BFCL summary</h2>{html_table(columns)}",
              f"<h2>Failures ({len(result.failures)} shown)</h2>"]
     for f in result.failures:
         parts.append(f"<h2>{html.escape(f.id)}: {html.escape(f.error_type)}</h2>"
                      f'<p class="warn">{html.escape("; ".join(f.error) or f.decode_error)}</p>'
-                     f'<div class="msg"><span class="who">generation</span>{html.escape(f.text)}</div>'
-                     f'<div class="msg"><span class="who">calls</span>{html.escape(json.dumps(f.calls))}</div>')
+                     + message_html("generation", html.escape(f.text))
+                     + message_html("calls", html.escape(json.dumps(f.calls))))
     return html_document(title, "\n".join(parts))

@@ -1,0 +1,785 @@
+"""The data pipeline's core: raw rows -> Beam records -> `input_ids` + `labels`, in batches, and the ordered pool.
+
+Every driver runs these, nothing else: `beam_sft.dataset.prepare` (a run, its shards and their merge),
+`beam_sft.dataset.stream` (streaming) and `beam-sft convert` (the ordered pool)::
+
+    read_chunks      raw rows -> Arrow files of CHUNK_ROWS records (raw JSON + provenance), written as read
+    convert_batch    raw rows -> validated Beam records + rejects (with provenance)
+    tokenize_batch   Beam records -> rendered (beam_sft.render.encoder), masked, truncated and counted rows
+    label_batch      ids + masks -> labels and token counts (the one label builder, from beam_sft.dataset.examples)
+    run_task         one chunk: convert, tokenize, the kept rows written to its own shard of each split
+    ordered_map      a function over tasks in `num_proc` long-lived processes, results in input order
+
+With `num_proc` > 1 a pool of `num_proc` processes is started once per run; each builds its encoder once
+(inherited from the main process where processes fork, else set up from the disk cache, `beam_sft.render.
+tiktoken_backend.build_cached`). Tasks are handed out a few ahead and their results taken back in input
+order, so the shards, the rejects file and the counts do not depend on `num_proc` or on timing: a run gives
+the same bytes with 1 or N processes. The main process reads the input, writes the rejects and adds up
+counts; it never touches a tokenized row. Why not `datasets.map(num_proc=...)`: it starts a pool per call,
+pickling the tokenizer to every worker and rebuilding the encoder there, once per chunk, and its Arrow writer
+costs more per row than the encoding.
+
+An unexpected exception while converting or rendering one record makes that record a reject with reason
+`internal_error`, never a stopped run. An empty assistant mask stays a hard error naming the record: that is a
+template defect that would silently train nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from beam_sft.dataset.examples import Counts, fit_example, label_batch
+from beam_sft.dataset.origins import origins_batch, origins_schema, shard_origins_path
+from beam_sft.errors import RecordError, UsageError, internal_error, reject_entry
+
+RAW_BATCH = 2000  # rows per Arrow record batch while reading: a few MB in flight
+# Records per chunk of `build_prepared`: the most that is ever memory-mapped at once (tens of MB of JSON).
+CHUNK_ROWS = 5_000
+# Rows per encoder call: large enough for the encoder's batched tokenization, small enough to keep the
+# Python lists of one batch small.
+BATCH_ROWS = 256
+# Allocations between young-generation collections while records stream (`_frozen`); CPython's default is 700.
+GC_THRESHOLD = 100_000
+MAX_DEFAULT_PROCS = 32  # past this the main process (reading, rejects) is the bottleneck anyway
+
+# tokenize_batch's per-row count columns -> PrepStats fields (the token counts come from the shard writer)
+SUMMED = {"dropped": "dropped_too_long", "truncated": "truncated", "assistant_turns_cut": "assistant_turns_cut"}
+
+
+def default_num_proc() -> int:
+    """The cores this process may run on (its CPU affinity), at most MAX_DEFAULT_PROCS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DEFAULT_PROCS))
+
+
+@dataclass
+class Job:
+    """What every task of one run shares (sent to each worker once)."""
+
+    tokenizer: Any
+    fmt: Any  # a format name, or one per source (a mixture)
+    max_length: int | None
+    policy: str
+    assistant_only_loss: bool
+    stop_ids: list[int]
+    missing_reasoning: Any = "mask"  # a policy, or one per source (a mixture)
+    dedup: bool = False  # exact deduplication (beam_sft.records.dedup): keys and per-row counts sent back
+
+    @classmethod
+    def of(cls, tokenizer, settings) -> Job:
+        """The job of a run with these `DataSettings`."""
+        from beam_sft.template.tokenizer import stop_token_ids
+
+        return cls(tokenizer, settings.format, settings.max_length, settings.truncation_policy,
+                   settings.assistant_only_loss, list(stop_token_ids(tokenizer)), settings.missing_reasoning,
+                   settings.dedup)
+
+
+@dataclass
+class Task:
+    """One chunk. `raw`: a raw chunk file to convert; `converted`: a converted chunk file to tokenize; with
+    `tokenize` and `raw` both stages run. `eval_rows` (one bool per row) sends rows to the eval split.
+    `shards`: split name -> the Arrow file this chunk's kept rows of that split go to."""
+
+    index: int
+    names: list[str]
+    raw: str | None = None
+    converted: str | None = None
+    convert_to: str | None = None  # convert only: where the converted chunk goes
+    tokenize: bool = True
+    eval_rows: Any = None  # numpy bool array or None
+    all_eval: bool = False  # every row goes to the eval split (separate eval data)
+    shards: dict[str, str] = field(default_factory=dict)
+    skip_rows: Any = None  # numpy bool array or None: duplicates (decided by the main process), not tokenized
+    formats: list[str] | None = None  # per source (a mixture), else Job.fmt
+    policies: list[str] | None = None  # per source missing_reasoning (a mixture), else Job.missing_reasoning
+    groups: list[int] | None = None  # per source, its mixture entry: recorded for each eval row (Result.eval_sources)
+
+
+@dataclass(slots=True)  # one per converted record of a chunk with dedup: no __dict__ each
+class Row:
+    """One record's part of a Result: its key, provenance, split, and where it went (a shard row, a reject, or
+    neither: dropped by truncation), with the counts it added."""
+
+    key: int
+    src: int
+    pos: int
+    by_line: bool
+    reasoning: tuple[int, int, int]
+    split: str = "train"
+    shard_row: int = -1
+    reject: int = -1  # index into Result.rejects
+    index: int = -1  # row of the chunk (convert-only tasks)
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Result(Counts):
+    """What a task sends back: counts, rejects (JSON texts, in row order) and the shards it wrote; summed over
+    the chunks, a run's totals."""
+
+    index: int
+    records_in: int = 0  # raw rows read (convert tasks)
+    n_records: int = 0  # rows converted (convert tasks)
+    rejected: Counter = field(default_factory=Counter)
+    rejects: list[str] = field(default_factory=list)
+    stats: dict[str, Counter] = field(default_factory=dict)
+    shards: dict[str, str] = field(default_factory=dict)  # split -> file, only where rows were written
+    reasoning: Counter = field(default_factory=Counter)  # beam_sft.dataset.reasoning_stats.KEYS, converted rows
+    # With Job.dedup, one Row per converted record this chunk did not already hold (in row order): what the
+    # main process needs to decide duplicates across chunks and to take a duplicate back out of the counts.
+    rows: list[Row] = field(default_factory=list)
+    # With Task.groups: the mixture entry of each row written to the eval shard, in shard order.
+    eval_sources: list[int] = field(default_factory=list)
+
+    def reject(self, reason: str, entry: str, row: Row | None = None) -> None:
+        """Count a reject and keep its JSON entry (`row`, with dedup: the record it came from)."""
+        self.rejected[reason] += 1
+        self.rejects.append(entry)
+        if row is not None:
+            row.reject = len(self.rejects) - 1
+
+    def counts(self) -> dict[str, Any]:
+        return {k: v for k, v in super().counts().items() if k != "index"}
+
+    def add(self, other: Result) -> None:
+        """Add another result's counts (a run's totals: its chunks' results, in input order)."""
+        super().add(other)
+        self.eval_sources.extend(other.eval_sources)
+        for split, counts in other.stats.items():
+            self.stats.setdefault(split, Counter()).update(counts)
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as JSON (a `beam-sft prepare --shard` run keeps one per chunk for the merge to replay);
+        `shards` then holds file names, relative to the shard's split directories."""
+        return {"index": self.index, "records_in": self.records_in, "n_records": self.n_records,
+                "rejected": dict(self.rejected), "rejects": self.rejects,
+                "stats": {k: dict(v) for k, v in self.stats.items()},
+                "shards": {k: os.path.basename(v) for k, v in self.shards.items()},
+                "reasoning": dict(self.reasoning), "eval_sources": self.eval_sources,
+                "rows": [[r.key, r.src, r.pos, r.by_line, list(r.reasoning), r.split, r.shard_row, r.reject, r.index,
+                          r.stats] for r in self.rows]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Result:
+        rows = [Row(key, src, pos, by_line, tuple(reasoning), split, shard_row, reject, index, stats)
+                for key, src, pos, by_line, reasoning, split, shard_row, reject, index, stats in data["rows"]]
+        return cls(data["index"], data["records_in"], data["n_records"], Counter(data["rejected"]), data["rejects"],
+                   {k: Counter(v) for k, v in data["stats"].items()}, dict(data["shards"]),
+                   Counter(data["reasoning"]), rows, data["eval_sources"])
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def _schema(*columns: str):
+    import pyarrow as pa
+
+    types = {"src": pa.int32(), "pos": pa.int64(), "by_line": pa.bool_(),
+             "payload": pa.large_binary(),  # the record's JSON, as read (may be invalid UTF-8: a reject later)
+             "error": pa.string(),  # a reader's RecordError as JSON [code, message_index, message], or null
+             "record": pa.string(), "input_ids": pa.list_(pa.int32()), "labels": pa.list_(pa.int32())}
+    return pa.schema([(name, types[name]) for name in columns])
+
+
+RAW_COLUMNS = ("src", "pos", "by_line", "payload", "error")
+CONVERTED_COLUMNS = ("src", "pos", "by_line", "record")
+
+
+def raw_row(item, index: dict[str, int]) -> dict[str, Any]:
+    """An input item (`beam_sft.records.files.iter_items`) as a raw row; `index`: source name -> `src`."""
+    err = item.error
+    return {"src": index[item.source], "pos": item.position, "by_line": item.by_line,
+            "payload": None if err else item.json(),
+            "error": json.dumps([err.code.value, err.message_index, err.message]) if err else None}
+
+
+def read_chunks(names: list[str], items: Iterable[Any], prefix: str | os.PathLike, *, chunk_rows: int | None = None,
+                own: Callable[[int], bool] | None = None, progress: bool = False) -> Iterator[str | None]:
+    """The input `items` (`beam_sft.records.files.iter_items`, the readers `convert-dataset` uses, of the sources
+    `names`), `chunk_rows` at a time, each chunk an Arrow file (its path: `prefix-00000.arrow`, ...).
+
+    Record batches are written as the items are read; a chunk's file is written completely before it is
+    yielded, the next one after the caller is done with it. Unreadable rows carry their `RecordError`. At least
+    one (maybe empty) chunk is yielded. `own(n)` False: chunk n is another shard's (`beam-sft prepare --shard`):
+    its rows are counted through, not written, and None is yielded in its place, so every shard numbers the
+    chunks alike.
+    """
+    from tqdm import tqdm
+
+    index = {name: i for i, name in enumerate(names)}
+    schema = _schema(*RAW_COLUMNS)
+    bar = tqdm(desc="reading", unit=" rec", disable=not progress or None, mininterval=0.5)
+    items = iter(items)
+    n_chunk, done = 0, False
+    while not done:
+        mine = own is None or own(n_chunk)
+        path = f"{os.fspath(prefix)}-{n_chunk:05d}.arrow"
+        rows, cols = 0, {k: [] for k in RAW_COLUMNS}
+        with _stream_writer(path if mine else os.devnull, schema) as writer:
+            for item in items:
+                rows += 1
+                if mine:  # another shard's JSONL line is not even parsed: that shard converts it
+                    for key, value in raw_row(item, index).items():
+                        cols[key].append(value)
+                    if len(cols["src"]) >= RAW_BATCH:
+                        _write_columns(writer, cols, schema)
+                if rows == chunk_rows:
+                    break
+            else:
+                done = True
+            _write_columns(writer, cols, schema)
+        bar.update(rows)
+        if rows == 0 and n_chunk > 0:
+            if mine:
+                os.unlink(path)
+            break
+        yield path if mine else None
+        n_chunk += 1
+    bar.close()
+
+
+@contextmanager
+def _stream_writer(path: str, schema) -> Iterator[Any]:
+    import pyarrow as pa
+
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        yield writer
+
+
+def _write_columns(writer, cols: dict[str, list], schema) -> None:
+    """Write the rows in `cols` (the schema's columns, and maybe others) as one record batch, and empty them."""
+    import pyarrow as pa
+
+    if cols[schema.names[0]]:
+        writer.write_batch(pa.record_batch([pa.array(cols[k], schema.field(k).type) for k in schema.names],
+                                           schema=schema))
+        for v in cols.values():
+            v.clear()
+
+
+def open_stream(path: str):
+    """An Arrow stream file of the pipeline (a chunk or a shard), memory-mapped."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.memory_map(path, "r"))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Converting, tokenizing, labelling: one batch at a time
+
+
+def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_reasoning: Any = "mask", *,
+                  as_dicts: bool = False, dedup: bool = False) -> dict[str, Any]:
+    """Raw rows (`RAW_COLUMNS`) -> `record` (None for a reject), `reason` and `reject` (its JSON entry), and
+    the kept records' `reasoning_stats.reasoning_counts` as `reasoning`.
+
+    `fmt` and `missing_reasoning` (the validator's policy: mask | keep | reject) are one value, or one per
+    source (a mixture: lists indexed by `src`). `as_dicts`: the records as the converter returned them (still
+    checked to serialise), for a caller that tokenizes them right away, else their JSON text. `dedup`: `key`
+    holds each kept record's (`key`, reasoning counts) for deduplication (`beam_sft.records.dedup`), None for a
+    reject; the records' reasoning is then counted per row there, not in `reasoning`."""
+    from beam_sft.dataset.reasoning_stats import reasoning_counts
+    from beam_sft.records.dedup import record_key
+    from beam_sft.validate.convert import try_convert
+    from beam_sft.validate.rules import Options
+
+    per_source = not isinstance(missing_reasoning, str)
+    options = {policy: Options(missing_reasoning=policy) for policy in
+               (set(missing_reasoning) if per_source else [missing_reasoning])}
+    out: dict[str, list] = {"record": [], "reason": [], "reject": [], "key": []}
+    kept = []
+    for src, pos, by_line, payload, error in zip(*(batch[k] for k in RAW_COLUMNS), strict=True):
+        if error is not None:
+            code, index, message = json.loads(error)
+            rec, reject = None, RecordError(code, message, message_index=index)
+        else:
+            rec, _, reject = try_convert(payload, fmt if isinstance(fmt, str) else fmt[src], options[
+                missing_reasoning[src] if per_source else missing_reasoning], raw=True)
+        if reject is None:
+            try:
+                text = orjson.dumps(rec)
+            except (TypeError, orjson.JSONEncodeError) as exc:  # a record no file could hold costs only itself
+                reject = internal_error(exc)
+            else:
+                out["record"].append(rec if as_dicts else text.decode())
+                kept.append(rec)
+                if dedup:
+                    out["key"].append((record_key(rec), tuple(reasoning_counts([rec]).values())))
+                out["reason"].append(None)
+                out["reject"].append(None)
+                continue
+        out["record"].append(None)
+        out["key"].append(None)
+        out["reason"].append(reject.code.value)
+        out["reject"].append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
+    out["reasoning"] = {} if dedup else reasoning_counts(kept)
+    return out
+
+
+def tokenize_batch(batch: dict[str, list], job: Job, names: list[str]) -> dict[str, list]:
+    """Render, mask, truncate and count a batch of Beam records (`batch["record"]`: dicts or JSON texts, with
+    `src`, `pos`, `by_line`): columns `input_ids`, `mask` (truncated), `keep`, `truncated`, `dropped`,
+    `assistant_turns_cut`, and `reason` + `reject` for a record the template rejects. `label_batch` makes the
+    labels of the kept rows."""
+    from beam_sft.render.encoder import encode_each, get_encoder
+
+    keys = ("input_ids", "mask", "keep", "truncated", "dropped", "assistant_turns_cut")
+    out: dict[str, list] = {k: [] for k in (*keys, "reason", "reject")}
+    # JSON text from a converted chunk file, or dicts straight from `convert_batch(as_dicts=True)`.
+    records = [text if type(text) is dict else orjson.loads(text) for text in batch["record"]]
+    encoded = encode_each(get_encoder(job.tokenizer), records)
+    for src, pos, by_line, enc in zip(batch["src"], batch["pos"], batch["by_line"], encoded, strict=True):
+        if isinstance(enc, RecordError):
+            example = {"input_ids": [], "mask": [], "keep": False, "truncated": 0, "dropped": 0,
+                       "assistant_turns_cut": 0}
+            out["reason"].append(enc.code.value)
+            out["reject"].append(orjson.dumps(reject_entry(enc, names[src], pos, by_line)).decode())
+        else:
+            where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"
+            ids, mask, example = fit_example(enc["input_ids"], enc["assistant_masks"], max_length=job.max_length,
+                                             policy=job.policy, where=where)
+            example.update(input_ids=ids, mask=mask, keep=not example["dropped"])
+            out["reason"].append(None)
+            out["reject"].append(None)
+        for k in keys:
+            out[k].append(example[k])
+    return out
+
+
+def token_counts(dataset, stop_ids: Sequence[int], batch_size: int = 4096) -> dict[str, int]:
+    """Total / supervised tokens and trained stop tokens of a tokenized dataset, by Arrow compute, in batches."""
+    import pyarrow.compute as pc
+
+    counts = {"total_tokens": 0, "supervised_tokens": 0, "supervised_return": 0, "supervised_call": 0}
+    for table in dataset.select_columns(["labels"]).with_format("arrow").iter(batch_size=batch_size):
+        labels = pc.list_flatten(table.column("labels"))
+        counts["total_tokens"] += len(labels)
+        counts["supervised_tokens"] += int(pc.sum(pc.not_equal(labels, -100)).as_py() or 0)
+        counts["supervised_return"] += int(pc.sum(pc.equal(labels, stop_ids[0])).as_py() or 0)
+        counts["supervised_call"] += int(pc.sum(pc.equal(labels, stop_ids[1])).as_py() or 0)
+    return counts
+
+
+# --------------------------------------------------------------------------------------------------------
+# One task
+
+
+def _converted_batches(task: Task, job: Job, result: Result) -> Iterator[dict[str, list]]:
+    """The chunk's rows as column dicts of BATCH_ROWS rows (`record` None for a conversion reject)."""
+    if task.raw is None:
+        for batch in open_stream(task.converted):
+            for part in _slices(batch):
+                yield part.to_pydict()
+        return
+    for batch in open_stream(task.raw):
+        for part in _slices(batch):
+            cols = part.to_pydict()
+            # Tokenized right here: the records need not go through JSON text again.
+            out = convert_batch(cols, task.formats or job.fmt, task.names, task.policies or job.missing_reasoning,
+                                as_dicts=task.tokenize, dedup=job.dedup)
+            result.reasoning.update(out["reasoning"])
+            result.records_in += len(cols["src"])
+            for reason, reject in zip(out["reason"], out["reject"], strict=True):
+                if reason is not None:
+                    result.reject(reason, reject)
+            result.n_records += len(out["record"]) - sum(r is not None for r in out["reason"])
+            yield {"src": cols["src"], "pos": cols["pos"], "by_line": cols["by_line"], "record": out["record"],
+                   "key": out["key"]}
+
+
+def _slices(batch) -> Iterator[Any]:
+    for start in range(0, batch.num_rows, BATCH_ROWS):
+        yield batch.slice(start, BATCH_ROWS)
+
+
+class _ChunkOutput:
+    """One chunk's kept rows, per split: the Arrow stream files (opened when the first row comes), beside each
+    the same rows' origins (`beam_sft.dataset.origins`), and the counts (with dedup the same counts on each
+    Row, for the main process to take a duplicate back out)."""
+
+    def __init__(self, task: Task, job: Job, result: Result) -> None:
+        self.task, self.job, self.result = task, job, result
+        self.open: dict[str, Any] = {}  # split -> (sink, writer, origins sink, origins writer)
+        self.rows: Counter = Counter()  # rows written per split so far
+        self.stats = {split: Counter() for split in task.shards}
+        result.stats = self.stats
+
+    def tokenized(self, row: Row | None, split: str, done: dict[str, list], j: int) -> None:
+        counts = {"records_in": 1, **{key: done[column][j] for column, key in SUMMED.items()}}
+        self.stats[split].update(counts)
+        if row is not None:
+            row.split, row.stats = split, counts
+
+    def write(self, split: str, ids: list[list[int]], masks: list[list[int]], origins: list[tuple],
+              rows: list[Row | None]) -> None:
+        """Write rows (ids and their assistant masks: the labels are made here) and their (src, pos, by_line),
+        and count them."""
+        import pyarrow as pa
+
+        if not ids:
+            return
+        for n, row in enumerate(rows):
+            if row is not None:
+                row.shard_row = self.rows[split] + n
+        if split not in self.open:
+            path = self.task.shards[split]
+            sink, origins_sink = pa.OSFile(path, "wb"), pa.OSFile(shard_origins_path(path), "wb")
+            self.open[split] = (sink, pa.ipc.new_stream(sink, _schema("input_ids", "labels")),
+                                origins_sink, pa.ipc.new_stream(origins_sink, origins_schema()))
+        input_ids, labels, counts, per_row = label_batch(ids, masks, self.job.assistant_only_loss, self.job.stop_ids,
+                                                         per_row=self.job.dedup)
+        self.open[split][1].write_batch(pa.record_batch([input_ids, labels], schema=_schema("input_ids", "labels")))
+        self.open[split][3].write_batch(origins_batch(*map(list, zip(*origins, strict=True))))
+        self.rows[split] += len(ids)
+        self.stats[split].update({"records_kept": len(ids), **counts})
+        for row, row_counts in zip(rows, per_row or [None] * len(rows), strict=True):
+            if row is not None:
+                row.stats.update(records_kept=1, **row_counts)
+
+    def close(self) -> None:
+        for sink, writer, origins_sink, origins_writer in self.open.values():
+            writer.close()
+            sink.close()
+            origins_writer.close()
+            origins_sink.close()
+        self.result.shards = {split: self.task.shards[split] for split in self.open}
+
+
+def _unique_rows(cols: dict[str, list], present: list[int], task: Task, seen, result: Result) -> list[int]:
+    """With dedup: the rows of `present` that this chunk has not met yet (the others become `duplicate` rejects
+    here, before tokenizing), each given its Row."""
+    unique = []
+    for i in present:
+        key, reasoning = cols["key"][i]
+        src, pos, by_line = cols["src"][i], cols["pos"][i], cols["by_line"][i]
+        dup = seen.check(key, task.names[src], pos, by_line)
+        if dup is not None:
+            result.reject(dup.code.value, orjson.dumps(reject_entry(dup, task.names[src], pos, by_line)).decode())
+            continue
+        result.rows.append(_row(result, key, src, pos, by_line, reasoning))
+        unique.append(i)
+    return unique
+
+
+def _row(result: Result, key: int, src: int, pos: int, by_line: bool, reasoning) -> Row:
+    """A Row; its record's reasoning counted (the main process takes a duplicate's back out)."""
+    from beam_sft.dataset.reasoning_stats import KEYS
+
+    result.reasoning.update(dict(zip(KEYS, reasoning, strict=True)))
+    return Row(key, src, pos, by_line, reasoning)
+
+
+def _keyed(batches: Iterable[dict[str, list]], result: Result) -> Iterator[dict[str, list]]:
+    """The batches as they pass, each converted record given its Row (convert-only tasks with dedup: the main
+    process decides the duplicates before the second pass tokenizes)."""
+    index = 0
+    for cols in batches:
+        for key, src, pos, by_line in zip(cols["key"], cols["src"], cols["pos"], cols["by_line"], strict=True):
+            if key is not None:
+                result.rows.append(_row(result, key[0], src, pos, by_line, key[1]))
+                result.rows[-1].index = index
+            index += 1
+        yield cols
+
+
+def _tokenize_into(batches: Iterable[dict[str, list]], task: Task, job: Job, result: Result) -> None:
+    from beam_sft.records.dedup import Seen
+
+    output = _ChunkOutput(task, job, result)
+    seen = Seen() if job.dedup and task.raw is not None else None
+    row = 0
+    try:
+        for cols in batches:
+            n = len(cols["record"])
+            present = [i for i, text in enumerate(cols["record"]) if text is not None
+                       and (task.skip_rows is None or not task.skip_rows[row + i])]
+            rows: list[Row | None] = [None] * len(present)
+            if seen is not None:
+                first = len(result.rows)
+                present = _unique_rows(cols, present, task, seen, result)
+                rows = result.rows[first:]
+            if present:
+                _tokenize_present(cols, present, rows, row, output)
+            row += n
+    finally:
+        output.close()
+
+
+def _tokenize_present(cols, present: list[int], rows: list, row: int, output: _ChunkOutput) -> None:
+    """Tokenize the batch's rows `present` and write the kept ones to their split's shard."""
+    task, result = output.task, output.result
+    sub = {k: [cols[k][i] for i in present] for k in CONVERTED_COLUMNS}
+    done = tokenize_batch(sub, output.job, task.names)
+    kept: dict[str, tuple[list, list, list, list]] = {split: ([], [], [], []) for split in task.shards}
+    for j, i in enumerate(present):
+        held = task.all_eval or (task.eval_rows is not None and task.eval_rows[row + i])
+        split = "eval" if held else "train"
+        if done["reason"][j] is not None:
+            result.reject(done["reason"][j], done["reject"][j], rows[j])
+            continue
+        output.tokenized(rows[j], split, done, j)
+        if done["keep"][j]:
+            ids, masks, kept_rows, origins = kept[split]
+            ids.append(done["input_ids"][j])
+            masks.append(done["mask"][j])
+            kept_rows.append(rows[j])
+            origins.append((sub["src"][j], sub["pos"][j], sub["by_line"][j]))
+            if split == "eval" and task.groups is not None:
+                result.eval_sources.append(task.groups[sub["src"][j]])
+    for split, (ids, masks, kept_rows, origins) in kept.items():
+        output.write(split, ids, masks, origins, kept_rows)
+
+
+def _write_converted(batches: Iterable[dict[str, list]], path: str) -> None:
+    import pyarrow as pa
+
+    schema = _schema(*CONVERTED_COLUMNS)
+    with _stream_writer(path, schema) as writer:
+        for cols in batches:
+            writer.write_batch(pa.record_batch([pa.array(cols[k], schema.field(k).type) for k in schema.names],
+                                               schema=schema))
+
+
+def run_task(task: Task, job: Job) -> Result:
+    """Run one chunk's task (in a worker or in the main process)."""
+    result = Result(task.index)
+    batches = _converted_batches(task, job, result)
+    if task.tokenize:
+        _tokenize_into(batches, task, job, result)
+    else:
+        _write_converted(_keyed(batches, result) if job.dedup else batches, task.convert_to)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------------
+# The ordered pool
+
+_JOB: Job | None = None
+
+
+def _init_worker(job: Job) -> None:
+    global _JOB
+    from beam_sft.render.encoder import get_encoder
+
+    _JOB = job
+    get_encoder(job.tokenizer)  # once per worker (inherited ready-made where the process forked)
+    gc.freeze()  # see _frozen
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def _run_in_worker(task: Task) -> Result:
+    return run_task(task, _JOB)
+
+
+def ordered_map(function: Callable, args: Iterable[tuple], num_proc: int | None, *, init: tuple = (None, ()),
+                start_method: str | None = None, ahead: int = 2) -> Iterator[Any]:
+    """`function(*a)` for each `a` of `args`, in their order, computed by `num_proc` long-lived processes (or
+    this one: `num_proc` None or 1). `init`: (initializer, its arguments), run once per process.
+
+    `args` is consumed lazily, at most `ahead * num_proc` ahead of the result being waited for, so the input is
+    read only as fast as the workers take it (`Pool.imap` would read the whole input ahead).
+    """
+    initializer, initargs = init
+    if not num_proc or num_proc <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        for a in args:
+            yield function(*a)
+        return
+    import multiprocessing
+
+    context = multiprocessing.get_context(start_method or _start_method())
+    with context.Pool(num_proc, initializer=initializer, initargs=initargs) as pool:
+        pending: deque = deque()
+        for a in args:
+            pending.append(pool.apply_async(function, a))
+            if len(pending) >= ahead * num_proc:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None) -> Iterator[Result]:
+    """The results of `tasks`, in their order (`ordered_map`), the encoder built before the workers fork, so
+    they inherit it."""
+    from beam_sft.render.encoder import get_encoder
+
+    get_encoder(job.tokenizer)
+    with _frozen():
+        if not num_proc or num_proc <= 1:
+            for task in tasks:
+                yield run_task(task, job)
+            return
+        yield from ordered_map(_run_in_worker, ((task,) for task in tasks), num_proc, init=(_init_worker, (job,)))
+
+
+@contextmanager
+def _frozen() -> Iterator[None]:
+    """The cyclic GC kept out of the way while the records stream through.
+
+    Everything alive now (tokenizer, encoder, a training job's model) is frozen: a full collection otherwise
+    walks all of it again and again (with the encoder's piece cache, a fifth of the encoding time, measured).
+    Garbage cycles are collected first so that none is kept. The young generation's threshold is raised: a
+    batch's records, ids and masks are acyclic and freed by reference counting, so collecting every 700
+    allocations only re-scans live batch objects (9% of a process's CPU time at the default, 4% at 20,000,
+    none at 200,000, measured on 20k records); the threshold still bounds what cycles could pile up. Forked
+    workers inherit both (`gc.freeze` also keeps their pages shared). Both are undone at the end."""
+    gc.collect()
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+def _start_method() -> str:
+    """fork where it is safe: workers inherit the tokenizer and its encoder ready-made. A process that has
+    initialised CUDA (a training job that loaded its model first) spawns instead: a forked CUDA context is
+    unusable, and the workers get the tokenizer pickled once each."""
+    import multiprocessing
+    import sys
+
+    torch = sys.modules.get("torch")
+    cuda = torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized()
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and not cuda else "spawn"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Shard files
+
+
+def drop_rows(path: str, rows: list[int]) -> bool:
+    """Rewrite a shard without `rows` (duplicates found after it was written), and its origins file the same
+    way, one record batch at a time (a whole chunk's tokens never in memory); False when nothing is left (the
+    files are then gone)."""
+    import numpy as np
+
+    drop = np.asarray(sorted(rows), dtype=np.int64)
+    origins = shard_origins_path(path)
+    written = _drop_from(path, drop)
+    if os.path.exists(origins) and _drop_from(origins, drop) != written:
+        raise RuntimeError(f"{origins}: not the rows of {path}")
+    return written > 0
+
+
+def _drop_from(path: str, drop) -> int:
+    """Rewrite the Arrow stream file `path` without the rows `drop` (sorted); the rows left (none: removed)."""
+    import numpy as np
+    import pyarrow as pa
+
+    written = start = 0
+    # Read into buffers a batch at a time, not memory-mapped: a mapped shard's pages stay resident while it is
+    # read through, so the peak RSS grew by a shard (tens of MB) on the first cross-chunk duplicate, measured.
+    with pa.OSFile(path) as source:
+        reader = pa.ipc.open_stream(source)
+        with _stream_writer(path + ".tmp", reader.schema) as writer:
+            for batch in reader:
+                keep = np.ones(batch.num_rows, dtype=bool)
+                here = drop[(drop >= start) & (drop < start + batch.num_rows)] - start
+                keep[here] = False
+                start += batch.num_rows
+                if keep.any():
+                    writer.write_batch(batch.filter(pa.array(keep)))
+                    written += int(keep.sum())
+    if not written:
+        os.unlink(path + ".tmp")
+        os.unlink(path)
+        return 0
+    os.replace(path + ".tmp", path)
+    return written
+
+
+def copy_shard(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Copy a chunk's shard and, where there is one, its origins file (a `--shard` run's, into the merge)."""
+    import shutil
+
+    shutil.copyfile(source, target)
+    if os.path.exists(shard_origins_path(source)):
+        shutil.copyfile(shard_origins_path(source), shard_origins_path(target))
+
+
+def shard_path(directory: Path, index: int) -> str:
+    return str(directory / f"part-{index:05d}.arrow")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Converted records, for tools that read them (inspect --stats, eval_records)
+
+
+class Converted:
+    """The Beam records of some sources, converted by the pipeline's convert-only task into one Arrow file that
+    stays memory-mapped: a lazy `Sequence` of dicts (decoded only when asked for), with the rejects."""
+
+    def __init__(self, path: str, names: list[str], result: Result) -> None:
+        import pyarrow.compute as pc
+
+        self.names = names
+        self.records_in = result.records_in
+        self.rejected = dict(sorted(result.rejected.items(), key=lambda kv: (-kv[1], kv[0])))
+        self.rejects = result.rejects
+        self.table = open_stream(path).read_all()
+        valid = pc.is_valid(self.table.column("record")).to_numpy(zero_copy_only=False)
+        self.rows = valid.nonzero()[0]  # row i of the records is input record rows[i]
+        self.reject_rows = (~valid).nonzero()[0]  # rejects[k] is input record reject_rows[k]
+
+    def positions(self) -> Any:
+        """0-based input positions of the records (a numpy array), for tools that name records as `--index`
+        does."""
+        return self.rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [orjson.loads(text) for text in self.table.column("record").take(self.rows[index]).to_pylist()]
+        return orjson.loads(self.table.column("record")[int(self.rows[index])].as_py())
+
+    def iter_records(self, batch_size: int = 1000) -> Iterator[dict[str, Any]]:
+        """The Beam records as dicts, batch by batch (never all at once)."""
+        for start in range(0, len(self), batch_size):
+            yield from self[start:start + batch_size]
+
+    def iter_rejects(self) -> Iterator[dict[str, Any]]:
+        for text in self.rejects:
+            yield orjson.loads(text)
+
+
+def convert_records(inputs: Sequence[str] | str, work_dir: str | os.PathLike, *, format: str = "auto",
+                    split: str = "train", limit: int | None = None, missing_reasoning: str = "mask",
+                    progress: bool = False) -> Converted:
+    """Raw source(s) -> their validated Beam records and rejects (`Converted`), by the pipeline's convert-only
+    task; `work_dir` holds the Arrow file: keep it while the records are read. records_in = len(records) +
+    sum(rejected.values()), always."""
+    from beam_sft.records.files import data_sources, iter_items
+    from beam_sft.validate.convert import INPUT_FORMATS
+
+    if format not in INPUT_FORMATS:
+        raise UsageError(f"unknown format {format!r}; choose one of {', '.join(INPUT_FORMATS)}")
+    sources = data_sources([inputs] if isinstance(inputs, str) else inputs, split)
+    names = [s.name for s in sources]
+    raw = next(read_chunks(names, iter_items(sources, limit=limit), os.path.join(work_dir, "raw"),
+                           progress=progress))
+    converted = os.path.join(os.fspath(work_dir), "converted.arrow")
+    result = run_task(Task(0, names, raw=raw, convert_to=converted, tokenize=False),
+                      Job(None, format, None, "turn", True, [], missing_reasoning))
+    os.unlink(raw)
+    return Converted(converted, names, result)

@@ -1,0 +1,190 @@
+"""Where beam_sft keeps things on disk: the cache directory, the hashes cache entries and fingerprints are keyed
+by, and atomic writes.
+
+Every output is written to a temporary path beside the target and renamed into place only when complete
+(`atomic_output`), with the permissions the umask gives any new file; temporaries of a killed run are removed by
+the next run on the same output (`remove_stale_temporaries`). Cache files (`cache_dir`) are written the same way,
+so two processes filling the same entry never read half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def cache_dir() -> Path:
+    """The directory for what later processes may reuse (tiktoken ranks, regex-engine checks): `$BEAM_SFT_CACHE`,
+    else ~/.cache/beam_sft. Anything in it can be deleted; it is built again when needed."""
+    return Path(os.environ.get("BEAM_SFT_CACHE") or Path.home() / ".cache" / "beam_sft")
+
+
+def short_hash(*parts: str | bytes, length: int = 16) -> str:
+    """The sha256 of `parts` (str as UTF-8), fed one after another, as `length` hex digits: the one hash that
+    cache keys and fingerprints are made of. Parts are not separated: put separators in the text."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+    return digest.hexdigest()[:length]
+
+
+def files_digest(directory: str | Path) -> str:
+    """sha256 of a directory's files (names and bytes, in name order), as 64 hex digits."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in Path(directory).iterdir() if p.is_file()):
+        digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+# --- atomic writes ---------------------------------------------------------------------------------------------
+
+# Temporary outputs are named `.NAME.beam-tmp-HOST-PID-RANDOM[.suffix]` beside the target NAME: a run killed
+# with kill -9 leaves them behind, and the next run on the same output removes those whose process is gone.
+# Only those from this host (a PID means nothing on another node sharing the filesystem) whose PID no longer
+# exists are removed, so two runs writing beside each other never delete each other's files. PID reuse can
+# only make a stale file live a little longer, never delete a live one.
+TMP_TAG = ".beam-tmp-"
+HOST = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname()) or "host"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries a killed run left beside `target` (see above); return what was removed."""
+    target = Path(target)
+    pattern = re.compile(rf"^\.{re.escape(target.name)}{re.escape(TMP_TAG)}(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-")
+    removed = []
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m or m["host"] != HOST or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"])):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def temporary_path(target: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Path:
+    """A new, empty file (or directory) beside `target`, named as above, with the permissions any new file gets
+    under the umask (not `mkstemp`'s 0600, which would survive the rename). `target`'s directory is created
+    when missing: every command that writes an output goes through here, so none fails on a new directory."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(100):
+        path = target.with_name(f".{target.name}{TMP_TAG}{HOST}-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
+        try:
+            if directory:
+                os.mkdir(path, 0o777)
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
+def fresh_temporary(target: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Path:
+    """`temporary_path`, after removing what killed runs left beside `target`: the start of every atomic write."""
+    remove_stale_temporaries(target)
+    return temporary_path(target, suffix, directory=directory)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a closed file's bytes to disk, so the rename that publishes it never shows an empty file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_dir(src: Path, target: Path) -> None:
+    """Move the finished directory `src` to `target`, replacing a previous one (never merging into it)."""
+    old = None
+    if target.exists():
+        old = temporary_path(target, ".old", directory=True)
+        os.replace(target, old)  # an empty directory may be replaced by a rename
+    try:
+        os.replace(src, target)
+    except OSError:
+        if old is not None:  # put the previous output back rather than leave nothing under the name
+            os.replace(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Iterator[Path]:
+    """Write an output atomically: yields a temporary path beside `path` (a file, or with ``directory=True`` a
+    directory, e.g. for ``save_to_disk``) and renames it to `path` when the block ends without an exception;
+    on an exception the temporary is removed. Stale temporaries of killed runs on the same output are removed
+    first. The result has the umask's permissions, like any new file::
+
+        with atomic_output("out/train") as tmp:      # directory=True for a directory
+            ds.save_to_disk(tmp)
+    """
+    target = Path(path)
+    tmp = fresh_temporary(target, suffix, directory=directory)
+    try:
+        yield tmp
+        if directory:
+            replace_dir(tmp, target)
+        else:
+            fsync_file(tmp)
+            os.replace(tmp, target)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically: an HTML page, a report."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_bytes_atomic(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def write_cache_file(path: Path, data: bytes) -> bool:
+    """Store a cache entry atomically; False when the cache cannot be written (a read-only home): the caller
+    computes the entry again next time."""
+    try:
+        write_bytes_atomic(path, data)
+    except OSError:
+        return False
+    return True
