@@ -63,7 +63,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     args = make_parser().parse_args(argv)
 
-    from beam_sft.formats import convert_raw
+    from beam_sft.validate.convert import convert_raw
     from beam_sft.validate.rules import validate
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
         if args.cli:
             out = Path(tmp) / "out.jsonl"
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "beam_sft.cli.convert", str(src), "-o", str(out), "--format",
+            subprocess.run([sys.executable, "-m", "beam_sft.cli.convert", str(src), "-o", str(out), "--dataset_format",
                             "openai", "-q", "--render-check", "none"], check=True, capture_output=True)
             cli = time.perf_counter() - t
             print(f"convert-dataset (process start included): {cli:.2f} s, ratio {floor / cli:.0%}")

@@ -81,7 +81,7 @@ def marker_loss(model_dir: Path, records: Path) -> float:
 def well_formed(model_dir: Path, records: Path, out: Path) -> dict:
     from beam_sft.cli.eval import main as eval_main
 
-    eval_main([str(model_dir), "--data", str(records), "--format", "beam", "--batch-size", "6",
+    eval_main([str(model_dir), "--data", str(records), "--dataset_format", "beam", "--batch-size", "6",
                "--max-new-tokens", "200", "--json", str(out), "--quiet"])
     figures = json.loads(out.read_text())  # beam-sft eval --json: the overall figures at the top level
     return {k: figures[k] for k in ("well_formed", "stopped", "has_reasoning", "marker_leak")}

@@ -1,6 +1,9 @@
 """Benchmark of `beam-sft prepare` against its own encoder and TRL's dataset preparation, on real-sample records.
 
-The workload is derived from the real third-party samples (tests/data/realdata, converted to Beam records):
+The workload is derived from the real third-party samples (tests/data/realdata); `--workload converted` (default)
+feeds prepare their Beam records, `--workload raw` the rows as their files hold them (OpenAI, ShareGPT, Hermes,
+ToolBench, xLAM, ... each converted by prepare from its own format; the encoder row encodes their Beam records).
+With converted records:
 record i is sample i mod N with every message made unique (a counter appended to each text), so no cache
 ever sees a message twice; tools are shared as in the real sets, or, with the unique-tools variant, every
 tool description is unique too (each TypeScript declaration then has to be written anew). Every figure is a
@@ -56,6 +59,12 @@ REALDATA = REPO / "tests" / "data" / "realdata"
 BATCH = 256
 
 
+# --workload: what `beam-sft prepare` reads in the encoder and prepare rows (see the module docstring).
+WORKLOADS = ("converted", "raw")
+# The keys whose text a raw row's messages carry, in every format the converters read.
+TEXT_KEYS = frozenset(("content", "value", "text", "reasoning_content", "thinking", "reasoning", "analysis"))
+
+
 def _log(message: str) -> None:
     print(f"[bench_prepare {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -64,8 +73,10 @@ def _log(message: str) -> None:
 # Workload
 
 
-def real_records(tokenizer) -> list[dict]:
-    """Every real sample that converts to a Beam record the encoder renders, in file order."""
+def real_records(tokenizer, raw: bool = False) -> list[dict]:
+    """Every real sample that converts to a Beam record the encoder renders, in file order: the Beam records, or
+    with `raw` the rows as the files hold them (each in its own format), kept where their unique variant
+    (`iter_raw`) converts too."""
     from beam_sft.render.encoder import get_encoder
     from beam_sft.validate.convert import convert_record
     from beam_sft.validate.rules import Options
@@ -83,11 +94,11 @@ def real_records(tokenizer) -> list[dict]:
             continue
         for row in rows if isinstance(rows, list) else [rows]:
             try:
-                record = convert_record(row, "auto", keep)
+                record = convert_record(next(iter_raw([row], 1, 0)) if raw else row, "auto", keep)
                 encoder.encode([record])
             except Exception:  # noqa: BLE001, S112 - a sample this workload cannot use (a reject): skip it
                 continue
-            out.append(json.loads(json.dumps(record)))
+            out.append(json.loads(json.dumps(row if raw else record)))
     if not out:
         raise RuntimeError(f"no usable real samples under {REALDATA}")
     return out
@@ -110,11 +121,47 @@ def iter_derived(pool: list[dict], n: int, start: int, unique_tools: bool):
             for key in ("content", "reasoning_content"):
                 if key in message:
                     message[key] = _unique(message[key], f"[{i}.{k}]")
-        if unique_tools and record.get("tools"):
-            for tool in record["tools"]:
-                fn = tool.get("function", tool)
-                fn["description"] = f"{fn.get('description') or fn['name']} (variant {i})"
-        yield record
+        yield _with_unique_tools(record, i) if unique_tools else record
+
+
+def _with_unique_tools(record: dict, i: int) -> dict:
+    """`record` with every tool description made unique: each TypeScript declaration has to be written anew."""
+    for tool in record.get("tools") or ():
+        fn = tool.get("function", tool)
+        fn["description"] = f"{fn.get('description') or fn['name']} (variant {i})"
+    return record
+
+
+def _tagged(value, tag: str, counter: list[int]):
+    """`value` with every non-empty text under TEXT_KEYS suffixed by `tag` and a running number; markup-only
+    texts (Harmony's `<|...|>` transcripts) are left alone, as a suffix after their last marker is not theirs."""
+    if isinstance(value, list):
+        return [_tagged(v, tag, counter) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, v in value.items():
+        if key in TEXT_KEYS and isinstance(v, str) and v.strip() and "<|" not in v:
+            counter[0] += 1
+            out[key] = f"{v} [{tag}.{counter[0]}]"
+        else:
+            out[key] = _tagged(v, tag, counter)
+    return out
+
+
+def iter_raw(pool: list, n: int, start: int):
+    """Raw rows start .. start+n-1: row i mod len(pool) in its own format, every text made unique by its number."""
+    for i in range(start, start + n):
+        yield _tagged(pool[i % len(pool)], str(i), [0])
+
+
+def converted(rows) -> list[dict]:
+    """The Beam records of raw rows, as `beam-sft prepare --missing-reasoning keep` converts them."""
+    from beam_sft.validate.convert import convert_record
+    from beam_sft.validate.rules import Options
+
+    keep = Options(missing_reasoning="keep")
+    return [json.loads(json.dumps(convert_record(row, "auto", keep))) for row in rows]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -212,7 +259,7 @@ def bench_trl_prepare(tokenizer, records: list[dict], work: Path) -> dict:
     from datasets import load_dataset
     from trl import SFTConfig, SFTTrainer
 
-    from beam_sft.formats import to_row
+    from beam_sft.validate.convert import to_row
 
     src = work / "trl-input.jsonl"
     with open(src, "wb") as f:
@@ -286,7 +333,7 @@ def bench_convert_run(src: Path, dst: Path, num_proc: int, work: Path) -> dict:
     children, whose CPU time does not come back through RUSAGE_CHILDREN."""
     report = work / f"{dst.name}.rusage.json"
     command = [sys.executable, "-m", "beam_sft", "convert", str(src), "-o", str(dst), "-q",
-               "--missing-reasoning", "keep", "--num-proc", str(num_proc)]
+               "--missing_reasoning", "keep", "--dataset_num_proc", str(num_proc)]
     usage = _measured(command, report, work / f"{dst.name}.log")
     records = src.read_bytes().count(b"\n")
     return {"num_proc": num_proc, "wall_s": usage["wall_s"], "records": records,
@@ -454,6 +501,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of the encoder and prepare rows (round robin); the median is reported, as the CPU "
                              "time of one task moves by 20%% between runs on a shared VM (default 3)")
+    parser.add_argument("--workload", choices=WORKLOADS, default="converted",
+                        help="what prepare reads in the encoder and prepare rows: `converted` (default), the real "
+                             "samples already converted to Beam records; `raw`, the same samples as their files hold "
+                             "them (OpenAI, ShareGPT, Hermes, ToolBench, xLAM, ... rows), so prepare converts each "
+                             "from its own format, while the encoder row encodes their Beam records. Either way every "
+                             "text is made unique, so every figure is a first pass")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, a few minutes")
     parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
     parser.add_argument("--work-dir", help="where the JSONL inputs and outputs go (default: a temporary directory)")
@@ -473,13 +526,19 @@ def _side_by_side_rows(args, fig: dict, tok, pool: list[dict], start: int, sizes
         work = Path(tmp)
         if "prepare" in args.rows:
             for size in sizes:
-                write_jsonl(iter_derived(pool, size, start, False), work / f"records-{size}.jsonl")
+                rows = iter_raw(pool, size, start) if args.workload == "raw" else iter_derived(pool, size, start, False)
+                write_jsonl(rows, work / f"records-{size}.jsonl")
                 start += size
         for rep in range(args.repeat):
             for name, unique_tools in variants:
                 _log(f"encoder, {name} (run {rep + 1}/{args.repeat})")
-                encoder_runs[name].append({"repeat": rep, **bench_encoder(tok, derived(pool, n_encoder, start,
-                                                                                         unique_tools))})
+                if args.workload == "raw":
+                    records = converted(iter_raw(pool, n_encoder, start))
+                    records = [_with_unique_tools(r, start + i) for i, r in enumerate(records)] if unique_tools \
+                        else records
+                else:
+                    records = derived(pool, n_encoder, start, unique_tools)
+                encoder_runs[name].append({"repeat": rep, **bench_encoder(tok, records)})
                 start += n_encoder
             # Each prepare run is a fresh process on records it has not seen: one file serves every repeat.
             for size in sizes if "prepare" in args.rows else ():
@@ -568,7 +627,8 @@ def main(argv: list[str] | None = None) -> int:
     fig: dict = {"tokenizer": tokenizer_path, "machine": {"cpus": os.cpu_count(), "load": os.getloadavg()}}
     tok = load_tokenizer(tokenizer_path)
     pool = real_records(tok)
-    fig["pool"] = len(pool)
+    raw_pool = real_records(tok, raw=True) if args.workload == "raw" else None
+    fig["pool"], fig["workload"] = len(raw_pool or pool), args.workload
     _log(f"{len(pool)} real samples in the pool")
     # Disjoint record ranges per row: every row sees records no one has encoded before.
     start = 10**7
@@ -591,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             start += n
             _log(f"breakdown: {n} records in this process")
             fig["breakdown"] = bench_breakdown(tok, src, Path(tmp))
-    start = _side_by_side_rows(args, fig, tok, pool, start, sizes, tokenizer_path, n_encoder)
+    start = _side_by_side_rows(args, fig, tok, raw_pool or pool, start, sizes, tokenizer_path, n_encoder)
     start = _convert_rows(args, fig, pool, start, sizes)
     start = _dedup_rows(args, fig, pool, start, sizes, tokenizer_path)
     start = _shard_rows(args, fig, pool, start, sizes, tokenizer_path)

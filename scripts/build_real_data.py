@@ -5,7 +5,7 @@ Sources (copied unchanged in tests/data/realdata/, licenses in its SOURCES.md): 
 demo (100 ShareGPT records, no reasoning), LLaMA-Factory's reason-tool-use demo (50 OpenAI records with real
 reasoning), Hammer's ToolAlpaca and API-Bank samples (xLAM-like), data-genie's Hermes samples.
 
-1. **convert**: every source through the one per-record conversion (`--missing-reasoning keep`, so turns
+1. **convert**: every source through the one per-record conversion (`--missing_reasoning keep`, so turns
    without reasoning survive until the teacher fills them); rejects counted.
 2. **split by tool**: records that declare a common tool name are joined (union-find over names); whole
    groups go to the held-out side, seeded, until it has `--heldout` records, so no held-out tool name is
@@ -150,7 +150,7 @@ def backfill(teacher: str, extra: list[str], name: str = "train") -> list[str]:
     rel = lambda p: str(Path(p).resolve().relative_to(REPO)) if Path(p).resolve().is_relative_to(REPO) else str(p)
     stats = f"backfill_stats{name.removeprefix('train')}.json"  # train -> backfill_stats.json, train.extra -> .extra
     cmd = [sys.executable, "-m", "beam_sft", "backfill", rel(OUT / f"{name}.raw.jsonl"), "-o", rel(OUT / f"{name}.jsonl"),
-           "--format", "beam", "--backend", "transformers", "--model", rel(teacher),
+           "--dataset_format", "beam", "--backend", "transformers", "--model", rel(teacher),
            "--stats", rel(OUT / stats), "--cache", "outputs/real-backfill-cache.jsonl", *extra]
     subprocess.run(cmd, check=True, cwd=REPO)
     return ["beam-sft", *cmd[3:]]
@@ -193,7 +193,7 @@ def build_split(args: argparse.Namespace, info: dict) -> list[str]:
                  "limit": args.limit, "rest": args.rest, "first_turns": args.first_turns})
     if not args.split_only:
         bound = args.limit if args.rest == "skip" else None if args.first_turns is None else args.limit + args.first_turns
-        limit = [] if bound is None else ["--limit", str(bound)]
+        limit = [] if bound is None else ["--max_records", str(bound)]
         extra = [*limit, *(a for a in args.backfill_args if a != "--")]
         info["backfill_command"] = " ".join(backfill(args.teacher, extra))
         info["backfill_stats"] = json.loads((OUT / "backfill_stats.json").read_text())

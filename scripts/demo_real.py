@@ -140,7 +140,7 @@ def augment(out: Path, files: list[Path], specs: list[str]) -> None:
     from beam_sft.cli.augment import main as augment_main
 
     target = files[0].parent / "real.augmented.jsonl"
-    argv = [*map(str, files), "-o", str(target), "--format", "beam", "--seed", "0", "--stats",
+    argv = [*map(str, files), "-o", str(target), "--dataset_format", "beam", "--seed", "0", "--stats",
             str(out / "augment.stats.json"), "--provenance", str(out / "augment.provenance.jsonl"), "-q"]
     argv += [a for spec in specs for a in ("--transform", spec)]
     print(f"   beam-sft augment {' '.join(argv)}", flush=True)
@@ -198,7 +198,7 @@ def evaluate(model: Path, out: Path, max_new_tokens: int, name: str) -> dict:
     from beam_sft.cli.eval import main as eval_main
 
     result = out / f"{name}.json"
-    argv = [str(model), "--data", str(REAL / "heldout.jsonl"), "--format", "beam", "--batch-size", "4",
+    argv = [str(model), "--data", str(REAL / "heldout.jsonl"), "--dataset_format", "beam", "--batch-size", "4",
             "--max-new-tokens", str(max_new_tokens), "--json", str(result), "--report", str(out / f"{name}.html")]
     print(f"== 5. beam-sft eval {' '.join(argv)}", flush=True)
     eval_main(argv)
@@ -219,7 +219,7 @@ def bfcl(model: Path, out: Path, categories: str, max_records: int, max_new_toke
          style: str = "beam") -> dict:
     from beam_sft.cli.eval import main as eval_main
 
-    argv = [str(model), "--bfcl", categories, "--bfcl-style", style, "--max-records", str(max_records),
+    argv = [str(model), "--bfcl", categories, "--bfcl-style", style, "--max_records", str(max_records),
             "--batch-size", "4", "--max-new-tokens", str(max_new_tokens), "--json", str(out / f"{name}.json"),
             "--outputs", str(out / f"{name}.jsonl"), "--report", str(out / f"{name}.html")]
     print(f"== 6. beam-sft eval {' '.join(argv)}", flush=True)
@@ -246,7 +246,7 @@ def served(model: Path, out: Path, max_new_tokens: int, offline: dict, bfcl_spec
         print(f"   up after {st.wait_ready(server, port, 900, log):.0f} s", flush=True)
         result = out / "eval-served.json"
         argv = ["--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", st.NAME,
-                "--tokenizer", str(served_dir), "--data", str(REAL / "heldout.jsonl"), "--format", "beam",
+                "--tokenizer_name_or_path", str(served_dir), "--data", str(REAL / "heldout.jsonl"), "--dataset_format", "beam",
                 "--max-new-tokens", str(max_new_tokens), "--json", str(result), "--report", str(out / "eval-served.html"),
                 # a margin over the default 600 s: with 8 requests in flight on one CPU core, a 320-token turn
                 # waited past it once (vLLM then ran with the training's thread count, ~3 tokens/s)
@@ -272,7 +272,7 @@ def served_bfcl(server_args: list[str], out: Path, spec: str, n: int, max_new_to
     """BFCL through the server (functions as `tools`, its tool parser's calls scored), beside the offline rows."""
     from beam_sft.cli.eval import main as eval_main
 
-    argv = [*server_args, "--bfcl", spec, "--max-records", str(n), "--max-new-tokens", str(max_new_tokens),
+    argv = [*server_args, "--bfcl", spec, "--max_records", str(n), "--max-new-tokens", str(max_new_tokens),
             "--json", str(out / "bfcl-served.json"), "--outputs", str(out / "bfcl-served.jsonl"),
             "--request-timeout", "3600"]
     print(f"== 8. beam-sft eval {' '.join(argv)}", flush=True)

@@ -457,8 +457,8 @@ def check_eval_backend(port: int, model: str, served: Path, out_dir: Path, turns
         f.writelines(json.dumps({"messages": record.messages + [record.reference], "tools": record.tools,
                                 "chat_template_kwargs": record.template_kwargs}, ensure_ascii=False) + "\n" for record in {id(t): t for t in turns}.values())
     cmd = [sys.executable, "-m", "beam_sft", "eval", "--backend", "openai", "--base-url",
-           f"http://127.0.0.1:{port}/v1", "--model", model, "--tokenizer", str(served), "--data", str(data),
-           "--format", "beam", "--max-new-tokens", str(max_tokens), "--json", str(out_json), "--quiet"]
+           f"http://127.0.0.1:{port}/v1", "--model", model, "--tokenizer_name_or_path", str(served), "--data", str(data),
+           "--dataset_format", "beam", "--max-new-tokens", str(max_tokens), "--json", str(out_json), "--quiet"]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=REPO)
     print(result.stderr[-3000:])
     if not failures.check(result.returncode == 0, f"beam-sft eval --backend openai exits 0 ({result.returncode})"):

@@ -140,7 +140,7 @@ def test_kill_9_mid_run_then_rerun(tmp_path):
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     out.write_bytes(b"previous complete output\n")
     argv = [sys.executable, "-m", "beam_sft.cli.convert", str(src), "-o", str(out), "--rejects", str(rej), "-q",
-            "--keep-duplicates",  # the input repeats a few records: all of them written, so the output grows
+            "--dedup", "false",  # the input repeats a few records: all of them written, so the output grows
             "--render-check", "all"]  # rendering every record makes the run slow enough to kill mid-way
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BEAM_SFT_DEBUG": ""}
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)

@@ -30,9 +30,8 @@ from beam_sft.augment.words import (
     tool_name,
 )
 from beam_sft.cli.augment import main
-from beam_sft.formats import to_row
 from beam_sft.records.files import Item, read_items
-from beam_sft.validate.convert import convert, convert_item
+from beam_sft.validate.convert import convert, convert_item, to_row
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "data" / "real" / "train.jsonl"
@@ -134,7 +133,7 @@ def test_every_record_written_is_a_valid_beam_record_as_written(run, request):
 
 
 def test_provenance_lives_beside_the_records_because_the_validator_drops_extra_keys(real_run):
-    # a top-level key on a Beam record does not survive validation (nor `beam-sft convert --format beam`)
+    # a top-level key on a Beam record does not survive validation (nor `beam-sft convert --dataset_format beam`)
     record = {**real_run["records"][0], "augment": {"transform": "irrelevance", "from": 0}}
     assert "augment" not in convert(record, "beam", KEEP)[0]
     for p in real_run["provenance"]:

@@ -211,7 +211,7 @@ def test_timeouts_are_counted_and_retried(data, tmp_path):
     try:
         out = tmp_path / "out.jsonl"
         assert _run(data, out, server.url, "--timeout", "0.2", "--retries", "1", "--retry-wait", "0.01",
-                    "--limit", "1", "--concurrency", "1") == 0
+                    "--max_records", "1", "--concurrency", "1") == 0
     finally:
         server.close()
     stats = json.loads(Path(str(out) + ".stats.json").read_text())
@@ -286,7 +286,7 @@ def test_the_generation_bound_follows_the_reasoning_bound(model_server, data, tm
     asked = []
     for extra in ([], ["--max-reasoning-tokens", "100"], ["--max-tokens", "20"], ["--max-reasoning-tokens", "0"]):
         before = _requests(log)
-        assert _run(data, tmp_path / "out.jsonl", url, "--limit", "1", "--cache", str(tmp_path / f"c{len(asked)}"),
+        assert _run(data, tmp_path / "out.jsonl", url, "--max_records", "1", "--cache", str(tmp_path / f"c{len(asked)}"),
                     *extra) == 0
         asked.append({json.loads(line)["max_tokens"] for line in log.read_text().splitlines()[before:]})
     assert asked == [{352}, {157}, {20}, {4096}]  # 256 + 64 + 32 by default
@@ -296,7 +296,7 @@ def test_the_generation_bound_follows_the_reasoning_bound(model_server, data, tm
 def test_a_teacher_cut_at_its_bound_is_filtered_as_truncated(honest_server, data, tmp_path):
     url, _ = honest_server
     out = tmp_path / "out.jsonl"
-    assert _run(data, out, url, "--limit", "1", "--max-tokens", "6") == 0
+    assert _run(data, out, url, "--max_records", "1", "--max-tokens", "6") == 0
     stats = json.loads(Path(str(out) + ".stats.json").read_text())
     assert stats["filtered"] == {"truncated": 3} and stats["filled"] == 0  # finish_reason: length, each turn
     assert all(not m.get("reasoning_content") for m in _read(out)[0]["messages"])
@@ -320,14 +320,14 @@ def test_dry_run_prints_prompts_and_calls_nothing(data, tmp_path, capsys):
 def test_local_transformers_teacher(tiny_model_dir, data, tmp_path):
     out = tmp_path / "out.jsonl"
     assert backfill_main([str(data), "-o", str(out), "--backend", "transformers", "--model", str(tiny_model_dir),
-                          "--max-tokens", "8", "--limit", "1", "-q", "--stats", str(tmp_path / "s.json")]) == 0
+                          "--max-tokens", "8", "--max_records", "1", "-q", "--stats", str(tmp_path / "s.json")]) == 0
     stats = json.loads((tmp_path / "s.json").read_text())
     # The random tiny model never writes its end-of-sequence token: every answer is cut at the 8 tokens.
     assert stats["turns_missing"] == 3 and stats["filtered"] == {"truncated": 3}
 
 
 def test_the_progress_bar_knows_its_total_when_it_is_cheap(tmp_path):
-    """An ETA needs a total: --limit, or the non-empty lines of .jsonl inputs; unknown for a JSON array."""
+    """An ETA needs a total: --max_records, or the non-empty lines of .jsonl inputs; unknown for a JSON array."""
     from beam_sft.cli.backfill import expected_records
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"

@@ -74,7 +74,7 @@ def eval_saved_model(model: Path, records: list[dict], tmp: Path) -> dict:
     data = tmp / "held_out.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     report = tmp / "eval.json"
-    assert cli_main(["eval", str(model), "--data", str(data), "--format", "beam", "--json", str(report),
+    assert cli_main(["eval", str(model), "--data", str(data), "--dataset_format", "beam", "--json", str(report),
                      "--quiet"]) == 0
     overall = json.loads(report.read_text())
     return overall.get("overall", overall)

@@ -248,7 +248,7 @@ def test_categories_and_summary_arithmetic():
 def test_cli_outputs_rescore_to_the_same_figures(tiny_model_dir, tmp_path, capsys):
     out, figures = tmp_path / "bfcl.jsonl", tmp_path / "bfcl.json"
     argv = ["eval", str(tiny_model_dir), "--bfcl", "simple_python,parallel,irrelevance,live_relevance",
-            "--max-records", "2", "--max-new-tokens", "8", "--outputs", str(out), "--json", str(figures),
+            "--max_records", "2", "--max-new-tokens", "8", "--outputs", str(out), "--json", str(figures),
             "--report", str(tmp_path / "bfcl.html"), "--quiet"]
     assert cli(argv) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -332,7 +332,7 @@ def test_base_model_prompt_style_cli(tiny_model_dir, tmp_path):
     for f in Path(tiny_model_dir).glob("*.safetensors"):
         (plain / f.name).symlink_to(f)
     (plain / "config.json").write_text((Path(tiny_model_dir) / "config.json").read_text())
-    common = ["--bfcl", "simple_python", "--max-records", "2", "--max-new-tokens", "4", "--quiet"]
+    common = ["--bfcl", "simple_python", "--max_records", "2", "--max-new-tokens", "4", "--quiet"]
     assert cli(["eval", str(plain), *common]) == 2
     out = tmp_path / "p.jsonl"
     for style in ("prompt", "json"):
@@ -408,9 +408,9 @@ def prompt_server(tiny_model_dir, tmp_path_factory):
 def test_bfcl_through_a_server_in_the_prompt_style(prompt_server, tiny_model_dir, tmp_path):
     url, log = prompt_server
     out, figures = tmp_path / "served.jsonl", tmp_path / "served.json"
-    assert cli(["eval", "--backend", "openai", "--base-url", url, "--model", "tiny", "--tokenizer",
+    assert cli(["eval", "--backend", "openai", "--base-url", url, "--model", "tiny", "--tokenizer_name_or_path",
                 str(tiny_model_dir), "--bfcl", "simple_python,irrelevance", "--bfcl-style", "prompt",
-                "--max-records", "2", "--max-new-tokens", "4", "--outputs", str(out), "--json", str(figures),
+                "--max_records", "2", "--max-new-tokens", "4", "--outputs", str(out), "--json", str(figures),
                 "--quiet"]) == 0
     requests = [json.loads(x) for x in log.read_text().splitlines()]
     assert len(requests) == 4 and all(r["max_tokens"] == 4 for r in requests)

@@ -44,7 +44,7 @@ def test_inspect_and_the_data_phase_reject_the_same_records_for_the_same_reasons
     # what they keep is the same record, byte for byte
     assert [orjson.dumps(r) for r in phase.iter_records()] == [orjson.dumps(r) for r in loaded.records]
     # eval reads its test data the same way, with one difference: a reference turn needs no reasoning to be
-    # scored, so eval reads as `--missing-reasoning keep` does (nothing is `nothing_to_train` there)
+    # scored, so eval reads as `--missing_reasoning keep` does (nothing is `nothing_to_train` there)
     evaluated = list(read_held_out(path, split="train"))
     kept = load_records(path, missing_reasoning="keep")
     assert {_where(r): _why(r) for _, r, _ in evaluated if r is not None} == \
@@ -63,7 +63,7 @@ def test_convert_dataset_rejects_the_same_records_for_the_same_reasons(tmp_path)
     for i, path in enumerate(SAMPLES + REALDATA):
         out, rejects = tmp_path / "out.jsonl", tmp_path / "rejects.jsonl"
         # (convert_records is the per-record stage: no deduplication, which is the data phase's and the CLI's)
-        assert main([path, "-o", str(out), "--rejects", str(rejects), "-q", "--keep-duplicates"]) == 0
+        assert main([path, "-o", str(out), "--rejects", str(rejects), "-q", "--dedup", "false"]) == 0
         (tmp_path / f"work{i}").mkdir()
         phase = convert_records(path, tmp_path / f"work{i}")
         cli = [orjson.loads(line) for line in rejects.read_bytes().splitlines()]
@@ -78,7 +78,7 @@ def test_convert_dataset_rejects_the_same_records_for_the_same_reasons(tmp_path)
 
 
 def test_beam_format_validates_what_convert_dataset_wrote_and_changes_nothing(tmp_path):
-    """Records written by convert-dataset, read back with --format beam (what training does with them),
+    """Records written by convert-dataset, read back with --dataset_format beam (what training does with them),
     are accepted unchanged by the same entry."""
     from beam_sft.cli.convert import main
 
@@ -124,7 +124,7 @@ def test_rejects_files_are_skipped_by_every_reader(tmp_path):
 
 
 def test_input_formats_are_the_converters_and_beam():
-    from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.validate.convert import FORMAT_NAMES
 
     assert INPUT_FORMATS == ("beam", *FORMAT_NAMES)
 

@@ -1,7 +1,7 @@
 """`convert-dataset` / `beam-sft convert`: end to end on the bundled samples and the real files.
 
 Every run must account for every record (in = out + rejected), write outputs atomically, keep input order
-with any --num-proc, and exit 0 / 1 / 2 with one clean line on errors.
+with any --dataset_num_proc, and exit 0 / 1 / 2 with one clean line on errors.
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ def test_num_proc_keeps_input_order_and_limit(tmp_path, capsys):
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     args = [*sorted(SAMPLES.iterdir()), "-q", "--render-check", "sample"]
     assert run([*args, "-o", one], capsys)[0] == 0
-    assert run([*args, "-o", two, "--num-proc", "2"], capsys)[0] == 0
+    assert run([*args, "-o", two, "--dataset_num_proc", "2"], capsys)[0] == 0
     assert one.read_bytes() == two.read_bytes()
     lim = tmp_path / "lim.jsonl"
     stats = tmp_path / "s.json"
-    assert run([SAMPLES / "openai.jsonl", "-o", lim, "--limit", "10", "--stats", stats, "-q"], capsys)[0] == 0
+    assert run([SAMPLES / "openai.jsonl", "-o", lim, "--max_records", "10", "--stats", stats, "-q"], capsys)[0] == 0
     st = json.loads(stats.read_text())
     assert st["records_in"] == 10 and len(read_jsonl(lim)) == st["records_out"]
 
@@ -77,7 +77,7 @@ def test_real_data_every_file_accounted_for(tmp_path, capsys):
     out, rej, stats = tmp_path / "real.parquet", tmp_path / "rej.jsonl", tmp_path / "s.json"
     for policy in ("keep", "mask"):
         code, _, err = run([REALDATA / "openai", REALDATA / "sharegpt", REALDATA / "harmony", "-o", out,
-                            "--rejects", rej, "--stats", stats, "-q", "--missing-reasoning", policy], capsys)
+                            "--rejects", rej, "--stats", stats, "-q", "--missing_reasoning", policy], capsys)
         assert code == 0, err
         st = json.loads(stats.read_text())
         rejects = read_jsonl(rej)
@@ -106,11 +106,11 @@ def test_policies_from_the_command_line(tmp_path, capsys):
     st = json.loads(stats.read_text())
     assert st["records_out"] == 1 and st["policy"] == {"moved_system": 1, "masked_missing_reasoning": 1}
     assert [m.get("weight") for m in json.loads(out.read_text())["messages"] if m["role"] == "assistant"] == [0, None]
-    _, _, err = run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move", "--missing-reasoning", "keep"],
+    _, _, err = run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move", "--missing_reasoning", "keep"],
                     capsys)
     assert json.loads(stats.read_text())["policy"] == {"moved_system": 1, "missing_reasoning": 1}
     assert "Beam never writes an empty analysis message" in err
-    run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move", "--missing-reasoning", "reject"], capsys)
+    run([src, "-o", out, "--stats", stats, "-q", "--late-system", "move", "--missing_reasoning", "reject"], capsys)
     assert json.loads(stats.read_text())["rejected"] == {"missing_reasoning": 1}
     run([src, "-o", out, "--stats", stats, "-q", "--max-record-bytes", "50"], capsys)
     assert json.loads(stats.read_text())["rejected"] == {"record_too_large": 1}
@@ -142,14 +142,14 @@ def test_usage_errors_exit_2_and_leave_nothing(tmp_path, capsys):
     code, _, err = run([SAMPLES / "openai.jsonl", "-o", SAMPLES / "openai.jsonl"], capsys)
     assert code == 2 and "also an input" in err
     with pytest.raises(SystemExit) as info:
-        main(["--format", "nope", str(SAMPLES / "openai.jsonl"), "-o", str(tmp_path / "o.jsonl")])
+        main(["--dataset_format", "nope", str(SAMPLES / "openai.jsonl"), "-o", str(tmp_path / "o.jsonl")])
     assert info.value.code == 2
     assert list(tmp_path.iterdir()) == []
 
 
 def _fault_every_third(monkeypatch):
     """Make every third record raise an unexpected exception inside the converters (a simulated bug)."""
-    from beam_sft import formats
+    from beam_sft.validate import convert as formats
 
     calls = {"n": 0}
     real = formats.FORMATS["openai"]
@@ -166,10 +166,10 @@ def _fault_every_third(monkeypatch):
 def test_an_unexpected_exception_rejects_one_record_as_internal_error_and_the_run_goes_on(tmp_path, capsys,
                                                                                           monkeypatch):
     clean, rej0 = tmp_path / "clean.jsonl", tmp_path / "rej0.jsonl"
-    assert run([SAMPLES / "openai.jsonl", "-o", clean, "--rejects", rej0, "--format", "openai", "-q"], capsys)[0] == 0
+    assert run([SAMPLES / "openai.jsonl", "-o", clean, "--rejects", rej0, "--dataset_format", "openai", "-q"], capsys)[0] == 0
     _fault_every_third(monkeypatch)
     out, rej, stats = tmp_path / "o.jsonl", tmp_path / "rej.jsonl", tmp_path / "stats.json"
-    code, _, err = run([SAMPLES / "openai.jsonl", "-o", out, "--rejects", rej, "--stats", stats, "--format",
+    code, _, err = run([SAMPLES / "openai.jsonl", "-o", out, "--rejects", rej, "--stats", stats, "--dataset_format",
                         "openai", "-q"], capsys)
     assert code == EXIT_INTERNAL_ERRORS == 3
     n_in = len([line for line in (SAMPLES / "openai.jsonl").read_bytes().splitlines() if line.strip()])
@@ -190,7 +190,7 @@ def test_an_unexpected_exception_rejects_one_record_as_internal_error_and_the_ru
     monkeypatch.setenv("BEAM_SFT_DEBUG", "1")
     debug_out = tmp_path / "debug.jsonl"
     with pytest.raises(AttributeError):
-        main([str(SAMPLES / "openai.jsonl"), "-o", str(debug_out), "--format", "openai", "-q"])
+        main([str(SAMPLES / "openai.jsonl"), "-o", str(debug_out), "--dataset_format", "openai", "-q"])
     assert not debug_out.exists() and not [p for p in tmp_path.iterdir() if "beam-tmp" in p.name]
 
 
@@ -199,7 +199,7 @@ def test_internal_error_exit_status_from_the_command_line(tmp_path):
     out, rej = tmp_path / "o.jsonl", tmp_path / "rej.jsonl"
     code = f"""
 import sys
-from beam_sft import formats
+from beam_sft.validate import convert as formats
 real = formats.FORMATS["openai"]
 def flaky(rec):
     if isinstance(rec, dict) and len(rec.get("messages") or ()) % 2:
@@ -208,7 +208,7 @@ def flaky(rec):
 formats.FORMATS["openai"] = flaky
 from beam_sft.cli import main
 sys.exit(main(["convert", {str(SAMPLES / "openai.jsonl")!r}, "-o", {str(out)!r}, "--rejects", {str(rej)!r},
-               "--format", "openai", "-q", "--render-check", "none"]))
+               "--dataset_format", "openai", "-q", "--render-check", "none"]))
 """
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "BEAM_SFT_DEBUG": "", "PYTHONPATH": str(ROOT)})
@@ -284,7 +284,7 @@ def test_missing_reasoning_counts_nothing_to_train_and_points_to_backfill(tmp_pa
     assert st["policy"] == {"masked_missing_reasoning": 1, "masked_weight": 1}
     assert "beam-sft backfill" in err  # 5 of 7 turns lack reasoning (3 in the rejected records)
     assert majority_hint(4, 2) is None and majority_hint(0, 0) is None and "backfill" in majority_hint(4, 3)
-    _, _, err = run([src, "-o", out, "--stats", stats, "-q", "--missing-reasoning", "keep", "--keep-duplicates"],
+    _, _, err = run([src, "-o", out, "--stats", stats, "-q", "--missing_reasoning", "keep", "--dedup", "false"],
                     capsys)
     st = json.loads(stats.read_text())
     assert st["records_out"] == 5 and st["policy"] == {"missing_reasoning": 4, "masked_weight": 1}

@@ -96,3 +96,77 @@ def test_data_given_twice_or_not_at_all_is_refused(tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
     assert main(["prepare", "-o", str(tmp_path / "b")]) == 2
     assert "no data" in capsys.readouterr().err
+
+
+# Every other command that reads data: its removed spellings (with a value where they took one), and what it
+# needs besides (an output where it writes one).
+OLD_SPELLINGS = {
+    "convert": ["--format openai", "--limit 5", "--num-proc 2", "--split train", "--revision main",
+                "--data-dir d", "--data-files x.jsonl", "--columns messages=dialog", "--keep-duplicates"],
+    "inspect": ["--format openai", "--split train", "--tokenizer data/tokenizer"],
+    "eval": ["--format beam", "--tokenizer data/tokenizer"],
+    "contamination": ["--format openai", "--split train"],
+    "backfill": ["--format openai", "--limit 5", "--split train", "--tokenizer data/tokenizer"],
+    "augment": ["--format openai", "--limit 5", "--split train"],
+}
+WRITES = {"convert", "backfill", "augment"}
+
+
+def _command_line(command: str, tmp_path: Path, *options: str) -> list[str]:
+    inputs = [] if command in ("eval", "contamination") else [OPENAI]
+    output = ["-o", str(tmp_path / "out.jsonl")] if command in WRITES else []
+    teacher = ["--model", "teacher"] if command == "backfill" else []
+    return [command, *inputs, *output, *teacher, *options]
+
+
+@pytest.mark.parametrize("command,old", [(c, o) for c, olds in OLD_SPELLINGS.items() for o in olds])
+def test_every_command_refuses_a_removed_spelling_in_one_line(tmp_path, capsys, command, old):
+    """The same one line as prepare's (`RENAMED`), exit status 2, before anything is read or written."""
+    from beam_sft.cli import main
+    from beam_sft.dataset.arguments import renamed
+
+    name = old.split()[0]
+    assert main(_command_line(command, tmp_path, *old.split())) == 2
+    assert capsys.readouterr().err == f"error: {renamed(name)}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_names_its_own_split_and_convert_dataset_refuses_too(tmp_path, capsys):
+    from beam_sft.cli import main
+    from beam_sft.cli.convert import main as convert_dataset
+
+    assert main(["eval", "--data", OPENAI, "--split", "test"]) == 2
+    assert capsys.readouterr().err == "error: --split was renamed: use --dataset_test_split NAME\n"
+    assert convert_dataset([OPENAI, "-o", str(tmp_path / "o.jsonl"), "--limit=3"]) == 2
+    assert capsys.readouterr().err == "error: --limit was renamed: use --max_records N\n"
+
+
+# The new spellings, each command's: (option, value, the parsed value).
+NEW_SPELLINGS = {
+    "convert": [("dataset_format", "openai", "openai"), ("max_records", "5", 5), ("dataset_num_proc", "2", 2),
+                ("dataset_train_split", "dev", "dev"), ("dataset_config", "c", "c"), ("dataset_revision", "r", "r"),
+                ("dataset_data_dir", "d", "d"), ("dataset_data_files", "x.jsonl", ["x.jsonl"]),
+                ("dataset_columns", "messages=dialog", "messages=dialog"), ("dedup", "false", False),
+                ("missing_reasoning", "keep", "keep")],
+    "inspect": [("dataset_format", "openai", "openai"), ("dataset_train_split", "dev", "dev"),
+                ("tokenizer_name_or_path", "t", "t"), ("max_length", "64", 64), ("truncation_policy", "drop", "drop"),
+                ("missing_reasoning", "keep", "keep")],
+    "eval": [("dataset_format", "beam", "beam"), ("dataset_test_split", "dev", "dev"),
+             ("tokenizer_name_or_path", "t", "t"), ("max_records", "5", 5)],
+    "contamination": [("dataset_format", "openai", "openai"), ("dataset_train_split", "dev", "dev")],
+    "backfill": [("dataset_format", "openai", "openai"), ("max_records", "5", 5), ("dataset_train_split", "dev", "dev"),
+                 ("tokenizer_name_or_path", "t", "t")],
+    "augment": [("dataset_format", "openai", "openai"), ("max_records", "5", 5),
+                ("dataset_train_split", "dev", "dev")],
+}
+
+
+@pytest.mark.parametrize("command", NEW_SPELLINGS)
+def test_every_command_takes_the_one_spelling_and_its_dash_form(tmp_path, command):
+    from beam_sft.cli import make_parser
+
+    parser = make_parser()
+    for name, value, parsed in NEW_SPELLINGS[command]:
+        for spelling in (name, name.replace("_", "-")):
+            args = parser.parse_args(_command_line(command, tmp_path, f"--{spelling}", value))
+            assert getattr(args, name) == parsed, (command, spelling)

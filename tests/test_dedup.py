@@ -160,7 +160,7 @@ def test_convert_dataset_drops_duplicates_in_input_order(tmp_path, num_proc):
 
     inputs, n_in, n_unique = _inputs(tmp_path)
     out, rejects, stats = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "stats.json"
-    args = [*inputs, "-o", str(out), "--rejects", str(rejects), "--stats", str(stats), "-q", "--num-proc",
+    args = [*inputs, "-o", str(out), "--rejects", str(rejects), "--stats", str(stats), "-q", "--dataset_num_proc",
             str(num_proc), "--render-check", "none"]
     assert main(args) == 0
     rows = out.read_text().splitlines()
@@ -170,7 +170,7 @@ def test_convert_dataset_drops_duplicates_in_input_order(tmp_path, num_proc):
                                                                                {"duplicate": n_in - n_unique})
     assert counts["assistant_turns"] == counts["with_reasoning"] == n_unique  # the duplicates' taken back
     assert [json.loads(line)["reason"] for line in rejects.read_text().splitlines()] == ["duplicate"] * 15
-    assert main([*args[:-4], "--keep-duplicates", "--render-check", "none", "-o", str(tmp_path / "all.jsonl")]) == 0
+    assert main([*args[:-4], "--dedup", "false", "--render-check", "none", "-o", str(tmp_path / "all.jsonl")]) == 0
     assert len((tmp_path / "all.jsonl").read_text().splitlines()) == n_in
 
 

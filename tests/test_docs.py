@@ -253,8 +253,10 @@ def _subcommand_options() -> dict[str, list[str]]:
 
     parser = make_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    # a data setting's dash form (`--max-records` beside `--max_records`) is an alias, not a second option
     options = {
-        name: [s for action in p._actions for s in action.option_strings if s not in ("-h", "--help")]
+        name: [s for action in p._actions for s in action.option_strings if s not in ("-h", "--help")
+               and not ("-" in s[2:] and "--" + s[2:].replace("-", "_") in action.option_strings)]
         for name, p in sub.choices.items()
     }
     # prepare's options are TRL's parser's (the subcommand only dispatches): each by its own name, the
@@ -289,3 +291,57 @@ def test_reference_page_is_what_the_parsers_say():
     page = ROOT / "docs" / "reference.md"
     assert page.read_text(encoding="utf-8") == module.render(), (
         "docs/reference.md is stale: run `python scripts/build_reference.py`")
+
+
+# ---------------------------------------------------------------------------------------------- the record's walk
+
+
+def _walk_section() -> str:
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    return text.split("## One record, from a JSONL line", 1)[1].split("\n## ", 1)[0]
+
+
+def _walk_steps() -> list[tuple[str, str]]:
+    """(file, first function named) of each numbered step of architecture.md's walk of one record."""
+    section = _walk_section()
+    return re.findall(r"^\d+\. `(beam_sft/[\w/]+\.py)` — `([\w.]+)`", section, flags=re.MULTILINE)
+
+
+def test_the_walk_of_one_record_is_what_the_code_does(tmp_path):
+    """At most 8 files, each once, and a record prepared for real enters them in the order the page gives."""
+    import sys
+
+    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.settings import DataSettings
+    from beam_sft.template.tokenizer import load_tokenizer
+
+    steps = _walk_steps()
+    files = [f for f, _ in steps]
+    assert 0 < len(files) <= 8 and len(set(files)) == len(files), files
+    numbered = re.findall(r"^\d+\. ", _walk_section(), flags=re.MULTILINE)
+    assert len(numbered) == len(steps), "every step of the walk names its file and a function of it"
+    src = tmp_path / "one.jsonl"
+    src.write_text((ROOT / "data" / "samples" / "openai.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    entered: list[str] = []
+
+    def profile(frame, event, arg):
+        # the first call of each step's named function (a class: its methods), in its own file
+        if event == "call":
+            code = frame.f_code
+            path = code.co_filename.replace("\\", "/")
+            for file, name in steps:
+                if path.endswith(file) and file not in entered and (
+                        code.co_qualname == name or code.co_qualname.startswith(name + ".")):
+                    entered.append(file)
+
+    tokenizer = load_tokenizer()
+    # The record's way starts with the read (step 1): the encoder's set-up, before any record, is not part of it.
+    from beam_sft.render.encoder import get_encoder
+
+    get_encoder(tokenizer)
+    sys.setprofile(profile)
+    try:
+        build_prepared([str(src)], tokenizer, DataSettings(), tmp_path / "out", num_proc=1)
+    finally:
+        sys.setprofile(None)
+    assert entered == files, f"the page's order {files}, the code's {entered}"

@@ -194,7 +194,7 @@ def test_lora_adapter(trained, data_dir, tmp_path):
     plain = texts(None)
     assert texts(str(tmp_path / "zero")) == plain  # a zero LoRA update: the base model's outputs
     assert texts(str(tmp_path / "random")) != plain  # the adapter is applied
-    assert cli(["eval", base, "--adapter", str(tmp_path / "zero"), "--data", str(data_dir), "--max-records", "1",
+    assert cli(["eval", base, "--adapter", str(tmp_path / "zero"), "--data", str(data_dir), "--max_records", "1",
                 "--max-new-tokens", "8", "--quiet"]) == 0
     # An adapter-only directory as MODEL: applied to the base model its adapter_config.json names.
     assert resolve_adapter(str(tmp_path / "random"), None) == (base, str(tmp_path / "random"))
@@ -202,16 +202,16 @@ def test_lora_adapter(trained, data_dir, tmp_path):
 
 
 def test_raw_format_data_and_rejects(untrained, tmp_path):
-    # --format sharegpt on the raw ShareGPT sample: its bad rows are rejected with the converters' reasons.
+    # --dataset_format sharegpt on the raw ShareGPT sample: its bad rows are rejected with the converters' reasons.
     out = tmp_path / "m.json"
-    assert cli(["eval", str(untrained), "--data", str(SAMPLES / "sharegpt.json"), "--format", "sharegpt",
-                "--max-records", "20", "--max-new-tokens", "4", "--json", str(out), "--quiet"]) == 0
+    assert cli(["eval", str(untrained), "--data", str(SAMPLES / "sharegpt.json"), "--dataset_format", "sharegpt",
+                "--max_records", "20", "--max-new-tokens", "4", "--json", str(out), "--quiet"]) == 0
     metrics = json.loads(out.read_text())
     assert metrics["records"] + metrics["rejected"] == 20 and metrics["rejected"] >= 1
     assert metrics["turns"] == metrics["records"] and set(metrics["by_format"]) == {"sharegpt"}
     # The wrong format: every row rejected, nothing evaluated, nothing lost.
-    assert cli(["eval", str(untrained), "--data", str(SAMPLES / "sharegpt.json"), "--format", "harmony",
-                "--max-records", "5", "--json", str(out), "--quiet"]) == 0
+    assert cli(["eval", str(untrained), "--data", str(SAMPLES / "sharegpt.json"), "--dataset_format", "harmony",
+                "--max_records", "5", "--json", str(out), "--quiet"]) == 0
     metrics = json.loads(out.read_text())
     assert metrics["records"] == 0 and metrics["rejected"] == 5 and metrics["well_formed"] is None
 
@@ -231,7 +231,7 @@ def test_cli_usage_errors(untrained, tmp_path, capsys):
     assert cli(["eval", str(untrained), "--data", data, "--max-new-tokens", "0"]) == 2
     assert cli(["eval", str(untrained), "--data", data, "--min-well-formed", "90"]) == 2
     assert cli(["eval", str(untrained), "--data", str(tmp_path / "nope.jsonl")]) == 2
-    assert cli(["eval", str(untrained), "--data", data, "--format", "csv"]) == 2
+    assert cli(["eval", str(untrained), "--data", data, "--dataset_format", "csv"]) == 2
     # A tokenizer without the Beam templates.
     bare = tmp_path / "bare"
     from transformers import AutoTokenizer
@@ -240,7 +240,7 @@ def test_cli_usage_errors(untrained, tmp_path, capsys):
     tok.chat_template = None
     tok.save_pretrained(bare)
     (bare / "chat_template.jinja").unlink(missing_ok=True)
-    assert cli(["eval", str(untrained), "--tokenizer", str(bare), "--data", data]) == 2
+    assert cli(["eval", str(untrained), "--tokenizer_name_or_path", str(bare), "--data", data]) == 2
     assert cli(["eval", str(untrained)]) == 2  # --data (or --bfcl / --rescore) is required
     err = capsys.readouterr().err
     assert err.count("error: ") == 7 and "Traceback" not in err and "give one of --data" in err
@@ -271,7 +271,7 @@ def test_hub_id_from_the_offline_cache(untrained, tmp_path):
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "beam_sft", "eval", "beam-test/tiny", "--data", str(SAMPLES / "openai.jsonl"),
-         "--max-records", "2", "--max-new-tokens", "4", "--quiet"],
+         "--max_records", "2", "--max-new-tokens", "4", "--quiet"],
         env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stderr

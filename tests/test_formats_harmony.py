@@ -23,11 +23,10 @@ from openai_harmony import (
 )
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import detect
 from beam_sft.formats.harmony import parse_text
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
-from beam_sft.validate.convert import convert_record
+from beam_sft.validate.convert import convert_record, detect
 from beam_sft.validate.rules import make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata" / "harmony"

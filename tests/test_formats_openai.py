@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import detect
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
-from beam_sft.validate.convert import convert_record
+from beam_sft.validate.convert import convert_record, detect
 from beam_sft.validate.rules import Options, make_render_check
 
 
@@ -108,7 +107,7 @@ def test_content_with_tool_calls_is_folded_into_reasoning_and_counted():
         {"role": "assistant", "content": "Sunny.", "reasoning_content": "say it"},
     ]}
     counters: dict = {}
-    from beam_sft.formats import convert_raw
+    from beam_sft.validate.convert import convert_raw
     from beam_sft.validate.rules import validate
 
     out = validate(convert_raw(rec, "openai")[0], None, counters)
@@ -248,9 +247,8 @@ def test_real_ollama_bare_message_list_is_one_conversation():
 def test_registry_works_inside_datasets_map(tmp_path):
     import datasets
 
-    from beam_sft.formats import FORMATS, to_row
     from beam_sft.records.files import beam_features
-    from beam_sft.validate.convert import try_convert
+    from beam_sft.validate.convert import FORMATS, to_row, try_convert
 
     assert set(FORMATS) == {"openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"}
     rows = [{"messages": [{"role": "user", "content": "q"},
@@ -320,8 +318,7 @@ def test_the_missing_reasoning_policy_on_openai_rows():
 
 
 def test_auto_reads_each_record_as_the_format_detect_names():
-    from beam_sft.formats import detect
-    from beam_sft.validate.convert import convert
+    from beam_sft.validate.convert import convert, detect
 
     harmony_like = {"messages": [{"role": "user", "content": "hi"},
                                  {"role": "assistant", "channel": "final", "reasoning_content": "r", "content": "x"}]}

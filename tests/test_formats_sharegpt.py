@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import detect
 from beam_sft.formats.sharegpt import ASSISTANT_ROLES, RESULT_ROLES, USER_ROLES
 from beam_sft.records.files import expand_inputs, iter_items
-from beam_sft.validate.convert import convert_record
+from beam_sft.validate.convert import convert_record, detect
 from beam_sft.validate.rules import make_render_check
 
 

@@ -14,11 +14,10 @@ from hypothesis import strategies as st
 from sample_tools import TIME, WEATHER
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import FORMATS, convert_raw, detect
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
 from beam_sft.records.markup import find_markup
 from beam_sft.records.schema_types import json_type, standardize
-from beam_sft.validate.convert import convert_record
+from beam_sft.validate.convert import FORMATS, convert_raw, convert_record, detect
 from beam_sft.validate.rules import make_render_check
 
 
@@ -518,7 +517,7 @@ def test_cli_stats_count_every_new_format(tmp_path, capsys):
             {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<functioncall> {}"}]}]
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
-    assert main([str(src), "-o", str(out), "--stats", str(stats), "-q", "--missing-reasoning", "keep"]) == 0
+    assert main([str(src), "-o", str(out), "--stats", str(stats), "-q", "--missing_reasoning", "keep"]) == 0
     st = json.loads(stats.read_text())
     assert st["formats"] == {"hermes": 2, "glaive": 1, "xlam": 1, "openai": 1}
     assert st["rejected"] == {"tool_markup_in_text": 1} and st["records_in"] == 6

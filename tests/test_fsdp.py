@@ -193,7 +193,7 @@ def test_beam_sft_eval_runs_on_the_saved_model(llama_run, tmp_path):
 
     out, _, _, _ = llama_run
     metrics = tmp_path / "eval.json"
-    code = cli(["eval", str(out), "--data", str(REPO / "data" / "samples" / "openai.jsonl"), "--max-records", "3",
+    code = cli(["eval", str(out), "--data", str(REPO / "data" / "samples" / "openai.jsonl"), "--max_records", "3",
                 "--max-new-tokens", "16", "--json", str(metrics), "--quiet"])
     assert code == 0
     summary = json.loads(metrics.read_text())

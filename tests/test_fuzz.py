@@ -28,12 +28,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import FORMATS, detect
 from beam_sft.formats.harmony import parse_text
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
 from beam_sft.records.files import normalize_record
 from beam_sft.records.messages import HARMONY_MARKERS
-from beam_sft.validate.convert import convert_record
+from beam_sft.validate.convert import FORMATS, convert_record, detect
 from beam_sft.validate.rules import Options, make_render_check, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -507,7 +506,7 @@ def test_cli_on_a_file_of_hostile_records(tmp_path_factory, records, num_proc, k
         f.writelines(orjson.dumps(r) + b"\n" for r in records)
         f.write(b"{not json\n")
     code = main([str(src), "-o", str(out), "--rejects", str(rej), "--stats", str(stats), "-q",
-                 "--num-proc", str(num_proc)])
+                 "--dataset_num_proc", str(num_proc)])
     st_ = json.loads(stats.read_text())
     rejects = [orjson.loads(line) for line in rej.read_bytes().splitlines()]
     assert code == 0, [r for r in rejects if r["reason"] == "internal_error"]

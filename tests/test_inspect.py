@@ -95,7 +95,7 @@ def test_load_records_loses_nothing():
 
 
 def test_load_records_beam_format_validates_like_training(tmp_path):
-    """`--format beam` no longer takes records as they are: what training rejects, inspect rejects (issue 18)."""
+    """`--dataset_format beam` no longer takes records as they are: what training rejects, inspect rejects (issue 18)."""
     path = tmp_path / "beam.jsonl"
     good = {"messages": [{"role": "user", "content": "hi"},
                          {"role": "assistant", "reasoning_content": "r", "content": "yo"}]}
@@ -242,7 +242,7 @@ def test_dataset_stats_agree_with_an_independent_count(tok, encoder, openai_samp
 
 @pytest.mark.parametrize("policy", ["turn", "drop", "keep_start"])
 def test_dataset_stats_count_what_training_trains(tok, encoder, openai_samples, policy):
-    """With --max-length, inspect cuts as training does (`build_example`, the data phase's per-record rule):
+    """With --max_length, inspect cuts as training does (`build_example`, the data phase's per-record rule):
     the same records dropped, the same tokens kept, the same tokens trained."""
     from beam_sft.dataset.examples import IGNORE_INDEX, build_example
 
@@ -309,7 +309,7 @@ def test_cli_index_color_and_errors(capsys):
     assert "\x1b[30;42m" in captured.out and "record 1 " in captured.out
     assert cli_main(["inspect", str(SAMPLES / "sharegpt.json"), "--index", "99999"]) == 2
     assert "--index 99999" in capsys.readouterr().err
-    assert cli_main(["inspect", str(SAMPLES / "openai.jsonl"), "--format", "nope"]) == 2
+    assert cli_main(["inspect", str(SAMPLES / "openai.jsonl"), "--dataset_format", "nope"]) == 2
 
 
 def test_cli_rejected_index_is_explained(capsys):
@@ -325,7 +325,7 @@ def test_cli_stats_and_html(tmp_path, capsys):
         "inspect",
         str(SAMPLES / "harmony.jsonl"),
         "--stats",
-        "--max-length",
+        "--max_length",
         "100",
         "--html",
         str(out_html),
@@ -380,7 +380,7 @@ def test_cli_unexpected_errors_are_rejects_and_exit_3(tmp_path, capsys, monkeypa
     beam.write_text(f"{short}\n{three}\n{short}\n", encoding="utf-8")
     stats = dataset_stats(load_tokenizer(), load_records(str(beam), format="beam").records)
     assert stats.records == 2 and stats.rejected_reasons == {"internal_error": 1} and stats.internal_errors == [1]
-    assert cli_main(["inspect", str(beam), "--format", "beam", "--stats", "-n", "3"]) == 3
+    assert cli_main(["inspect", str(beam), "--dataset_format", "beam", "--stats", "-n", "3"]) == 3
     captured = capsys.readouterr()
     assert "record 1: [internal_error] IndexError: encoder bug" in captured.err
     assert "warning: 1 record(s)" in captured.err and captured.out.count("legend:") == 2
@@ -510,10 +510,10 @@ def test_html_screenshot_shows_the_masks(tmp_path):
         str(SAMPLES / "openai.jsonl"),
         "-n",
         "3",
-        "--max-length",
+        "--max_length",
         str(cut),
         # keep_start: the records cut at `cut`, shown untrained (the default policy, turn, drops them whole)
-        "--truncation-policy",
+        "--truncation_policy",
         "keep_start",
         "--html",
         str(control),
@@ -537,8 +537,8 @@ def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
     from beam_sft.render.encoder import MaskedEncoder
 
     path = str(SAMPLES / "openai.jsonl")
-    args = argparse.Namespace(dataset=path, format="auto", split="train", max_length=300, truncation_policy="turn",
-                              missing_reasoning="mask")
+    args = argparse.Namespace(dataset=path, dataset_format="auto", dataset_train_split="train", max_length=300,
+                              truncation_policy="turn", missing_reasoning="mask")
     stats, internal = _dataset_stats(args, tok, MaskedEncoder(tok))
     loaded = load_records(path)
     want = dataset_stats(tok, loaded.records, max_length=300, rejected=loaded.rejects)

@@ -151,3 +151,14 @@ def test_functions_are_short():
                     if lines > MAX_FUNCTION_LINES:
                         long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "\n".join(long)
+
+
+def test_data_settings_are_built_in_one_place():
+    """`beam-sft prepare` and training get their DataSettings from one function (dataset/arguments.py), so the
+    same options always mean the same prepared data."""
+    builders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "DataSettings":
+                builders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert len(builders) == 1 and builders[0].startswith("beam_sft/dataset/arguments.py:"), builders

@@ -205,7 +205,7 @@ def test_inspect_cli_with_the_real_vocabulary(o200k_dir, capsys):
     from beam_sft.cli import main as cli_main
 
     sample = REPO / "tests" / "data" / "realdata" / "openai" / "llamafactory_v1_reason_tool_use_demo_50.jsonl"
-    assert cli_main(["inspect", str(sample), "--tokenizer", str(o200k_dir), "-n", "2", "--stats",
+    assert cli_main(["inspect", str(sample), "--tokenizer_name_or_path", str(o200k_dir), "-n", "2", "--stats",
                      "--color", "never"]) == 0
     out = capsys.readouterr().out
     assert "{+<|channel|>analysis<|message|>" in out and "<|return|>+}" in out

@@ -40,7 +40,7 @@ def converted(tmp_path_factory):
     # Most real samples have no reasoning: kept here (under the default `mask` they would have nothing to
     # train); test_weights.py holds TRL's labels equal to the template's on weight-0 turns.
     for name in OUTPUTS.values():
-        assert convert_main([*inputs, "-o", str(root / name), "-q", "--missing-reasoning", "keep"]) == 0
+        assert convert_main([*inputs, "-o", str(root / name), "-q", "--missing_reasoning", "keep"]) == 0
     records = [orjson.loads(line) for line in (root / OUTPUTS["jsonl"]).read_bytes().splitlines()]
     assert len(records) > 900
     return root, records

@@ -1,4 +1,4 @@
-"""`--missing-reasoning mask|keep|reject` in the data phase (`beam-sft prepare`, scripts/train.py), its counts
+"""`--missing_reasoning mask|keep|reject` in the data phase (`beam-sft prepare`, scripts/train.py), its counts
 and hints, and the experiment script (benchmarks/reasoning.py) that measures why `mask` is the default."""
 
 from __future__ import annotations

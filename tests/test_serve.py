@@ -362,7 +362,7 @@ def test_openai_backend_timeout_names_the_option(tok):
 
 
 def test_eval_cli_openai_backend_needs_a_base_url(capsys):
-    assert cli(["eval", "--backend", "openai", "--model", "beam", "--tokenizer", str(REPO / "data" / "tokenizer"),
+    assert cli(["eval", "--backend", "openai", "--model", "beam", "--tokenizer_name_or_path", str(REPO / "data" / "tokenizer"),
                 "--data", str(REPO / "data" / "samples" / "openai.jsonl")]) == 2
     assert "--base-url" in capsys.readouterr().err
 

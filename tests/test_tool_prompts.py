@@ -14,9 +14,8 @@ import pytest
 from sample_tools import TIME, WEATHER
 
 from beam_sft.errors import Reason, RecordError
-from beam_sft.formats import convert_raw
 from beam_sft.formats.toolmarkup import PROMPT_PATTERNS, json_calls, result_wrapper, strip_tool_prompt
-from beam_sft.validate.convert import convert_record
+from beam_sft.validate.convert import convert_raw, convert_record
 from beam_sft.validate.rules import STRIPPED_PREFIX, make_render_check, validate
 
 
@@ -356,7 +355,7 @@ def test_convert_cli_counts_stripped_tool_prompt(tmp_path, capsys):
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     stats = tmp_path / "stats.json"
     assert cli.main([str(src), "-o", str(tmp_path / "out.jsonl"), "--stats", str(stats),
-                     "--missing-reasoning", "keep"]) == 0
+                     "--missing_reasoning", "keep"]) == 0
     got = json.loads(stats.read_text())
     assert got["records_out"] == 3 and got["rejected"] == {"tool_markup_in_text": 1}
     assert got["stripped_tool_prompt"] == {

@@ -219,7 +219,7 @@ def test_eval_beam_steps_logs_the_metrics_beam_sft_eval_gives_for_the_checkpoint
     data = tmp_path / "held_out.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     report = tmp_path / "eval.json"
-    assert cli_main(["eval", str(out / "checkpoint-20"), "--tokenizer", str(out), "--data", str(data), "--format",
+    assert cli_main(["eval", str(out / "checkpoint-20"), "--tokenizer_name_or_path", str(out), "--data", str(data), "--dataset_format",
                      "beam", "--json", str(report), "--quiet"]) == 0
     overall = json.loads(report.read_text())
     overall = overall.get("overall", overall)

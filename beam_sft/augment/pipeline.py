@@ -14,7 +14,7 @@ it was or rewritten. A transform that raises anything but `Skip` (a bug) costs t
 (`internal_error`), not the run, unless BEAM_SFT_DEBUG is set.
 
 Records are read and validated again with turns without reasoning kept as they are (`KEEP`, as `beam-sft
-backfill` reads them): augmenting is not training, and the training run's `--missing-reasoning` policy still
+backfill` reads them): augmenting is not training, and the training run's `--missing_reasoning` policy still
 decides what such turns become.
 """
 

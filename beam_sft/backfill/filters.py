@@ -1,6 +1,6 @@
 """Checks on a teacher's reasoning before it goes into a record; each failure has a counted reason (FILTERS).
 
-A turn whose reasoning fails stays without reasoning, so the default `--missing-reasoning mask` keeps it out
+A turn whose reasoning fails stays without reasoning, so the default `--missing_reasoning mask` keeps it out
 of the loss rather than training a bad trace. Besides the plain checks (`empty`, Harmony markers, over the
 length bound, a tool other than the called ones), they catch what a weak or misprompted teacher writes: each
 filter, what it catches and a real example of SmolLM2-135M-Instruct's are in docs/reasoning.md's table. The

@@ -6,7 +6,7 @@ sent to the teacher (`beam_sft.backfill.prompt`), in order, so a later turn's pr
 filled into the earlier ones. Records run `concurrency` at a time; the output keeps the input order. A
 filled turn gets ``reasoning_source`` (teacher, mode, prompt version); a turn whose answer fails a filter
 (`beam_sft.backfill.filters`) or whose calls kept failing stays without reasoning, so the default
-`--missing-reasoning mask` keeps it out of the loss. records in = records out + rejected (conversion).
+`--missing_reasoning mask` keeps it out of the loss. records in = records out + rejected (conversion).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ UNBOUNDED_GENERATION = 4096  # the generation bound when the reasoning has none
 
 def generation_bound(max_tokens: int | None, max_reasoning_tokens: int | None) -> int:
     """The teacher's generation budget per turn: `max_tokens` when given, else the reasoning bound plus a
-    quarter and 32 tokens. The bound is counted with --tokenizer, the generation with the teacher's own:
-    SmolLM2's tokenizer takes 0.4-1.4 times the bundled one's count on the real traces (median 0.7), and a
+    quarter and 32 tokens. The bound is counted with --tokenizer_name_or_path, the generation with the teacher's
+    own: SmolLM2's tokenizer takes 0.4-1.4 times the bundled one's count on the real traces (median 0.7), and a
     Beam teacher wraps its answer in a few channel tokens. Generating further is work the `too_long` filter
     throws away."""
     if max_tokens:

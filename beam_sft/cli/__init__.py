@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import functools
 import importlib
+import itertools
 import os
 import sys
 
@@ -18,6 +19,9 @@ import sys
 COMMANDS = {name: name.replace("-", "_") for name in (
     "convert", "check-template", "inspect", "prepare", "eval", "contamination", "export", "backfill", "augment",
     "beamify", "train")}
+
+# A command whose removed option has another successor than RENAMED's: eval reads the held-out split.
+RENAMED_IN = {"eval": {"split": "--dataset_test_split NAME"}}
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -55,13 +59,30 @@ def run_guarded(func, args) -> int:
         return 1
 
 
+def check_renamed(command: str, argv: list[str]) -> None:
+    """Refuse a removed data option (`--limit 5`) in one line naming its new spelling (a UsageError: exit 2),
+    before the command parses or loads anything; `beam_sft.dataset.arguments.RENAMED`, for every command."""
+    from beam_sft.dataset.arguments import RENAMED, renamed
+    from beam_sft.errors import UsageError
+
+    table = {**RENAMED, **RENAMED_IN.get(command, {})}
+    for arg in itertools.takewhile(lambda a: a != "--", argv):
+        if arg.startswith("--") and (message := renamed(arg, table)):
+            raise UsageError(message)
+
+
+def parse_checked(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> argparse.Namespace | int:
+    """`parser`'s arguments, or the exit status of refusing a removed option (`check_renamed`)."""
+    return run_guarded(functools.partial(check_renamed, command), argv) or parser.parse_args(argv)
+
+
 def run_command(register, name: str, argv: list[str] | None = None) -> int:
     """One subcommand run as its own program (`python -m beam_sft.cli.NAME`, tests): the parser it registers
     under `beam-sft` and the same error table."""
     parser = argparse.ArgumentParser(prog="beam-sft")
     register(parser.add_subparsers())
-    args = parser.parse_args([name, *(argv if argv is not None else sys.argv[1:])])
-    return run_guarded(args.func, args)
+    args = parse_checked(parser, name, [name, *(argv if argv is not None else sys.argv[1:])])
+    return args if isinstance(args, int) else run_guarded(args.func, args)
 
 
 def command_main(module: str, register, name: str):
@@ -75,7 +96,10 @@ def command_main(module: str, register, name: str):
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_checked(parser, next((a for a in argv if not a.startswith("-")), ""), argv)
+    if isinstance(args, int):
+        return args
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
@@ -88,6 +112,22 @@ def add_command(subparsers, name: str, func, help: str, description: str, epilog
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(func=func)
     return parser
+
+
+def boolean(text: str) -> bool:
+    """A true/false option value, spelled as TRL's parser takes it (true/false, yes/no, t/f, y/n, 1/0)."""
+    if text.lower() in ("true", "yes", "t", "y", "1"):
+        return True
+    if text.lower() in ("false", "no", "f", "n", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def data_option(parser, name: str, **kwargs) -> None:
+    """Add the data setting `name` with its one spelling everywhere (`DataArguments`' or SFTConfig's:
+    `--max_records`), its dash form (`--max-records`) accepted too, as TRL's parser does."""
+    dashed = name.replace("_", "-")
+    parser.add_argument(f"--{name}", *([f"--{dashed}"] if dashed != name else []), **kwargs)
 
 
 def progress_bar(desc: str, quiet: bool, total: int | None = None):
@@ -116,23 +156,22 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of a hub (or hub-like local) dataset and the column mapping, shared by the commands that
     read INPUTs as the data phase does (`beam_sft.records.files.expand_inputs`)."""
     group = parser.add_argument_group("hub datasets (an id, or a directory laid out like a hub repository)")
-    group.add_argument("--dataset-config", metavar="NAME",
-                       help="the subset (load_dataset's `name`; TRL's dataset_config)")
-    group.add_argument("--revision", metavar="REV", help="branch, tag or commit sha of the hub dataset")
-    group.add_argument("--data-dir", metavar="DIR", help="load_dataset's data_dir inside the dataset")
-    group.add_argument("--data-files", metavar="PATTERN", action="append",
-                       help="load_dataset's data_files inside the dataset (repeatable)")
-    parser.add_argument("--columns", metavar="KEY=COLUMN[,...]",
-                        help="rename columns to the record keys the converters read, before the format is "
-                             "detected, e.g. messages=conversations,tools=functions")
+    data_option(group, "dataset_config", metavar="NAME", help="the subset (load_dataset's `name`)")
+    data_option(group, "dataset_revision", metavar="REV", help="branch, tag or commit sha of the hub dataset")
+    data_option(group, "dataset_data_dir", metavar="DIR", help="load_dataset's data_dir inside the dataset")
+    data_option(group, "dataset_data_files", metavar="PATTERN", action="append",
+                help="load_dataset's data_files inside the dataset (repeatable)")
+    data_option(parser, "dataset_columns", metavar="KEY=COLUMN[,...]",
+                help="rename columns to the record keys the converters read, before the format is detected, "
+                     "e.g. messages=conversations,tools=functions")
 
 
 def source_options(args: argparse.Namespace) -> dict:
     """`add_source_arguments`' values as `expand_inputs` options."""
     from beam_sft.records.files import parse_columns
 
-    options = {"config": args.dataset_config, "revision": args.revision, "data_dir": args.data_dir,
-               "data_files": args.data_files, "columns": parse_columns(args.columns)}
+    options = {"config": args.dataset_config, "revision": args.dataset_revision, "data_dir": args.dataset_data_dir,
+               "data_files": args.dataset_data_files, "columns": parse_columns(args.dataset_columns)}
     return {k: v for k, v in options.items() if v is not None}
 
 

@@ -3,7 +3,7 @@
     beam-sft augment train.jsonl -o aug.jsonl --transform irrelevance=0.2 --transform distractors=2 \\
         --transform mask-names=0.25 --transform ask-missing=0.1 --seed 0 --stats stats.json
     beam-sft augment data/samples/openai.jsonl -o /tmp/aug.jsonl --transform mask-names=1 --provenance /tmp/prov.jsonl
-    beam-sft augment raw_glaive.json --format glaive -o aug.jsonl --transform irrelevance=0.3 --rejects rej.jsonl
+    beam-sft augment raw_glaive.json --dataset_format glaive -o aug.jsonl --transform irrelevance=0.3 --rejects rej.jsonl
 
 Transforms (each `--transform NAME=VALUE`, each at most once):
 
@@ -36,7 +36,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from beam_sft.cli import add_command, command_main, committed, progress_bar
+from beam_sft.cli import add_command, command_main, committed, data_option, progress_bar
 from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, UsageError
 
 
@@ -60,7 +60,7 @@ class RunCounts:
 def _sources(args: argparse.Namespace) -> list:
     from beam_sft.records.files import data_sources
 
-    sources = data_sources(args.inputs, split=args.split)
+    sources = data_sources(args.inputs, split=args.dataset_train_split)
     out_abs = os.path.abspath(args.output)
     for src in sources:
         if os.path.abspath(src.name) == out_abs:
@@ -73,8 +73,8 @@ def _records(sources: list, args: argparse.Namespace, options):
     from beam_sft.records.files import iter_items
     from beam_sft.validate.convert import convert_item
 
-    for item in iter_items(sources, limit=args.limit):
-        record, _, reject = convert_item(item, args.format, options)
+    for item in iter_items(sources, limit=args.max_records):
+        record, _, reject = convert_item(item, args.dataset_format, options)
         yield item, record, reject
 
 
@@ -96,7 +96,7 @@ def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict) ->
     """Second pass: every input record converted, transformed and written, with its additions after it."""
     import orjson
 
-    from beam_sft.formats import to_row
+    from beam_sft.validate.convert import to_row
 
     counts = RunCounts()
     with progress_bar("augmenting", args.quiet) as bar:
@@ -123,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
     from beam_sft.storage import write_json_atomic
 
     specs = parse_specs(args.transform or [])
-    if args.pool_size < 1 or (args.limit is not None and args.limit < 0):
-        raise UsageError("--pool-size must be at least 1 and --limit at least 0")
+    if args.pool_size < 1 or (args.max_records is not None and args.max_records < 0):
+        raise UsageError("--pool-size must be at least 1 and --max_records at least 0")
     sources = _sources(args)
     augmenter = Augmenter(specs, seed=args.seed, pool_size=args.pool_size)
     if augmenter.needs_pool:
@@ -178,8 +178,8 @@ def register(subparsers) -> None:
                              "irrelevance, mask-names and ask-missing take a share P in [0, 1], distractors a "
                              "count K")
     parser.add_argument("--seed", type=int, default=0, help="seed of every choice, per record (default: 0)")
-    parser.add_argument("--format", choices=INPUT_FORMATS, default="auto",
-                        help="input format (default: auto, detected per record)")
+    data_option(parser, "dataset_format", choices=INPUT_FORMATS, default="auto",
+                help="input format (default: auto, detected per record)")
     parser.add_argument("--pool-size", type=int, default=POOL_SIZE, metavar="N",
                         help=f"at most N distinct tools in the pool of distractors and irrelevance (default: "
                              f"{POOL_SIZE})")
@@ -188,8 +188,9 @@ def register(subparsers) -> None:
     parser.add_argument("--provenance", metavar="PATH",
                         help="one JSON line per record a transform changed or added: its output line, the input "
                              "record it comes from, the transforms")
-    parser.add_argument("--split", default="train", help="split of a hub dataset (default: train)")
-    parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
+    data_option(parser, "dataset_train_split", default="train", metavar="NAME",
+                help="split of a hub dataset (default: train)")
+    data_option(parser, "max_records", type=int, metavar="N", help="read at most N input records")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 

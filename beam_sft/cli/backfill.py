@@ -13,8 +13,8 @@ turn's reference answer or tool calls, and writes only the reasoning that leads 
 never changed. Answers are filtered, each filter counted and its first refusals sampled in --stats: empty,
 Harmony markers, repetitive (loops), truncated (the teacher stopped at the bound), echoes of the prompt,
 narration about the reply, a restatement of the reference, a copy of the prompt's worked example, too long
-(--max-reasoning-tokens, counted with --tokenizer), and reasoning that names a declared tool other than the
-ones the reference calls. Filtered turns stay without reasoning, so the default `--missing-reasoning mask`
+(--max-reasoning-tokens, counted with --tokenizer_name_or_path), and reasoning that names a declared tool other than the
+ones the reference calls. Filtered turns stay without reasoning, so the default `--missing_reasoning mask`
 of convert/prepare/train keeps them out of the loss. Filled turns carry `reasoning_source`; --review N prints
 some to read. The generation bound follows --max-reasoning-tokens unless --max-tokens is given; a local
 model generates --batch-size records' prompts at once.
@@ -37,12 +37,12 @@ import os
 import sys
 from typing import Any
 
-from beam_sft.cli import add_command, command_main, committed, progress_bar
+from beam_sft.cli import add_command, command_main, committed, data_option, progress_bar
 from beam_sft.errors import FatalError, UsageError
 
 
 def expected_records(inputs: list[str], limit: int | None) -> int | None:
-    """How many records the run will read, when that is cheap to know (--limit, or .jsonl files: their non-empty
+    """How many records the run will read, when that is cheap to know (--max_records, or .jsonl files: their non-empty
     lines), so the progress bar can show an ETA; None otherwise (a JSON array, a hub id, a glob)."""
     from pathlib import Path
 
@@ -66,8 +66,8 @@ def _records(args: argparse.Namespace):
     from beam_sft.validate.rules import Options
 
     keep = Options(missing_reasoning="keep")
-    for item in read_items(args.inputs, args.split, limit=args.limit):
-        record, _, reject = convert_item(item, args.format, keep)
+    for item in read_items(args.inputs, args.dataset_train_split, limit=args.max_records):
+        record, _, reject = convert_item(item, args.dataset_format, keep)
         yield record, reject
 
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from beam_sft.storage import write_json_atomic
     from beam_sft.template.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = load_tokenizer(args.tokenizer_name_or_path)
 
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     writer = open_writer(args.output)
     rejects = JsonlSink(args.rejects) if args.rejects else None
     # records, not turns: a teacher's time goes by turn, but turns per record vary; with a total, tqdm shows the ETA
-    bar = progress_bar("backfill", args.quiet, total=expected_records(args.inputs, args.limit))
+    bar = progress_bar("backfill", args.quiet, total=expected_records(args.inputs, args.max_records))
     review: list[str] = []
 
     def write(record: dict[str, Any]) -> None:
@@ -213,8 +213,8 @@ def register(subparsers) -> None:
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="files (.jsonl, .json, .parquet), globs, directories, save_to_disk dirs or hub ids")
     parser.add_argument("-o", "--output", required=True, help="output: .jsonl, .parquet or a directory")
-    parser.add_argument("--format", choices=INPUT_FORMATS, default="auto",
-                        help="input format (default: auto, detected per record)")
+    data_option(parser, "dataset_format", choices=INPUT_FORMATS, default="auto",
+                help="input format (default: auto, detected per record)")
     parser.add_argument("--backend", choices=("openai", "transformers"), default="openai",
                         help="openai: any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, ...); "
                              "transformers: a local model (default: openai)")
@@ -225,7 +225,7 @@ def register(subparsers) -> None:
     parser.add_argument("--mode", choices=MODES, default="rationalize",
                         help="rationalize: the reasoning that leads to the reference reply (default)")
     parser.add_argument("--max-reasoning-tokens", type=int, default=MAX_REASONING_TOKENS, metavar="N",
-                        help="filter out longer reasoning, counted with --tokenizer; 0: no limit "
+                        help="filter out longer reasoning, counted with --tokenizer_name_or_path; 0: no limit "
                              f"(default: {MAX_REASONING_TOKENS})")
     parser.add_argument("--max-tokens", type=int, metavar="N",
                         help="the teacher's generation budget per turn (default: --max-reasoning-tokens plus a "
@@ -243,11 +243,13 @@ def register(subparsers) -> None:
     parser.add_argument("--retry-wait", type=float, default=1.0, metavar="S",
                         help="seconds before the first retry, doubled each time (default: 1)")
     parser.add_argument("--cache", metavar="PATH", help="resumable cache (default: OUTPUT.backfill-cache.jsonl)")
-    parser.add_argument("--tokenizer", metavar="PATH", help="counts reasoning tokens (default: the bundled one)")
+    data_option(parser, "tokenizer_name_or_path", metavar="PATH",
+                help="counts reasoning tokens (default: the bundled one)")
     parser.add_argument("--rejects", metavar="PATH", help="write the records the converters reject here")
     parser.add_argument("--stats", metavar="PATH", help="write the run's counts here as JSON")
-    parser.add_argument("--split", default="train", help="split of a hub dataset (default: train)")
-    parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
+    data_option(parser, "dataset_train_split", default="train", metavar="NAME",
+                help="split of a hub dataset (default: train)")
+    data_option(parser, "max_records", type=int, metavar="N", help="read at most N input records")
     parser.add_argument("--dry-run", type=int, nargs="?", const=3, default=0, metavar="N",
                         help="print the teacher prompts of the first N records (default 3) and stop")
     parser.add_argument("--review", type=int, default=0, metavar="N",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
-from beam_sft.cli import add_command, command_main
+from beam_sft.cli import add_command, command_main, data_option
 
 
 def register(subparsers) -> None:
@@ -33,10 +33,11 @@ def register(subparsers) -> None:
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="instead of INPUT: a YAML `datasets:` mixture (what train and prepare read); the rows "
                              "the mixture takes are checked")
-    parser.add_argument("--format", default="auto", metavar="FMT",
-                        help="input format: auto (default, detected per record), beam, openai, sharegpt, harmony, "
-                             "hermes, glaive, xlam")
-    parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset (default: train)")
+    data_option(parser, "dataset_format", default="auto", metavar="FMT",
+                help="input format: auto (default, detected per record), beam, openai, sharegpt, harmony, hermes, "
+                     "glaive, xlam")
+    data_option(parser, "dataset_train_split", default="train", metavar="NAME",
+                help="split of a dataset directory or hub dataset (default: train)")
     parser.add_argument("--bfcl", metavar="CATEGORIES", default="all",
                         help="the BFCL categories to check against: a comma list or all (default)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON")
@@ -50,12 +51,12 @@ def _items(args):
     from beam_sft.records.files import read_items
 
     if args.config is None:
-        return ((item, args.format) for item in read_items(args.inputs, args.split))
+        return ((item, args.dataset_format) for item in read_items(args.inputs, args.dataset_train_split))
     from beam_sft.dataset.mixture import read_mixture
 
     mixture = read_mixture(args.config)
-    formats = dict(zip((s.name for s in mixture.sources), mixture.formats(args.format), strict=True))
-    return ((item, formats.get(item.source, args.format)) for item in mixture.items())
+    formats = dict(zip((s.name for s in mixture.sources), mixture.formats(args.dataset_format), strict=True))
+    return ((item, formats.get(item.source, args.dataset_format)) for item in mixture.items())
 
 
 def run(args) -> int:

@@ -2,15 +2,15 @@
 xLAM datasets into Beam records.
 
     convert-dataset data/samples/openai.jsonl -o /tmp/beam.jsonl
-    convert-dataset data/samples/*.json* --format auto -o /tmp/beam.parquet --rejects /tmp/rejects.jsonl \\
+    convert-dataset data/samples/*.json* --dataset_format auto -o /tmp/beam.parquet --rejects /tmp/rejects.jsonl \\
         --stats /tmp/stats.json
-    convert-dataset big.jsonl -o /tmp/big_beam.jsonl --num-proc 8 --render-check sample
-    beam-sft convert my/hub-dataset --split train -o /tmp/beam_ds     # a save_to_disk directory
+    convert-dataset big.jsonl -o /tmp/big_beam.jsonl --dataset_num_proc 8 --render-check sample
+    beam-sft convert my/hub-dataset --dataset_train_split train -o /tmp/beam_ds     # a save_to_disk directory
 
 Every input record is either written or rejected with a reason code (records in = out + rejected, checked
 at the end of every run); `--rejects` lists the rejections, one JSON line each, with source file, line (JSONL,
 1-based) or index (0-based), reason and message. A summary goes to stderr, `--stats` writes it as JSON.
-Output order follows input order, with or without `--num-proc`. The output appears only when the run
+Output order follows input order, with or without `--dataset_num_proc`. The output appears only when the run
 finishes (temporary file, then rename).
 
 A record that makes a converter raise anything but its own rejection (a bug in beam-sft) is rejected as
@@ -51,7 +51,7 @@ class Stats(Counts):
         self.records_out = 0
         self.rejected: Counter[str] = Counter()
         self.formats: Counter[str] = Counter()  # of accepted records
-        self.detected: Counter[str] = Counter()  # --format auto: what each parsed record looked like
+        self.detected: Counter[str] = Counter()  # --dataset_format auto: what each parsed record looked like
         self.roles: Counter[str] = Counter()
         self.messages = 0
         self.assistant_turns = 0
@@ -181,14 +181,13 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
     stats); `meta` of a written record: (its dedup key, the converter used), else None.
 
     `start` is the run-wide sequence number of the chunk's first record (it picks the render-check sample,
-    so the sample is the same with any --num-proc)."""
+    so the sample is the same with any --dataset_num_proc)."""
     import orjson
 
     from beam_sft.errors import RecordError
-    from beam_sft.formats import detect, to_row
     from beam_sft.records.dedup import record_key
     from beam_sft.records.files import parse_line
-    from beam_sft.validate.convert import try_convert
+    from beam_sft.validate.convert import detect, to_row, try_convert
 
     fmt, plain, rendering = _WORKER["fmt"], _WORKER["opts"], _WORKER["opts_render"]
     auto = fmt == "auto"
@@ -252,7 +251,7 @@ def _results(chunks, args, init_args):
     per worker in flight."""
     from beam_sft.dataset.pipeline import ordered_map
 
-    return ordered_map(_convert_chunk, chunks, args.num_proc, init=(_init_worker, init_args),
+    return ordered_map(_convert_chunk, chunks, args.dataset_num_proc, init=(_init_worker, init_args),
                        start_method="forkserver" if sys.platform != "win32" else "spawn", ahead=4)
 
 
@@ -260,10 +259,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
     """Usage errors of the command line; returns the text of --chat-template, if given."""
     from beam_sft.errors import UsageError
 
-    if args.num_proc < 1:
-        raise UsageError("--num-proc must be at least 1")
-    if args.limit is not None and args.limit < 0:
-        raise UsageError("--limit must be >= 0")
+    if args.dataset_num_proc < 1:
+        raise UsageError("--dataset_num_proc must be at least 1")
+    if args.max_records is not None and args.max_records < 0:
+        raise UsageError("--max_records must be >= 0")
     if args.max_record_bytes is not None and args.max_record_bytes < 1:
         raise UsageError("--max-record-bytes must be positive")
     if not args.chat_template:
@@ -289,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
 
     INTERNAL = Reason.INTERNAL_ERROR.value
     chat_template = _check_args(args)
-    sources = data_sources(args.inputs, split=args.split, options=source_options(args))
+    sources = data_sources(args.inputs, split=args.dataset_train_split, options=source_options(args))
     out_abs = os.path.abspath(args.output)
     for src in sources:
         if os.path.abspath(src.name) == out_abs:
@@ -300,15 +299,15 @@ def run(args: argparse.Namespace) -> int:
     total = Stats()
     first_internal: list[str] = []  # where the first internal errors happened, for the warning
     per_source: dict[str, Counter] = {}
-    init_args = (args.format, args.late_system, args.missing_reasoning, args.render_check, chat_template)
+    init_args = (args.dataset_format, args.late_system, args.missing_reasoning, args.render_check, chat_template)
     from beam_sft.records.dedup import Seen
 
-    seen = None if args.keep_duplicates else Seen()  # first occurrences, in input order
+    seen = Seen() if args.dedup else None  # first occurrences, in input order
     from tqdm import tqdm
 
     bar = tqdm(desc="converting", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5)
     try:
-        items = iter_items(sources, max_bytes=args.max_record_bytes, limit=args.limit)
+        items = iter_items(sources, max_bytes=args.max_record_bytes, limit=args.max_records)
         for prov, results, stats in _results(_chunks(items, CHUNK), args, init_args):
             total.add(stats)
             per_source.setdefault(prov[0][0], Counter()).update(stats.detected)
@@ -340,14 +339,14 @@ def run(args: argparse.Namespace) -> int:
         if rejects is not None:
             rejects.abort()
         raise
-    if args.format == "auto":
+    if args.dataset_format == "auto":
         _report_detection(per_source)
     print(f"convert-dataset: wrote {total.records_out} records to {args.output}", file=sys.stderr)
     print(total.table(), file=sys.stderr)
     _reasoning_notes(total)
     if args.stats:
         write_json_atomic(args.stats, {"inputs": [s.name for s in sources], "output": args.output,
-                                       "format": args.format, **total.to_dict()})
+                                       "format": args.dataset_format, **total.to_dict()})
     n_internal = total.rejected[INTERNAL]
     if n_internal:
         print(f"warning: {n_internal} record(s) hit an unexpected error in the converter and were rejected as "
@@ -372,7 +371,7 @@ def _reasoning_notes(total: Stats) -> None:
 
 
 def _report_detection(per_source: dict[str, Counter]) -> None:
-    """What --format auto found: per source, or in total when there are many sources."""
+    """What --dataset_format auto found: per source, or in total when there are many sources."""
     def line(c: Counter) -> str:
         return ", ".join(f"{k} {v}" for k, v in c.most_common()) or "no parsable records"
 
@@ -390,8 +389,9 @@ def _report_detection(per_source: dict[str, Counter]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.cli import add_source_arguments, boolean, data_option
     from beam_sft.validate import reasoning
+    from beam_sft.validate.convert import FORMAT_NAMES
     from beam_sft.validate.rules import LATE_SYSTEM_CHOICES, MISSING_REASONING_CHOICES
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -399,25 +399,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "dirs, or hub dataset ids")
     parser.add_argument("-o", "--output", required=True,
                         help="output: .jsonl, .parquet, or a directory (written with save_to_disk)")
-    parser.add_argument("--format", choices=FORMAT_NAMES, default="auto",
-                        help="input format; auto detects it per record and reports what it found (default: auto)")
+    data_option(parser, "dataset_format", choices=FORMAT_NAMES, default="auto",
+                help="input format; auto detects it per record and reports what it found (default: auto)")
     parser.add_argument("--rejects", metavar="PATH", help="write one JSON line per rejected record here")
     parser.add_argument("--stats", metavar="PATH", help="write the run's statistics here as JSON")
-    parser.add_argument("--num-proc", type=int, default=1, metavar="N",
-                        help="worker processes; output order is the same for any N (default: 1)")
-    parser.add_argument("--limit", type=int, metavar="N", help="read at most N input records")
-    parser.add_argument("--split", default="train", help="split of a hub dataset or DatasetDict (default: train)")
-    from beam_sft.cli import add_source_arguments
-
+    data_option(parser, "dataset_num_proc", type=int, default=1, metavar="N",
+                help="worker processes; output order is the same for any N (default: 1)")
+    data_option(parser, "max_records", type=int, metavar="N", help="read at most N input records")
+    data_option(parser, "dataset_train_split", default="train", metavar="NAME",
+                help="split of a hub dataset or DatasetDict (default: train)")
     add_source_arguments(parser)
     parser.add_argument("--late-system", choices=LATE_SYSTEM_CHOICES, default="reject",
                         help="a system/developer message after other messages: reject the record, or move the "
                              "message up to the first instructions (default: reject)")
-    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
-                        help=reasoning.HELP)
-    parser.add_argument("--keep-duplicates", action="store_true",
-                        help="write exact duplicates too; by default a validated record equal to an earlier one "
-                             "(in any input, whatever its format) is rejected as `duplicate`, the first kept")
+    data_option(parser, "missing_reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
+                help=reasoning.HELP)
+    data_option(parser, "dedup", type=boolean, nargs="?", const=True, default=True, metavar="BOOL",
+                help="reject exact duplicates: a validated record equal to an earlier one (in any input, whatever "
+                     "its format) is rejected as `duplicate`, the first kept; `--dedup false` writes them too "
+                     "(default: true)")
     parser.add_argument("--max-record-bytes", type=int, metavar="N",
                         help="reject records larger than N bytes of JSON (default: no limit)")
     parser.add_argument("--render-check", choices=RENDER_CHECK_CHOICES, default="all",
@@ -446,10 +446,10 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_guarded
+    from beam_sft.cli import parse_checked, run_guarded
 
-    args = make_parser().parse_args(argv)
-    return run_guarded(args.func, args)
+    args = parse_checked(make_parser(), "convert", sys.argv[1:] if argv is None else argv)
+    return args if isinstance(args, int) else run_guarded(args.func, args)
 
 
 if __name__ == "__main__":

@@ -5,23 +5,23 @@ record's tools and reasoning effort) until <|return|>/<|call|> or --max-new-toke
 the tokenizer's response template and scored against the reference turn.
 
     beam-sft eval outputs/quickstart/model --data data/samples/openai.jsonl
-    beam-sft eval outputs/quickstart/model --data 'data/samples/*' --max-records 50 --turns all \\
+    beam-sft eval outputs/quickstart/model --data 'data/samples/*' --max_records 50 --turns all \\
         --json eval.json --report eval.html
     beam-sft eval ./base-model --adapter ./lora-out --data held_out.jsonl --min-well-formed 0.9
-    beam-sft eval my-org/beam-ft --data my-org/chats --split test --backend vllm --batch-size 64
+    beam-sft eval my-org/beam-ft --data my-org/chats --dataset_test_split test --backend vllm --batch-size 64
     beam-sft eval --backend openai --base-url http://127.0.0.1:8000/v1 --model beam \
-        --tokenizer outputs/quickstart/served --data data/samples/openai.jsonl     # a running server
+        --tokenizer_name_or_path outputs/quickstart/served --data data/samples/openai.jsonl     # a running server
 
 BFCL v4 (the Berkeley Function Calling Leaderboard's single-turn AST and relevance categories, scored by BFCL's
 own checker from the registry package bfcl-eval; `make install` installs it): --bfcl takes a comma list or all;
---max-records is then per category, the same seeded subset every run. A model that does not speak Beam (a base
+--max_records is then per category, the same seeded subset every run. A model that does not speak Beam (a base
 model) is scored with --bfcl-style prompt: BFCL's own system prompt, the model's chat template, BFCL's decoder;
 or with --bfcl-style json: the functions as JSON, the calls asked for as a JSON list in <tool_call> tags.
 
-    beam-sft eval outputs/demo-real/model --bfcl simple_python,multiple,irrelevance --max-records 50 \\
+    beam-sft eval outputs/demo-real/model --bfcl simple_python,multiple,irrelevance --max_records 50 \\
         --json bfcl.json --outputs bfcl.jsonl --report bfcl.html
-    beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style prompt --max-records 50
-    beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style json --max-records 50
+    beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style prompt --max_records 50
+    beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style json --max_records 50
     beam-sft eval --rescore bfcl.jsonl --json again.json        # BFCL's checker again on the outputs file
 
 Metrics (each a share of the turns it applies to): well_formed, stopped (on the right stop token),
@@ -42,6 +42,7 @@ import sys
 
 
 def register(subparsers) -> None:
+    from beam_sft.cli import data_option
     from beam_sft.eval.backends import BACKENDS
     from beam_sft.eval.turns import TURN_CHOICES
 
@@ -56,7 +57,7 @@ def register(subparsers) -> None:
                         help="a saved model directory (scripts/train.py output; a LoRA-only output is applied to "
                              "the base model its adapter_config.json names), a base model for --adapter, or a hub "
                              "id (read from the local cache when HF_HUB_OFFLINE=1); with --backend openai, the "
-                             "directory the server loaded (for its tokenizer) unless --tokenizer is given")
+                             "directory the server loaded (for its tokenizer) unless --tokenizer_name_or_path is given")
     parser.add_argument("--data", metavar="PATH", default=None,
                         help="Beam records or raw OpenAI/ShareGPT/Harmony data: a .jsonl/.json/.parquet file, a "
                              "glob, a directory, a save_to_disk dataset or a hub dataset id (required unless "
@@ -73,20 +74,21 @@ def register(subparsers) -> None:
                              "zero-shot row) or json (the functions as JSON in a system message, the calls asked "
                              "for as a JSON list in <tool_call> tags, the model's own chat template)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="--bfcl: which --max-records entries of each category run (default: 0)")
+                        help="--bfcl: which --max_records entries of each category run (default: 0)")
     parser.add_argument("--outputs", metavar="PATH.jsonl", default=None,
                         help="--bfcl: one line per entry (id, category, calls, text, well_formed, valid, BFCL's "
                              "error type), re-scorable with --rescore")
     parser.add_argument("--rescore", metavar="PATH.jsonl", default=None,
                         help="run BFCL's checker again on an --outputs file (no model needed)")
-    parser.add_argument("--format", default="auto", metavar="FMT",
-                        help="input format: auto (default, detected per record), beam, openai, sharegpt, harmony")
-    parser.add_argument("--tokenizer", metavar="PATH", default=None,
-                        help="tokenizer with both Beam templates (default: the adapter's, else the model's)")
-    parser.add_argument("--split", default="test", help="split of a dataset directory or hub dataset (default: test)")
-    parser.add_argument("--max-records", type=int, default=None, metavar="N",
-                        help="read at most N input records (rejected ones included); reading stops there; "
-                             "with --bfcl, N entries of each category (seeded by --seed)")
+    data_option(parser, "dataset_format", default="auto", metavar="FMT",
+                help="input format: auto (default, detected per record), beam, openai, sharegpt, harmony")
+    data_option(parser, "tokenizer_name_or_path", metavar="PATH", default=None,
+                help="tokenizer with both Beam templates (default: the adapter's, else the model's)")
+    data_option(parser, "dataset_test_split", default="test", metavar="NAME",
+                help="split of a dataset directory or hub dataset (default: test)")
+    data_option(parser, "max_records", type=int, default=None, metavar="N",
+                help="read at most N input records (rejected ones included); reading stops there; with --bfcl, "
+                     "N entries of each category (seeded by --seed)")
     parser.add_argument("--turns", choices=TURN_CHOICES, default="first",
                         help="which assistant turns of each record to generate (default: first)")
     parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
@@ -119,15 +121,15 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from beam_sft.errors import UsageError
-    from beam_sft.formats import FORMAT_NAMES
+    from beam_sft.validate.convert import FORMAT_NAMES
 
-    if args.format not in (*FORMAT_NAMES, "beam"):
-        raise UsageError(f"unknown --format {args.format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}")
+    if args.dataset_format not in (*FORMAT_NAMES, "beam"):
+        raise UsageError(f"unknown --dataset_format {args.dataset_format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}")
     for name in ("max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     if args.max_records is not None and args.max_records < 1:
-        raise UsageError("--max-records must be >= 1")
+        raise UsageError("--max_records must be >= 1")
     if args.min_well_formed is not None and not 0 <= args.min_well_formed <= 1:
         raise UsageError("--min-well-formed is a fraction between 0 and 1")
     if sum(x is not None for x in (args.data, args.bfcl, args.rescore)) != 1:
@@ -156,9 +158,9 @@ def _backend(args):
     if args.backend == "openai":
         from beam_sft.eval.openai_backend import backend_from_args
 
-        if not (args.tokenizer or args.model):
-            raise UsageError("--backend openai needs --tokenizer (or MODEL): the served model's tokenizer directory")
-        tokenizer, _ = load_eval_tokenizer(args.tokenizer or args.model, beam=beam)
+        if not (args.tokenizer_name_or_path or args.model):
+            raise UsageError("--backend openai needs --tokenizer_name_or_path (or MODEL): the served model's tokenizer directory")
+        tokenizer, _ = load_eval_tokenizer(args.tokenizer_name_or_path or args.model, beam=beam)
         backend = backend_from_args(args, tokenizer, None if beam else eos_stops(tokenizer))
         args.model = args.served_model or args.model
         return backend, tokenizer
@@ -166,10 +168,11 @@ def _backend(args):
         raise UsageError("MODEL is required (a model directory or hub id)")
     args.model, args.adapter = resolve_adapter(args.model, args.adapter)
     if args.backend == "vllm":
-        tokenizer, source = load_eval_tokenizer(args.model, tokenizer=args.tokenizer, adapter=args.adapter, beam=beam)
+        tokenizer, source = load_eval_tokenizer(args.model, tokenizer=args.tokenizer_name_or_path, adapter=args.adapter,
+                                                beam=beam)
         return VLLMBackend(args.model, tokenizer, max_new_tokens=args.max_new_tokens, adapter=args.adapter,
                            tokenizer_path=source, stops=None if beam else eos_stops(tokenizer)), tokenizer
-    model, tokenizer = load_model(args.model, tokenizer=args.tokenizer, adapter=args.adapter, beam=beam)
+    model, tokenizer = load_model(args.model, tokenizer=args.tokenizer_name_or_path, adapter=args.adapter, beam=beam)
     return TransformersBackend(model, tokenizer, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                stops=None if beam else eos_stops(tokenizer)), tokenizer
 
@@ -236,7 +239,7 @@ def _held_out(args, backend, tokenizer) -> int:
     from beam_sft.eval.run import EvalOptions, evaluate
     from beam_sft.eval.turns import read_held_out
 
-    records = read_held_out(args.data, args.format, args.split, args.max_records)
+    records = read_held_out(args.data, args.dataset_format, args.dataset_test_split, args.max_records)
     result = evaluate(backend, tokenizer, records, EvalOptions(
         turns=args.turns, progress=not args.quiet, chunk_size=max(64, 8 * args.batch_size), total=args.max_records))
     print(summary_table(result), file=sys.stderr)

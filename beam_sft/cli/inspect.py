@@ -1,14 +1,14 @@
 """`beam-sft inspect DATASET`: see which tokens will be trained, before spending GPU hours on them.
 
 Records go through the same conversion and validation as training (any supported format; Beam records are
-validated again), the same render/mask code, and with --max-length the same truncation policy. In a terminal every token is coloured: trained on green, not trained grey,
+validated again), the same render/mask code, and with --max_length the same truncation policy. In a terminal every token is coloured: trained on green, not trained grey,
 Harmony markers bold magenta, one line per rendered message. Piped output has no colours: trained text is
 between `{+` and `+}`.
 
     beam-sft inspect data/samples/openai.jsonl                   # the first record
     beam-sft inspect data/samples/sharegpt.json -n 3             # the first three
     beam-sft inspect data/samples/harmony.jsonl --index 7        # input record 7 (0-based)
-    beam-sft inspect data/samples/openai.jsonl --stats --max-length 256
+    beam-sft inspect data/samples/openai.jsonl --stats --max_length 256
     beam-sft inspect my.parquet --html /tmp/masks.html --stats   # a self-contained page
 
 Exit status: 0 on success (rejected records are counted on stderr), 3 when some records hit an unexpected
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 
-from beam_sft.cli import add_command, command_main
+from beam_sft.cli import add_command, command_main, data_option
 from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, RecordError, UsageError, internal_error
 
 
@@ -39,24 +39,26 @@ def register(subparsers) -> None:
         __doc__.split("\n\n", 2)[2])
     parser.add_argument("dataset", metavar="DATASET",
                         help="JSONL/JSON/Parquet file, glob, directory or save_to_disk dataset")
-    parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer directory (default: the bundled data/tokenizer)")
+    data_option(parser, "tokenizer_name_or_path", metavar="PATH",
+                help="tokenizer directory (default: the bundled data/tokenizer)")
     parser.add_argument("-n", type=int, default=1, metavar="N", help="show the first N records (default: 1)")
     parser.add_argument("--index", type=int, action="append", metavar="I",
                         help="show input record I (0-based, counting rejected ones; repeatable); overrides -n")
     parser.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
-    parser.add_argument("--max-length", type=int, metavar="L",
-                        help="truncate like training does (--truncation-policy) and report what the cut removes")
-    parser.add_argument("--truncation-policy", choices=TRUNCATION_POLICIES, default="turn",
-                        help="how --max-length cuts, as in training: turn (back to the end of the last whole "
-                             "assistant turn; drop the record if none fits), drop (drop longer records), keep_start "
-                             "(keep the first L tokens). Default: turn, training's default")
+    data_option(parser, "max_length", type=int, metavar="L",
+                help="truncate like training does (--truncation_policy) and report what the cut removes")
+    data_option(parser, "truncation_policy", choices=TRUNCATION_POLICIES, default="turn",
+                help="how --max_length cuts, as in training: turn (back to the end of the last whole assistant "
+                     "turn; drop the record if none fits), drop (drop longer records), keep_start (keep the first L "
+                     "tokens). Default: turn, training's default")
     parser.add_argument("--stats", action="store_true", help="print the dataset-level table")
-    parser.add_argument("--format", default="auto", metavar="FMT",
-                        help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam "
-                             "(Beam records, validated as training validates them)")
-    parser.add_argument("--split", default="train", help="split of a dataset directory or hub dataset")
-    parser.add_argument("--missing-reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
-                        help="as training: " + reasoning.HELP)
+    data_option(parser, "dataset_format", default="auto", metavar="FMT",
+                help="input format: auto (default), openai, sharegpt, harmony, hermes, glaive, xlam, or beam "
+                     "(Beam records, validated as training validates them)")
+    data_option(parser, "dataset_train_split", default="train", metavar="NAME",
+                help="split of a dataset directory or hub dataset (default: train)")
+    data_option(parser, "missing_reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
+                help="as training: " + reasoning.HELP)
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                         help="ANSI colours: auto (when stdout is a terminal), always, never")
 
@@ -70,20 +72,20 @@ def run(args) -> int:
     from beam_sft.template.tokenizer import load_tokenizer
     from beam_sft.validate.convert import INPUT_FORMATS
 
-    if args.format not in INPUT_FORMATS:
-        raise UsageError(f"unknown --format {args.format!r}; choose from {', '.join(INPUT_FORMATS)}")
+    if args.dataset_format not in INPUT_FORMATS:
+        raise UsageError(f"unknown --dataset_format {args.dataset_format!r}; choose from {', '.join(INPUT_FORMATS)}")
     if args.n < 0:
         raise UsageError("-n must be >= 0")
     if args.max_length is not None and args.max_length < 1:
-        raise UsageError("--max-length must be >= 1")
+        raise UsageError("--max_length must be >= 1")
     try:
-        tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer_name_or_path)
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {err}") from err
+        raise UsageError(f"cannot load tokenizer {args.tokenizer_name_or_path!r}: {err}") from err
 
     # Only the records to show are read here; --stats reads the whole dataset through the data phase below.
     limit = max(args.index) + 1 if args.index else args.n
-    loaded = load_records(args.dataset, format=args.format, limit=limit, split=args.split,
+    loaded = load_records(args.dataset, format=args.dataset_format, limit=limit, split=args.dataset_train_split,
                           missing_reasoning=args.missing_reasoning)
     for position in args.index or ():
         if position < 0 or position >= loaded.total:  # loaded.total < limit: the dataset ended first
@@ -157,7 +159,7 @@ def _dataset_stats(args, tokenizer, encoder):
     from beam_sft.report.stats import dataset_stats
 
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
-        converted = convert_records(args.dataset, work, format=args.format, split=args.split,
+        converted = convert_records(args.dataset, work, format=args.dataset_format, split=args.dataset_train_split,
                                     missing_reasoning=args.missing_reasoning, progress=sys.stderr.isatty())
         positions = converted.positions()
         stats = dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,

@@ -42,11 +42,11 @@ RENAMED = {
 }
 
 
-def renamed(option: str) -> str | None:
+def renamed(option: str, table: dict[str, str] = RENAMED) -> str | None:
     """The one-line refusal of a removed option (`--limit`, `--limit=5`) or YAML key (`test_split_size`), else
-    None."""
+    None; `table` maps the removed names to their successors (a command's own: `beam_sft.cli.RENAMED_IN`)."""
     name = option.split("=", 1)[0]
-    new = RENAMED.get(name.lstrip("-").replace("-", "_"))
+    new = table.get(name.lstrip("-").replace("-", "_"))
     if new is None:
         return None
     return f"{name} was renamed: use {new if name.startswith('-') else new.split()[0].lstrip('-')}"
@@ -122,7 +122,7 @@ class DataArguments:
         default=reasoning.DEFAULT,
         metadata={"help": "An assistant turn without reasoning: 'mask' (weight 0: context, not trained), 'keep' "
                   "(trained with an empty analysis: teaches Beam to skip reasoning, docs/reasoning.md) or "
-                  "'reject' the record. Same option as `beam-sft convert --missing-reasoning`.",
+                  "'reject' the record. Same option as `beam-sft convert --missing_reasoning`.",
                   "choices": list(MISSING_REASONING_CHOICES)},
     )
     dedup: bool = field(

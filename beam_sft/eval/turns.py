@@ -27,11 +27,10 @@ def read_held_out(
     The records go through the one per-record conversion (`beam_sft.validate.convert`, with its
     `internal_error` barrier and reject entries), one at a time: an evaluation reads a few hundred rows of what
     may be a large file, and stops there. `format` is the source format of the row: `fmt` when given, else what
-    `beam_sft.formats.detect` says (a Beam record read under "auto" detects as "openai").
+    `beam_sft.validate.convert.detect` says (a Beam record read under "auto" detects as "openai").
     """
-    from beam_sft.formats import detect
     from beam_sft.records.files import parse_line, read_items
-    from beam_sft.validate.convert import convert_item
+    from beam_sft.validate.convert import convert_item, detect
     from beam_sft.validate.rules import Options
 
     # A reference turn needs no reasoning to be scored: the metrics compare the action and the answer, and the

@@ -6,8 +6,8 @@ prompt lists the tools inside ``<tools>…</tools>``; the assistant writes
 come back in ``<tool_response>…</tool_response>`` blocks, in a ``tool`` turn or a user turn. The fenced
 variants (```` ```tools ````, ```` ```tool_call ````, ```` ```tool_response ````) too.
 
-The OpenAI and ShareGPT converters recognise the tags themselves (so ``--format openai`` / ``sharegpt`` on
-such records give the same result, and count them as ``hermes``); this entry point is what ``--format
+The OpenAI and ShareGPT converters recognise the tags themselves (so ``--dataset_format openai`` / ``sharegpt`` on
+such records give the same result, and count them as ``hermes``); this entry point is what ``--dataset_format
 hermes`` runs. The parsing rules are in `beam_sft.formats.toolmarkup`.
 """
 

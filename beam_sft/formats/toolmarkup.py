@@ -1,6 +1,6 @@
 """Tool-call markup inside text: Hermes / Qwen ``<tool_call>`` tags and their fenced variants.
 
-Two jobs, shared by the OpenAI and ShareGPT converters (and so by `--format hermes`):
+Two jobs, shared by the OpenAI and ShareGPT converters (and so by `--dataset_format hermes`):
 
 * `lift` turns markup into structure: a ``<tools>`` block (or a ```` ```tools ```` fence) in a system
   message → the record's ``tools``, with the instructions for the dataset's own call syntax around it dropped

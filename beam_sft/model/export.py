@@ -144,7 +144,8 @@ def serve_commands(directory: str | Path, model_type: str | None = None, *, name
         f"  rendered without the earlier reasoning (with --chat-template-kwargs {kwargs} they fail, HTTP 500).",
         "",
         "Then measure the served model with the same metrics as the checkpoint:",
-        f"  beam-sft eval {name} --backend openai --base-url http://127.0.0.1:{port}/v1 --tokenizer {model} --data DATA",
+        (f"  beam-sft eval {name} --backend openai --base-url http://127.0.0.1:{port}/v1 "
+         f"--tokenizer_name_or_path {model} --data DATA"),
         f"  (for transformers serve the model name is {model}, not {name})",
     ]
     return "\n".join(lines)

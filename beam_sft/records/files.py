@@ -18,7 +18,7 @@ atomically as `beam_sft.storage` writes every output. In Arrow outputs
 the free-form parts — tool-call ``arguments``, ``tools`` and ``chat_template_kwargs`` — use the `datasets`
 ``Json`` feature, so records with different argument keys don't turn into one struct padded with nulls;
 `datasets` decodes them back to dicts on load. Every output, JSONL included, has all three keys on every row
-(`beam_sft.formats.to_row`): ``tools`` null or a list, ``chat_template_kwargs`` always an object (``{}`` when
+(`beam_sft.validate.convert.to_row`): ``tools`` null or a list, ``chat_template_kwargs`` always an object (``{}`` when
 the record has none), since TRL unpacks it with ``**``.
 """
 
@@ -153,7 +153,7 @@ def check_columns(columns: Any, where: str) -> Any:
     return dict(columns)
 
 
-def parse_columns(text: str | None, where: str = "--columns") -> dict[str, str] | None:
+def parse_columns(text: str | None, where: str = "--dataset_columns") -> dict[str, str] | None:
     """``messages=conversations,tools=functions`` (the command line's column mapping) -> a checked mapping."""
     if not text:
         return None
@@ -517,7 +517,8 @@ def _read_dataset(src: Source, max_bytes: int | None) -> Iterator[Item]:
                          f"{str(err).splitlines()[0] if str(err) else ''}") from err
     if isinstance(ds, datasets.DatasetDict | datasets.IterableDatasetDict):
         if src.split not in ds:
-            raise UsageError(f"{src.name}: no split {src.split!r} (splits: {', '.join(ds)}); use --split")
+            raise UsageError(f"{src.name}: no split {src.split!r} (splits: {', '.join(ds)}); "
+                             "pick one with --dataset_train_split")
         ds = ds[src.split]
     for i, rec in enumerate(ds):
         yield Item(src.name, i, False, rec, error=_too_large(rec, max_bytes))

@@ -1,6 +1,6 @@
 """The missing-reasoning policy's words, shared by every command that takes it (one option, one meaning).
 
-`convert`, `prepare` and `scripts/train.py` all take ``--missing-reasoning mask|keep|reject``
+`convert`, `inspect`, `prepare` and training all take ``--missing_reasoning mask|keep|reject``
 (`beam_sft.validate.rules.Options`); this module holds its help text, the one warning `keep` gives, and the
 hint printed when most of a dataset's assistant turns have no reasoning. Why `mask` is the default, with the
 measured effect of `keep`: docs/reasoning.md.
@@ -17,7 +17,7 @@ HELP = ("an assistant turn without reasoning: mask it (weight 0: the whole turn 
         "it (trained with an empty analysis, which teaches Beam to stop reasoning: docs/reasoning.md), or reject "
         "the record. A record left with no trained turn is rejected as nothing_to_train (default: mask)")
 
-KEEP_WARNING = ("warning: --missing-reasoning keep trains {n} assistant turn(s) with an empty analysis. The Beam "
+KEEP_WARNING = ("warning: --missing_reasoning keep trains {n} assistant turn(s) with an empty analysis. The Beam "
                 "format page: \"Beam never writes an empty analysis message\"; a model trained on such turns learns "
                 "to skip its reasoning (docs/reasoning.md). Use the default `mask`, or fill the reasoning in with "
                 "`beam-sft backfill`.")
