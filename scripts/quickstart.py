@@ -109,13 +109,13 @@ def generate(model_dir: Path, out_dir: Path, num_prompts: int, max_new_tokens: i
     from beam_sft.eval.backends import TransformersBackend
     from beam_sft.eval.report import summary_table
     from beam_sft.eval.run import EvalOptions, evaluate, load_model
-    from beam_sft.eval.turns import _load_records
+    from beam_sft.eval.turns import read_held_out
 
     print(f"== 3. load {model_dir} (model + tokenizer with both templates)", flush=True)
     model, tokenizer = load_model(str(model_dir), device="cpu")
     # The training records, read from the samples step 1 converted (same converters, same order, same
     # rejects), so each keeps its source format for the per-format figures.
-    loaded = _load_records([str(REPO / "data" / "samples" / name) for name in SAMPLES])
+    loaded = read_held_out([str(REPO / "data" / "samples" / name) for name in SAMPLES])
     chosen = pick([(record, fmt) for record, _, fmt in loaded if record is not None], num_prompts)
     print(f"== 4. beam_sft.eval.run.evaluate on the first turn of {len(chosen)} training records (greedy, stop at "
           f"<|return|>/<|call|>, max_new_tokens={max_new_tokens}, parse_response)", flush=True)

@@ -124,9 +124,9 @@ def chosen_turns(tokenizer, num_prompts: int):
     """First assistant turn of `num_prompts` training records spread over the samples (the quickstart's)."""
     import quickstart
 
-    from beam_sft.eval.turns import _load_records, record_turns
+    from beam_sft.eval.turns import read_held_out, record_turns
 
-    loaded = _load_records([str(REPO / "data" / "samples" / name) for name in quickstart.SAMPLES])
+    loaded = read_held_out([str(REPO / "data" / "samples" / name) for name in quickstart.SAMPLES])
     records = quickstart.pick([(r, f) for r, _, f in loaded if r is not None], num_prompts)
     return [turn for k, (record, fmt) in enumerate(records)
             for turn in record_turns(tokenizer, record, k, fmt, "first")], records
@@ -162,13 +162,13 @@ def check_vllm_venv_renders(venv: Path, served: Path, turns, failures: Failures)
 def offline_reference(served: Path, turns, max_tokens: int):
     """(generation, parsed) per turn from transformers on the exported directory: greedy, both stop tokens."""
     from beam_sft.eval.backends import TransformersBackend
-    from beam_sft.eval.run import _parse, load_model
+    from beam_sft.eval.run import load_model, parse_generation
 
     step("offline reference: the same turns with transformers (greedy)")
     model, tokenizer = load_model(str(served), device="cpu")
     backend = TransformersBackend(model, tokenizer, max_new_tokens=max_tokens)
     generations = backend.generate([t.prompt for t in turns])
-    return [(g, _parse(tokenizer, t, g)[0]) for t, g in zip(turns, generations, strict=True)]
+    return [(g, parse_generation(tokenizer, t, g)[0]) for t, g in zip(turns, generations, strict=True)]
 
 
 def free_port() -> int:

@@ -162,3 +162,27 @@ def test_data_settings_are_built_in_one_place():
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "DataSettings":
                 builders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert len(builders) == 1 and builders[0].startswith("beam_sft/dataset/arguments.py:"), builders
+
+
+def test_scripts_and_benchmarks_import_only_what_beam_sft_has():
+    """scripts/ and benchmarks/ import beam_sft's public names, and each still exists: a rename or a move inside
+    the package cannot leave `make demo` or a benchmark to fail at run time."""
+    import importlib
+
+    wrong = []
+    for folder in ("scripts", "benchmarks"):
+        for path in sorted((PACKAGE.parent / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("beam_sft")):
+                    continue
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+                    if alias.name.startswith("_"):
+                        wrong.append(f"{where} imports the private {node.module}.{alias.name}")
+                    elif not hasattr(module, alias.name):
+                        try:
+                            importlib.import_module(f"{node.module}.{alias.name}")
+                        except ImportError:
+                            wrong.append(f"{where}: {node.module} has no {alias.name}")
+    assert not wrong, "\n".join(wrong)
