@@ -47,7 +47,7 @@ def stop_ids(tokenizer) -> dict[int, str]:
 
 
 def eos_stops(tokenizer) -> dict[int, str]:
-    """{token id: token} of a plain model's end tokens: its EOS and the generation config's, for models that do
+    """{token id: token} of a plain model's end tokens: the tokenizer's EOS (one id or a list), for models that do
     not speak Beam (their chat template's end-of-turn token, e.g. ChatML's `<|im_end|>`, is their EOS)."""
     ids = tokenizer.eos_token_id
     ids = [ids] if isinstance(ids, int) else list(ids or [])
