@@ -1,9 +1,6 @@
-"""One error type for bad records, and the CLI's error table.
-
-`RecordError` carries where a record came from (file, line or row index) and a stable reason code, so a
-rejects file can be grepped and counted. Everything else the CLI reports goes through `UsageError`
-(exit 2) or `FatalError` (exit 1); `beam_sft.cli` maps them to one clean line on stderr. A run that finished
-but rejected some records as `internal_error` exits with `EXIT_INTERNAL_ERRORS` (3).
+"""One error type for bad records (`RecordError`: a stable reason code and where the record came from), and the
+CLI's error table: `UsageError` (exit 2), `FatalError` (exit 1), `EXIT_INTERNAL_ERRORS` (3), each printed by
+`beam_sft.cli` as one line. See docs/formats.md (reason codes, exit status 3).
 """
 
 from __future__ import annotations
@@ -64,8 +61,6 @@ class UsageError(BeamSFTError):
 class FatalError(BeamSFTError):
     """The run could not finish (exit status 1)."""
 
-    exit_code = 1
-
 
 class RecordError(ValueError):
     """A record that cannot become a Beam record.
@@ -74,15 +69,8 @@ class RecordError(ValueError):
     `source` and `line` are filled in by the reader (file path and 1-based line, or 0-based row index).
     """
 
-    def __init__(
-        self,
-        code: Reason | str,
-        message: str,
-        *,
-        message_index: int | None = None,
-        source: str | None = None,
-        line: int | None = None,
-    ) -> None:
+    def __init__(self, code: Reason | str, message: str, *, message_index: int | None = None,
+                 source: str | None = None, line: int | None = None) -> None:
         self.code = Reason(code)
         self.message = message
         self.message_index = message_index
@@ -114,9 +102,7 @@ def reject_entry(err: RecordError, source: str | None, position: int | None, by_
             "message_index": err.message_index, "message": err.message}
 
 
-# Exit status of a command that finished with complete outputs, but some records hit an unexpected exception
-# (a bug in beam-sft) and were rejected as `internal_error`. Not 0, so a pipeline notices; not 1, which means
-# "no output".
+# Outputs complete, but some records were rejected as `internal_error` (a bug): not 0, not 1 (docs/formats.md).
 EXIT_INTERNAL_ERRORS = 3
 
 

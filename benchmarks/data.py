@@ -7,7 +7,7 @@ turn, tool declarations, tool calls and their results), every row measured side 
   i.e. `apply_chat_template(..., return_dict=True, return_assistant_tokens_mask=True)`, which is what
   `SFTTrainer._prepare_dataset` maps over the dataset with `assistant_only_loss=True`) vs the floor (render
   every conversation to text with the chat template, then one batched tokenizer call, no masks); in one
-  process, then `build_prepared` with `num_proc` = 1 .. cores;
+  process, then `PrepareRun.build` with `num_proc` = 1 .. cores;
 * conversion: OpenAI -> Beam records per second (`convert_record`, with orjson in and out) vs the floor of
   orjson load + dump of the same lines;
 * training on the tiny model (CPU): real (non-pad) tokens per second and real-token fraction, padded vs
@@ -81,7 +81,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="PATH", help="also write every figure to this JSON file")
     parser.add_argument("--conversations", type=int, help="workload size (default: 20000; --quick 1000)")
     parser.add_argument("--num_proc", type=int, nargs="+",
-                        help="build_prepared process counts to time (default: 1 .. usable cores; --smoke: 1)")
+                        help="PrepareRun.build process counts to time (default: 1 .. usable cores; --smoke: 1)")
     parser.add_argument("--memory_mb", type=int, help="size of the generated JSONL for the memory row (default 2048)")
     parser.add_argument("--train_steps", type=int, help="optimizer steps per training mode (default 30)")
     parser.add_argument("--train_records", type=int, help="conversations prepared for training (default 600)")

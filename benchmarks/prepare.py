@@ -20,7 +20,7 @@ Rows:
   `SFTTrainer._prepare_dataset` maps over the data) on a subset, and its ids and masks compared with ours;
   and TRL's whole dataset preparation as a plain-TRL user runs it (`load_dataset("json")` +
   `SFTTrainer._prepare_dataset`), the baseline of the issue's "8x TRL";
-* breakdown: one process's CPU time in `build_prepared` split into converting, encoding and the rest;
+* breakdown: one process's CPU time in `PrepareRun.build` split into converting, encoding and the rest;
 * prepare: `beam-sft prepare --max-length 0` on JSONL files of each size and each `--num-proc`, with the
   sha256 of the written data (must be equal across `--num-proc`) and the peak RSS of the largest process;
 * convert: `beam-sft convert` on the first size, each `--num-proc`, wall clock and output bytes;
@@ -342,11 +342,11 @@ def bench_convert_run(src: Path, dst: Path, num_proc: int, work: Path) -> dict:
 
 
 def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
-    """Where one process's CPU time goes in `build_prepared` (warm: tokenizer, encoder, imports): converting
+    """Where one process's CPU time goes in `PrepareRun.build` (warm: tokenizer, encoder, imports): converting
     (the converters, `convert_batch`), encoding (`MaskedEncoder.encode`) and everything else (reading,
     chunk files, labels, counts, shard writes, rejects): the share the worker pool's design has to keep small."""
     from beam_sft.dataset import pipeline
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
     from beam_sft.dataset.settings import DataSettings
     from beam_sft.render import encoder as render
 
@@ -367,15 +367,15 @@ def bench_breakdown(tokenizer, src: Path, work: Path) -> dict:
     render.MaskedEncoder.encode = timed("encode", real_encode)
     try:
         # Imports, hashes and the like once, on a few records: the row is about what grows with the data.
-        build_prepared([str(src)], tokenizer,
-                       DataSettings(max_length=None, max_records=50, missing_reasoning="keep"), work / "warm-up",
-                       num_proc=1)
+        PrepareRun([str(src)], tokenizer,
+                   DataSettings(max_length=None, max_records=50, missing_reasoning="keep"), work / "warm-up",
+                   num_proc=1).build()
         spent.update(convert=0.0, encode=0.0)
         render.get_encoder(tokenizer).clear_caches()
         start = time.process_time()
-        manifest = build_prepared([str(src)], tokenizer, DataSettings(max_length=None, missing_reasoning="keep"),
-                                  work / "breakdown",
-                                  num_proc=1)
+        manifest = PrepareRun([str(src)], tokenizer, DataSettings(max_length=None, missing_reasoning="keep"),
+                              work / "breakdown",
+                              num_proc=1).build()
         total = time.process_time() - start
     finally:
         pipeline.convert_batch, render.MaskedEncoder.encode = real_convert, real_encode

@@ -16,12 +16,29 @@ from beam_sft.dataset.examples import (
     IGNORE_INDEX,
     TRUNCATION_POLICIES,
     PrepStats,
-    build_example,
+    encode,
     encode_many,
+    fit_example,
+    label_batch,
 )
 from beam_sft.errors import FatalError, RecordError, UsageError
 from beam_sft.records.files import Item
 from beam_sft.template.tokenizer import stop_token_ids
+
+
+def build_example(tokenizer, record: dict[str, Any], *, max_length: int | None, policy: str = "turn",
+                  assistant_only_loss: bool = True, stop_ids: Sequence[int] = (), where: str = "record",
+                  encoded: tuple[list[int], list[int]] | None = None) -> dict[str, Any]:
+    """One training row: `input_ids`, `labels` (`label_batch`'s, as the data phase makes them) and per-record
+    counts; `keep` False when the truncation policy drops it (`fit_example`). `encoded`: (input_ids, mask)."""
+    input_ids, mask = encoded if encoded is not None else encode(tokenizer, record)
+    input_ids, mask, counts = fit_example(input_ids, mask, max_length=max_length, policy=policy, where=where)
+    if counts["dropped"]:
+        return {"input_ids": [], "labels": [], "keep": False, **counts, "n_supervised_return": 0,
+                "n_supervised_call": 0}
+    _, labels, tokens, _ = label_batch([input_ids], [mask], assistant_only_loss, stop_ids)
+    return {"input_ids": input_ids, "labels": labels[0].as_py(), "keep": True, **counts,
+            "n_supervised_return": tokens["supervised_return"], "n_supervised_call": tokens["supervised_call"]}
 
 
 def read_rows(source: str, split: str = "train") -> list[Item]:

@@ -105,13 +105,13 @@ def test_chunked_build_equals_one_chunk(tok, tmp_path):
     """Chunks (what keeps memory flat) change nothing: same rows, splits, counts and rejects as one chunk."""
     from datasets import load_from_disk
 
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
 
     path, _ = _hostile_file(tmp_path)
     inputs = [str(path), OPENAI, str(SAMPLES / "sharegpt.json")]
     settings = DataSettings(max_length=200, eval_split_size=0.2, seed=1)
-    one = build_prepared(inputs, tok, settings, tmp_path / "one")
-    many = build_prepared(inputs, tok, settings, tmp_path / "many", chunk_rows=7)
+    one = PrepareRun(inputs, tok, settings, tmp_path / "one").build()
+    many = PrepareRun(inputs, tok, settings, tmp_path / "many", chunk_rows=7).build()
     for key in ("counts", "splits"):
         assert one[key] == many[key], key
     for sub in ("", "eval"):
@@ -134,7 +134,7 @@ def test_num_proc_1_and_2_give_the_same_bytes(tok, tmp_path, eval_split):
     """The worker pool (beam_sft.dataset.pipeline): the same shards, rejects and counts, byte for byte, with
     one process or two, fused (convert + tokenize in one task) or in two passes (an eval split drawn among
     the converted records), with rejects of both stages in several chunks."""
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
 
     path, _ = _hostile_file(tmp_path)
     inputs = [str(path), OPENAI, str(SAMPLES / "sharegpt.json")]
@@ -144,8 +144,8 @@ def test_num_proc_1_and_2_give_the_same_bytes(tok, tmp_path, eval_split):
     settings = DataSettings(max_length=200, eval_split_size=size, seed=1)
     runs = {}
     for procs in (1, 2):
-        runs[procs] = build_prepared(inputs, tok, settings, tmp_path / f"p{procs}", num_proc=procs, chunk_rows=9,
-                                     eval_inputs=eval_inputs, fingerprint="fp")
+        runs[procs] = PrepareRun(inputs, tok, settings, tmp_path / f"p{procs}", num_proc=procs, chunk_rows=9,
+                                 eval_inputs=eval_inputs, fingerprint="fp").build()
     for key in ("counts", "splits", "fingerprint"):
         assert runs[1][key] == runs[2][key], key
     one, two = _tree_bytes(tmp_path / "p1"), _tree_bytes(tmp_path / "p2")
@@ -165,7 +165,7 @@ def test_the_data_phase_freezes_the_gc_only_while_records_stream(tok, tmp_path, 
     import gc
 
     from beam_sft.dataset import pipeline
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
 
     seen = []
     real = pipeline.convert_batch
@@ -177,7 +177,7 @@ def test_the_data_phase_freezes_the_gc_only_while_records_stream(tok, tmp_path, 
     monkeypatch.setattr(pipeline, "convert_batch", spy)
     before = gc.get_threshold()
     assert gc.get_freeze_count() == 0
-    build_prepared([OPENAI], tok, DataSettings(max_length=200), tmp_path / "p", num_proc=1)
+    PrepareRun([OPENAI], tok, DataSettings(max_length=200), tmp_path / "p", num_proc=1).build()
     assert seen and min(count for count, _ in seen) > 1000  # the tokenizer, encoder and test session: frozen
     assert {threshold for _, threshold in seen} == {pipeline.GC_THRESHOLD}
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
@@ -187,7 +187,7 @@ def test_the_data_phase_freezes_the_gc_only_while_records_stream(tok, tmp_path, 
 
     monkeypatch.setattr(pipeline, "run_task", boom)
     with pytest.raises(KeyboardInterrupt):
-        build_prepared([OPENAI], tok, DataSettings(max_length=200), tmp_path / "q", num_proc=1)
+        PrepareRun([OPENAI], tok, DataSettings(max_length=200), tmp_path / "q", num_proc=1).build()
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
 
@@ -444,12 +444,12 @@ def test_the_worker_pool_also_works_spawned(tok, tmp_path, monkeypatch):
     """Where fork is not safe (CUDA initialised) the workers are spawned and get the tokenizer pickled: the same
     bytes out."""
     from beam_sft.dataset import pipeline
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
 
     settings = DataSettings(max_length=200)
-    build_prepared([OPENAI], tok, settings, tmp_path / "forked", num_proc=2, chunk_rows=8, fingerprint="fp")
+    PrepareRun([OPENAI], tok, settings, tmp_path / "forked", num_proc=2, chunk_rows=8, fingerprint="fp").build()
     monkeypatch.setattr(pipeline, "_start_method", lambda: "spawn")
-    build_prepared([OPENAI], tok, settings, tmp_path / "spawned", num_proc=2, chunk_rows=8, fingerprint="fp")
+    PrepareRun([OPENAI], tok, settings, tmp_path / "spawned", num_proc=2, chunk_rows=8, fingerprint="fp").build()
     assert _tree_bytes(tmp_path / "forked") == _tree_bytes(tmp_path / "spawned")
 
 

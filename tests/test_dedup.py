@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from beam_sft.dataset.prepare import build_prepared
+from beam_sft.dataset.prepare import PrepareRun
 from beam_sft.dataset.settings import REJECTS, DataSettings
 from beam_sft.records.dedup import Seen, record_key
 
@@ -65,7 +65,7 @@ def test_seen_keeps_the_first_and_names_it():
 @pytest.mark.parametrize("chunk_rows", [None, 7])
 def test_duplicates_within_across_sources_and_formats_are_removed_and_counted(tok, tmp_path, chunk_rows):
     inputs, n_in, n_unique = _inputs(tmp_path)
-    manifest = build_prepared(inputs, tok, DataSettings(), tmp_path / "p", chunk_rows=chunk_rows)
+    manifest = PrepareRun(inputs, tok, DataSettings(), tmp_path / "p", chunk_rows=chunk_rows).build()
     counts = manifest["counts"]
     assert counts["records_in"] == n_in
     assert counts["records_kept"] == n_unique
@@ -88,7 +88,7 @@ def test_duplicates_within_across_sources_and_formats_are_removed_and_counted(to
 
 def test_keep_duplicates_keeps_them(tok, tmp_path):
     inputs, n_in, _ = _inputs(tmp_path)
-    manifest = build_prepared(inputs, tok, DataSettings(dedup=False), tmp_path / "p", chunk_rows=7)
+    manifest = PrepareRun(inputs, tok, DataSettings(dedup=False), tmp_path / "p", chunk_rows=7).build()
     assert manifest["counts"]["records_kept"] == n_in and manifest["counts"]["rejected_total"] == 0
 
 
@@ -100,8 +100,8 @@ def test_num_proc_1_and_2_give_the_same_bytes_with_duplicates(tok, tmp_path, eva
     trees = []
     for procs in (1, 2):
         out = tmp_path / f"p{procs}"
-        build_prepared(inputs[::2], tok, settings, out, num_proc=procs, chunk_rows=6, eval_inputs=eval_inputs,
-                       fingerprint="fp")
+        PrepareRun(inputs[::2], tok, settings, out, num_proc=procs, chunk_rows=6, eval_inputs=eval_inputs,
+                   fingerprint="fp").build()
         trees.append({str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
                       if p.is_file() and p.name != "beam_sft_manifest.json"})
     assert trees[0] == trees[1]
@@ -116,7 +116,7 @@ def test_no_eval_record_is_also_trained(tok, tmp_path, eval_split):
     eval_rows = [_openai(i) for i in range(10, 40)] + [_openai(39)]
     eval_inputs = [_write_jsonl(tmp_path / "eval.jsonl", eval_rows)] if eval_split == "inputs" else None
     settings = DataSettings(eval_split_size=eval_split if isinstance(eval_split, float) else 0.0, seed=1)
-    manifest = build_prepared(inputs, tok, settings, tmp_path / "p", chunk_rows=8, eval_inputs=eval_inputs)
+    manifest = PrepareRun(inputs, tok, settings, tmp_path / "p", chunk_rows=8, eval_inputs=eval_inputs).build()
     train, held = _rows(tmp_path / "p"), _rows(tmp_path / "p", "eval")
     assert held and not set(train) & set(held)
     assert len(set(train)) == len(train) and len(set(held)) == len(held)
@@ -149,7 +149,7 @@ def test_eval_records_are_the_deduplicated_eval_split(tok, tmp_path, eval_split)
     eval_file = _write_jsonl(tmp_path / "eval.jsonl", [_openai(i) for i in range(30, 40)]) \
         if eval_split == "inputs" else None
     settings = DataSettings(eval_split_size=eval_split if isinstance(eval_split, float) else 0.0, seed=2)
-    build_prepared(inputs, tok, settings, tmp_path / "p", eval_inputs=[eval_file] if eval_file else None)
+    PrepareRun(inputs, tok, settings, tmp_path / "p", eval_inputs=[eval_file] if eval_file else None).build()
     records = list(eval_records(inputs, settings, tmp_path / "w", eval_dataset_name=eval_file))
     assert sorted(tuple(encode_record(tok, r)["input_ids"]) for r in records) == sorted(_rows(tmp_path / "p", "eval"))
 

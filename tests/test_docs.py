@@ -311,7 +311,7 @@ def test_the_walk_of_one_record_is_what_the_code_does(tmp_path):
     """At most 8 files, each once, and a record prepared for real enters them in the order the page gives."""
     import sys
 
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
     from beam_sft.dataset.settings import DataSettings
     from beam_sft.template.tokenizer import load_tokenizer
 
@@ -341,7 +341,7 @@ def test_the_walk_of_one_record_is_what_the_code_does(tmp_path):
     get_encoder(tokenizer)
     sys.setprofile(profile)
     try:
-        build_prepared([str(src)], tokenizer, DataSettings(), tmp_path / "out", num_proc=1)
+        PrepareRun([str(src)], tokenizer, DataSettings(), tmp_path / "out", num_proc=1).build()
     finally:
         sys.setprofile(None)
     assert entered == files, f"the page's order {files}, the code's {entered}"

@@ -244,7 +244,9 @@ def test_dataset_stats_agree_with_an_independent_count(tok, encoder, openai_samp
 def test_dataset_stats_count_what_training_trains(tok, encoder, openai_samples, policy):
     """With --max_length, inspect cuts as training does (`build_example`, the data phase's per-record rule):
     the same records dropped, the same tokens kept, the same tokens trained."""
-    from beam_sft.dataset.examples import IGNORE_INDEX, build_example
+    from inmemory import build_example
+
+    from beam_sft.dataset.examples import IGNORE_INDEX
 
     records, max_length = openai_samples.records, 120
     stats = dataset_stats(tok, records, max_length=max_length, encoder=encoder, policy=policy)

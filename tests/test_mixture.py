@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from beam_sft.dataset.mixture import read_mixture, taken_counts
-from beam_sft.dataset.prepare import build_prepared
+from beam_sft.dataset.prepare import PrepareRun
 from beam_sft.dataset.settings import DataSettings
 from beam_sft.errors import UsageError
 
@@ -74,7 +74,7 @@ def test_three_source_mixture_takes_exactly_trls_rows(tok, tmp_path, fractions):
     entries[2]["format"] = "sharegpt"  # beam-sft's own key (TRL's loader is given only its keys)
     config = _yaml(tmp_path, entries)
     trl = _trl_counts(config)
-    manifest = build_prepared(read_mixture(config), tok, DataSettings(), tmp_path / "p")
+    manifest = PrepareRun(read_mixture(config), tok, DataSettings(), tmp_path / "p").build()
     taken = {Path(m["files"][0]).stem: m["taken"] for m in manifest["mixture"]}
     assert {tag: n for tag, n in taken.items() if n} == dict(trl)
     assert _kept_tags(tok, tmp_path / "p") == trl
@@ -97,7 +97,7 @@ def test_per_source_max_records_shuffle_format_and_counts(tok, tmp_path):
         {"path": files["C"], "format": "sharegpt", "max_records": 40, "shuffle": 7},
         {"path": "json", "data_files": [str(dup)]},
     ])
-    manifest = build_prepared(read_mixture(config), tok, DataSettings(), tmp_path / "p")
+    manifest = PrepareRun(read_mixture(config), tok, DataSettings(), tmp_path / "p").build()
     a, c, d = manifest["mixture"]
     assert (a["read"], a["taken"], c["read"], c["taken"]) == (10, 10, 40, 40)
     assert d == {**d, "read": 6, "taken": 6, "duplicates": 5, "rejected": {"duplicate": 5, "malformed_json": 1}}

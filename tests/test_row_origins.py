@@ -92,7 +92,7 @@ def test_every_row_names_the_record_it_was_encoded_from(tok, tmp_path, encoded, 
     """Dedup on, an eval split (drawn among the records: duplicates skipped before tokenizing; or separate eval
     data: duplicates across chunks and train -> eval taken out of written shards), truncation drops, several
     chunks; one process and two give the same sidecar bytes."""
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
 
     again = _again(tmp_path)
     if case == "drawn eval":
@@ -101,8 +101,8 @@ def test_every_row_names_the_record_it_was_encoded_from(tok, tmp_path, encoded, 
         inputs, eval_inputs, settings = [OPENAI, again], [SHAREGPT, HARMONY], _settings()
     runs = {}
     for procs in (1, 2):
-        runs[procs] = build_prepared(inputs, tok, settings, tmp_path / f"p{procs}", eval_inputs=eval_inputs,
-                                     chunk_rows=9, num_proc=procs, fingerprint="fp")
+        runs[procs] = PrepareRun(inputs, tok, settings, tmp_path / f"p{procs}", eval_inputs=eval_inputs,
+                                 chunk_rows=9, num_proc=procs, fingerprint="fp").build()
     described = _check_every_row(tmp_path / "p1", runs[1], encoded)
     assert any(d.startswith(f"{SHAREGPT}[") for d in described["train" if eval_inputs is None else "eval"])
     assert any(d.startswith(f"{OPENAI}:") for d in described["train"])
@@ -112,18 +112,18 @@ def test_every_row_names_the_record_it_was_encoded_from(tok, tmp_path, encoded, 
 
 
 def test_shards_and_merge_give_one_runs_sidecar(tok, tmp_path, encoded):
-    from beam_sft.dataset.prepare import build_prepared, merge_shards
+    from beam_sft.dataset.prepare import PrepareRun
 
     inputs, eval_inputs, settings = [OPENAI, _again(tmp_path)], [SHAREGPT], _settings()
-    one = build_prepared(inputs, tok, settings, tmp_path / "one", eval_inputs=eval_inputs, chunk_rows=7,
-                         fingerprint="fp")
+    one = PrepareRun(inputs, tok, settings, tmp_path / "one", eval_inputs=eval_inputs, chunk_rows=7,
+                     fingerprint="fp").build()
     shards = []
     for i in range(3):
-        build_prepared(inputs, tok, settings, tmp_path / f"s{i}", eval_inputs=eval_inputs, chunk_rows=7,
-                       fingerprint="fp", shard=(i, 3))
+        PrepareRun(inputs, tok, settings, tmp_path / f"s{i}", eval_inputs=eval_inputs, chunk_rows=7,
+                   fingerprint="fp").shard((i, 3))
         shards.append(tmp_path / f"s{i}")
-    merged = merge_shards(shards, inputs, tok, settings, tmp_path / "merged", eval_inputs=eval_inputs,
-                          fingerprint="fp")
+    merged = PrepareRun(inputs, tok, settings, tmp_path / "merged", eval_inputs=eval_inputs,
+                        fingerprint="fp").merge(shards)
     assert merged["counts"] == one["counts"]
     for sub in ("", "eval"):
         assert (tmp_path / "merged" / sub / ORIGINS_FILE).read_bytes() == \
@@ -138,7 +138,7 @@ def test_a_mixture_names_each_taken_row(tok, tmp_path):
     from datasets import load_from_disk
 
     from beam_sft.dataset.mixture import read_mixture
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
 
     files = {}
     for tag, n in (("A", 30), ("B", 20)):
@@ -153,8 +153,8 @@ def test_a_mixture_names_each_taken_row(tok, tmp_path):
     config.write_text(yaml.safe_dump({"datasets": [
         {"path": str(files["A"]), "max_records": 25, "shuffle": 5}, {"path": str(files["B"]), "max_records": 15},
         {"path": str(files["D"])}]}))
-    manifest = build_prepared(read_mixture(config), tok, DataSettings(eval_split_size=0.2), tmp_path / "p",
-                              chunk_rows=8)
+    manifest = PrepareRun(read_mixture(config), tok, DataSettings(eval_split_size=0.2), tmp_path / "p",
+                          chunk_rows=8).build()
     lines = {tag: path.read_bytes().splitlines() for tag, path in files.items()}
     kept = 0
     for sub in ("", "eval"):
@@ -173,9 +173,9 @@ def test_the_reader_follows_the_dataset_or_declines(tok, tmp_path):
     directory) is followed through its indices; no sidecar (older data), an in-memory, mapped or streamed dataset: None."""
     from datasets import Dataset, load_from_disk
 
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
 
-    build_prepared([SHAREGPT], tok, DataSettings(), tmp_path / "p")
+    PrepareRun([SHAREGPT], tok, DataSettings(), tmp_path / "p").build()
     train = load_from_disk(str(tmp_path / "p"))
     whole = row_origins(tmp_path / "p")
     assert row_origins(tmp_path / "p" / ORIGINS_FILE).describe([0, 1]) == whole.describe([0, 1]) == \

@@ -38,22 +38,22 @@ def _inputs(tmp_path: Path) -> list[str]:
 
 @pytest.mark.parametrize("n,eval_data", [(2, False), (3, True), (1, False)])
 def test_merged_shards_equal_one_run_byte_for_byte(tok, tmp_path, n, eval_data):
-    from beam_sft.dataset.prepare import build_prepared, merge_shards
+    from beam_sft.dataset.prepare import PrepareRun
 
     inputs = _inputs(tmp_path)
     eval_inputs = [str(SAMPLES / "harmony.jsonl"), OPENAI] if eval_data else None  # OPENAI: eval dups of train
     settings = DataSettings(max_length=200, seed=1)
-    one = build_prepared(inputs, tok, settings, tmp_path / "one", chunk_rows=9, eval_inputs=eval_inputs,
-                         fingerprint="fp", extra_manifest={"inputs_fingerprint": "q"})
+    one = PrepareRun(inputs, tok, settings, tmp_path / "one", chunk_rows=9, eval_inputs=eval_inputs,
+                     fingerprint="fp", extra_manifest={"inputs_fingerprint": "q"}).build()
     shards = []
     for i in range(n):
-        shard = build_prepared(inputs, tok, settings, tmp_path / f"shard{i}", chunk_rows=9, eval_inputs=eval_inputs,
-                               fingerprint="fp", shard=(i, n), num_proc=2 if i == 0 else None)
+        shard = PrepareRun(inputs, tok, settings, tmp_path / f"shard{i}", chunk_rows=9, eval_inputs=eval_inputs,
+                           fingerprint="fp", num_proc=2 if i == 0 else None).shard((i, n))
         assert shard["shard"] == i and shard["of"] == n and shard["own"] == list(range(i, shard["chunks"], n))
         shards.append(tmp_path / f"shard{i}")
     before = [_tree(d) for d in shards]
-    merged = merge_shards(shards[::-1], inputs, tok, settings, tmp_path / "merged", eval_inputs=eval_inputs,
-                          fingerprint="fp", extra_manifest={"inputs_fingerprint": "q"})
+    merged = PrepareRun(inputs, tok, settings, tmp_path / "merged", eval_inputs=eval_inputs,
+                        fingerprint="fp", extra_manifest={"inputs_fingerprint": "q"}).merge(shards[::-1])
     assert _tree(tmp_path / "one") == _tree(tmp_path / "merged")
     assert _manifest(tmp_path / "one") == _manifest(tmp_path / "merged")
     assert [_tree(d) for d in shards] == before  # the shards are read, not changed
@@ -66,17 +66,17 @@ def test_merged_shards_equal_one_run_byte_for_byte(tok, tmp_path, n, eval_data):
 
 
 def test_shards_that_do_not_belong_together_are_refused(tok, tmp_path):
-    from beam_sft.dataset.prepare import build_prepared, merge_shards
+    from beam_sft.dataset.prepare import PrepareRun
 
     inputs = _inputs(tmp_path)
     settings = DataSettings(max_length=200)
     for i in range(3):
-        build_prepared(inputs, tok, settings, tmp_path / f"s{i}", chunk_rows=9, fingerprint="fp", shard=(i, 3))
-    build_prepared(inputs, tok, settings, tmp_path / "other", chunk_rows=9, fingerprint="other", shard=(1, 3))
+        PrepareRun(inputs, tok, settings, tmp_path / f"s{i}", chunk_rows=9, fingerprint="fp").shard((i, 3))
+    PrepareRun(inputs, tok, settings, tmp_path / "other", chunk_rows=9, fingerprint="other").shard((1, 3))
 
     def merge(dirs, fingerprint="fp", **kw):
-        merge_shards([tmp_path / d for d in dirs], inputs, tok, kw.pop("settings", settings), tmp_path / "m",
-                     fingerprint=fingerprint, **kw)
+        PrepareRun(inputs, tok, kw.pop("settings", settings), tmp_path / "m",
+                   fingerprint=fingerprint, **kw).merge([tmp_path / d for d in dirs])
 
     with pytest.raises(UsageError, match=r"shard\(s\) 2 of 3 missing"):
         merge(["s0", "s1"])
@@ -93,9 +93,9 @@ def test_shards_that_do_not_belong_together_are_refused(tok, tmp_path):
         merge(["s0", "s1", "s2"])
     assert not (tmp_path / "m").exists()
     with pytest.raises(UsageError, match="needs all of them first"):
-        build_prepared(inputs, tok, DataSettings(eval_split_size=0.2), tmp_path / "x", shard=(0, 2))
+        PrepareRun(inputs, tok, DataSettings(eval_split_size=0.2), tmp_path / "x").shard((0, 2))
     with pytest.raises(UsageError, match="0 <= I < N"):
-        build_prepared(inputs, tok, settings, tmp_path / "x", shard=(2, 2))
+        PrepareRun(inputs, tok, settings, tmp_path / "x").shard((2, 2))
 
 
 def test_the_prepare_command_shards_and_merges(tmp_path, monkeypatch, capsys):
@@ -139,7 +139,7 @@ def test_a_mixture_prepared_in_shards_equals_one_run(tok, tmp_path):
     import orjson
 
     from beam_sft.dataset.mixture import resolve
-    from beam_sft.dataset.prepare import build_prepared, merge_shards
+    from beam_sft.dataset.prepare import PrepareRun
 
     a, c = tmp_path / "a.jsonl", tmp_path / "c.jsonl"
     a.write_bytes(b"".join(orjson.dumps({"messages": [
@@ -152,12 +152,11 @@ def test_a_mixture_prepared_in_shards_equals_one_run(tok, tmp_path):
     entries = [{"path": str(a), "fraction": 0.5}, {"path": str(c), "fraction": 0.5, "format": "sharegpt",
                                                     "shuffle": 3}]
     settings = DataSettings(max_length=200)
-    one = build_prepared(resolve(entries), tok, settings, tmp_path / "one", chunk_rows=8, fingerprint="fp")
+    one = PrepareRun(resolve(entries), tok, settings, tmp_path / "one", chunk_rows=8, fingerprint="fp").build()
     for i in range(2):
-        build_prepared(resolve(entries), tok, settings, tmp_path / f"s{i}", chunk_rows=8, fingerprint="fp",
-                       shard=(i, 2))
-    merged = merge_shards([tmp_path / "s0", tmp_path / "s1"], resolve(entries), tok, settings, tmp_path / "m",
-                          fingerprint="fp")
+        PrepareRun(resolve(entries), tok, settings, tmp_path / f"s{i}", chunk_rows=8, fingerprint="fp").shard((i, 2))
+    merged = PrepareRun(resolve(entries), tok, settings, tmp_path / "m",
+                        fingerprint="fp").merge([tmp_path / "s0", tmp_path / "s1"])
     assert _tree(tmp_path / "one") == _tree(tmp_path / "m")
     assert _manifest(tmp_path / "one") == _manifest(tmp_path / "m")
     assert merged["mixture"] == one["mixture"] and merged["mixture"][0]["duplicates"] > 0

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from beam_sft.dataset.mixture import read_mixture
-from beam_sft.dataset.prepare import build_prepared, prepare_data
+from beam_sft.dataset.prepare import PrepareRun, prepare_data
 from beam_sft.dataset.settings import DataSettings, source_identity
 from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.files import Source, data_sources, iter_items, parse_columns
@@ -95,12 +95,12 @@ def test_mixture_takes_name_data_dir_and_columns(tmp_path, tok):
     mixture = read_mixture(config)
     assert [p.rows for p in mixture.plans] == [3, 4, 5]
     assert [p.taken for p in mixture.plans] == [3, 2, 2]  # N = 6: 3 / 0.5
-    manifest = build_prepared(mixture, tok, DataSettings(), tmp_path / "p")
+    manifest = PrepareRun(mixture, tok, DataSettings(), tmp_path / "p").build()
     assert manifest["counts"]["records_kept"] == 7 and manifest["counts"]["rejected_total"] == 0
     # the same file without the mapping is an unfamiliar layout: every row a reject
     bare = read_mixture(_config(tmp_path, [{"path": str(odd)}]))
     with pytest.raises(UsageError, match="no usable training records"):
-        build_prepared(bare, tok, DataSettings(), tmp_path / "q")
+        PrepareRun(bare, tok, DataSettings(), tmp_path / "q").build()
     with pytest.raises(UsageError, match="unknown target key"):
         read_mixture(_config(tmp_path, [{"path": str(odd), "columns": {"mesages": "dialog"}}]))
     with pytest.raises(UsageError, match="`name` and `revision` apply"):
@@ -278,7 +278,7 @@ def test_csv_rows_with_json_cells_convert_and_bad_rows_are_counted_rejects(tmp_p
         (2, None), (3, None), (4, None), (5, None), (6, "malformed_row"), (7, "invalid_utf8")]
     assert items[0].payload["messages"][1]["content"] == "2." and items[0].payload["tools"] is None
     assert items[0].payload["note"] == "[row 0, not JSON"  # a bracket that is not JSON stays text
-    manifest = build_prepared([str(path)], tok, DataSettings(), tmp_path / "p")
+    manifest = PrepareRun([str(path)], tok, DataSettings(), tmp_path / "p").build()
     assert manifest["counts"]["records_kept"] == 4
     assert manifest["counts"]["rejected"] == {"malformed_row": 1, "invalid_utf8": 1}
 
@@ -301,8 +301,8 @@ def test_arrow_files_as_datasets_writes_them_stream_and_file_format(tmp_path, to
     assert _tags(data_sources([str(tmp_path / "file.arrow")])) == [f"F-{i}" for i in range(3)]
     [junk] = iter_items(data_sources([str(tmp_path / "junk.arrow")]))
     assert junk.error.code.value == "malformed_row"
-    manifest = build_prepared([str(copy), str(tmp_path / "file.arrow"), str(tmp_path / "junk.arrow")], tok,
-                              DataSettings(), tmp_path / "p")
+    manifest = PrepareRun([str(copy), str(tmp_path / "file.arrow"), str(tmp_path / "junk.arrow")], tok,
+                          DataSettings(), tmp_path / "p").build()
     assert manifest["counts"]["records_kept"] == 8 and manifest["counts"]["rejected"] == {"malformed_row": 1}
 
 

@@ -8,13 +8,12 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
-from inmemory import prepare_dataset, read_rows, to_beam_records
+from inmemory import build_example, prepare_dataset, read_rows, to_beam_records
 
 from beam_sft.dataset.examples import (
     IGNORE_INDEX,
     EmptyMaskError,
     assistant_spans,
-    build_example,
     check_stop_tokens_trained,
     encode,
     truncate,

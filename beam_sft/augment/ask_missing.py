@@ -1,19 +1,6 @@
 """`ask-missing=P`: for a share P of the records whose first call fills a required argument with a value the
 user wrote, a new record where the user did not write it and the assistant asks for it instead of guessing.
-
-The conversation is cut before the first tool-calling turn. In the last user message the value is removed only
-where a sentence survives: a phrase led by a preposition ("the weather *in Cairo* right now?") or a quoted
-value ('the movie *"Inception"*?'), and only when what follows is the end of a clause (punctuation, the end,
-or a word such as "please", "today", "within"). Anything else is skipped rather than risk a garbled request.
-The target turn becomes an answer whose reasoning says the call needs that argument and the user has not given
-it, and whose content asks for it by its description (its name when it has none). Phrasings are drawn from a
-few fixed ones, by the record's seed.
-
-Eligible: the first call's required arguments with a value of three or more characters, or a number, that
-occurs verbatim in the user message (else `no_tool_call`, `undeclared_call`, `no_required_argument`,
-`value_not_in_message`). Then, counted: `no_user_before_call`, `has_default` (the schema would fill it),
-`no_removable_phrase`, `value_elsewhere` (the value is still written somewhere before the turn),
-`nothing_left` (fewer than three words would remain).
+See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment (what is eligible, the skip reasons).
 """
 
 from __future__ import annotations

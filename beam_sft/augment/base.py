@@ -1,9 +1,6 @@
 """What a transform is: a callable `transform(record, rng) -> record` over a validated Beam record, which raises
-`Skip(reason)` when it does not apply; and the per-record random generator that makes a run reproducible.
-
-A transform never changes the record it is given (it builds new dicts and lists for what it changes), so a
-skipped or refused result leaves the record as it was. Two kinds: a rewrite (`adds = False`) returns the record
-changed in place of it; an addition (`adds = True`) returns a new record derived from it.
+`Skip(reason)` when it does not apply and never changes the record it is given (it builds new dicts and lists);
+and the per-record random generator that makes a run reproducible.
 """
 
 from __future__ import annotations

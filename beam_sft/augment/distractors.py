@@ -1,10 +1,6 @@
-"""`distractors=K`: each record with tools also declares up to K tools of other records, at random places.
-
-Why: most tool-calling records declare only what they call, so a model learns that the one declared tool is
-the answer; held-out records declare several (docs/real-model.md). A candidate that could serve the request
-is never added (a word of its name in the conversation or shared with a declared tool, `NAME_VERBS` aside),
-and a record whose reasoning speaks of its tools is left as written: adding to its list would make that
-reasoning untrue ("The tools provided are X and Y. None of these...").
+"""`distractors=K`: each record with tools also declares up to K tools of other records, at random places, so
+a model stops learning that the one declared tool is the answer (held-out records declare several).
+See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment.
 """
 
 from __future__ import annotations

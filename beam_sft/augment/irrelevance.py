@@ -1,21 +1,6 @@
-"""`irrelevance=P`: for a share P of the records that call tools, a new record where no declared tool fits.
-
-The conversation is cut before the first tool-calling turn; the tools it called leave the tool list, and so
-does every other declared tool that could serve the request (the name-word rule of `beam_sft.augment.words`);
-up to two tools of other records that cannot serve it take their place, so the list is never empty. The target
-turn becomes an answer whose reasoning lists the tools and finds none that fits, and whose content tells the
-user so: what a model should do when it has tools but none for the request (BFCL's "irrelevance" category).
-Phrasings are drawn from a few fixed ones, by the record's seed.
-
-Not applied (counted): no call (`no_tool_call`), the call not right after a user message
-(`no_user_before_call`), an assistant turn before it (`earlier_assistant_turn`: one that asked for the call's
-details has taken the task on), the called tool named earlier in the conversation (`context_names_called_tool`:
-the cut conversation would still point at it), no tool left that could not serve it (`no_unrelated_tool`).
-
-Neither a declared tool nor a replacement is general-purpose (`words.general_purpose`: a web search or an
-"instant answer" could serve any request). The rule is lexical: a sibling of the called tool whose name shares no word with the request stays declared
-(Nager.Date's `PublicHolidayPublicHolidaysV3` beside a long-weekend request whose call was
-`LongWeekendLongWeekend`). Read some records before training on them (`--provenance` says which).
+"""`irrelevance=P`: for a share P of the records that call tools, a new record where no declared tool fits:
+the conversation cut before the first call, the tools that could serve it replaced, the target an answer that
+says none fits (BFCL's "irrelevance" category). See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """`mask-names=P`: for a share P of the records with tools, every declared function and its parameters get
 neutral names (Hammer's "function masking": `func_3fa1`, `arg_2`), so the model must read the descriptions to
 pick a tool and fill its arguments instead of matching names against the request.
-
-Renamed consistently: the tool list (names, top-level `properties`, `required`), every call (name and argument
-keys), every tool result's `name`, and each function name wherever it is written as a whole name in a text
-(reasoning, content, tool results, descriptions). Nested object properties keep their names. The parameter
-numbers are shuffled, so `arg_1` is not always the first.
-
-Not applied (counted): no tools (`no_tools`); two tools with one name (`duplicate_tool_name`); a call to a
-tool the record does not declare (`undeclared_call`) or with an argument its schema does not list
-(`argument_not_declared`); a function name that is an ordinary word (`search`, `earnings`) and occurs in a
-text, where renaming it would garble the sentence (`name_is_a_word`); a name left anywhere after renaming, in
-an enum, a default, a nested key (`name_left`).
+See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment (what is renamed, the skip reasons).
 """
 
 from __future__ import annotations
 
 import random
 import re
+from functools import partial
 from typing import Any
 
 import orjson
@@ -52,14 +43,13 @@ class MaskNames(Transform):
         if len(set(names)) != len(names):
             raise Skip("duplicate_tool_name")
         self._check_calls(record, set(names))
-        self._check_words(record, names)
+        words = [n for n in names if _PLAIN_WORD.fullmatch(n)]
+        if words and re.search(names_pattern(words).pattern, "\n".join(texts(record)), re.IGNORECASE):
+            raise Skip("name_is_a_word")
         functions = self._new_names(record, names, rng)
         params = {n: self._param_names(t.get("function", t), rng) for n, t in zip(names, tools, strict=True)}
         pattern = names_pattern(names)
-
-        def sub(text: str) -> str:
-            return pattern.sub(lambda m: functions[m.group(0)], text)
-
+        sub = partial(pattern.sub, lambda m: functions[m.group(0)])
         out = {**record, "tools": [self._tool(t, functions, params, sub) for t in tools],
                "messages": [self._message(m, functions, params, sub) for m in record["messages"]]}
         self._check_calls(out, set(functions.values()), params={functions[n]: p for n, p in params.items()})
@@ -78,12 +68,6 @@ class MaskNames(Transform):
                     raise Skip("undeclared_call")
                 if params is not None and not set(fn["arguments"]) <= set(params[fn["name"]].values()):
                     raise Skip("argument_not_declared")
-
-    @staticmethod
-    def _check_words(record: BeamRecord, names: list[str]) -> None:
-        words = [n for n in names if _PLAIN_WORD.fullmatch(n)]
-        if words and re.search(names_pattern(words).pattern, "\n".join(texts(record)), re.IGNORECASE):
-            raise Skip("name_is_a_word")
 
     @staticmethod
     def _new_names(record: BeamRecord, names: list[str], rng: random.Random) -> dict[str, str]:

@@ -1,21 +1,5 @@
 """The transforms of one run, from their specs on the command line to the records written, with their counts.
-
-    from beam_sft.augment.pipeline import Augmenter
-    aug = Augmenter(["irrelevance=0.2", "distractors=2"], seed=0)
-    for record in first_pass: aug.collect(record)          # only when aug.needs_pool
-    for position, record in enumerate(second_pass):
-        for out in aug.apply(record, position): ...          # the record (perhaps rewritten), then what it added
-
-Per input record, in this order: each addition (`irrelevance`, `ask-missing`) derives its record from the
-input record; then each rewrite (`distractors`, `mask-names`), in the order given, rewrites the input record
-and every record added from it. Every result is validated again as a Beam record (`convert(..., "beam")`); a
-result that fails is not used (counted as `invalid_<reason code>`), so an input record is always written, as
-it was or rewritten. A transform that raises anything but `Skip` (a bug) costs that transform on that record
-(`internal_error`), not the run, unless BEAM_SFT_DEBUG is set.
-
-Records are read and validated again with turns without reasoning kept as they are (`KEEP`, as `beam-sft
-backfill` reads them): augmenting is not training, and the training run's `--missing_reasoning` policy still
-decides what such turns become.
+See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment (the order, validation, the Python use).
 """
 
 from __future__ import annotations
@@ -111,7 +95,7 @@ class Augmenter:
         self.seed, self.options = seed, options or KEEP
         self.pool = ToolPool(seed, pool_size)
         self.counts = {name: Counts(adds=TRANSFORMS[name].adds) for name, _ in self.specs}
-        self._transforms: list[Transform] | None = None
+        self._transforms: list[Transform] = [TRANSFORMS[name](value, self.pool) for name, value in self.specs]
 
     @property
     def needs_pool(self) -> bool:
@@ -121,20 +105,13 @@ class Augmenter:
         """First pass: the record's tools join the pool."""
         self.pool.add_record(record)
 
-    def transforms(self) -> list[Transform]:
-        if self._transforms is None:
-            self._transforms = [TRANSFORMS[name](value, self.pool) for name, value in self.specs]
-        return self._transforms
-
     def apply(self, record: BeamRecord, position: int) -> list[Output]:
         """The input record (rewritten or not), then the records added from it."""
         group = [Output(record, position)]
-        for t in self.transforms():
+        for t in self._transforms:
             if t.adds and (new := self._run(t, record, position, 0)) is not None:
                 group.append(Output(new, position, added_by=t.name))
-        for t in self.transforms():
-            if t.adds:
-                continue
+        for t in [t for t in self._transforms if not t.adds]:
             for member, out in enumerate(group):
                 if (new := self._run(t, out.record, position, member)) is not None:
                     out.record = new

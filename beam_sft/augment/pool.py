@@ -1,10 +1,5 @@
-"""`ToolPool`: the tools of other records that distractors and irrelevance draw from, collected in a first pass.
-
-Bounded (at most `size` distinct names) and seeded, and independent of input order: each name gets a priority
-from a keyed hash of (seed, name) and the pool keeps the `size` names of lowest priority (a bottom-k sample).
-The threshold only falls as names arrive, so a name refused once is refused for good and a kept name keeps the
-schema it was first seen with: the pool is the same whatever order the records come in, and memory stays
-`size` schemas however large the dataset.
+"""`ToolPool`: the tools of other records that distractors and irrelevance draw from, collected in a first pass:
+a bounded, seeded bottom-k sample by a keyed hash of each name, the same whatever order the records come in.
 """
 
 from __future__ import annotations
@@ -27,22 +22,17 @@ class ToolPool:
         self._names: list[str] | None = None
         self._index: dict[str, set[str]] = {}
 
-    def _priority(self, name: str) -> int:
-        digest = hashlib.blake2b(f"{self.seed}\0{name}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "big")
-
     def add(self, tool: ToolSpec) -> None:
         name = tool_name(tool)
         if name in self.tools:
             return
-        priority = self._priority(name)
+        priority = int.from_bytes(hashlib.blake2b(f"{self.seed}\0{name}".encode(), digest_size=8).digest(), "big")
         if len(self._heap) >= self.size:
+            self.refused += 1  # this schema or the one it pushes out
             if priority >= -self._heap[0][0]:
-                self.refused += 1
                 return
             _, gone = heapq.heappushpop(self._heap, (-priority, name))
             del self.tools[gone]
-            self.refused += 1
         else:
             heapq.heappush(self._heap, (-priority, name))
         self.tools[name] = tool

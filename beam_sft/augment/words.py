@@ -1,9 +1,6 @@
 """The words of tool names and conversations, and where a record's first call is: what every transform reads.
-
-A tool "could serve a request" when a word of its name occurs in the conversation or in the name of a tool the
-record declares; the common verbs of tool names (`NAME_VERBS`) do not count, or `get_weather` would look
-related to every `get_*` tool. The rule is deliberately coarse: it may leave out a tool that would have been
-safe, never the other way round on the data it was measured on (docs/tool-calling.md).
+A tool "could serve a request" when a word of its name (`NAME_VERBS` aside) occurs in the conversation or in a
+declared tool's name (docs/tool-calling.md).
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 _EDGE_BEFORE, _EDGE_AFTER = r"(?<![A-Za-z0-9_])", r"(?![A-Za-z0-9_])"
 
 
-# A tool whose name or description has one of these words answers open questions (a web search, an "instant
-# answer", a chatbot): it could serve almost any request, so it is never declared as one that cannot.
+# A tool with one of these words in its name or description could serve almost any request.
 GENERAL_PURPOSE = frozenset({"search", "query", "answer", "web", "google", "internet", "lookup", "browse", "ask",
                              "chat", "assistant", "wikipedia", "duckduckgo", "bing", "llm", "gpt"})
 
@@ -50,13 +46,8 @@ def name_words(name: str) -> set[str]:
 
 def texts(record: BeamRecord) -> list[str]:
     """Every text of the record's messages: contents, reasoning, tool results."""
-    out = []
-    for m in record["messages"]:
-        for key in ("content", "reasoning_content"):
-            value = m.get(key)
-            if type(value) is str and value:
-                out.append(value)
-    return out
+    return [v for m in record["messages"] for key in ("content", "reasoning_content")
+            if type(v := m.get(key)) is str and v]
 
 
 def conversation_words(record: BeamRecord) -> set[str]:
@@ -79,18 +70,12 @@ def speaks_of_tools(record: BeamRecord) -> bool:
 
 def first_call(messages: list[Message]) -> int | None:
     """The index of the first assistant turn that calls tools, or None."""
-    for index, m in enumerate(messages):
-        if m.get("role") == "assistant" and m.get("tool_calls"):
-            return index
-    return None
+    return next((k for k, m in enumerate(messages) if m.get("role") == "assistant" and m.get("tool_calls")), None)
 
 
 def declared(record: BeamRecord) -> dict[str, FunctionSpec]:
     """name -> the function of each declared tool (the first of a name)."""
-    out: dict[str, FunctionSpec] = {}
-    for tool in record.get("tools") or []:
-        out.setdefault(tool_name(tool), tool.get("function", tool))
-    return out
+    return {tool_name(tool): tool.get("function", tool) for tool in reversed(record.get("tools") or [])}
 
 
 def short_description(text: Any, limit: int = 100) -> str:

@@ -1,10 +1,6 @@
-"""A resumable cache of teacher answers: an append-only JSONL file, one line per finished turn.
-
-Keyed by (record, turn, teacher, prompt version): the record is its canonical JSON's hash, so the key does
-not depend on where the record sits in the input. Each line is written and flushed (and fsynced) as soon as
-its turn is done, so a killed run loses at most the turns in flight; a torn last line is ignored on reading.
-Answers that failed the filters are cached too (asking again would cost the same and give the same); calls
-that failed (timeouts, server errors) are not, so the next run asks again.
+"""A resumable cache of teacher answers: an append-only JSONL file, one line per finished turn, keyed by (record
+hash, turn, teacher, prompt version) and flushed at once, so a killed run loses at most the turns in flight.
+See docs/reasoning.md#beam-sft-backfill-fill-the-reasoning-in-with-a-teacher.
 """
 
 from __future__ import annotations
@@ -46,9 +42,6 @@ class TurnCache:
         self._file = open(self.path, "ab")  # noqa: SIM115 - held for the run, closed in close()
         if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
             self._file.write(b"\n")  # end a torn line so the next entry starts on its own
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        return self.entries.get(key)
 
     def put(self, key: str, reasoning: str | None, status: str, *, text: str | None = None) -> None:
         entry = {"key": key, "reasoning": reasoning, "status": status}

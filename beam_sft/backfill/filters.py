@@ -1,12 +1,6 @@
 """Checks on a teacher's reasoning before it goes into a record; each failure has a counted reason (FILTERS).
-
-A turn whose reasoning fails stays without reasoning, so the default `--missing_reasoning mask` keeps it out
-of the loss rather than training a bad trace. Besides the plain checks (`empty`, Harmony markers, over the
-length bound, a tool other than the called ones), they catch what a weak or misprompted teacher writes: each
-filter, what it catches and a real example of SmolLM2-135M-Instruct's are in docs/reasoning.md's table. The
-thresholds were chosen on real teacher output and checked against every reasoning trace in the real samples
-(`tests/test_backfill_filters.py`). The two checks that need no reference (`repetitive`, `truncated`) live in
-`beam_sft.eval.degenerate`: `beam-sft eval` applies them to a model's own analysis.
+What each catches, its thresholds and real examples: docs/reasoning.md#a-weak-local-teacher-what-the-filters-catch.
+The two checks that need no reference (`repetitive`, `truncated`) live in `beam_sft.eval.degenerate`.
 """
 
 from __future__ import annotations
@@ -39,13 +33,7 @@ _NARRATION_RE = re.compile(
     r"\b(i was|i am|i'm) (shown|given) the (reply|response|answer)\b|"
     r"^\s*the (answer|reply|response) is:\s*$", re.IGNORECASE | re.MULTILINE)
 
-# Restating the reference answer. Real reasoning drafts its answer ("The capital of Japan is Tokyo. One short
-# sentence is enough." before the answer "The capital of Japan is Tokyo.") and quotes the tool results it
-# sums up (runs of up to 15 words shared with the answer, at most 36% of it); the teacher copies the whole
-# answer, or writes little else. Filtered: a shared run of MIN_COPIED_RUN words that is at least half of the
-# answer or of the reasoning, or a reasoning that is mostly (MAX_COPIED_SHARE) one run of the answer.
-# Near-verbatim (a few words changed, so no long run): the share of the reasoning's word 3-grams found in the
-# answer; real traces reach 0.31 at most (a tool result summed up), the teacher's restatements 0.6 and more.
+# Restating the reference answer: thresholds between real traces and the teacher's copies (docs/reasoning.md).
 MAX_COVERED_TRIGRAMS = 0.6
 MIN_TRIGRAMS = 10
 MIN_COPIED_RUN = 12
@@ -124,10 +112,8 @@ def contradicts_reply(reasoning: str, reference: dict, tools: list[dict] | None)
 
 def _argues_for(name: str, reasoning: str) -> bool:
     """`name` appears in `reasoning` other than ruled out by a negation just before it."""
-    for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])", reasoning):
-        if not _NEGATION_RE.search(reasoning[max(0, match.start() - 60):match.start()]):
-            return True
-    return False
+    return any(not _NEGATION_RE.search(reasoning[max(0, match.start() - 60):match.start()])
+               for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])", reasoning))
 
 
 def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) -> str | None:
@@ -156,18 +142,11 @@ def check(reasoning: str | None, reference: dict, tools: list[dict] | None, *, m
     reason = degenerate(reasoning, stopped)
     if reason:
         return reason  # "repetitive" or "truncated"
-    if _PROMPT_ECHO_RE.search(reasoning):
-        return "echoes_prompt"
-    if _NARRATION_RE.search(reasoning):
-        return "narration"
-    if restates_reply(reasoning, reference):
-        return "restates_reply"
-    if copies_example(reasoning):
-        return "copies_example"
-    if contradicts_reply(reasoning, reference, tools):
-        return "contradicts_reply"
-    if max_tokens is not None and count_tokens(reasoning) > max_tokens:
-        return "too_long"
-    if names_other_tool(reasoning, reference, tools):
-        return "names_other_tool"
-    return None
+    checks = (("echoes_prompt", lambda: _PROMPT_ECHO_RE.search(reasoning)),
+              ("narration", lambda: _NARRATION_RE.search(reasoning)),
+              ("restates_reply", lambda: restates_reply(reasoning, reference)),
+              ("copies_example", lambda: copies_example(reasoning)),
+              ("contradicts_reply", lambda: contradicts_reply(reasoning, reference, tools)),
+              ("too_long", lambda: max_tokens is not None and count_tokens(reasoning) > max_tokens),
+              ("names_other_tool", lambda: names_other_tool(reasoning, reference, tools)))
+    return next((name for name, fails in checks if fails()), None)

@@ -1,16 +1,6 @@
-"""What the teacher is asked, in mode `rationalize`: the reasoning that leads to a known reply.
-
-The teacher sees the conversation so far (with the reasoning of earlier turns, filled or original), the
-tools, and the reference reply (answer or tool calls); it writes only the reasoning. The reference reply is
-never changed. `PROMPT_VERSION` is part of every cache key: change it whenever the words below change, so a
-cache never mixes answers to different prompts.
-
-Written for small teachers as much as for large ones (measured with SmolLM2-135M-Instruct, docs/reasoning.md):
-a 135M model copies the shape of what it is shown. Under `rationalize-1` (Markdown headings, the tools as
-JSON schemas, "## The assistant's next reply") it wrote "The assistant's next reply is: ..." and looped on
-it. So: two short worked examples as earlier chat turns (one tool call, one answer from a tool result) whose
-reasoning is what we want back; plain labels; the tools as one line each (name, parameters, description);
-long tool results clipped; and no words in the prompt that read well as the start of an answer.
+"""What the teacher is asked, in mode `rationalize`: the reasoning that leads to a known reply (never changed).
+`PROMPT_VERSION` is part of every cache key: change it whenever the words below change, so a cache never mixes
+answers to different prompts. Why the prompt is shaped so (for small teachers): docs/reasoning.md.
 """
 
 from __future__ import annotations
@@ -28,15 +18,12 @@ SYSTEM = (
     "what to answer). Two to four sentences. Do not copy the reply and do not address the user."
 )
 
-# Where a teacher's answer ends when it goes on to write the next prompt of the pattern (a small one does:
-# "... I can help.\n\nThoughts before this reply?" or "\nUser: ..."). Sent as stop sequences (at most four:
-# the OpenAI API's limit) and cut at afterwards, so a server that ignores them gives the same text.
+# Where a small teacher goes on to write the next prompt of the pattern; at most four (the OpenAI API's limit).
 STOP = ("\nThoughts before this reply", "\nUser:", "\nReply:", "\nConversation:")
 
 RESULT_CHARS = 600  # a tool result longer than this is clipped in the prompt
 
-# The worked examples: (tools, conversation, reply, thoughts). Other domains than the data's, so that the
-# teacher copies their form, not their content.
+# The worked examples: (tools, conversation, reply, thoughts), in other domains than the data's.
 EXAMPLES = (
     ("- get_exchange_rate(base, target): the exchange rate between two currencies",
      "User: How many euros is 100 dollars?",

@@ -1,12 +1,6 @@
-"""Fill the missing reasoning of a dataset's assistant turns with a teacher model.
-
-Records are read and converted by the project's converters (any input format; turns without reasoning are
-kept for this, `missing_reasoning="keep"`), then, record by record, each assistant turn without reasoning is
-sent to the teacher (`beam_sft.backfill.prompt`), in order, so a later turn's prompt holds the reasoning
-filled into the earlier ones. Records run `concurrency` at a time; the output keeps the input order. A
-filled turn gets ``reasoning_source`` (teacher, mode, prompt version); a turn whose answer fails a filter
-(`beam_sft.backfill.filters`) or whose calls kept failing stays without reasoning, so the default
-`--missing_reasoning mask` keeps it out of the loss. records in = records out + rejected (conversion).
+"""Fill the missing reasoning of a dataset's assistant turns with a teacher model, record by record and turn by
+turn, `concurrency` records at a time, in input order; records in = records out + rejected (conversion).
+See docs/reasoning.md#beam-sft-backfill-fill-the-reasoning-in-with-a-teacher.
 """
 
 from __future__ import annotations
@@ -33,20 +27,13 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[:n - 1] + "…"
 
 
-# The reasoning bound: a rationale for one known reply. Measured on the real traces (counted with the bundled
-# tokenizer): data/samples' median is 21 tokens, the llamafactory reason/tool-use demo's (a strong reasoner's
-# own thinking) 166, p90 565; 256 keeps 91% of all 397 and is where a small teacher's answers that run on are
-# loops, not reasoning.
-MAX_REASONING_TOKENS = 256
+MAX_REASONING_TOKENS = 256  # a rationale for one known reply; measured: docs/reasoning.md (Bounds)
 UNBOUNDED_GENERATION = 4096  # the generation bound when the reasoning has none
 
 
 def generation_bound(max_tokens: int | None, max_reasoning_tokens: int | None) -> int:
     """The teacher's generation budget per turn: `max_tokens` when given, else the reasoning bound plus a
-    quarter and 32 tokens. The bound is counted with --tokenizer_name_or_path, the generation with the teacher's
-    own: SmolLM2's tokenizer takes 0.4-1.4 times the bundled one's count on the real traces (median 0.7), and a
-    Beam teacher wraps its answer in a few channel tokens. Generating further is work the `too_long` filter
-    throws away."""
+    quarter and 32 tokens (why: docs/reasoning.md, Bounds)."""
     if max_tokens:
         return max_tokens
     if not max_reasoning_tokens:
@@ -124,7 +111,6 @@ def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> A
                 raise
             counts["retried"] += 1
             time.sleep(settings.retry_wait * (2 ** attempt) * (1 + 0.25 * random.random()))
-    raise AssertionError("unreachable")
 
 
 def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Settings,
@@ -143,7 +129,7 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
             continue
         counts["turns_missing"] += 1
         key = turn_key(record_hash, index, teacher.id, PROMPT_VERSION)
-        entry = cache.get(key)
+        entry = cache.entries.get(key)
         if entry is not None:
             counts["from_cache"] += 1
             if entry["status"] == "ok":  # filters added since it was asked apply to it too
@@ -161,7 +147,7 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
                            count_tokens=count_tokens, stopped=answer.stopped)
             # A filtered answer is kept aside (`text`), never as reasoning: the stats sample it.
             cache.put(key, text if reason is None else None, reason or "ok", text=None if reason is None else text)
-            entry = cache.get(key)
+            entry = cache.entries.get(key)
         if entry["status"] == "ok":
             message["reasoning_content"] = entry["reasoning"]
             message["reasoning_source"] = source

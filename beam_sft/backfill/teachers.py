@@ -1,10 +1,7 @@
-"""Teacher models for `beam-sft backfill`: any OpenAI-compatible chat-completions endpoint, or a local
-transformers model. Both answer `complete(messages) -> Answer` and raise `TeacherError`, which says whether
-asking again may help (timeouts, connection errors, 429 and 5xx answers) or not (other 4xx answers).
-
-An `Answer` says whether the teacher stopped on its own: a text cut at the generation bound reads like
-reasoning but ends mid-thought (`… This is a defin`), and only the teacher knows it was cut (the server's
-`finish_reason: length`, or no end-of-sequence token among the generated ones)."""
+"""Teacher models for `beam-sft backfill`: an OpenAI-compatible endpoint or a local transformers model. Both
+answer `complete(messages) -> Answer` (which says whether the teacher stopped on its own) and raise
+`TeacherError`, which says whether asking again may help.
+"""
 
 from __future__ import annotations
 
@@ -29,18 +26,12 @@ CUT_REASONS = frozenset({"length", "content_filter"})
 def cut_at_stop(answer: Answer, stop: tuple[str, ...]) -> Answer:
     """`answer` cut at the first of the stop sequences in it; the teacher then ended its text (it went on
     to something else), whatever stopped the generation afterwards."""
-    if not stop or not isinstance(answer.text, str):
-        return answer
-    cuts = [k for k in (answer.text.find(s) for s in stop) if k >= 0]
-    if not cuts:
-        return answer
-    return Answer(answer.text[:min(cuts)], True, answer.tokens)
+    cuts = [k for k in (answer.text.find(s) for s in stop) if k >= 0] if isinstance(answer.text, str) else []
+    return Answer(answer.text[:min(cuts)], True, answer.tokens) if cuts else answer
 
 
 def stopped_from_finish_reason(reason: str | None) -> bool | None:
-    if reason is None:
-        return None
-    return reason not in CUT_REASONS
+    return None if reason is None else reason not in CUT_REASONS
 
 
 class TeacherError(Exception):
@@ -59,10 +50,7 @@ class OpenAITeacher:
         import openai
 
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout, max_retries=0)
-        self.model = model
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.stop = tuple(stop)
+        self.model, self.max_tokens, self.temperature, self.stop = model, max_tokens, temperature, tuple(stop)
         self.id = f"openai:{model}"
 
     def complete(self, messages: list[dict[str, str]]) -> Answer:
@@ -72,10 +60,9 @@ class OpenAITeacher:
             response = self.client.chat.completions.create(model=self.model, messages=messages,
                                                            max_tokens=self.max_tokens, temperature=self.temperature,
                                                            **({"stop": list(self.stop)} if self.stop else {}))
-        except openai.APITimeoutError as err:
-            raise TeacherError("timeout", str(err), retryable=True) from None
-        except openai.APIConnectionError as err:
-            raise TeacherError("connection", str(err), retryable=True) from None
+        except openai.APIConnectionError as err:  # APITimeoutError is one
+            kind = "timeout" if isinstance(err, openai.APITimeoutError) else "connection"
+            raise TeacherError(kind, str(err), retryable=True) from None
         except openai.APIStatusError as err:
             code = err.status_code
             raise TeacherError(f"http_{code}", str(err)[:200], retryable=code == 429 or code >= 500) from None
@@ -98,11 +85,9 @@ class _Request:
 
 
 class TransformersTeacher:
-    """A local model, greedy. Up to `batch_size` prompts are generated at once: `complete` is called from
-    the run's worker threads (one record each), and the calls that arrive together are generated as one
-    left-padded batch, with the teacher's own pad and end-of-sequence tokens. A batch starts when it is full
-    or when no prompt has arrived for `batch_wait` seconds (the last records of a run, or fewer records than
-    the batch); greedy answers are the same as one prompt at a time (tests/test_backfill_teacher.py)."""
+    """A local model, greedy. The `complete` calls that arrive together from the run's worker threads are
+    generated as one left-padded batch of up to `batch_size`, which starts when it is full or when no prompt
+    has arrived for `batch_wait` seconds; greedy answers are the same as one prompt at a time."""
 
     def __init__(self, path: str, *, max_tokens: int, device: str | None = None, batch_size: int = 1,
                  batch_wait: float = 0.05, stop: tuple[str, ...] = ()) -> None:
@@ -112,17 +97,12 @@ class TransformersTeacher:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(path).to(self.device).eval()
-        self.max_tokens = max_tokens
-        self.eos_ids = eos_ids(self.model, self.tokenizer)
-        self.pad_id = pad_id(self.model, self.tokenizer)
-        self.batch_size = max(1, batch_size)
-        self.batch_wait = batch_wait
-        self.stop = tuple(stop)
+        self.eos_ids, self.pad_id = eos_ids(self.model, self.tokenizer), pad_id(self.model, self.tokenizer)
+        self.max_tokens, self.stop = max_tokens, tuple(stop)
+        self.batch_size, self.batch_wait = max(1, batch_size), batch_wait
         self.id = f"transformers:{Path(path).resolve().name}"
-        self._cond = threading.Condition()
         self._pending: list[_Request] = []
-        self._running = False
-        self._last_event = 0.0
+        self._cond, self._running, self._last_event = threading.Condition(), False, 0.0
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         try:

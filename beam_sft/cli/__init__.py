@@ -1,8 +1,5 @@
-"""The `beam-sft` command: one module per subcommand, one error table.
-
-Each subcommand module defines `register(subparsers)` (adds its parser and sets `func`) and is imported
-lazily, so `beam-sft --help` stays fast. Errors derived from `BeamSFTError` print as one line on stderr;
-set `BEAM_SFT_DEBUG=1` for the traceback.
+"""The `beam-sft` command: one module per subcommand (its `register(subparsers)` adds its parser and sets `func`;
+heavy imports wait inside the functions, so `beam-sft --help` stays fast), one error table (`run_guarded`).
 """
 
 from __future__ import annotations
@@ -25,15 +22,11 @@ RENAMED_IN = {"eval": {"split": "--dataset_test_split NAME"}}
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="beam-sft",
-        description="Fine-tuning toolkit for Beam Harmony chat data.",
-        epilog="Set BEAM_SFT_DEBUG=1 to see tracebacks.",
-    )
+    parser = argparse.ArgumentParser(prog="beam-sft", description="Fine-tuning toolkit for Beam Harmony chat data.",
+                                     epilog="Set BEAM_SFT_DEBUG=1 to see tracebacks.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
-        module = importlib.import_module(f"beam_sft.cli.{module_name}")
-        module.register(sub)
+        importlib.import_module(f"beam_sft.cli.{module_name}").register(sub)
     return parser
 
 
@@ -43,18 +36,16 @@ def run_guarded(func, args) -> int:
 
     try:
         return int(func(args) or 0)
-    except BeamSFTError as err:
-        if os.environ.get("BEAM_SFT_DEBUG"):
-            raise
-        if str(err):  # a rank other than 0 of a preempted job has nothing to add
-            print(f"{getattr(err, 'prefix', 'error')}: {err}", file=sys.stderr)
-        return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # anything unexpected still gets one line unless debugging
         if os.environ.get("BEAM_SFT_DEBUG"):
             raise
+        if isinstance(err, BeamSFTError):
+            if str(err):  # a rank other than 0 of a preempted job has nothing to add
+                print(f"{getattr(err, 'prefix', 'error')}: {err}", file=sys.stderr)
+            return err.exit_code
         print(f"error: {type(err).__name__}: {err} (set BEAM_SFT_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
 
@@ -76,19 +67,16 @@ def parse_checked(parser: argparse.ArgumentParser, command: str, argv: list[str]
     return run_guarded(functools.partial(check_renamed, command), argv) or parser.parse_args(argv)
 
 
-def run_command(register, name: str, argv: list[str] | None = None) -> int:
-    """One subcommand run as its own program (`python -m beam_sft.cli.NAME`, tests): the parser it registers
-    under `beam-sft` and the same error table."""
-    parser = argparse.ArgumentParser(prog="beam-sft")
-    register(parser.add_subparsers())
-    args = parse_checked(parser, name, [name, *(argv if argv is not None else sys.argv[1:])])
-    return args if isinstance(args, int) else run_guarded(args.func, args)
-
-
 def command_main(module: str, register, name: str):
-    """A subcommand module's `main(argv=None)` (`run_command`), run at once when `module` (the caller's
-    `__name__`) is the program: `python -m beam_sft.cli.NAME`."""
-    main = functools.partial(run_command, register, name)
+    """A subcommand module's `main(argv=None)`: the subcommand as its own program (tests, scripts), with the parser
+    it registers under `beam-sft` and the same error table; run at once when `module` (the caller's `__name__`) is
+    the program: `python -m beam_sft.cli.NAME`."""
+    def main(argv: list[str] | None = None) -> int:
+        parser = argparse.ArgumentParser(prog="beam-sft")
+        register(parser.add_subparsers())
+        args = parse_checked(parser, name, [name, *(argv if argv is not None else sys.argv[1:])])
+        return args if isinstance(args, int) else run_guarded(args.func, args)
+
     if module == "__main__":
         sys.exit(main())
     return main
@@ -130,6 +118,25 @@ def data_option(parser, name: str, **kwargs) -> None:
     parser.add_argument(f"--{name}", *([f"--{dashed}"] if dashed != name else []), **kwargs)
 
 
+def add_rewrite_arguments(parser, own) -> None:
+    """The options of a command that rewrites records (augment, backfill): INPUT..., -o and --dataset_format, then
+    the command's `own(parser)`, then --rejects, --stats, --dataset_train_split, --max_records and -q."""
+    from beam_sft.validate.convert import INPUT_FORMATS
+
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="files (.jsonl, .json, .parquet), globs, directories, save_to_disk dirs or hub ids")
+    parser.add_argument("-o", "--output", required=True, help="output: .jsonl, .parquet or a directory")
+    data_option(parser, "dataset_format", choices=INPUT_FORMATS, default="auto",
+                help="input format (default: auto, detected per record)")
+    own(parser)
+    parser.add_argument("--rejects", metavar="PATH", help="write the records the converters reject here")
+    parser.add_argument("--stats", metavar="PATH", help="write the run's counts here as JSON")
+    data_option(parser, "dataset_train_split", default="train", metavar="NAME",
+                help="split of a hub dataset (default: train)")
+    data_option(parser, "max_records", type=int, metavar="N", help="read at most N input records")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
 def progress_bar(desc: str, quiet: bool, total: int | None = None):
     """The progress bar of a command reading records (on stderr; off with -q or when stderr is no terminal)."""
     from tqdm import tqdm
@@ -150,6 +157,17 @@ def committed(*outputs):
         for output in outputs:
             output.abort()
         raise
+
+
+def sources_besides(inputs: list[str], output: str, **options) -> list:
+    """The sources of INPUTs (`beam_sft.records.files.data_sources`), refusing an output that is one of them."""
+    from beam_sft.errors import UsageError
+    from beam_sft.records.files import data_sources
+
+    sources = data_sources(inputs, **options)
+    if any(os.path.abspath(src.name) == os.path.abspath(output) for src in sources):
+        raise UsageError(f"{output}: output is also an input")
+    return sources
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -174,6 +192,3 @@ def source_options(args: argparse.Namespace) -> dict:
                "data_files": args.dataset_data_files, "columns": parse_columns(args.dataset_columns)}
     return {k: v for k, v in options.items() if v is not None}
 
-
-if __name__ == "__main__":
-    sys.exit(main())

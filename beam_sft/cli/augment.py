@@ -5,38 +5,18 @@
     beam-sft augment data/samples/openai.jsonl -o /tmp/aug.jsonl --transform mask-names=1 --provenance /tmp/prov.jsonl
     beam-sft augment raw_glaive.json --dataset_format glaive -o aug.jsonl --transform irrelevance=0.3 --rejects rej.jsonl
 
-Transforms (each `--transform NAME=VALUE`, each at most once):
-
-  irrelevance=P   adds: for a share P of the records that call tools, the conversation up to the first call,
-                  with the called tools (and any that could serve the request) taken out of the tool list and
-                  up to two unrelated tools of other records put in; the target answers that no tool fits
-  distractors=K   rewrites: every record with tools also declares up to K unrelated tools of other records
-  mask-names=P    rewrites: for a share P of the records with tools, functions and parameters get neutral names
-                  (func_3fa1, arg_2) everywhere, so the model must read the descriptions
-  ask-missing=P   adds: for a share P of the records whose first call fills a required argument with a value the
-                  user wrote, the user message without it and a target that asks for it
-
-Additions derive from the input record; rewrites then change the input record and what was added from it, in
-the order given. Input: Beam records (what `beam-sft convert` writes) or any input format, each record through
-the one per-record conversion; a record that fails is rejected with its reason (`--rejects`), never the run.
-Every record written is validated again as a Beam record; a transform whose result fails is not used. Records
-in = records written from the input + rejected; written = that + added (printed, and in `--stats` with each
-transform's changed / added / skipped counts and why). The tool pool of distractors and irrelevance is a first
-pass over the input (a seeded sample of at most `--pool-size` distinct tools). The same input and `--seed`
-give the same bytes. Which records a transform changed or added, and from which input record: `--provenance`
-(Beam records carry no extra keys: the validator drops them). Outputs appear when the run finishes (atomic).
-Why and what each transform does: docs/tool-calling.md.
+Transforms (each `--transform NAME=VALUE`, each at most once): irrelevance=P and ask-missing=P add records,
+distractors=K and mask-names=P rewrite them; what each does and why: docs/tool-calling.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from typing import Any
 
-from beam_sft.cli import add_command, command_main, committed, data_option, progress_bar
+from beam_sft.cli import add_command, add_rewrite_arguments, command_main, committed, progress_bar
 from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, UsageError
 
 
@@ -57,17 +37,6 @@ class RunCounts:
                 "records_written": self.written}
 
 
-def _sources(args: argparse.Namespace) -> list:
-    from beam_sft.records.files import data_sources
-
-    sources = data_sources(args.inputs, split=args.dataset_train_split)
-    out_abs = os.path.abspath(args.output)
-    for src in sources:
-        if os.path.abspath(src.name) == out_abs:
-            raise UsageError(f"{args.output}: output is also an input")
-    return sources
-
-
 def _records(sources: list, args: argparse.Namespace, options):
     """(item, record, None) or (item, None, reject entry) per input record, converted."""
     from beam_sft.records.files import iter_items
@@ -85,11 +54,6 @@ def _collect(sources: list, args: argparse.Namespace, augmenter) -> None:
             if record is not None:
                 augmenter.collect(record)
             bar.update()
-
-
-def _provenance(out, item, line: int) -> dict[str, Any]:
-    return {"output_line": line, "source": item.source, ("line" if item.by_line else "index"): item.position,
-            "input": out.position, "added_by": out.added_by, "rewrites": out.rewrites}
 
 
 def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict) -> RunCounts:
@@ -113,19 +77,23 @@ def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict) ->
                 counts.kept += out.added_by is None
                 counts.added += out.added_by is not None
                 if out.touched and "provenance" in sinks:
-                    sinks["provenance"].write(_provenance(out, item, counts.written))
+                    sinks["provenance"].write({
+                        "output_line": counts.written, "source": item.source,
+                        ("line" if item.by_line else "index"): item.position, "input": out.position,
+                        "added_by": out.added_by, "rewrites": out.rewrites})
     return counts
 
 
 def run(args: argparse.Namespace) -> int:
     from beam_sft.augment.pipeline import Augmenter, parse_specs
+    from beam_sft.cli import sources_besides
     from beam_sft.records.files import JsonlSink, open_writer
     from beam_sft.storage import write_json_atomic
 
     specs = parse_specs(args.transform or [])
     if args.pool_size < 1 or (args.max_records is not None and args.max_records < 0):
         raise UsageError("--pool-size must be at least 1 and --max_records at least 0")
-    sources = _sources(args)
+    sources = sources_besides(args.inputs, args.output, split=args.dataset_train_split)
     augmenter = Augmenter(specs, seed=args.seed, pool_size=args.pool_size)
     if augmenter.needs_pool:
         _collect(sources, args, augmenter)
@@ -165,33 +133,26 @@ def summary(stats: dict[str, Any]) -> str:
 
 
 def register(subparsers) -> None:
+    add_rewrite_arguments(add_command(subparsers, "augment", run, "derive records that teach when and which tool to call",
+                                      __doc__), add_arguments)
+
+
+def add_arguments(parser) -> None:
+    """augment's own options (`add_rewrite_arguments` adds the rest)."""
     from beam_sft.augment.pipeline import TRANSFORMS
     from beam_sft.augment.pool import POOL_SIZE
-    from beam_sft.validate.convert import INPUT_FORMATS
 
-    parser = add_command(subparsers, "augment", run, "derive records that teach when and which tool to call", __doc__)
-    parser.add_argument("inputs", nargs="+", metavar="INPUT",
-                        help="files (.jsonl, .json, .parquet), globs, directories, save_to_disk dirs or hub ids")
-    parser.add_argument("-o", "--output", required=True, help="output: .jsonl, .parquet or a directory")
     parser.add_argument("--transform", action="append", metavar="NAME=VALUE",
                         help=f"a transform and its value (repeatable, each once): {', '.join(TRANSFORMS)}; "
                              "irrelevance, mask-names and ask-missing take a share P in [0, 1], distractors a "
                              "count K")
     parser.add_argument("--seed", type=int, default=0, help="seed of every choice, per record (default: 0)")
-    data_option(parser, "dataset_format", choices=INPUT_FORMATS, default="auto",
-                help="input format (default: auto, detected per record)")
     parser.add_argument("--pool-size", type=int, default=POOL_SIZE, metavar="N",
                         help=f"at most N distinct tools in the pool of distractors and irrelevance (default: "
                              f"{POOL_SIZE})")
-    parser.add_argument("--rejects", metavar="PATH", help="write the records the converters reject here")
-    parser.add_argument("--stats", metavar="PATH", help="write the run's counts here as JSON")
     parser.add_argument("--provenance", metavar="PATH",
                         help="one JSON line per record a transform changed or added: its output line, the input "
                              "record it comes from, the transforms")
-    data_option(parser, "dataset_train_split", default="train", metavar="NAME",
-                help="split of a hub dataset (default: train)")
-    data_option(parser, "max_records", type=int, metavar="N", help="read at most N input records")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 main = command_main(__name__, register, "augment")

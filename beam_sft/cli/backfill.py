@@ -7,25 +7,10 @@
     beam-sft backfill data/chats.jsonl -o /tmp/x.jsonl --base-url ... --model ... --dry-run   # show the prompts
     beam-sft backfill data/chats.jsonl -o out.jsonl --backend transformers --model ./my-teacher
 
-Mode `rationalize` (the only one so far): for each assistant turn without reasoning, in order, the teacher
-sees the conversation so far (earlier turns with their reasoning, filled or original), the tools, and the
-turn's reference answer or tool calls, and writes only the reasoning that leads to it; the reference is
-never changed. Answers are filtered, each filter counted and its first refusals sampled in --stats: empty,
-Harmony markers, repetitive (loops), truncated (the teacher stopped at the bound), echoes of the prompt,
-narration about the reply, a restatement of the reference, a copy of the prompt's worked example, too long
-(--max-reasoning-tokens, counted with --tokenizer_name_or_path), and reasoning that names a declared tool other than the
-ones the reference calls. Filtered turns stay without reasoning, so the default `--missing_reasoning mask`
-of convert/prepare/train keeps them out of the loss. Filled turns carry `reasoning_source`; --review N prints
-some to read. The generation bound follows --max-reasoning-tokens unless --max-tokens is given; a local
-model generates --batch-size records' prompts at once.
-
-Calls are retried with exponential backoff on timeouts, connection errors, 429 and 5xx answers. Every
-finished turn goes to a cache (--cache, default OUT.backfill-cache.jsonl) keyed by (record, turn, teacher,
-prompt version): run the same command again after a crash or Ctrl-C and it continues where it stopped;
-calls that kept failing are asked again. The output appears when the run finishes (atomic write); records
-in = records out + rejected (records the converters reject, listed with --rejects). The API key is read from
-the environment variable named by --api-key-env (default OPENAI_API_KEY; local servers need none).
-Why: docs/reasoning.md.
+Mode `rationalize`: for each assistant turn without reasoning, the teacher writes the reasoning that leads to the
+turn's reference reply, which is never changed; answers its filters refuse leave the turn without reasoning (then
+masked by the default `--missing_reasoning mask`). Run the same command again after a crash or Ctrl-C and it
+continues from --cache. Filters, prompts and why: docs/reasoning.md.
 """
 
 from __future__ import annotations
@@ -37,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from beam_sft.cli import add_command, command_main, committed, data_option, progress_bar
+from beam_sft.cli import add_command, add_rewrite_arguments, command_main, committed, progress_bar
 from beam_sft.errors import FatalError, UsageError
 
 
@@ -91,14 +76,6 @@ def _dry_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_batch_size() -> int:
-    """8 on a GPU. 1 on a CPU: measured there, a batch whose rows mostly end early (the teacher stops) runs
-    until its longest row and is slower than one prompt at a time (docs/benchmarks.md#backfill)."""
-    import torch
-
-    return 8 if torch.cuda.is_available() else 1
-
-
 def make_teacher(args: argparse.Namespace):
     from beam_sft.backfill.prompt import STOP
     from beam_sft.backfill.run import generation_bound
@@ -114,8 +91,10 @@ def make_teacher(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.batch_size is None:
-        args.batch_size = default_batch_size()
+    if args.batch_size is None:  # 1 on a CPU, where a batch runs until its longest row (docs/benchmarks.md#backfill)
+        import torch
+
+        args.batch_size = 8 if torch.cuda.is_available() else 1
     if args.concurrency < 1 or args.batch_size < 1 or args.retries < 0:
         raise UsageError("--concurrency and --batch-size must be at least 1 and --retries at least 0")
     if args.max_tokens is not None and args.max_tokens < 1 or args.max_reasoning_tokens < 0:
@@ -129,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from beam_sft.records.files import JsonlSink, open_writer
     from beam_sft.storage import write_json_atomic
     from beam_sft.template.tokenizer import load_tokenizer
+    from beam_sft.validate.convert import to_row
 
     tokenizer = load_tokenizer(args.tokenizer_name_or_path)
 
@@ -149,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     def write(record: dict[str, Any]) -> None:
         if len(review) < args.review:
             review.extend(review_texts(record, args.review - len(review)))
-        writer.write_raw(orjson.dumps(_row(record)))
+        writer.write_raw(orjson.dumps(to_row(record)))
 
     # Outputs committed (or aborted) first, then the bar and the cache closed, whatever happened.
     with contextlib.closing(cache), bar, committed(writer, rejects):
@@ -199,22 +179,17 @@ def review_texts(record: dict[str, Any], n: int) -> list[str]:
     return texts
 
 
-def _row(record: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": record["messages"], "tools": record.get("tools"),
-            "chat_template_kwargs": record.get("chat_template_kwargs") or {}}
-
-
 def register(subparsers) -> None:
+    add_rewrite_arguments(add_command(subparsers, "backfill", run, "fill missing reasoning with a teacher model",
+                                      __doc__), add_arguments)
+
+
+def add_arguments(parser) -> None:
+    """backfill's own options (`add_rewrite_arguments` adds the rest)."""
     from beam_sft.backfill.prompt import MODES
     from beam_sft.backfill.run import MAX_REASONING_TOKENS, UNBOUNDED_GENERATION
-    from beam_sft.validate.convert import INPUT_FORMATS
+    from beam_sft.cli import data_option
 
-    parser = add_command(subparsers, "backfill", run, "fill missing reasoning with a teacher model", __doc__)
-    parser.add_argument("inputs", nargs="+", metavar="INPUT",
-                        help="files (.jsonl, .json, .parquet), globs, directories, save_to_disk dirs or hub ids")
-    parser.add_argument("-o", "--output", required=True, help="output: .jsonl, .parquet or a directory")
-    data_option(parser, "dataset_format", choices=INPUT_FORMATS, default="auto",
-                help="input format (default: auto, detected per record)")
     parser.add_argument("--backend", choices=("openai", "transformers"), default="openai",
                         help="openai: any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, ...); "
                              "transformers: a local model (default: openai)")
@@ -245,17 +220,11 @@ def register(subparsers) -> None:
     parser.add_argument("--cache", metavar="PATH", help="resumable cache (default: OUTPUT.backfill-cache.jsonl)")
     data_option(parser, "tokenizer_name_or_path", metavar="PATH",
                 help="counts reasoning tokens (default: the bundled one)")
-    parser.add_argument("--rejects", metavar="PATH", help="write the records the converters reject here")
-    parser.add_argument("--stats", metavar="PATH", help="write the run's counts here as JSON")
-    data_option(parser, "dataset_train_split", default="train", metavar="NAME",
-                help="split of a hub dataset (default: train)")
-    data_option(parser, "max_records", type=int, metavar="N", help="read at most N input records")
     parser.add_argument("--dry-run", type=int, nargs="?", const=3, default=0, metavar="N",
                         help="print the teacher prompts of the first N records (default 3) and stop")
     parser.add_argument("--review", type=int, default=0, metavar="N",
                         help="print N filled turns (the messages before, the reasoning, the reference reply) on "
                              "stdout when the run ends, to read before training")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 main = command_main(__name__, register, "backfill")

@@ -4,14 +4,8 @@
     beam-sft beamify Qwen/Qwen2.5-0.5B-Instruct -o qwen-beam --dtype bfloat16    # a cached hub id
     beam-sft beamify outputs/base/smollm2 -o /tmp/mean-init --init mean           # the old init, to compare
 
-Adds the seven Beam markers as single tokens (only <|return|> special), a pad token where needed, the Beam
-chat and response templates; grows the embeddings and initialises each new row from what the marker means
-(--init semantic: the base's own message-start / message-end token and the marker's word; docs/real-model.md
-has the measurements); sets eos_token_id to [<|return|>, <|call|>]; records the new ids in config.json
-(`beam_sft`), so `scripts/train.py --use_peft true` on DIR trains those rows too. DIR is written only when it
-passes every check-template rule and is servable as is; it is replaced if it exists.
-
-Exit status: 0 when DIR was written, 1 when a check failed (DIR not written), 2 for usage errors.
+DIR is written only when it passes every check-template rule and is servable as is (what beamify changes:
+docs/cli.md; the initialisation measured: docs/real-model.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """`beam-sft check-template TOKENIZER`: check a tokenizer's templates against the Beam Harmony page.
 
-Prints one line per rule (PASS/FAIL and why) and a summary; exit status 1 if any rule fails. TOKENIZER is
-a local directory or a hub id (loaded with AutoTokenizer; with HF_HUB_OFFLINE=1 only cached ones load).
+Run the Beam Harmony conformance suite on a tokenizer: every example of the format page (rule names 'page: ...',
+run verbatim and compared with the page's output) and the format rules (single-token markers, only <|return|>
+special, exact assistant masks, prompt prefixes, encode/decode round trip, response parsing). Exit status 1 if
+any rule fails.
 
     beam-sft check-template data/tokenizer
     beam-sft check-template ./my-beamified-tokenizer --diff      # show page-vs-template diffs
@@ -20,11 +22,7 @@ def register(subparsers) -> None:
     parser = add_command(
         subparsers, "check-template", run,
         "Check a tokenizer's chat/response templates against the Beam Harmony format page.",
-        "Run the Beam Harmony conformance suite on a tokenizer: every example of the format page (rule names "
-        "'page: ...', run verbatim and compared with the page's output) and the format rules (single-token markers, "
-        "only <|return|> special, exact assistant masks, prompt prefixes, encode/decode round trip, response "
-        "parsing). Exit status 1 if any rule fails.",
-        __doc__.split("\n\n", 2)[-1])
+        *__doc__.split("\n\n", 2)[1:])
     parser.add_argument("tokenizer", metavar="TOKENIZER", help="tokenizer directory or hub id")
     parser.add_argument("--diff", action="store_true", help="print a unified diff under each failed page example")
     parser.add_argument("--only", metavar="GLOB", action="append",

@@ -1,18 +1,11 @@
 """`beam-sft contamination INPUT... | --config FILE`: is BFCL v4 in the training data?
 
-Every record (any input format, converted as training converts it) is checked against BFCL v4's single-turn
-categories: a system, developer or user message that contains a BFCL question whole, or shares 13 words in a row
-with one, is a question overlap; a declared or called tool with a BFCL function's name is a name overlap.
+Question text (whole, or 13 words in a row) and tool names against BFCL v4's single-turn categories; a question
+overlap means BFCL's scores measure memory (docs/evaluation.md#is-bfcl-in-the-training-data).
 
     beam-sft contamination data/real/train.jsonl data/real/train.extra.jsonl
     beam-sft contamination --config configs/demo_real.yaml --json contamination.json
     beam-sft contamination my_tools.jsonl --bfcl simple_python,live_simple --fail-on-overlap
-
-Question overlaps mean BFCL's prompts were trained: its scores then measure memory. Name overlaps alone are
-listed (with how many records and BFCL entries share each name), not failed on: a common name such as
-`get_weather` is no leaked answer, but a held-out claim should know about it.
-
-Exit status: 0 when the check ran, 1 with --fail-on-overlap when a question overlaps, 2 for usage errors.
 """
 
 from __future__ import annotations

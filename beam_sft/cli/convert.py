@@ -7,24 +7,13 @@ xLAM datasets into Beam records.
     convert-dataset big.jsonl -o /tmp/big_beam.jsonl --dataset_num_proc 8 --render-check sample
     beam-sft convert my/hub-dataset --dataset_train_split train -o /tmp/beam_ds     # a save_to_disk directory
 
-Every input record is either written or rejected with a reason code (records in = out + rejected, checked
-at the end of every run); `--rejects` lists the rejections, one JSON line each, with source file, line (JSONL,
-1-based) or index (0-based), reason and message. A summary goes to stderr, `--stats` writes it as JSON.
-Output order follows input order, with or without `--dataset_num_proc`. The output appears only when the run
-finishes (temporary file, then rename).
-
-A record that makes a converter raise anything but its own rejection (a bug in beam-sft) is rejected as
-`internal_error` with the exception's type and message; the run goes on, and the summary warns.
-
-Exit status: 0 when the run finished (rejections included); 3 when it finished, outputs complete, but some
-records were rejected as internal_error (report them); 2 for usage errors; 1 for fatal errors (nothing is
-written). Set BEAM_SFT_DEBUG=1 for tracebacks (an internal error then stops the run with its traceback).
+Every input record is written or rejected (--rejects says why); the output appears when the run finishes. What
+the summary counts, and exit status 3 (records rejected as internal_error, a bug to report): docs/formats.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from typing import Any
@@ -43,26 +32,14 @@ SAMPLE_HEAD, SAMPLE_EVERY = 1000, 100
 class Stats(Counts):
     """What a run did. Workers fill one per chunk; the main process adds them up in order."""
 
-    COUNTERS = ("merged_assistant", "folded_content", "moved_system", "missing_reasoning",
-                "masked_missing_reasoning", "masked_weight")
-
     def __init__(self) -> None:
-        self.records_in = 0
-        self.records_out = 0
-        self.rejected: Counter[str] = Counter()
-        self.formats: Counter[str] = Counter()  # of accepted records
-        self.detected: Counter[str] = Counter()  # --dataset_format auto: what each parsed record looked like
-        self.roles: Counter[str] = Counter()
-        self.messages = 0
-        self.assistant_turns = 0
-        self.with_reasoning = 0
-        self.tool_calls = 0
-        self.parallel_call_turns = 0
+        # In --stats' key order. formats: of accepted records; detected: what --dataset_format auto saw in each
+        # parsed record; stripped_tool_prompt: foreign call syntax taken out of prompts, per pattern (toolmarkup).
+        self.records_in = self.records_out = 0
+        self.rejected, self.formats, self.detected, self.roles = Counter(), Counter(), Counter(), Counter()
+        self.messages = self.assistant_turns = self.with_reasoning = self.tool_calls = self.parallel_call_turns = 0
         self.records_with_tools = 0
-        self.efforts: Counter[str] = Counter()
-        self.policy: Counter[str] = Counter()
-        # foreign call-syntax instructions removed from prompts, per pattern (beam_sft.formats.toolmarkup)
-        self.stripped_tool_prompt: Counter[str] = Counter()
+        self.efforts, self.policy, self.stripped_tool_prompt = Counter(), Counter(), Counter()
 
     def add_ok(self, rec: dict, fmt: str, counters: dict) -> None:
         self.records_in += 1
@@ -77,28 +54,23 @@ class Stats(Counts):
             roles[role] += 1
             if role == "assistant":
                 turns += 1
-                if m["reasoning_content"]:
-                    reasoned += 1
-                tc = m.get("tool_calls")
-                if tc:
+                reasoned += bool(m["reasoning_content"])
+                if tc := m.get("tool_calls"):
                     calls += len(tc)
-                    if len(tc) > 1:
-                        parallel += 1
+                    parallel += len(tc) > 1
         self.assistant_turns += turns
         self.with_reasoning += reasoned
         self.tool_calls += calls
         self.parallel_call_turns += parallel
-        if "tools" in rec:
-            self.records_with_tools += 1
+        self.records_with_tools += "tools" in rec
         kwargs = rec.get("chat_template_kwargs")
         if kwargs and "reasoning_effort" in kwargs:
             self.efforts[str(kwargs["reasoning_effort"])] += 1
-        if counters:
-            for key, n in counters.items():
-                if key.startswith(STRIPPED_PREFIX):
-                    self.stripped_tool_prompt[key[len(STRIPPED_PREFIX):]] += n
-                else:
-                    self.policy[key] += n
+        for key, n in counters.items():
+            if key.startswith(STRIPPED_PREFIX):
+                self.stripped_tool_prompt[key[len(STRIPPED_PREFIX):]] += n
+            else:
+                self.policy[key] += n
 
     def add_reject(self, code: str) -> None:
         self.records_in += 1
@@ -171,17 +143,10 @@ def _init_worker(fmt: str, late_system: str, missing_reasoning: str, render: str
                                      if render != "none" else None)
 
 
-def _render_this(seq: int) -> bool:
-    mode = _WORKER["render_mode"]
-    return mode == "all" or (mode == "sample" and (seq < SAMPLE_HEAD or seq % SAMPLE_EVERY == 0))
-
-
-def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -> tuple[list[tuple], Stats]:
-    """Convert a chunk of (payload, raw, preset_error) → ([(ok, json bytes | (code, index, message), meta)],
-    stats); `meta` of a written record: (its dedup key, the converter used), else None.
-
-    `start` is the run-wide sequence number of the chunk's first record (it picks the render-check sample,
-    so the sample is the same with any --dataset_num_proc)."""
+def process_chunk(start: int, prov: list, chunk: list[tuple[Any, bool, tuple | None]]) -> tuple[list, list, Stats]:
+    """Convert a chunk of (payload, raw, preset_error) → (prov, [(ok, json bytes | (code, index, message), meta)],
+    stats); `meta` of a written record: (its dedup key, the converter used), else None. `start`, the run-wide
+    number of the chunk's first record, picks the render-check sample, the same with any --dataset_num_proc."""
     import orjson
 
     from beam_sft.errors import RecordError
@@ -189,7 +154,7 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
     from beam_sft.records.files import parse_line
     from beam_sft.validate.convert import detect, to_row, try_convert
 
-    fmt, plain, rendering = _WORKER["fmt"], _WORKER["opts"], _WORKER["opts_render"]
+    fmt, plain, rendering, mode = _WORKER["fmt"], _WORKER["opts"], _WORKER["opts_render"], _WORKER["render_mode"]
     auto = fmt == "auto"
     stats = Stats()
     out: list[tuple[bool, Any]] = []
@@ -209,7 +174,8 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
                 stats.detected[found or "unrecognized"] += 1
                 name = found or "auto"
         counters: dict = {}
-        result, used, err = try_convert(rec, name, rendering if _render_this(seq) else plain, counters, raw=raw)
+        render = mode == "all" or (mode == "sample" and (seq < SAMPLE_HEAD or seq % SAMPLE_EVERY == 0))
+        result, used, err = try_convert(rec, name, rendering if render else plain, counters, raw=raw)
         if err is not None:
             stats.add_reject(err.code.value)
             out.append((False, (err.code.value, err.message_index, err.message), None))
@@ -219,14 +185,14 @@ def process_chunk(chunk: list[tuple[Any, bool, tuple | None]], start: int = 0) -
         out.append((True, orjson.dumps(to_row(result), option=orjson.OPT_APPEND_NEWLINE),
                     (record_key(result), used)))
         stats.add_ok(result, used, counters)
-    return out, stats
+    return prov, out, stats
 
 
 # --- main side ------------------------------------------------------------------------------------------------
 
 
 def _chunks(items, size: int):
-    """Group items into chunks that never span two sources; yield (provenance list, work list)."""
+    """Group items into chunks that never span two sources; yield (start, provenance list, work list)."""
     prov: list[tuple[str, int, bool]] = []
     work: list[tuple[Any, bool, tuple | None]] = []
     start = 0
@@ -240,19 +206,6 @@ def _chunks(items, size: int):
         work.append((item.payload, item.raw, (err.code.value, err.message_index, err.message) if err else None))
     if work:
         yield start, prov, work
-
-
-def _convert_chunk(start: int, prov: list, work: list) -> tuple[list, list[tuple], Stats]:
-    return (prov, *process_chunk(work, start))
-
-
-def _results(chunks, args, init_args):
-    """(provenance, results, stats) per chunk, in input order (the data pipeline's ordered pool), a few chunks
-    per worker in flight."""
-    from beam_sft.dataset.pipeline import ordered_map
-
-    return ordered_map(_convert_chunk, chunks, args.dataset_num_proc, init=(_init_worker, init_args),
-                       start_method="forkserver" if sys.platform != "win32" else "spawn", ahead=4)
 
 
 def _check_args(args: argparse.Namespace) -> str | None:
@@ -275,40 +228,29 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from beam_sft.errors import (
-        EXIT_INTERNAL_ERRORS,
-        FatalError,
-        Reason,
-        RecordError,
-        UsageError,
-        reject_entry,
-    )
-    from beam_sft.records.files import JsonlSink, data_sources, iter_items, open_writer
+    from beam_sft.cli import committed, progress_bar, sources_besides
+    from beam_sft.dataset.pipeline import ordered_map
+    from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, Reason, RecordError, reject_entry
+    from beam_sft.records.dedup import Seen
+    from beam_sft.records.files import JsonlSink, iter_items, open_writer
     from beam_sft.storage import write_json_atomic
 
     INTERNAL = Reason.INTERNAL_ERROR.value
     chat_template = _check_args(args)
-    sources = data_sources(args.inputs, split=args.dataset_train_split, options=source_options(args))
-    out_abs = os.path.abspath(args.output)
-    for src in sources:
-        if os.path.abspath(src.name) == out_abs:
-            raise UsageError(f"{args.output}: output is also an input")
-
+    sources = sources_besides(args.inputs, args.output, split=args.dataset_train_split, options=source_options(args))
     writer = open_writer(args.output)
     rejects = JsonlSink(args.rejects) if args.rejects else None
     total = Stats()
     first_internal: list[str] = []  # where the first internal errors happened, for the warning
     per_source: dict[str, Counter] = {}
     init_args = (args.dataset_format, args.late_system, args.missing_reasoning, args.render_check, chat_template)
-    from beam_sft.records.dedup import Seen
-
     seen = Seen() if args.dedup else None  # first occurrences, in input order
-    from tqdm import tqdm
-
-    bar = tqdm(desc="converting", unit=" rec", file=sys.stderr, disable=args.quiet or None, mininterval=0.5)
-    try:
-        items = iter_items(sources, max_bytes=args.max_record_bytes, limit=args.max_records)
-        for prov, results, stats in _results(_chunks(items, CHUNK), args, init_args):
+    with progress_bar("converting", args.quiet) as bar, committed(writer, rejects):
+        chunks = _chunks(iter_items(sources, max_bytes=args.max_record_bytes, limit=args.max_records), CHUNK)
+        # the data pipeline's ordered pool: results in input order, a few chunks per worker in flight
+        for prov, results, stats in ordered_map(process_chunk, chunks, args.dataset_num_proc,
+                                                init=(_init_worker, init_args), ahead=4,
+                                                start_method="forkserver" if sys.platform != "win32" else "spawn"):
             total.add(stats)
             per_source.setdefault(prov[0][0], Counter()).update(stats.detected)
             for (source, pos, by_line), (ok, payload, meta) in zip(prov, results, strict=True):
@@ -325,20 +267,10 @@ def run(args: argparse.Namespace) -> int:
                     code, index, message = payload
                     rejects.write(reject_entry(RecordError(code, message, message_index=index), source, pos, by_line))
             bar.update(len(results))
-        bar.close()
         rejected = sum(total.rejected.values())
         if total.records_in != total.records_out + rejected:
             raise FatalError(f"bookkeeping error: {total.records_in} in != {total.records_out} out + {rejected} "
                              "rejected")
-        writer.commit()
-        if rejects is not None:
-            rejects.commit()
-    except BaseException:
-        bar.close()
-        writer.abort()
-        if rejects is not None:
-            rejects.abort()
-        raise
     if args.dataset_format == "auto":
         _report_detection(per_source)
     print(f"convert-dataset: wrote {total.records_out} records to {args.output}", file=sys.stderr)
@@ -379,9 +311,7 @@ def _report_detection(per_source: dict[str, Counter]) -> None:
         for source, found in per_source.items():
             print(f"auto: {source}: {line(found)}", file=sys.stderr)
         return
-    total: Counter = Counter()
-    for found in per_source.values():
-        total.update(found)
+    total = sum(per_source.values(), Counter())
     odd = [s for s, found in per_source.items() if found.get("unrecognized")]
     print(f"auto: {len(per_source)} sources: {line(total)}", file=sys.stderr)
     if odd:
@@ -430,26 +360,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def make_parser(prog: str = "convert-dataset") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
-
-
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("convert", help="convert OpenAI / ShareGPT / Harmony data to Beam records",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
+    from beam_sft.cli import add_command
+
+    add_arguments(add_command(subparsers, "convert", run, "convert OpenAI / ShareGPT / Harmony data to Beam records",
+                              __doc__))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`convert-dataset`: the command under its own name."""
     from beam_sft.cli import parse_checked, run_guarded
 
-    args = parse_checked(make_parser(), "convert", sys.argv[1:] if argv is None else argv)
-    return args if isinstance(args, int) else run_guarded(args.func, args)
+    parser = argparse.ArgumentParser(prog="convert-dataset", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parse_checked(parser, "convert", sys.argv[1:] if argv is None else argv)
+    return args if isinstance(args, int) else run_guarded(run, args)
 
 
 if __name__ == "__main__":

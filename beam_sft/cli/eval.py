@@ -12,47 +12,32 @@ the tokenizer's response template and scored against the reference turn.
     beam-sft eval --backend openai --base-url http://127.0.0.1:8000/v1 --model beam \
         --tokenizer_name_or_path outputs/quickstart/served --data data/samples/openai.jsonl     # a running server
 
-BFCL v4 (the Berkeley Function Calling Leaderboard's single-turn AST and relevance categories, scored by BFCL's
-own checker from the registry package bfcl-eval; `make install` installs it): --bfcl takes a comma list or all;
---max_records is then per category, the same seeded subset every run. A model that does not speak Beam (a base
-model) is scored with --bfcl-style prompt: BFCL's own system prompt, the model's chat template, BFCL's decoder;
-or with --bfcl-style json: the functions as JSON, the calls asked for as a JSON list in <tool_call> tags.
+BFCL v4, scored by BFCL's own checker (`make install` installs it); a base model that does not speak Beam is
+scored with --bfcl-style prompt or json. Metrics, styles and categories: docs/evaluation.md.
 
     beam-sft eval outputs/demo-real/model --bfcl simple_python,multiple,irrelevance --max_records 50 \\
         --json bfcl.json --outputs bfcl.jsonl --report bfcl.html
     beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style prompt --max_records 50
     beam-sft eval ~/.cache/beam_sft/base_models/smollm2-* --bfcl all --bfcl-style json --max_records 50
     beam-sft eval --rescore bfcl.jsonl --json again.json        # BFCL's checker again on the outputs file
-
-Metrics (each a share of the turns it applies to): well_formed, stopped (on the right stop token),
-has_reasoning, empty_analysis (an analysis message with nothing in it: lower is better), action_match (call
-vs answer), tool_name_accuracy, tool_args_exact, tool_args_valid (JSON schema), marker_leak (lower is better),
-answer_exact; and the mean analysis length in tokens; overall, per source format and per reasoning effort.
-"Did my fine-tune keep its reasoning?" is has_reasoning, empty_analysis and the mean analysis length.
-
-Exit status: 0 when the run finished (rejected records included), 1 when well_formed is below
---min-well-formed (or on a fatal error), 2 for usage errors. BEAM_SFT_DEBUG=1 shows tracebacks.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from beam_sft.cli import add_command, command_main, data_option
+
 
 def register(subparsers) -> None:
-    from beam_sft.cli import data_option
     from beam_sft.eval.backends import BACKENDS
     from beam_sft.eval.turns import TURN_CHOICES
 
-    parser = subparsers.add_parser(
-        "eval",
-        help="Generate held-out assistant turns and score format, stop tokens and tool calls.",
-        description=__doc__.split("\n\n")[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[2:]),
-    )
+    _, description, epilog = __doc__.split("\n\n", 2)
+    parser = add_command(subparsers, "eval", run,
+                         "Generate held-out assistant turns and score format, stop tokens and tool calls.",
+                         description, epilog)
     parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
                         help="a saved model directory (scripts/train.py output; a LoRA-only output is applied to "
                              "the base model its adapter_config.json names), a base model for --adapter, or a hub "
@@ -116,7 +101,6 @@ def register(subparsers) -> None:
     parser.add_argument("--min-well-formed", type=float, default=None, metavar="F",
                         help="exit with status 1 when the well-formed share is below F (0-1), for CI gates")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -154,7 +138,6 @@ def _backend(args):
     from beam_sft.eval.run import load_eval_tokenizer, load_model, resolve_adapter
 
     beam = args.bfcl_style == "beam"
-
     if args.backend == "openai":
         from beam_sft.eval.openai_backend import backend_from_args
 
@@ -253,19 +236,11 @@ def _held_out(args, backend, tokenizer) -> int:
     print(json.dumps({k: summary[k] for k in ("records", "turns", *METRICS, "mean_analysis_tokens")}))
     if result.overall.turns == 0:
         print("no assistant turn to evaluate", file=sys.stderr)
-    if args.min_well_formed is not None:
-        well_formed = summary["well_formed"] or 0.0
-        if well_formed < args.min_well_formed:
-            print(f"well_formed {well_formed:.3f} is below --min-well-formed {args.min_well_formed}", file=sys.stderr)
-            return 1
+    well_formed = summary["well_formed"] or 0.0
+    if args.min_well_formed is not None and well_formed < args.min_well_formed:
+        print(f"well_formed {well_formed:.3f} is below --min-well-formed {args.min_well_formed}", file=sys.stderr)
+        return 1
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_command
-
-    return run_command(register, "eval", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = command_main(__name__, register, "eval")

@@ -6,15 +6,7 @@ vLLM, SGLang or `transformers serve` loads as is; prints the commands that serve
     beam-sft export outputs/beam-lora -o outputs/beam-merged --merge          # a LoRA-only output: its base + it
     beam-sft export my-org/base -o merged --adapter outputs/beam-lora --merge
 
-What DIR gets, and what is checked before it is renamed into place (a failed check leaves nothing): the
-weights (merged with --merge); the tokenizer with the chat template and the response template in vLLM's
-serving subset (fields thinking/content/tool_calls, thinking and content plain text: what
---reasoning-parser hf / --tool-call-parser hf accept); eos_token_id = [<|return|>, <|call|>, base EOS...] in
-generation_config.json and config.json, so generation stops after a tool call; files readable per the
-umask; every check-template rule passing on the result. A trainer checkpoint's optimizer and scheduler
-states are left out.
-
-Exit status: 0 when DIR was written, 1 when a check failed (DIR not written), 2 for usage errors.
+DIR is renamed into place only when every check passes (what it gets and what is checked: docs/serving.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """`beam-sft inspect DATASET`: see which tokens will be trained, before spending GPU hours on them.
 
-Records go through the same conversion and validation as training (any supported format; Beam records are
-validated again), the same render/mask code, and with --max_length the same truncation policy. In a terminal every token is coloured: trained on green, not trained grey,
-Harmony markers bold magenta, one line per rendered message. Piped output has no colours: trained text is
-between `{+` and `+}`.
+Render records of DATASET with the chat template, tokenize them with the training encoder (the conversion,
+validation and truncation of training) and show every token as trained or not (colours: docs/inspect.md);
+--stats adds dataset-level numbers (trained fraction, lengths, empty masks, truncation, untrained stop tokens).
 
     beam-sft inspect data/samples/openai.jsonl                   # the first record
     beam-sft inspect data/samples/sharegpt.json -n 3             # the first three
     beam-sft inspect data/samples/harmony.jsonl --index 7        # input record 7 (0-based)
     beam-sft inspect data/samples/openai.jsonl --stats --max_length 256
     beam-sft inspect my.parquet --html /tmp/masks.html --stats   # a self-contained page
-
-Exit status: 0 on success (rejected records are counted on stderr), 3 when some records hit an unexpected
-error (rejected as internal_error, a bug in beam-sft: a warning names them; the rest is shown), 2 for usage
-errors (a bad --index, an unreadable tokenizer), 1 when the dataset cannot be read. BEAM_SFT_DEBUG=1 shows
-tracebacks.
 """
 
 from __future__ import annotations
@@ -33,10 +27,7 @@ def register(subparsers) -> None:
 
     parser = add_command(
         subparsers, "inspect", run, "Show which tokens of a dataset are trained (terminal colours, HTML, statistics).",
-        "Render records of DATASET with the chat template, tokenize them with the training encoder and show every "
-        "token as trained or not; --stats adds dataset-level numbers (trained fraction, lengths, empty masks, "
-        "truncation, untrained stop tokens).",
-        __doc__.split("\n\n", 2)[2])
+        *__doc__.split("\n\n", 2)[1:])
     parser.add_argument("dataset", metavar="DATASET",
                         help="JSONL/JSON/Parquet file, glob, directory or save_to_disk dataset")
     data_option(parser, "tokenizer_name_or_path", metavar="PATH",
@@ -148,11 +139,8 @@ def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
 
 
 def _dataset_stats(args, tokenizer, encoder):
-    """--stats over the whole dataset, read and converted by the data pipeline's convert-only task
-    (`beam_sft.dataset.pipeline.convert_records`: memory-mapped Arrow, the same converters, rejects and
-    `internal_error` barrier as training), records decoded batch by batch. Returns (stats, input positions of
-    internal errors).
-    """
+    """--stats over the whole dataset, converted as training converts it (`convert_records`): (stats, input
+    positions of internal errors)."""
     import tempfile
 
     from beam_sft.dataset.pipeline import convert_records
@@ -170,9 +158,8 @@ def _dataset_stats(args, tokenizer, encoder):
         for name in ("empty_mask", "truncated", "cut_inside_assistant", "dropped", "stop_untrained",
                      "internal_errors"):
             setattr(stats, name, [int(positions[i]) for i in getattr(stats, name)])
-        internal = [int(row) for row, entry in zip(converted.reject_rows, converted.iter_rejects(), strict=True)
-                    if entry["reason"] == Reason.INTERNAL_ERROR.value]
-        internal = [*internal, *stats.internal_errors]
+        internal = [*(int(row) for row, entry in zip(converted.reject_rows, converted.iter_rejects(), strict=True)
+                      if entry["reason"] == Reason.INTERNAL_ERROR.value), *stats.internal_errors]
         del converted  # closes the memory maps before the work directory goes
     return stats, internal
 

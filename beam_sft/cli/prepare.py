@@ -8,31 +8,11 @@
     beam-sft prepare 'raw/*.jsonl' -o /shared/shard-0 --shard 0/2      # on machine 0 (and 1/2 on machine 1)
     beam-sft prepare 'raw/*.jsonl' -o /shared/prepared --merge /shared/shard-0 /shared/shard-1
 
-The data options are training's (`beam_sft.dataset.arguments`: one name each, in a `--config` YAML or on the
-command line): the same YAML file serves both commands, each passing over the keys only the other one takes
-(prepare over learning_rate, training over output). The data is INPUT arguments (files, globs, directories,
-save_to_disk dirs, hub ids; any format `convert-dataset` reads), or dataset_name, or a `datasets:` mixture.
-Every record is converted, validated and tokenized with the tokenizer's chat template (the same encoder, masks
-and truncation policy as training) into DIR: a `save_to_disk` dataset with `input_ids` and `labels` (-100 off
-the assistant mask), `rejects.jsonl` (every rejected record with its source, line or index, reason and
-message) and `beam_sft_manifest.json` (tokenizer and template hashes, max_length, policy, sources, counts).
-`scripts/train.py --dataset_name DIR` checks the manifest against its own tokenizer and settings and refuses
-a mismatch, naming the field. `datasets.load_from_disk(DIR)` gives a plain pre-tokenized dataset that TRL's
-SFTTrainer takes as is.
-
-Many machines: `--shard I/N` converts and tokenizes chunks I, I+N, I+2N, ... of the input (each machine
-still reads all of it, to number the chunks) into a shard directory; `--merge SHARD...`, with the same
-inputs and options, writes DIR from the N shards: the same bytes one run writes (duplicates across shards
-decided there, first occurrence kept). An eval split drawn among the records (eval_split_size) needs all
-of them, so shards refuse it: use dataset_test_split, or train with eval_split_size on the merged DIR.
-
-Records in = kept + rejected + dropped by truncation, checked at the end of every run. DIR appears only
-when the run finishes. Run again on the same files (path, size, mtime), tokenizer, template and settings,
-it says DIR is up to date and does nothing (--force rebuilds). Exit status: 0 when the run finished
-(rejections included), 3 when it finished but some records hit an unexpected error (`internal_error`
-rejects: a converter bug), 2 for usage errors (a renamed option: one line naming the new one), 1 for fatal
-errors (e.g. a record whose assistant mask is empty: the template trains nothing of it); set
-BEAM_SFT_DEBUG=1 for tracebacks.
+The data options are training's (one name each, in a `--config` YAML or on the command line); the data is
+INPUT arguments, or dataset_name, or a `datasets:` mixture. DIR holds `input_ids` + `labels` (a `save_to_disk`
+dataset), `rejects.jsonl` and `beam_sft_manifest.json`, checked by training against its own tokenizer and
+settings. Exit status: 0 finished (rejections included), 3 some records hit an internal_error, 2 usage error,
+1 fatal error; BEAM_SFT_DEBUG=1 for tracebacks. See docs/training.md and docs/cli.md#beam-sft-prepare.
 """
 
 from __future__ import annotations
@@ -45,7 +25,9 @@ import sys
 from dataclasses import asdict, replace
 
 
-def summary_rows(manifest: dict) -> list[tuple[str, object]]:
+def _print_summary(manifest: dict) -> None:
+    """The summary table, then the missing-reasoning notes (`beam_sft.dataset.reasoning_stats.notes`)."""
+    from beam_sft.dataset.reasoning_stats import notes
     from beam_sft.dataset.reasoning_stats import summary_rows as reasoning_rows
 
     counts = manifest["counts"]
@@ -68,17 +50,8 @@ def summary_rows(manifest: dict) -> list[tuple[str, object]]:
     for name, split in manifest.get("splits", {}).items():
         if name != "train" or len(manifest["splits"]) > 1:
             rows.append((f"{name} split", f"{split['records_kept']} records, {split['total_tokens']} tokens"))
-    return rows
-
-
-def _print_summary(manifest: dict) -> None:
-    """The summary table, then the missing-reasoning notes (`beam_sft.dataset.reasoning_stats.notes`)."""
-    from beam_sft.dataset.reasoning_stats import notes
-
-    rows = summary_rows(manifest)
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"  {k:<{width}}  {v}" for k, v in rows), file=sys.stderr)
-    counts = manifest["counts"]
     for note in notes(counts.get("reasoning"), manifest.get("missing_reasoning"), counts["rejected"]):
         print(note, file=sys.stderr)
 
@@ -142,7 +115,7 @@ def parse(argv: list[str]):
 def run(data, options, names: list[str], base=".") -> int:
     """Prepare (or shard, or merge) and report; the exit status."""
     from beam_sft.dataset.arguments import data_settings
-    from beam_sft.dataset.prepare import SHARD_MANIFEST, build_prepared, train_identity
+    from beam_sft.dataset.prepare import SHARD_MANIFEST, PrepareRun, train_identity
     from beam_sft.dataset.settings import MANIFEST, fingerprint, read_manifest, source_identity
     from beam_sft.errors import UsageError
     from beam_sft.records.files import data_sources
@@ -176,20 +149,29 @@ def run(data, options, names: list[str], base=".") -> int:
     if eval_inputs:
         identity["eval"] = source_identity(eval_inputs)
     quick = _quick_fingerprint(identity, settings, data.tokenizer_name_or_path)
-    if shard or options.merge:
-        return _sharded(data, options, inputs, eval_inputs, settings, identity, quick, shard, out)
-    existing = read_manifest(out) if os.path.isdir(out) else None
+    existing = read_manifest(out) if os.path.isdir(out) and not (shard or options.merge) else None
     if existing is not None and quick is not None and existing.get("inputs_fingerprint") == quick and not options.force:
-        manifest = existing
         print(f"prepare: {options.output} is up to date (same files, tokenizer and settings; --force rebuilds it)",
               file=sys.stderr)
+        return _report(options, out, existing)
+    tokenizer = _tokenizer(data.tokenizer_name_or_path, settings)
+    _quiet(options)
+    prepare = PrepareRun(inputs, tokenizer, settings, out, eval_inputs, identity,
+                         fingerprint(identity, tokenizer, settings), {"inputs_fingerprint": quick},
+                         options.dataset_num_proc, progress=not options.quiet)
+    if shard:
+        manifest = prepare.shard(shard)
+        print(f"prepare: wrote shard {shard[0]}/{shard[1]} ({len(manifest['own'])} of {manifest['chunks']} chunks) "
+              f"to {options.output} ({manifest['seconds']:.1f} s); join the {shard[1]} shards with --merge",
+              file=sys.stderr)
+        print(options.output)
+        return 0
+    if options.merge:
+        manifest = prepare.merge(options.merge)
+        print(f"prepare: merged {len(options.merge)} shards: {manifest['counts']['records_kept']} tokenized records "
+              f"in {options.output} ({manifest['seconds']:.1f} s)", file=sys.stderr)
     else:
-        tokenizer = _tokenizer(data.tokenizer_name_or_path, settings)
-        _quiet(options)
-        manifest = build_prepared(inputs, tokenizer, settings, out, eval_inputs=eval_inputs,
-                                  num_proc=options.dataset_num_proc, progress=not options.quiet, identity=identity,
-                                  fingerprint=fingerprint(identity, tokenizer, settings),
-                                  extra_manifest={"inputs_fingerprint": quick})
+        manifest = prepare.build()
         print(f"prepare: wrote {manifest['counts']['records_kept']} tokenized records to {options.output} "
               f"({manifest['seconds']:.1f} s)", file=sys.stderr)
     return _report(options, out, manifest)
@@ -228,31 +210,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     if count < 1 or not 0 <= index < count:
         raise UsageError(f"--shard {text}: I/N needs 0 <= I < N")
     return index, count
-
-
-def _sharded(data, options, inputs, eval_inputs, settings, identity, quick, shard, out: str) -> int:
-    """--shard I/N (a shard directory) or --merge (the prepared directory from the shards)."""
-    from beam_sft.dataset.prepare import build_prepared, merge_shards
-    from beam_sft.dataset.settings import fingerprint
-
-    tokenizer = _tokenizer(data.tokenizer_name_or_path, settings)
-    _quiet(options)
-    fp = fingerprint(identity, tokenizer, settings)
-    if shard:
-        manifest = build_prepared(inputs, tokenizer, settings, out, eval_inputs=eval_inputs,
-                                  num_proc=options.dataset_num_proc, progress=not options.quiet, identity=identity,
-                                  fingerprint=fp, shard=shard)
-        print(f"prepare: wrote shard {shard[0]}/{shard[1]} ({len(manifest['own'])} of {manifest['chunks']} chunks) "
-              f"to {options.output} ({manifest['seconds']:.1f} s); join the {shard[1]} shards with --merge",
-              file=sys.stderr)
-        print(options.output)
-        return 0
-    manifest = merge_shards(options.merge, inputs, tokenizer, settings, out, eval_inputs=eval_inputs,
-                            progress=not options.quiet, identity=identity, fingerprint=fp,
-                            extra_manifest={"inputs_fingerprint": quick})
-    print(f"prepare: merged {len(options.merge)} shards: {manifest['counts']['records_kept']} tokenized records in "
-          f"{options.output} ({manifest['seconds']:.1f} s)", file=sys.stderr)
-    return _report(options, out, manifest)
 
 
 def _report(options, out: str, manifest: dict) -> int:

@@ -1,15 +1,5 @@
-"""`beam-sft train`: fine-tune from an install, with the options and YAML of `scripts/train.py`.
-
-    beam-sft train --config quickstart                                # a shipped config, in any directory
-    beam-sft train --config quickstart --dry_run                      # check it all, print the plan
-    beam-sft train --config my.yaml --learning_rate 1e-4              # a YAML file, the command line winning
-    beam-sft train --config quickstart --num_processes 2 --config_file cpu_ddp   # under accelerate
-
-The training options are `beam_sft/train/config.py`'s dataclasses and TRL's ModelConfig (`beam-sft train
---help`). The launch options (`LAUNCH_OPTIONS`) go to `accelerate launch`, which starts this same module in
-each process, as `trl sft` does; `--config_file` takes a path or a shipped accelerate config's name.
-The options are checked once before anything is launched, so a config error is one line in the launching
-process (exit 2).
+"""`beam-sft train`: fine-tune from an install, with the options and YAML of `scripts/train.py`; the launch options
+(`LAUNCH_OPTIONS`) go to `accelerate launch`. See docs/training.md#training-from-an-install-beam-sft-train.
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
 """The per-record rules of training data: Beam records in, `input_ids` + `labels` out, with counts.
 
-`scripts/train.py` runs them through `beam_sft.dataset.prepare` (Arrow, chunked, cached, once per job).
-
-The trainer gets a pre-tokenized dataset (`input_ids`, `labels`), so TRL skips its own chat-template pass
-and everything that decides what is trained happens here, where it can be tested:
-
-* masks come from the chat template's `{% generation %}` block (`beam_sft.render.encoder`, identical to
-  `tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)` by contract), with the record's own
-  `tools` and `chat_template_kwargs`;
-* a record whose mask is empty is a hard error naming the record: it would silently train nothing;
-* records longer than `max_length` follow a `TRUNCATION_POLICIES` policy, and every cut is counted;
-* `label_batch` makes the labels (IGNORE_INDEX off the mask), the one label builder;
-* `PrepStats` holds total and supervised token counts for the run's log; `Counts` is the counts type of all.
-
-Truncation policies (records that fit are never touched):
-
-    turn        cut back to the end of the last assistant turn that fits, so no assistant turn is trained
-                half-way (a cut turn teaches output with no stop token); a record whose first assistant
-                turn does not fit is dropped. The default.
-    drop        drop every record longer than `max_length`.
-    keep_start  keep the first `max_length` tokens, cutting wherever that falls (TRL's own behaviour);
-                records whose cut lands inside an assistant turn are counted.
+Masks from the chat template's `{% generation %}` block, the empty-mask error, the truncation policies and
+`label_batch`, the one label builder. See docs/training.md#truncation-policy---truncation_policy-applied-before-packing.
 """
 
 from __future__ import annotations
@@ -29,10 +10,12 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, groupby
 from typing import Any
 
 from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.messages import STOP_MARKERS
+from beam_sft.storage import arrow_array
 
 logger = logging.getLogger(__name__)
 
@@ -44,28 +27,14 @@ IGNORE_INDEX = -100
 STOP_PROBE: dict[str, Any] = {
     "messages": [
         {"role": "user", "content": "Weather in Paris?"},
-        {
-            "role": "assistant",
-            "reasoning_content": "I should call the tool.",
-            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
-        },
+        {"role": "assistant", "reasoning_content": "I should call the tool.",
+         "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "name": "get_weather", "content": "18 C"},
         {"role": "assistant", "reasoning_content": "Report it.", "content": "18 C in Paris."},
     ],
-    "tools": [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Get the weather for a city.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string"}},
-                    "required": ["city"],
-                },
-            },
-        }
-    ],
+    "tools": [{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
 }
 
 
@@ -78,21 +47,19 @@ class Counts:
         """The attributes that are counts."""
         return {k: v for k, v in vars(self).items() if isinstance(v, Counter) or type(v) is int}
 
-    def add(self, other: Counts) -> None:
+    def add(self, other: Counts, sign: int = 1) -> None:
         for key, value in other.counts().items():
-            if isinstance(value, Counter):
-                getattr(self, key).update(value)
+            mine = getattr(self, key)
+            if not isinstance(value, Counter):
+                setattr(self, key, mine + sign * value)
+            elif sign > 0:
+                mine.update(value)
             else:
-                setattr(self, key, getattr(self, key) + value)
-
-    def subtract(self, other: Counts) -> None:
-        for key, value in other.counts().items():
-            if isinstance(value, Counter):
-                mine = getattr(self, key)
                 mine.subtract(value)
                 setattr(self, key, +mine)
-            else:
-                setattr(self, key, getattr(self, key) - value)
+
+    def subtract(self, other: Counts) -> None:
+        self.add(other, -1)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: dict(v) if isinstance(v, Counter) else v for k, v in self.counts().items()}
@@ -114,13 +81,11 @@ class PrepStats(Counts):
 
     def summary(self, name: str = "train") -> str:
         share = 100.0 * self.supervised_tokens / self.total_tokens if self.total_tokens else 0.0
-        return (
-            f"{name}: {self.records_kept}/{self.records_in} records kept, {self.total_tokens} tokens, "
-            f"{self.supervised_tokens} supervised ({share:.1f}%), trained stop tokens: "
-            f"{self.supervised_return} <|return|>, {self.supervised_call} <|call|>; truncation: "
-            f"{self.truncated} records cut, {self.dropped_too_long} dropped, "
-            f"{self.assistant_turns_cut} assistant turns lost or cut"
-        )
+        return (f"{name}: {self.records_kept}/{self.records_in} records kept, {self.total_tokens} tokens, "
+                f"{self.supervised_tokens} supervised ({share:.1f}%), trained stop tokens: "
+                f"{self.supervised_return} <|return|>, {self.supervised_call} <|call|>; truncation: "
+                f"{self.truncated} records cut, {self.dropped_too_long} dropped, "
+                f"{self.assistant_turns_cut} assistant turns lost or cut")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -143,25 +108,19 @@ def encode(tokenizer, record: dict[str, Any]) -> tuple[list[int], list[int]]:
 
 def assistant_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
     """[start, end) spans of consecutive 1s in `mask`: one per assistant turn."""
-    spans, start = [], None
-    for i, bit in enumerate(mask):
-        if bit and start is None:
-            start = i
-        elif not bit and start is not None:
-            spans.append((start, i))
-            start = None
-    if start is not None:
-        spans.append((start, len(mask)))
+    spans, start = [], 0
+    for bit, run in groupby(map(bool, mask)):
+        end = start + sum(1 for _ in run)
+        if bit:
+            spans.append((start, end))
+        start = end
     return spans
 
 
-def truncate(
-    input_ids: list[int], mask: list[int], max_length: int | None, policy: str
-) -> tuple[list[int], list[int], dict[str, int]] | None:
-    """Apply `policy` to one tokenized record. Returns (ids, mask, counts) or None when the record is dropped.
-
-    counts: {"truncated": 0|1, "assistant_turns_cut": n} where n counts assistant turns that lost tokens.
-    """
+def truncate(input_ids: list[int], mask: list[int], max_length: int | None,
+             policy: str) -> tuple[list[int], list[int], dict[str, int]] | None:
+    """Apply `policy` to one tokenized record: (ids, mask, {"truncated": 0|1, "assistant_turns_cut": turns that
+    lost tokens}), or None when the record is dropped."""
     if policy not in TRUNCATION_POLICIES:
         raise UsageError(f"unknown truncation policy {policy!r}; choose one of {', '.join(TRUNCATION_POLICIES)}")
     if max_length is None or len(input_ids) <= max_length:
@@ -184,52 +143,19 @@ class EmptyMaskError(FatalError):
     """A record has no supervised token: the template produced no assistant mask for it."""
 
 
-def fit_example(
-    input_ids: list[int], mask: list[int], *, max_length: int | None, policy: str = "turn", where: str = "record"
-) -> tuple[list[int], list[int], dict[str, int]]:
-    """The empty-mask check, then the truncation policy: (ids, mask, counts) with counts `truncated`, `dropped`
-    and `assistant_turns_cut`; a dropped record comes back with empty ids and mask.
-
-    Raises EmptyMaskError on an empty mask, before truncation: that is a template or data defect, not a length
-    problem."""
+def fit_example(input_ids: list[int], mask: list[int], *, max_length: int | None, policy: str = "turn",
+                where: str = "record") -> tuple[list[int], list[int], dict[str, int]]:
+    """The empty-mask check (EmptyMaskError: a template or data defect, not a length problem), then the truncation
+    policy: (ids, mask, counts `truncated`, `dropped`, `assistant_turns_cut`); a dropped record has empty ids."""
     if not any(mask):
-        raise EmptyMaskError(
-            f"{where}: the chat template produced an empty assistant mask ({len(input_ids)} tokens, no "
-            "supervised token). Check that the record has an assistant message and that the template wraps "
-            "assistant output in {% generation %}...{% endgeneration %}"
-        )
+        raise EmptyMaskError(f"{where}: the chat template produced an empty assistant mask ({len(input_ids)} tokens, "
+                             "no supervised token). Check that the record has an assistant message and that the "
+                             "template wraps assistant output in {% generation %}...{% endgeneration %}")
     result = truncate(input_ids, mask, max_length, policy)
     if result is None:
         return [], [], {"truncated": 0, "dropped": 1, "assistant_turns_cut": len(assistant_spans(mask))}
     input_ids, mask, counts = result
     return input_ids, mask, {**counts, "dropped": 0}
-
-
-def build_example(
-    tokenizer,
-    record: dict[str, Any],
-    *,
-    max_length: int | None,
-    policy: str = "turn",
-    assistant_only_loss: bool = True,
-    stop_ids: Sequence[int] = (),
-    where: str = "record",
-    encoded: tuple[list[int], list[int]] | None = None,
-) -> dict[str, Any]:
-    """One training row: `input_ids`, `labels` (IGNORE_INDEX off the mask) and per-record counts.
-
-    `keep` is False when the truncation policy drops the record. Raises EmptyMaskError on an empty mask
-    (`fit_example`). `encoded`: the record's (input_ids, mask), when already encoded. The labels are
-    `label_batch`'s, as the data phase makes them for a whole batch.
-    """
-    input_ids, mask = encoded if encoded is not None else encode(tokenizer, record)
-    input_ids, mask, counts = fit_example(input_ids, mask, max_length=max_length, policy=policy, where=where)
-    if counts["dropped"]:
-        return {"input_ids": [], "labels": [], "keep": False, **counts, "n_supervised_return": 0,
-                "n_supervised_call": 0}
-    _, labels, tokens, _ = label_batch([input_ids], [mask], assistant_only_loss, stop_ids)
-    return {"input_ids": input_ids, "labels": labels[0].as_py(), "keep": True, **counts,
-            "n_supervised_return": tokens["supervised_return"], "n_supervised_call": tokens["supervised_call"]}
 
 
 TOKEN_KEYS = ("total_tokens", "supervised_tokens", "supervised_return", "supervised_call")
@@ -245,10 +171,13 @@ def label_batch(ids: list[list[int]], masks: list[list[int]], assistant_only_los
     import numpy as np
     import pyarrow as pa
 
-    # pyarrow's own conversion of nested int lists: measured 2.4x faster than numpy.fromiter over the chained
-    # lists plus offsets (pyarrow 26, 256 rows of 200-700 ids).
-    input_ids = pa.array(ids, pa.list_(pa.int32()))
-    flat = input_ids.flatten().to_numpy()
+    # numpy.fromiter over the chained rows, offsets from their lengths: 1.5x pyarrow's conversion of the nested
+    # lists (pyarrow 26, numpy 2.4, 256 rows of 100-700 ids, CPU time; measured for issue 52).
+    starts = np.zeros(len(ids) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, ids), dtype=np.int32, count=len(ids)), out=starts[1:])
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(starts[-1]))
+    offsets = arrow_array(starts, pa.int32())
+    input_ids = pa.ListArray.from_arrays(offsets, arrow_array(flat, pa.int32()))
     if assistant_only_loss:
         try:
             trained = np.frombuffer(b"".join(map(bytes, masks)), dtype=np.uint8) != 0
@@ -259,16 +188,13 @@ def label_batch(ids: list[list[int]], masks: list[list[int]], assistant_only_los
         values = np.where(trained, flat, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
     else:
         values, trained = flat, np.ones(len(flat), dtype=bool)
-    labels = pa.ListArray.from_arrays(input_ids.offsets, pa.array(values, pa.int32()))
+    labels = pa.ListArray.from_arrays(offsets, arrow_array(values, pa.int32()))
     columns = (np.ones(len(flat), dtype=bool), trained,
                values == stop_ids[0] if stop_ids else np.zeros(len(flat), dtype=bool),
                values == stop_ids[1] if len(stop_ids) > 1 else np.zeros(len(flat), dtype=bool))
     counts = {key: int(np.count_nonzero(col)) for key, col in zip(TOKEN_KEYS, columns, strict=True)}
-    rows = None
-    if per_row:
-        offsets = input_ids.offsets.to_numpy()
-        rows = [dict(zip(TOKEN_KEYS, r, strict=True)) for r in
-                zip(*(_row_sums(col, offsets).tolist() for col in columns), strict=True)]
+    rows = [dict(zip(TOKEN_KEYS, r, strict=True)) for r in
+            zip(*(_row_sums(col, starts).tolist() for col in columns), strict=True)] if per_row else None
     return input_ids, labels, counts, rows
 
 
@@ -287,18 +213,13 @@ def _row_sums(column, offsets):
 
 
 def check_stop_tokens_trained(tokenizer) -> None:
-    """Fail unless the template puts both `<|return|>` and `<|call|>` inside the assistant mask.
-
-    Run once per training run: a template that leaves the stop token outside `{% generation %}` trains a
-    model that never stops, and the loss curve does not show it.
-    """
+    """Fail unless the template puts both `<|return|>` and `<|call|>` inside the assistant mask (once per run:
+    a template that leaves a stop token outside `{% generation %}` trains a model that never stops)."""
     from beam_sft.template.tokenizer import stop_token_ids
 
     input_ids, mask = encode(tokenizer, STOP_PROBE)
     trained = {tok for tok, bit in zip(input_ids, mask, strict=True) if bit}
     missing = [m for m, tid in zip(STOP_MARKERS, stop_token_ids(tokenizer), strict=True) if tid not in trained]
     if missing:
-        raise FatalError(
-            f"the chat template does not train {', '.join(missing)}: the assistant mask must cover each "
-            "assistant turn through its stop token, or the model never learns to stop"
-        )
+        raise FatalError(f"the chat template does not train {', '.join(missing)}: the assistant mask must cover "
+                         "each assistant turn through its stop token, or the model never learns to stop")

@@ -1,47 +1,12 @@
-"""Dataset mixtures: the YAML `datasets:` list TRL's scripts read, with TRL's fraction rule, plus beam-sft's
-per-source keys.
-
-    datasets:
-      - path: json                        # a `datasets` builder (json, parquet, csv, text) + data_files,
-        data_files: data/tools.jsonl      # or a local file / directory / save_to_disk dir, with data_dir
-        fraction: 0.5
-        format: hermes                    # beam-sft: converter (default: the run's format)
-        max_records: 20000                # beam-sft: at most this many rows of this source, before fractions
-        missing_reasoning: keep           # beam-sft: the validator's policy for this source
-        shuffle: true                     # beam-sft: a seeded sample of the rows instead of the first ones
-        label: tools                      # beam-sft: the source's name in per-source eval metrics
-      - path: data/reasoning.jsonl
-        fraction: 0.3
-      - {path: data/chat.jsonl, fraction: 0.2}
-
-TRL's rule (`trl.scripts.utils.get_dataset`): with `fraction` set on every source (or on none), the shares
-are normalised to sum to one and the first `round(share * N)` rows of each source are taken, N the largest
-mixture size that takes no source beyond its rows; without fractions every row is taken. Rows are counted as
-`datasets.load_dataset` counts them (one per JSONL line, JSON array element, Parquet row), before conversion:
-the rows TRL would load are the rows converted here, then validated, deduplicated and tokenized like any
-input.
-
-Streamed (`scripts/train.py --streaming`), nothing is counted first: without fractions every row is read,
-source after source; with fractions the next row's source is a seeded draw by share, until a source runs
-out (`Mixture.streamed_items`). `max_records` still bounds each source; `shuffle` is refused (use
---shuffle_buffer).
-
-A hub dataset (an id, or a local directory laid out like a hub repository: a README.md with `configs:`) is
-read by `datasets.load_dataset(path, name, split=..., data_dir=..., data_files=..., revision=...)`, as TRL
-reads it (`revision` is beam-sft's key: TRL's DatasetConfig has none). `columns`: TRL's list of columns to
-keep, or beam-sft's mapping of record keys to columns (`{messages: conversations, tools: functions}`),
-applied to every row before its format is detected. `shuffle` (true, or an int seed; default seed: the run's) draws the taken rows at random, kept in file
-order.
-
-Every source has a `label` (`Mixture.labels`): the one given, else a slug of the entry (`source_slug`: the
-first data file's or the path's base name without extension, `_<name>` after it for a hub subset), made
-unique by `_2`, `_3`, ... in list order. The eval split records which source each of its rows came from
-under that label (the manifest's `eval_sources`): training logs `eval_<label>_loss` per source.
+"""Dataset mixtures: the YAML `datasets:` list TRL's scripts read, with TRL's fraction rule
+(`trl.scripts.utils.get_dataset`), plus beam-sft's per-source keys (format, max_records, missing_reasoning,
+shuffle, label, revision, columns as a mapping). See docs/training.md#dataset-mixtures.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -52,7 +17,6 @@ from beam_sft.records.files import Source, check_columns, data_sources, is_hub_l
 
 # `datasets` packaged builders whose rows come from `data_files`, and beam-sft's reader for each.
 BUILDERS = ("json", "parquet", "text", "csv", "arrow")
-TRL_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 
 
 @dataclass
@@ -78,8 +42,7 @@ class MixtureSource:
         if not isinstance(entry, dict) or "path" not in entry:
             raise UsageError(f"{where}: a dataset entry needs a `path` (got {entry!r})")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(entry) - known)
-        if unknown:
+        if unknown := sorted(set(entry) - known):
             raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} in dataset {entry['path']!r}; known: "
                              f"{', '.join(sorted(known))}")
         source = cls(**entry)
@@ -91,10 +54,9 @@ class MixtureSource:
         if self.path in BUILDERS and (self.name is not None or self.revision is not None):
             raise UsageError(f"{where}: `path: {self.path}` reads data_files: `name` and `revision` apply to a hub "
                              f"dataset or a dataset directory")
-        if self.fraction is not None and self.fraction < 0:
-            raise UsageError(f"{where}: fraction must be >= 0 (dataset {self.path!r})")
-        if self.max_records is not None and self.max_records < 0:
-            raise UsageError(f"{where}: max_records must be >= 0 (dataset {self.path!r})")
+        for key in ("fraction", "max_records"):
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise UsageError(f"{where}: {key} must be >= 0 (dataset {self.path!r})")
         if self.path in BUILDERS and not self.data_files:
             raise UsageError(f"{where}: `path: {self.path}` needs `data_files`")
         if self.label is not None and (not isinstance(self.label, str) or _slug(self.label) != self.label):
@@ -125,8 +87,6 @@ class MixtureSource:
 
 
 def _slug(text: str) -> str:
-    import re
-
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
@@ -195,10 +155,8 @@ class Mixture:
 
     def streamed_items(self) -> Iterator[Any]:
         """The rows of a mixture that is not counted first (`resolve(count=False)`, for streaming): without
-        fractions every row, source after source (as TRL concatenates them); with fractions a seeded draw of
-        the next source by its share, row after row (`datasets.interleave_datasets` with probabilities), until
-        a source with a share runs out, so no source is read past its rows, as TRL's rule takes none beyond
-        them. `max_records` bounds each source. The same seed gives the same sequence on every rank."""
+        fractions every row, source after source; with fractions a seeded draw of the next source by its share,
+        until a source runs out. The same seed gives the same sequence on every rank."""
         import numpy as np
 
         streams = [iter_items(plan.files, limit=plan.entry.max_records) for plan in self.plans]
@@ -284,17 +242,14 @@ def resolve(entries: list[dict[str, Any]], *, base: str | os.PathLike = ".", see
                                  "mixture is not counted: drop it and use --shuffle_buffer")
             for src in files:  # a hub split arrives as it downloads, not after a full download
                 src.streaming = src.kind == "hub"
-            plans.append(SourcePlan(spec, files, None))
-            continue
-        rows = sum(1 for _ in iter_items(files, limit=spec.max_records))
+        rows = sum(1 for _ in iter_items(files, limit=spec.max_records)) if count else None
         plans.append(SourcePlan(spec, files, rows))
-    if not count:
-        if not all(p.entry.fraction is None for p in plans):
-            shares([p.entry.fraction for p in plans])  # refused now if mixed or all zero
-        return Mixture(plans, seed, dict(settings or {}))
-    for plan, taken in zip(plans, taken_counts([p.rows for p in plans], [p.entry.fraction for p in plans]),
-                           strict=True):
-        plan.taken = taken
+    fractions = [p.entry.fraction for p in plans]
+    if count:
+        for plan, taken in zip(plans, taken_counts([p.rows for p in plans], fractions), strict=True):
+            plan.taken = taken
+    elif not all(f is None for f in fractions):
+        shares(fractions)  # refused now if mixed or all zero
     return Mixture(plans, seed, dict(settings or {}))
 
 

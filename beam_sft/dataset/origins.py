@@ -1,18 +1,7 @@
 """Where each row of a prepared split came from: its source and line (JSONL) or index (anything else).
 
-A prepared directory holds one `row_origins.arrow` per split (at the root for train, in `eval/` for eval): an
-Arrow IPC file with one row per dataset row, in dataset-row order, columns `src` (int32, into the source
-names of its schema metadata), `pos` (int64: the 1-based line or 0-based index, as `rejects.jsonl` gives it)
-and `by_line` (bool). So a training job that stops on a bad batch can name its records by file and line.
-
-How it is kept equal to the rows: each worker writes, beside its chunk's shard of a split (`part-K.arrow`),
-the origins of the same kept rows in the same order (`part-K.origins.arrow`, `src` into the chunk's names);
-whatever later takes rows out of a shard (`beam_sft.dataset.pipeline.drop_rows`: duplicates across chunks)
-takes the same rows out of its origins, and a merge of `--shard` runs copies both. When a split is committed,
-`OriginsWriter` appends the chunks' origins in chunk order, the same order as the split's data files, one
-chunk at a time.
-
-`row_origins(dataset_or_dir)` reads it back memory-mapped; only the rows asked for become Python objects.
+The `row_origins.arrow` sidecar of each split, written chunk by chunk beside the data and kept row for row with
+it; `row_origins` reads it back. See docs/prepare.md#how-a-run-works.
 """
 
 from __future__ import annotations
@@ -21,6 +10,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from beam_sft.storage import arrow_array, numpy_ints
 
 ORIGINS_FILE = "row_origins.arrow"
 _SUFFIX = ".origins.arrow"
@@ -43,8 +34,8 @@ def origins_batch(src: list[int], pos: list[int], by_line: list[bool]):
     import pyarrow as pa
 
     schema = origins_schema()
-    return pa.record_batch([pa.array(src, pa.int32()), pa.array(pos, pa.int64()), pa.array(by_line, pa.bool_())],
-                           schema=schema)
+    return pa.record_batch([arrow_array(src, pa.int32()), arrow_array(pos, pa.int64()),
+                            arrow_array(by_line, pa.bool_())], schema=schema)
 
 
 class OriginsWriter:
@@ -80,7 +71,7 @@ class OriginsWriter:
                     with pa.OSFile(path) as source:
                         table = pa.ipc.open_stream(source).read_all()
                     src, pos, by_line = (table.column(name).combine_chunks() for name in schema.names)
-                    src = pa.array(np.asarray(lookup, dtype=np.int32)[src.to_numpy()], pa.int32())
+                    src = arrow_array(np.asarray(lookup, dtype=np.int32)[numpy_ints(src)], pa.int32())
                     writer.write_batch(pa.record_batch([src, pos, by_line], schema=schema))
         for path, _ in self.parts:
             os.unlink(path)
@@ -111,7 +102,7 @@ class RowOrigins:
         bad = [row for row in rows if not 0 <= row < n]
         if bad:
             raise IndexError(f"rows {bad} out of range for {n} rows")
-        take = pa.array(rows, pa.int64())
+        take = arrow_array(rows, pa.int64())
         if self.indices is not None:
             take = self.indices.take(take)
         picked = self.table.take(take)
@@ -124,11 +115,9 @@ class RowOrigins:
 
 
 def row_origins(dataset_or_dir: Any) -> RowOrigins | None:
-    """The origins of a prepared split's rows, or None where there are none to be had: older prepared data,
-    a streaming or in-memory dataset, one whose rows were rewritten (a `map` to new files).
-
-    `dataset_or_dir`: a `datasets.Dataset` loaded from a prepared directory (the train split at its root, or
-    `eval/`), found through its `cache_files`; or the path of such a directory or of its `row_origins.arrow`."""
+    """The origins of a prepared split's rows (`dataset_or_dir`: a `datasets.Dataset` loaded from a prepared
+    directory, or the path of such a split or of its `row_origins.arrow`), or None where there are none to be
+    had: older prepared data, a streaming or in-memory dataset, one whose rows were rewritten (a `map`)."""
     if isinstance(dataset_or_dir, (str, os.PathLike)):
         path = Path(dataset_or_dir)
         path = path / ORIGINS_FILE if path.is_dir() else path

@@ -1,27 +1,7 @@
 """The data pipeline's core: raw rows -> Beam records -> `input_ids` + `labels`, in batches, and the ordered pool.
 
-Every driver runs these, nothing else: `beam_sft.dataset.prepare` (a run, its shards and their merge),
-`beam_sft.dataset.stream` (streaming) and `beam-sft convert` (the ordered pool)::
-
-    read_chunks      raw rows -> Arrow files of CHUNK_ROWS records (raw JSON + provenance), written as read
-    convert_batch    raw rows -> validated Beam records + rejects (with provenance)
-    tokenize_batch   Beam records -> rendered (beam_sft.render.encoder), masked, truncated and counted rows
-    label_batch      ids + masks -> labels and token counts (the one label builder, from beam_sft.dataset.examples)
-    run_task         one chunk: convert, tokenize, the kept rows written to its own shard of each split
-    ordered_map      a function over tasks in `num_proc` long-lived processes, results in input order
-
-With `num_proc` > 1 a pool of `num_proc` processes is started once per run; each builds its encoder once
-(inherited from the main process where processes fork, else set up from the disk cache, `beam_sft.render.
-tiktoken_backend.build_cached`). Tasks are handed out a few ahead and their results taken back in input
-order, so the shards, the rejects file and the counts do not depend on `num_proc` or on timing: a run gives
-the same bytes with 1 or N processes. The main process reads the input, writes the rejects and adds up
-counts; it never touches a tokenized row. Why not `datasets.map(num_proc=...)`: it starts a pool per call,
-pickling the tokenizer to every worker and rebuilding the encoder there, once per chunk, and its Arrow writer
-costs more per row than the encoding.
-
-An unexpected exception while converting or rendering one record makes that record a reject with reason
-`internal_error`, never a stopped run. An empty assistant mask stays a hard error naming the record: that is a
-template defect that would silently train nothing.
+Every driver runs these, nothing else: `beam_sft.dataset.prepare`, `beam_sft.dataset.stream` and `beam-sft
+convert`. See docs/prepare.md#how-a-run-works.
 """
 
 from __future__ import annotations
@@ -41,9 +21,10 @@ import orjson
 from beam_sft.dataset.examples import Counts, fit_example, label_batch
 from beam_sft.dataset.origins import origins_batch, origins_schema, shard_origins_path
 from beam_sft.errors import RecordError, UsageError, internal_error, reject_entry
+from beam_sft.storage import arrow_array
 
 RAW_BATCH = 2000  # rows per Arrow record batch while reading: a few MB in flight
-# Records per chunk of `build_prepared`: the most that is ever memory-mapped at once (tens of MB of JSON).
+# Records per chunk of `PrepareRun`: the most that is ever memory-mapped at once (tens of MB of JSON).
 CHUNK_ROWS = 5_000
 # Rows per encoder call: large enough for the encoder's batched tokenization, small enough to keep the
 # Python lists of one batch small.
@@ -211,13 +192,9 @@ def raw_row(item, index: dict[str, int]) -> dict[str, Any]:
 def read_chunks(names: list[str], items: Iterable[Any], prefix: str | os.PathLike, *, chunk_rows: int | None = None,
                 own: Callable[[int], bool] | None = None, progress: bool = False) -> Iterator[str | None]:
     """The input `items` (`beam_sft.records.files.iter_items`, the readers `convert-dataset` uses, of the sources
-    `names`), `chunk_rows` at a time, each chunk an Arrow file (its path: `prefix-00000.arrow`, ...).
-
-    Record batches are written as the items are read; a chunk's file is written completely before it is
-    yielded, the next one after the caller is done with it. Unreadable rows carry their `RecordError`. At least
-    one (maybe empty) chunk is yielded. `own(n)` False: chunk n is another shard's (`beam-sft prepare --shard`):
-    its rows are counted through, not written, and None is yielded in its place, so every shard numbers the
-    chunks alike.
+    `names`), `chunk_rows` at a time, each chunk an Arrow file (`prefix-00000.arrow`, ...), written completely
+    before it is yielded; unreadable rows carry their `RecordError`; at least one (maybe empty) chunk. `own(n)`
+    False: chunk n is another shard's: its rows are counted through, not written, and None yielded in its place.
     """
     from tqdm import tqdm
 
@@ -266,7 +243,7 @@ def _write_columns(writer, cols: dict[str, list], schema) -> None:
     import pyarrow as pa
 
     if cols[schema.names[0]]:
-        writer.write_batch(pa.record_batch([pa.array(cols[k], schema.field(k).type) for k in schema.names],
+        writer.write_batch(pa.record_batch([arrow_array(cols[k], schema.field(k).type) for k in schema.names],
                                            schema=schema))
         for v in cols.values():
             v.clear()
@@ -294,7 +271,7 @@ def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_re
     holds each kept record's (`key`, reasoning counts) for deduplication (`beam_sft.records.dedup`), None for a
     reject; the records' reasoning is then counted per row there, not in `reasoning`."""
     from beam_sft.dataset.reasoning_stats import reasoning_counts
-    from beam_sft.records.dedup import record_key
+    from beam_sft.records.dedup import record_key, text_key
     from beam_sft.validate.convert import try_convert
     from beam_sft.validate.rules import Options
 
@@ -303,6 +280,8 @@ def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_re
                (set(missing_reasoning) if per_source else [missing_reasoning])}
     out: dict[str, list] = {"record": [], "reason": [], "reject": [], "key": []}
     kept = []
+    # Records handed on as dicts: their serialisation check writes the sorted JSON the dedup key hashes.
+    sort = orjson.OPT_SORT_KEYS if dedup and as_dicts else None
     for src, pos, by_line, payload, error in zip(*(batch[k] for k in RAW_COLUMNS), strict=True):
         if error is not None:
             code, index, message = json.loads(error)
@@ -312,14 +291,15 @@ def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_re
                 missing_reasoning[src] if per_source else missing_reasoning], raw=True)
         if reject is None:
             try:
-                text = orjson.dumps(rec)
+                text = orjson.dumps(rec, option=sort)
             except (TypeError, orjson.JSONEncodeError) as exc:  # a record no file could hold costs only itself
                 reject = internal_error(exc)
             else:
                 out["record"].append(rec if as_dicts else text.decode())
                 kept.append(rec)
                 if dedup:
-                    out["key"].append((record_key(rec), tuple(reasoning_counts([rec]).values())))
+                    out["key"].append((text_key(text) if sort else record_key(rec),
+                                       tuple(reasoning_counts([rec]).values())))
                 out["reason"].append(None)
                 out["reject"].append(None)
                 continue
@@ -421,7 +401,9 @@ class _ChunkOutput:
 
     def tokenized(self, row: Row | None, split: str, done: dict[str, list], j: int) -> None:
         counts = {"records_in": 1, **{key: done[column][j] for column, key in SUMMED.items()}}
-        self.stats[split].update(counts)
+        stats = self.stats[split]
+        for key, value in counts.items():  # not Counter.update: its Mapping check, once a record, costs more
+            stats[key] += value
         if row is not None:
             row.split, row.stats = split, counts
 
@@ -460,28 +442,35 @@ class _ChunkOutput:
         self.result.shards = {split: self.task.shards[split] for split in self.open}
 
 
-def _unique_rows(cols: dict[str, list], present: list[int], task: Task, seen, result: Result) -> list[int]:
+def _unique_rows(cols: dict[str, list], present: list[int], task: Task, seens: tuple, result: Result) -> list[int]:
     """With dedup: the rows of `present` that this chunk has not met yet (the others become `duplicate` rejects
-    here, before tokenizing), each given its Row."""
-    unique = []
+    here, before tokenizing), each given its Row. `seens`: this chunk's first occurrences, and, in the main
+    process of a single run, the run's (then what earlier chunks hold is a `duplicate` here too, instead of
+    being taken out of a written shard afterwards: the same checks in the same order, the same outputs)."""
+    unique, first = [], len(result.rows)
     for i in present:
         key, reasoning = cols["key"][i]
         src, pos, by_line = cols["src"][i], cols["pos"][i], cols["by_line"][i]
-        dup = seen.check(key, task.names[src], pos, by_line)
+        for n, seen in enumerate(seens):
+            dup = seen.check(key, task.names[src], pos, by_line)
+            if dup is not None:
+                result.reject(dup.code.value, orjson.dumps(reject_entry(dup, task.names[src], pos, by_line)).decode())
+                result.n_records -= n  # "less duplicates" of earlier chunks, as `PrepareRun` counts them
+                break
         if dup is not None:
-            result.reject(dup.code.value, orjson.dumps(reject_entry(dup, task.names[src], pos, by_line)).decode())
             continue
-        result.rows.append(_row(result, key, src, pos, by_line, reasoning))
+        result.rows.append(Row(key, src, pos, by_line, reasoning))
         unique.append(i)
+    _count_reasoning(result, result.rows[first:])
     return unique
 
 
-def _row(result: Result, key: int, src: int, pos: int, by_line: bool, reasoning) -> Row:
-    """A Row; its record's reasoning counted (the main process takes a duplicate's back out)."""
+def _count_reasoning(result: Result, rows: list[Row]) -> None:
+    """The rows' reasoning counted, a batch at once (the main process takes a duplicate's back out)."""
     from beam_sft.dataset.reasoning_stats import KEYS
 
-    result.reasoning.update(dict(zip(KEYS, reasoning, strict=True)))
-    return Row(key, src, pos, by_line, reasoning)
+    if rows:
+        result.reasoning.update(dict(zip(KEYS, map(sum, zip(*(row.reasoning for row in rows))), strict=True)))
 
 
 def _keyed(batches: Iterable[dict[str, list]], result: Result) -> Iterator[dict[str, list]]:
@@ -489,19 +478,21 @@ def _keyed(batches: Iterable[dict[str, list]], result: Result) -> Iterator[dict[
     process decides the duplicates before the second pass tokenizes)."""
     index = 0
     for cols in batches:
+        first = len(result.rows)
         for key, src, pos, by_line in zip(cols["key"], cols["src"], cols["pos"], cols["by_line"], strict=True):
             if key is not None:
-                result.rows.append(_row(result, key[0], src, pos, by_line, key[1]))
-                result.rows[-1].index = index
+                result.rows.append(Row(key[0], src, pos, by_line, key[1], index=index))
             index += 1
+        _count_reasoning(result, result.rows[first:])
         yield cols
 
 
-def _tokenize_into(batches: Iterable[dict[str, list]], task: Task, job: Job, result: Result) -> None:
+def _tokenize_into(batches: Iterable[dict[str, list]], task: Task, job: Job, result: Result, run_seen) -> None:
     from beam_sft.records.dedup import Seen
 
     output = _ChunkOutput(task, job, result)
     seen = Seen() if job.dedup and task.raw is not None else None
+    seens = (seen,) if seen is None or run_seen is None else (seen, run_seen)
     row = 0
     try:
         for cols in batches:
@@ -511,7 +502,7 @@ def _tokenize_into(batches: Iterable[dict[str, list]], task: Task, job: Job, res
             rows: list[Row | None] = [None] * len(present)
             if seen is not None:
                 first = len(result.rows)
-                present = _unique_rows(cols, present, task, seen, result)
+                present = _unique_rows(cols, present, task, seens, result)
                 rows = result.rows[first:]
             if present:
                 _tokenize_present(cols, present, rows, row, output)
@@ -546,21 +537,19 @@ def _tokenize_present(cols, present: list[int], rows: list, row: int, output: _C
 
 
 def _write_converted(batches: Iterable[dict[str, list]], path: str) -> None:
-    import pyarrow as pa
-
     schema = _schema(*CONVERTED_COLUMNS)
     with _stream_writer(path, schema) as writer:
         for cols in batches:
-            writer.write_batch(pa.record_batch([pa.array(cols[k], schema.field(k).type) for k in schema.names],
-                                               schema=schema))
+            _write_columns(writer, cols, schema)
 
 
-def run_task(task: Task, job: Job) -> Result:
-    """Run one chunk's task (in a worker or in the main process)."""
+def run_task(task: Task, job: Job, run_seen=None) -> Result:
+    """Run one chunk's task (in a worker or in the main process). `run_seen`: the run's first occurrences
+    (`beam_sft.records.dedup.Seen`), for a tokenizing task in the main process (see `_unique_rows`)."""
     result = Result(task.index)
     batches = _converted_batches(task, job, result)
     if task.tokenize:
-        _tokenize_into(batches, task, job, result)
+        _tokenize_into(batches, task, job, result, run_seen)
     else:
         _write_converted(_keyed(batches, result) if job.dedup else batches, task.convert_to)
     return result
@@ -589,11 +578,8 @@ def _run_in_worker(task: Task) -> Result:
 def ordered_map(function: Callable, args: Iterable[tuple], num_proc: int | None, *, init: tuple = (None, ()),
                 start_method: str | None = None, ahead: int = 2) -> Iterator[Any]:
     """`function(*a)` for each `a` of `args`, in their order, computed by `num_proc` long-lived processes (or
-    this one: `num_proc` None or 1). `init`: (initializer, its arguments), run once per process.
-
-    `args` is consumed lazily, at most `ahead * num_proc` ahead of the result being waited for, so the input is
-    read only as fast as the workers take it (`Pool.imap` would read the whole input ahead).
-    """
+    this one: `num_proc` None or 1). `init`: (initializer, its arguments), run once per process. `args` is read
+    at most `ahead * num_proc` ahead of the result waited for (`Pool.imap` would read the whole input ahead)."""
     initializer, initargs = init
     if not num_proc or num_proc <= 1:
         if initializer is not None:
@@ -614,31 +600,30 @@ def ordered_map(function: Callable, args: Iterable[tuple], num_proc: int | None,
             yield pending.popleft().get()
 
 
-def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None) -> Iterator[Result]:
+def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None, run_seen=None) -> Iterator[Result]:
     """The results of `tasks`, in their order (`ordered_map`), the encoder built before the workers fork, so
-    they inherit it."""
+    they inherit it. `run_seen` reaches the tasks only when they run in this process (`in_process`)."""
     from beam_sft.render.encoder import get_encoder
 
     get_encoder(job.tokenizer)
     with _frozen():
-        if not num_proc or num_proc <= 1:
+        if in_process(num_proc):
             for task in tasks:
-                yield run_task(task, job)
+                yield run_task(task, job, run_seen)
             return
         yield from ordered_map(_run_in_worker, ((task,) for task in tasks), num_proc, init=(_init_worker, (job,)))
 
 
+def in_process(num_proc: int | None) -> bool:
+    """Whether `run_tasks` runs its tasks in this process."""
+    return not num_proc or num_proc <= 1
+
+
 @contextmanager
 def _frozen() -> Iterator[None]:
-    """The cyclic GC kept out of the way while the records stream through.
-
-    Everything alive now (tokenizer, encoder, a training job's model) is frozen: a full collection otherwise
-    walks all of it again and again (with the encoder's piece cache, a fifth of the encoding time, measured).
-    Garbage cycles are collected first so that none is kept. The young generation's threshold is raised: a
-    batch's records, ids and masks are acyclic and freed by reference counting, so collecting every 700
-    allocations only re-scans live batch objects (9% of a process's CPU time at the default, 4% at 20,000,
-    none at 200,000, measured on 20k records); the threshold still bounds what cycles could pile up. Forked
-    workers inherit both (`gc.freeze` also keeps their pages shared). Both are undone at the end."""
+    """The cyclic GC kept out of the way while the records stream through: everything alive now frozen (after
+    collecting garbage cycles), the young generation's threshold raised; both undone at the end. See
+    docs/prepare.md (The cyclic GC)."""
     gc.collect()
     gc.freeze()
     thresholds = gc.get_threshold()
@@ -697,7 +682,7 @@ def _drop_from(path: str, drop) -> int:
                 keep[here] = False
                 start += batch.num_rows
                 if keep.any():
-                    writer.write_batch(batch.filter(pa.array(keep)))
+                    writer.write_batch(batch.filter(arrow_array(keep, pa.bool_())))
                     written += int(keep.sum())
     if not written:
         os.unlink(path + ".tmp")

@@ -1,27 +1,7 @@
 """The data phase of a training job: source(s) + tokenizer + settings in, a prepared directory out.
 
-    build_prepared   a `PrepareRun`: per chunk, in the pipeline's pool (beam_sft.dataset.pipeline): convert,
-                     then tokenize; each chunk's kept rows written to its own shard of the prepared directory
-    merge_shards     the same run from the shard directories of `build_prepared(shard=...)`
-    prepare_data     build_prepared cached under a fingerprint, once per job (main process first)
-    load_prepared    a prepared directory, memory-mapped and checked against the run
-
-Every input record ends up in exactly one place: a kept row, `rejects.jsonl` (with its source, line or index,
-reason and message), or the "dropped by truncation" count; `build_prepared` checks that the numbers add up.
-
-A *prepared directory* holds the train split as a `save_to_disk` dataset (`input_ids`, `labels`) at its root,
-an optional `eval/` split, `rejects.jsonl` and `beam_sft_manifest.json` (what made it: tokenizer and template
-hashes, `max_length`, policy, sources, counts; for an eval split drawn from a mixture, `eval_sources`: which
-rows came from which source). Each split also has `row_origins.arrow`: every row's source and line or index
-(`beam_sft.dataset.origins.row_origins`). `datasets.load_from_disk` reads it as a plain pre-tokenized
-dataset, so plain TRL can train on it too.
-
-Cache: `prepare_data` keeps prepared directories under `cache_dir` (default `$BEAM_SFT_PREPARED_CACHE`, else
-`$HF_DATASETS_CACHE/beam_sft_prepared`, else `~/.cache/huggingface/datasets/beam_sft_prepared`), one per
-fingerprint of (data files: path + size + mtime_ns, small ones hashed; a hub dataset's commit, or when that
-cannot be established, a fresh nonce: rebuilt, never served stale; format, split, max_records, tokenizer vocabulary, chat
-template, max_length, truncation policy, assistant_only_loss, eval split and seed, code version). A second
-run with the same inputs loads it; any change makes a new entry.
+`PrepareRun` builds one (or a shard of one, or one merged from shards), `prepare_data` caches it under a
+fingerprint once per job, `load_prepared` reads it back. See docs/prepare.md#how-a-run-works.
 """
 
 from __future__ import annotations
@@ -49,6 +29,7 @@ from beam_sft.dataset.pipeline import (
     convert_records,
     copy_shard,
     drop_rows,
+    in_process,
     open_stream,
     read_chunks,
     run_tasks,
@@ -107,12 +88,9 @@ def _eval_mask(n_train: int, settings: DataSettings):
 
 def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.PathLike, *,
                  eval_dataset_name: str | None = None) -> Iterator[dict[str, Any]]:
-    """The Beam records of the eval split that the data phase holds out for these settings, in order.
-
-    For `scripts/train.py --eval_beam`, which generates from conversations, not from the tokenized split:
-    the records of `eval_dataset_name` (a path or id: its "test" split; or sources), or else the same seeded share of `dataset_name`'s
-    converted records that `build_prepared` puts in `eval/`. Nothing when there is no eval split.
-    """
+    """The Beam records of the eval split that the data phase holds out for these settings, in order (for
+    `--eval_beam`): those of `eval_dataset_name` (its "test" split), or else the seeded share of `dataset_name`'s
+    converted records that `PrepareRun.build` puts in `eval/`. Nothing when there is no eval split."""
     import tempfile
 
     from beam_sft.records.dedup import Seen
@@ -245,7 +223,10 @@ class PrepareRun:
     """One run of the data phase and all its state: the inputs and settings, the work directory, the split
     writers, the rejects file, the chunks and the counts (a `Result` summed over the chunks' results, in input
     order). `build` writes a prepared directory, `shard` a shard directory, `merge` a prepared directory from
-    shard directories: the same bytes a single run writes."""
+    shard directories: the same bytes a single run writes, whatever `num_proc` (None or 1: this process).
+
+    `eval_inputs`: separate eval data (split "test"); else `settings.eval_split_size` holds out a seeded share
+    of the converted records. `chunk_rows`: records per chunk (default `CHUNK_ROWS`)."""
 
     inputs: Any  # paths, or a Mixture
     tokenizer: Any
@@ -310,8 +291,9 @@ class PrepareRun:
             raise UsageError(f"shard {index}/{count}: I/N needs 0 <= I < N")
         if self.draws_eval:
             raise UsageError("an eval split drawn among the converted records (eval_split_size) needs all of them "
-                             "first: with shards, give the eval data separately (--dataset_test_split), or prepare without "
-                             "one and train with eval_split_size (it then holds out a seeded share of the rows)")
+                             "first: with shards, give the eval data separately (--dataset_test_split), or prepare "
+                             "without one and train with eval_split_size (it then holds out a seeded share of the "
+                             "rows)")
         if self.fingerprint is None:
             self.fingerprint = fingerprint(self.identity or train_identity(self.inputs, self.settings),
                                            self.tokenizer, self.settings)
@@ -333,7 +315,7 @@ class PrepareRun:
         from tqdm import tqdm
 
         self.settings.check()
-        if not self.eval_inputs and self.settings.eval_split_size > 0:
+        if self.draws_eval:
             raise UsageError("shards hold no eval split drawn among the records (eval_split_size): merge without it")
         dirs, n_chunks = _shard_set(shard_dirs, self.fingerprint)
         with self._session(["train", "eval"] if self.eval_inputs else ["train"]):
@@ -408,7 +390,10 @@ class PrepareRun:
 
         with tqdm(desc="converting" if self.draws_eval else "preparing", unit=" rec",
                   disable=not self.progress or None, mininterval=0.5) as bar:
-            for result in run_tasks(self._tasks(shard), Job.of(self.tokenizer, self.settings), self.num_proc):
+            # A single run's tasks in this process check the run's first occurrences themselves.
+            checked = shard is None and not self.draws_eval and in_process(self.num_proc)
+            for result in run_tasks(self._tasks(shard), Job.of(self.tokenizer, self.settings), self.num_proc,
+                                    self.seen if checked else None):
                 chunk = self.chunks[result.index]
                 if shard is not None:
                     write_json_atomic(str(self.final / "results" / f"part-{result.index:05d}.json"),
@@ -416,7 +401,7 @@ class PrepareRun:
                     bar.update(result.records_in)
                     os.unlink(chunk.raw)
                     continue
-                dup_rows = self._deduplicate(result, chunk)
+                dup_rows = self._deduplicate(result, chunk, checked)
                 if dup_rows and self.draws_eval:
                     chunk.skip = np.zeros(result.records_in, dtype=bool)
                     chunk.skip[dup_rows] = True
@@ -455,9 +440,10 @@ class PrepareRun:
                 self._take(result, bar, self.chunks[result.index].names)
                 os.unlink(self.chunks[result.index].converted)
 
-    def _deduplicate(self, result: Result, chunk: _Chunk) -> list[int]:
+    def _deduplicate(self, result: Result, chunk: _Chunk, checked: bool = False) -> list[int]:
         """Take the records earlier chunks already hold out of `result` (counts, rejects, shard rows), as
-        `duplicate` rejects; returns their rows of a convert-only chunk."""
+        `duplicate` rejects; returns their rows of a convert-only chunk. `checked`: the task did (`run_task`'s
+        `run_seen`): only its rejects are put in input order here."""
         import orjson
 
         from beam_sft.dataset.reasoning_stats import KEYS
@@ -465,8 +451,9 @@ class PrepareRun:
 
         if self.seen is None:
             return []
-        dups = [(row, err) for row in result.rows
-                if (err := self.seen.check(row.key, chunk.names[row.src], row.pos, row.by_line)) is not None]
+        dups = [] if checked else [
+            (row, err) for row in result.rows
+            if (err := self.seen.check(row.key, chunk.names[row.src], row.pos, row.by_line)) is not None]
         retract, drops = set(), {}
         for row, err in dups:
             result.reasoning.subtract(dict(zip(KEYS, row.reasoning, strict=True)))
@@ -608,60 +595,16 @@ class PrepareRun:
         return out
 
 
-def build_prepared(
-    inputs: Sequence[str],
-    tokenizer,
-    settings: DataSettings,
-    out_dir: str | os.PathLike,
-    *,
-    eval_inputs: Sequence[str] | None = None,
-    num_proc: int | None = None,
-    progress: bool = False,
-    identity: Any = None,
-    fingerprint: str | None = None,
-    extra_manifest: dict[str, Any] | None = None,
-    chunk_rows: int | None = None,
-    shard: tuple[int, int] | None = None,
-) -> dict[str, Any]:
-    """Run the whole phase and write a prepared directory at `out_dir` (atomically). Returns its manifest.
-
-    `eval_inputs`: separate eval data (split "test" of hub/disk datasets); else `settings.eval_split_size`
-    holds out a seeded share of the converted records. Empty-mask records raise; every other bad record is a
-    reject in `out_dir/rejects.jsonl`.
-
-    Memory stays flat as the data grows: the input is cut into chunks of `chunk_rows` records (default
-    `CHUNK_ROWS`); each chunk is converted and tokenized by one task of `beam_sft.dataset.pipeline` (in
-    `num_proc` long-lived processes, or this one when it is None or 1), which writes the chunk's kept rows
-    to its own shard of the output. When an eval split is drawn among the converted records, every chunk is
-    converted first (that fixes the split) and tokenized in a second pass. The output is the same bytes
-    whatever `num_proc` is.
-
-    `shard` (I, N): only chunks I, I + N, ... are converted and tokenized (every shard still reads the whole
-    input to number them), and `out_dir` becomes a *shard directory*: their Arrow files and each chunk's
-    result (counts, rejects, dedup keys), with `beam_sft_shard.json`. `merge_shards` turns the N of them
-    into the prepared directory a single run writes, byte for byte. Returns the shard manifest.
-    """
-    run = PrepareRun(inputs, tokenizer, settings, out_dir, eval_inputs, identity, fingerprint, extra_manifest,
-                     num_proc, chunk_rows, progress)
-    return run.build() if shard is None else run.shard(shard)
-
-
-def read_shard_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
-    try:
-        return json.loads((Path(path) / SHARD_MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def _shard_set(shard_dirs: Sequence[str | os.PathLike], fingerprint: str | None) -> tuple[list[Path], int]:
     """The shard directories in shard order (0..N-1, each once, all of one run): refused otherwise, naming what
     is wrong. Returns them and the number of chunks."""
     found: dict[int, tuple[Path, dict[str, Any]]] = {}
     for d in shard_dirs:
-        manifest = read_shard_manifest(d)
-        if manifest is None:
+        try:
+            manifest = json.loads((Path(d) / SHARD_MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             raise UsageError(f"{d}: not a shard directory (no {SHARD_MANIFEST}); make one with "
-                             "`beam-sft prepare ... --shard I/N`")
+                             "`beam-sft prepare ... --shard I/N`") from None
         if manifest.get("beam_sft_shard") != DATA_VERSION:
             raise UsageError(f"{d}: written by another beam-sft data version ({manifest.get('beam_sft_shard')}, "
                              f"this one reads {DATA_VERSION}); prepare it again")
@@ -682,25 +625,6 @@ def _shard_set(shard_dirs: Sequence[str | os.PathLike], fingerprint: str | None)
     if missing:
         raise UsageError(f"shard(s) {', '.join(map(str, missing))} of {first['of']} missing")
     return [found[i][0] for i in range(first["of"])], first["chunks"]
-
-
-def merge_shards(
-    shard_dirs: Sequence[str | os.PathLike],
-    inputs,
-    tokenizer,
-    settings: DataSettings,
-    out_dir: str | os.PathLike,
-    *,
-    eval_inputs: Sequence[str] | None = None,
-    progress: bool = False,
-    identity: Any = None,
-    fingerprint: str | None = None,
-    extra_manifest: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The N shard directories of one run (`build_prepared(shard=...)`, same inputs and settings as here) ->
-    the prepared directory at `out_dir` a single run writes (`PrepareRun.merge`). Returns the manifest."""
-    return PrepareRun(inputs, tokenizer, settings, out_dir, eval_inputs, identity, fingerprint, extra_manifest,
-                      progress=progress).merge(shard_dirs)
 
 
 def load_prepared(path: str | os.PathLike, tokenizer=None, settings: DataSettings | None = None) -> Prepared:
@@ -740,7 +664,6 @@ def _use_prepared(path: str, tokenizer, settings: DataSettings, eval_inputs) -> 
         raise UsageError(f"{path} is a prepared dataset: max_records applies to raw data (prepare it with "
                          "`beam-sft prepare --max_records N`)")
     prepared = load_prepared(path, tokenizer, settings)
-    prepared.action = "loaded"
     if settings.eval_split_size > 0 and not eval_inputs:
         if prepared.eval is not None:
             raise UsageError(f"{path} already holds an eval split; drop eval_split_size")
@@ -784,17 +707,10 @@ def _main_process_first(state, build_if_missing) -> None:
             build_if_missing()
 
 
-def prepare_data(
-    inputs: Sequence[str] | str,
-    tokenizer,
-    settings: DataSettings,
-    *,
-    eval_inputs: Sequence[str] | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    num_proc: int | None = None,
-    record_dir: str | os.PathLike | None = None,
-    progress: bool = False,
-) -> Prepared:
+def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings, *,
+                 eval_inputs: Sequence[str] | None = None, cache_dir: str | os.PathLike | None = None,
+                 num_proc: int | None = None, record_dir: str | os.PathLike | None = None,
+                 progress: bool = False) -> Prepared:
     """The data phase of a training job: raw data -> tokenized, memory-mapped datasets + counts, once per job.
 
     `inputs` is raw data (converted and tokenized here, cached under a fingerprint in `cache_dir`) or one
@@ -832,8 +748,8 @@ def prepare_data(
         nonlocal action
         if read_manifest(path) is None:
             logger.info("preparing data into %s", path)
-            build_prepared(inputs, tokenizer, settings, path, eval_inputs=eval_inputs, num_proc=num_proc,
-                           progress=progress, identity=identity, fingerprint=fp)
+            PrepareRun(inputs, tokenizer, settings, path, eval_inputs, identity, fp, num_proc=num_proc,
+                       progress=progress).build()
             action = "tokenized"
         else:
             logger.info("loading prepared data from cache %s", path)

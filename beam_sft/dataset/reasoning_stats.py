@@ -1,8 +1,7 @@
 """How many assistant turns of converted records have no reasoning, and how many are masked (weight 0).
 
-Counted on the validated record dicts as the conversion makes them (`beam_sft.dataset.pipeline.convert_batch`),
-a few dict lookups per message: a validated assistant message always has a `reasoning_content` string, and
-only assistant messages carry a `weight`.
+Counted on the validated record dicts (a validated assistant message always has a `reasoning_content` string,
+and only assistant messages carry a `weight`), a few dict lookups per message.
 """
 
 from __future__ import annotations

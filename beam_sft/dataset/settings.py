@@ -1,10 +1,7 @@
 """What decides a prepared dataset, and how a prepared directory says what made it.
 
-`DataSettings` (format, `max_length`, truncation policy, eval split, ...), the hashes of the tokenizer and
-chat template, the identity of the sources (`source_identity`: path + size + mtime_ns, small files' bytes
-hashed; a hub dataset's commit), the cache
-`fingerprint` of all of these, and the manifest (`beam_sft_manifest.json`) of a prepared directory: read,
-and checked against a run before it trains.
+`DataSettings`, the tokenizer and template hashes, `source_identity`, the cache `fingerprint` of all of these,
+and the manifest (`beam_sft_manifest.json`): read, and checked against a run before it trains.
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ logger = logging.getLogger(__name__)
 DATA_VERSION = "2"  # 2: the manifest says which mixture source each eval row came from (eval_sources)
 MANIFEST = "beam_sft_manifest.json"
 EVAL_DIR = "eval"
-# Manifest fields a prepared dataset must match before it trains (field -> what the run uses).
-CHECKED_FIELDS = ("tokenizer", "chat_template", "max_length", "truncation_policy", "assistant_only_loss")
 
 
 @dataclass(frozen=True)
@@ -184,12 +179,10 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
 
 def check_manifest(manifest: dict[str, Any], tokenizer, settings: DataSettings, where: str) -> None:
     """Fail with a message naming the first field where the prepared data and this run disagree."""
-    want = run_fields(tokenizer, settings)
-    for key in CHECKED_FIELDS:
+    for key, wanted in run_fields(tokenizer, settings).items():
         have = manifest.get(key)
-        if have != want[key]:
+        if have != wanted:
             what = {"tokenizer": "tokenizer vocabulary", "chat_template": "chat template"}.get(key, key)
-            raise UsageError(
-                f"{where} was prepared with a different {what}: manifest field {key!r} is {have!r}, this run has "
-                f"{want[key]!r}; run `beam-sft prepare` again with this run's settings, or match them"
-            )
+            raise UsageError(f"{where} was prepared with a different {what}: manifest field {key!r} is {have!r}, "
+                             f"this run has {wanted!r}; run `beam-sft prepare` again with this run's settings, "
+                             "or match them")

@@ -41,11 +41,8 @@ def _tokenized(batch: dict[str, list], job: Job, names: list[str]) -> dict[str, 
 
 
 class StreamRejects:
-    """Filter of a streamed dataset: keeps converted records, appends the rejected ones to a per-rank file.
-
-    The rank is read when the first batch arrives (the filter runs in the training process or its data
-    workers), so the same object serves every rank.
-    """
+    """Filter of a streamed dataset: keeps converted records, appends the rejected ones to a per-rank file (the
+    rank read when a batch arrives, so the same object serves every rank and its data workers)."""
 
     def __init__(self, directory: str | os.PathLike | None, column: str = "reject") -> None:
         self.directory = None if directory is None else os.fspath(directory)
@@ -66,32 +63,15 @@ class StreamRejects:
         return [text is None for text in batch[self.column]]
 
 
-def stream_training_data(
-    inputs: Sequence[str] | str,
-    tokenizer,
-    settings: DataSettings,
-    *,
-    world_size: int = 1,
-    shards_per_rank: int = 1,
-    rejects_dir: str | os.PathLike | None = None,
-    shuffle_buffer: int | None = None,
-):
+def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings, *, world_size: int = 1,
+                         shards_per_rank: int = 1, rejects_dir: str | os.PathLike | None = None,
+                         shuffle_buffer: int | None = None):
     """Raw data -> a `datasets.IterableDataset` of `input_ids` + `labels`, converted and tokenized on the fly.
 
-    Nothing is written but rejects (`rejects_dir/rejects.rank<N>.jsonl`, as they are met): for data that does
-    not fit on the disk, or to start training at once. The stream has `world_size * shards_per_rank` shards,
-    shard s holding every (world_size * shards_per_rank)-th record from s, so a split by node (what accelerate's
-    dataloader does to a `datasets.IterableDataset` with `IterableDataset.shard`, the shard path of
-    `datasets.distributed.split_dataset_by_node`) gives each rank its own records before they are parsed,
-    converted or tokenized. Each rank still reads the input bytes once. The same truncation policy, masks
-    and empty-mask error as `prepare_data`; records the template rejects are rejects too. Counts are not known
-    ahead (use `beam-sft prepare` for them), so there is no eval split and `max_steps` must be set.
-    `shuffle_buffer` N: records come out of a seeded buffer of N raw records (`datasets`'
-    `IterableDataset.shuffle`: `settings.seed`, plus the epoch the Trainer sets), so memory stays bounded by N
-    records; the same seed gives the same order.
-    `inputs` may be a `datasets:` mixture resolved without counting (`beam_sft.dataset.mixture.resolve(...,
-    count=False)`): its shares are drawn as the rows stream (`Mixture.streamed_items`), each source with its
-    own format, missing-reasoning policy and `max_records`.
+    Nothing is written but rejects (`rejects_dir/rejects.rank<N>.jsonl`). The stream has `world_size *
+    shards_per_rank` shards, shard s holding every (world_size * shards_per_rank)-th record from s, so a split by
+    node gives each rank its own records before they are parsed. `shuffle_buffer` N: a seeded buffer of N raw
+    records. `inputs` may be a mixture resolved with `count=False`. See docs/training.md (Streaming).
     """
     from datasets import Features, IterableDataset, List, Value
 

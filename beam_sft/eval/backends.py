@@ -59,12 +59,9 @@ def eos_stops(tokenizer) -> dict[int, str]:
 def _finish(tokenizer, ids: Sequence[int], stops: dict[int, str]) -> Generation:
     """Cut generated ids after the first stop token (what follows in a batch is padding) and decode."""
     ids = list(ids)
-    stop = None
-    for k, token in enumerate(ids):
-        if token in stops:
-            stop, ids = stops[token], ids[: k + 1]
-            break
-    return Generation(tokenizer.decode(ids, skip_special_tokens=False), len(ids), stop)
+    end = next((k for k, token in enumerate(ids) if token in stops), None)
+    ids = ids if end is None else ids[: end + 1]
+    return Generation(tokenizer.decode(ids, skip_special_tokens=False), len(ids), stops.get(ids[-1]) if ids else None)
 
 
 class TransformersBackend:
@@ -106,18 +103,10 @@ class TransformersBackend:
                 # no_grad, not inference_mode, for a sharded model: FSDP writes its gathered parameters into
                 # buffers that training uses again.
                 with torch.no_grad() if self.synced_gpus else torch.inference_mode():
-                    ids = model.generate(
-                        **batch,
-                        max_new_tokens=self.max_new_tokens,
-                        do_sample=False,
-                        temperature=None,
-                        top_p=None,
-                        top_k=None,
-                        eos_token_id=list(self.stops),
-                        pad_token_id=tok.pad_token_id,
-                        use_cache=True,
-                        **({"synced_gpus": True} if self.synced_gpus else {}),
-                    )
+                    ids = model.generate(**batch, max_new_tokens=self.max_new_tokens, do_sample=False, temperature=None,
+                                         top_p=None, top_k=None, eos_token_id=list(self.stops),
+                                         pad_token_id=tok.pad_token_id, use_cache=True,
+                                         **({"synced_gpus": True} if self.synced_gpus else {}))
                 width = batch["input_ids"].shape[1]
                 out.extend(_finish(tok, row[width:].tolist(), self.stops) for row in ids)
         finally:
@@ -129,14 +118,9 @@ class TransformersBackend:
 
 
 class ShardedBackend:
-    """Another backend's generation split across the ranks of a `torch.distributed` group, every rank given
-    the same prompts: rank r generates prompts r, r + world, ...; the generations are gathered, so every rank
-    returns all of them in the prompts' order (what one process would return).
-
-    Every rank generates the same number of prompts (a short share is padded with the first prompt, its
-    output dropped), so each makes the same number of `generate` calls: a sharded model's forwards are
-    collectives, and the ranks must call them in lockstep.
-    """
+    """Another backend's generation split across the ranks of a `torch.distributed` group (rank r generates
+    prompts r, r + world, ...), gathered so every rank returns all of them in order. A short share is padded
+    with the first prompt: a sharded model's forwards are collectives, which the ranks must call in lockstep."""
 
     def __init__(self, backend, rank: int, world_size: int):
         self.backend, self.rank, self.world_size = backend, rank, world_size
@@ -159,13 +143,8 @@ class ShardedBackend:
 
 
 class VLLMBackend:
-    """vLLM, with the same greedy decoding, bound and stop tokens as `TransformersBackend`.
-
-    Needs vLLM installed and a CUDA GPU. Prompts go in as the HF tokenizer's token ids and outputs come back as
-    ids decoded by the same tokenizer, so both backends feed the parser the same text. NOTE: written against
-    vLLM's documented API (LLM, SamplingParams, TokensPrompt, LoRARequest) but not run in this project's CI,
-    which has neither vLLM nor a GPU.
-    """
+    """vLLM (needs a CUDA GPU), with the same greedy decoding, bound, stop tokens, prompt token ids and decoding
+    tokenizer as `TransformersBackend`, so both feed the parser the same text. Not run here: docs/evaluation.md."""
 
     name = "vllm"
 
@@ -188,13 +167,9 @@ class VLLMBackend:
             lora_rank = {"max_lora_rank": max(16, int(rank))}
         self.llm = LLM(model=model, tokenizer=tokenizer_path or model, enable_lora=adapter is not None,
                        seed=0, **lora_rank)
-        self.params = SamplingParams(
-            temperature=0.0,  # greedy
-            max_tokens=max_new_tokens,
-            stop_token_ids=list(self.stops),
-            skip_special_tokens=False,
-            detokenize=False,  # decoded here, by the HF tokenizer, like the transformers backend
-        )
+        # detokenize=False: decoded here, by the HF tokenizer, like the transformers backend
+        self.params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=list(self.stops),
+                                     skip_special_tokens=False, detokenize=False)
         self.lora = None
         if adapter is not None:
             from vllm.lora.request import LoRARequest

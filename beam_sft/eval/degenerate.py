@@ -1,12 +1,6 @@
-"""Degenerate reasoning: loops and cut-off text, whoever wrote it.
-
-`beam-sft backfill` refuses a teacher's reasoning that is degenerate (`beam_sft.backfill.filters`), and
-`beam-sft eval` counts a fine-tune's generated analysis that is (`degenerate_reasoning`): a model trained on
-looping traces learns to loop, and it shows there before anywhere else. Two checks, on the text alone:
-
-- repetitive: a share of repeated word 4-grams, a zlib compression ratio, or one line written again and
-  again (`is_repetitive`);
-- truncated: the generation did not stop on its own (it ran into its token bound).
+"""Degenerate reasoning, whoever wrote it: loops (`is_repetitive`) and text cut at its token bound. `beam-sft
+backfill` refuses a teacher's reasoning that is degenerate, and `beam-sft eval` counts a fine-tune's analysis that
+is (`degenerate_reasoning`): a model trained on looping traces learns to loop. See docs/reasoning.md.
 """
 
 from __future__ import annotations
@@ -15,13 +9,7 @@ import re
 import zlib
 from collections import Counter
 
-# Repetition, measured on the 397 reasoning traces of the real samples (harmony/, reasoning/, the llamafactory
-# reason/tool-use demo, data/samples) and on SmolLM2-135M-Instruct's answers to real glaive turns. Real
-# reasoning repeats names and short phrases, rarely four words in a row: at most 28% of the 4-grams of a real
-# trace repeat (a palindrome check spelling the string out twice), while the teacher's loops repeat 39-97%.
-# The compression ratio catches loops with a varying word that the 4-gram share misses; it only means
-# something on longer texts (a short text never compresses well): real traces of 400+ characters compress to
-# 0.37 or more, the teacher's loops to 0.05-0.32.
+# Thresholds between the real traces and a small teacher's loops, as measured in docs/reasoning.md.
 NGRAM = 4
 MAX_REPEATED_NGRAMS = 0.35
 MIN_NGRAMS = 12

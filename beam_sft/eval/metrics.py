@@ -7,9 +7,11 @@ training's callbacks use too.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,24 +46,16 @@ _START = "<|start|>assistant"
 _CLOSES = ("<|end|>", RETURN, CALL)
 
 
-def _close(body: str) -> str | None:
-    found = [(body.find(marker), marker) for marker in _CLOSES if marker in body]
-    return min(found)[1] if found else None
-
-
 def structure_error(text: str | None) -> str:
-    """What is wrong with the shape of a generated turn's raw text, or "" (also when there is no text).
-
-    The page: a turn ends with either its `final` answer and `<|return|>`, or its tool calls, each closed by
-    `<|end|>` but the last by `<|call|>`. Text that goes on after a final closed by `<|end|>`, or after a call
-    closed by `<|end|>` with something other than a call, parses without error — `parse_response` keeps the last
-    final, vLLM's streaming parser joins them all — so the parsed dict alone would call it well-formed, and the
-    two parsers would disagree on it. A missing closer at the very end is fine: servers may drop the stop token.
-    """
+    """What is wrong with the shape of a generated turn's raw text, or "" (also when there is no text): text
+    after a final answer, or after a call closed by `<|end|>` something other than a call. Both parse without
+    error (`parse_response` keeps the last final, vLLM's streaming parser joins them), so the parse alone cannot
+    tell. A missing closer at the very end is fine: servers may drop the stop token."""
     messages = (text or "").split(_START)
     for k, message in enumerate(messages):
         header, _, body = message.partition("<|message|>")
-        closer, last = _close(body), k == len(messages) - 1
+        closer = min(((body.find(m), m) for m in _CLOSES if m in body), default=(0, None))[1]
+        last = k == len(messages) - 1
         if "<|channel|>final" in header and not last:
             return f"the final answer is closed by {closer}, not {RETURN}: the turn goes on after its answer"
         if header.startswith(" to=") and closer == "<|end|>" and not (not last and messages[k + 1].startswith(" to=")):
@@ -71,13 +65,8 @@ def structure_error(text: str | None) -> str:
 
 def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set[str] | None = None,
                    text: str | None = None) -> tuple[bool, str]:
-    """Whether a parsed generation is a proper Beam assistant turn; (ok, reason when not).
-
-    Proper: generation stopped on `<|return|>` / `<|call|>` (not at max_new_tokens), non-empty thinking, and
-    either non-empty content or at least one tool call with a known name (when `tool_names` is given) and dict
-    arguments; no Harmony marker leaked into any text field; and, when the raw `text` is known, a final answer
-    that is the turn's last message (`structure_error`).
-    """
+    """Whether a parsed generation is a proper Beam assistant turn, (ok, reason when not): the `well_formed`
+    rule of docs/evaluation.md (`tool_names`: the declared tools, when known; `text`: the raw generation)."""
     if not stopped:
         return False, "no stop token before max_new_tokens"
     if not parsed:
@@ -108,25 +97,14 @@ def _has_marker(text: str) -> bool:
     return any(marker in text for marker in HARMONY_MARKERS)
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield str(k)
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-
-
 def has_marker_leak(parsed: dict[str, Any] | None) -> bool:
     """A Harmony marker inside any parsed text: thinking, content, tool names, argument keys and values."""
     if not parsed:
         return False
-    texts = _strings([parsed.get("thinking"), parsed.get("content"),
-                      [c.get("function") for c in parsed.get("tool_calls") or [] if isinstance(c, dict)]])
-    return any(_has_marker(text) for text in texts)
+    calls = [c.get("function") for c in parsed.get("tool_calls") or [] if isinstance(c, dict)]
+    # one JSON text of them all: JSON escapes no character of a marker, and quotes keep strings apart
+    return _has_marker(json.dumps([parsed.get("thinking"), parsed.get("content"), calls], ensure_ascii=False,
+                                  default=str))
 
 
 def _calls(message: dict[str, Any] | None) -> list[tuple[Any, Any]]:
@@ -158,8 +136,7 @@ def _normalise(text: Any) -> str | None:
 
 _TYPES: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
-    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
-    or (isinstance(v, float) and v.is_integer()),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
     "array": lambda v: isinstance(v, list),
@@ -169,14 +146,9 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
 
 
 def schema_errors(value: Any, schema: Any, path: str = "arguments") -> list[str]:
-    """Why `value` does not validate against `schema` (empty when it does).
-
-    Covers what tool schemas use: `type` (one or a list), `enum`, `const`, `required`, `properties`,
-    `additionalProperties`, `items`, `anyOf`/`oneOf`/`allOf`, `minimum`/`maximum`, `minLength`/`maxLength`,
-    `minItems`/`maxItems`. One rule differs from plain JSON Schema on purpose: an object schema that lists
-    `properties` accepts no other keys unless `additionalProperties` says so, because a tool-call argument
-    the tool does not declare is a made-up parameter, not a valid call.
-    """
+    """Why `value` does not validate against `schema` (empty when it does), for the keywords tool schemas use.
+    Unlike plain JSON Schema, an object schema that lists `properties` accepts no other keys unless
+    `additionalProperties` says so: an argument the tool does not declare is made up, not a valid call."""
     if not isinstance(schema, dict) or not schema:
         return []
     errors: list[str] = []
@@ -265,12 +237,7 @@ def empty_analysis(text: str) -> bool:
     start = text.find(ANALYSIS_OPEN)
     if start < 0:
         return False
-    body = text[start + len(ANALYSIS_OPEN):]
-    for end in ("<|end|>", "<|start|>", "<|call|>", "<|return|>"):
-        cut = body.find(end)
-        if cut >= 0:
-            body = body[:cut]
-    return not body.strip()
+    return not re.split(r"<\|(?:end|start|call|return)\|>", text[start + len(ANALYSIS_OPEN):], maxsplit=1)[0].strip()
 
 
 def turn_empty_analysis(generation: Generation, parsed: dict[str, Any] | None) -> bool:
@@ -300,45 +267,20 @@ def degenerate_reasoning(parsed: dict[str, Any] | None, stop: str | None) -> boo
     return degenerate(thinking, stopped=False if cut_inside else None) is not None
 
 
-def score_turn(
-    reference: dict[str, Any],
-    parsed: dict[str, Any] | None,
-    stop: str | None,
-    tools: Sequence[dict] | None = None,
-    text: str | None = None,
-) -> tuple[dict[str, bool | None], str]:
-    """Every metric for one generated turn against its reference: ({metric: True/False/None}, why not
-    well-formed). None means the metric does not apply to this turn (see APPLIES_TO). `text` is the raw
-    generation when known (offline, or a server that returned its token ids).
-
-    * well_formed: `is_well_formed` (any stop token, thinking, content or known tool calls, no marker leak,
-      the final answer last)
-    * stopped: ended on the *right* stop token: `<|call|>` when the reference calls, `<|return|>` when it answers
-    * has_reasoning: non-empty thinking
-    * degenerate_reasoning: the thinking loops, or the generation was cut inside it (lower is better)
-    * action_match: called tools exactly when the reference does
-    * tool_name_accuracy: the called tool names, in order, equal the reference's
-    * tool_args_exact: names and arguments, in order, equal the reference's (JSON equality)
-    * tool_args_valid: every generated call names a declared tool and its arguments validate against its schema
-    * marker_leak: a Harmony marker inside any parsed text (lower is better)
-    * answer_exact: the final content equals the reference's, whitespace normalised
-    """
+def score_turn(reference: dict[str, Any], parsed: dict[str, Any] | None, stop: str | None,
+               tools: Sequence[dict] | None = None, text: str | None = None) -> tuple[dict[str, bool | None], str]:
+    """Every metric for one generated turn against its reference (each defined in docs/evaluation.md's table):
+    ({metric: True/False/None}, why not well-formed); None where the metric does not apply (APPLIES_TO). `text`
+    is the raw generation when known (offline, or a server that returned its token ids)."""
     ref_calls = _calls(reference)
     expects_call = bool(ref_calls)
     gen_calls = _calls(parsed)
     well_formed, reason = is_well_formed(parsed, stop is not None, set(tool_schemas(tools)), text)
     metrics: dict[str, bool | None] = {
-        "well_formed": well_formed,
-        "stopped": stop == (CALL if expects_call else RETURN),
-        "has_reasoning": bool(reasoning_of(parsed)),
-        "degenerate_reasoning": degenerate_reasoning(parsed, stop),
-        "action_match": bool(gen_calls) == expects_call,
-        "tool_name_accuracy": None,
-        "tool_args_exact": None,
-        "tool_args_valid": None,
-        "marker_leak": has_marker_leak(parsed),
-        "answer_exact": None,
-    }
+        "well_formed": well_formed, "stopped": stop == (CALL if expects_call else RETURN),
+        "has_reasoning": bool(reasoning_of(parsed)), "degenerate_reasoning": degenerate_reasoning(parsed, stop),
+        "action_match": bool(gen_calls) == expects_call, "tool_name_accuracy": None, "tool_args_exact": None,
+        "tool_args_valid": None, "marker_leak": has_marker_leak(parsed), "answer_exact": None}
     if expects_call:
         metrics["tool_name_accuracy"] = [n for n, _ in gen_calls] == [n for n, _ in ref_calls]
         metrics["tool_args_exact"] = len(gen_calls) == len(ref_calls) and all(
@@ -442,14 +384,9 @@ class EvalResult(Throughput):
         """What `--json` writes: the records and turns evaluated, each metric overall (a fraction of the turns
         it applies to, None when it applies to none), then the same per source format and per reasoning
         effort; plus rejected records, generated tokens and tokens/s."""
-        return {
-            **self.overall.to_dict(),
-            "by_format": {k: v.to_dict() for k, v in sorted(self.by_format.items())},
-            "by_effort": {k: v.to_dict() for k, v in sorted_by_effort(self).items()},
-            "rejected": self.rejected,
-            "generation_tokens": self.generation_tokens,
-            "tokens_per_second": self.tokens_per_second,
-        }
+        return {**self.overall.to_dict(), "by_format": {k: v.to_dict() for k, v in sorted(self.by_format.items())},
+                "by_effort": {k: v.to_dict() for k, v in sorted_by_effort(self).items()}, "rejected": self.rejected,
+                "generation_tokens": self.generation_tokens, "tokens_per_second": self.tokens_per_second}
 
 
 def sorted_by_effort(result: EvalResult) -> dict[str, Tally]:

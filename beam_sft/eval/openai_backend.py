@@ -1,12 +1,5 @@
-"""`beam-sft eval --backend openai`: the same metrics on what a running OpenAI-compatible server returns.
-
-Each turn goes to `/v1/chat/completions` as the conversation before it, and what is scored is the served model, its
-parsers included; docs/serving.md says what is sent, how the answer is read (reasoning, content, tool calls, the
-stop token, the raw turn from `return_token_ids` when the server returns them) and how refusals count.
-
-    from beam_sft.eval.openai_backend import OpenAIBackend
-    backend = OpenAIBackend("http://127.0.0.1:8000/v1", "beam", tokenizer)
-    result = evaluate(backend, tokenizer, records)
+"""`beam-sft eval --backend openai`: the same metrics on what a running OpenAI-compatible server returns, its
+parsers included. See docs/serving.md for what is sent, how the answer is read and how refusals count.
 """
 
 from __future__ import annotations
@@ -173,14 +166,11 @@ class OpenAIBackend:
         parsed = parsed_message(choice.message)
         n_tokens = response.usage.completion_tokens if response.usage is not None else 0
         text = json.dumps(parsed, ensure_ascii=False)
+        ids = _field(choice, "token_ids")  # the raw turn, when the server returned its token ids
+        raw = self.tokenizer.decode(ids, skip_special_tokens=False) if isinstance(ids, list) and all(
+            isinstance(i, int) for i in ids) else None
         return Generation(text, n_tokens, self._stop(choice), parsed=parsed, finish_reason=choice.finish_reason,
-                                raw=self._raw(choice))
-
-    def _raw(self, choice) -> str | None:
-        ids = _field(choice, "token_ids")
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            return None
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+                          raw=raw)
 
 
 def backend_from_args(args, tokenizer, stops: dict[int, str] | None = None) -> OpenAIBackend:

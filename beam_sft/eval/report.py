@@ -63,18 +63,13 @@ def _overall(result: EvalResult) -> dict[str, Tally]:
     return {"all": result.overall, **dict(sorted(result.by_format.items()))}
 
 
-_MARKER_RE = re.compile("|".join(re.escape(m) for m in HARMONY_MARKERS))
+_MARKER_RE = re.compile("(" + "|".join(re.escape(m) for m in HARMONY_MARKERS) + ")")
 
 
 def _marked(text: str) -> str:
     """HTML-escaped text with the Harmony markers styled as in `beam-sft inspect --html`."""
-    out, last = [], 0
-    for match in _MARKER_RE.finditer(text):
-        out.append(html.escape(text[last : match.start()]))
-        out.append(f'<span class="tok u0 mk">{html.escape(match.group())}</span>')
-        last = match.end()
-    out.append(html.escape(text[last:]))
-    return "".join(out)
+    return "".join(f'<span class="tok u0 mk">{html.escape(part)}</span>' if k % 2 else html.escape(part)
+                   for k, part in enumerate(_MARKER_RE.split(text)))
 
 
 def _json_html(value: Any) -> str:

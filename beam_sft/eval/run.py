@@ -1,21 +1,6 @@
 """Did the fine-tune learn Beam? Generate held-out assistant turns and score their format, stops and tool calls.
-
-The model (`beam_sft.eval.backends`) generates greedily until `<|return|>` or `<|call|>` or `max_new_tokens`,
-the output is parsed with `tokenizer.parse_response(generated, prefix=prompt, tools=tools)`, and the parse is
-scored against the reference turn (`beam_sft.eval.metrics.score_turn`). Work is streamed: records are read,
-generated and scored in chunks, so memory stays flat however many records there are; only failures kept for
-the report (capped) are held.
-
-    from beam_sft.eval.run import load_model, evaluate, EvalOptions
-    from beam_sft.eval.backends import TransformersBackend
-    from beam_sft.eval.report import summary_table
-    model, tokenizer = load_model("outputs/quickstart/model")
-    result = evaluate(TransformersBackend(model, tokenizer), tokenizer, records,   # [(record, format), ...]
-                      EvalOptions(turns="all"))
-    print(summary_table(result)); result.summary()["well_formed"]
-
-`beam-sft eval` (beam_sft/cli/eval.py) is the command over this module; `scripts/quickstart.py` and
-`scripts/train.py --eval_beam true` call it too.
+Streamed: records are read, generated and scored in chunks, so memory stays flat; only the kept failures are held.
+See docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -81,13 +66,8 @@ class EvalOptions:
 
 def evaluate(backend, tokenizer, records: Iterable[tuple[dict | None, dict | None, str] | tuple[dict, str]],
              options: EvalOptions | None = None) -> EvalResult:
-    """Generate and score the chosen turns of `records` with `backend` (`TransformersBackend`/`VLLMBackend`).
-
-    `records` yields `(record, format)` pairs, or `(record, reject, format)` triples as `read_held_out`
-    does (rejects are counted and kept, up to `options.keep`). Records are processed `options.chunk_size` at a
-    time, each chunk's prompts sorted by length so batches pad little. At most `options.keep` failing turns are
-    kept for the report; `options.on_result` sees every scored turn (in generation order, not input order).
-    """
+    """Generate and score the chosen turns of `records` (`(record, format)` pairs, or `(record, reject, format)`
+    triples as `read_held_out` yields) with `backend`, `options.chunk_size` records at a time (`EvalOptions`)."""
     from tqdm.auto import tqdm
 
     opts = options or EvalOptions()
@@ -196,15 +176,9 @@ def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None 
 
 
 def evaluate_trainer(trainer, tokenizer, records: Sequence[dict]) -> dict[str, float] | None:
-    """`scripts/train.py --eval_beam` / `--eval_beam_steps`: evaluate the model being trained on the first turn of
-    the eval records (`beam-sft eval`'s defaults: 256 new tokens, batches of 8) and return the overall metrics as
-    `eval_beam/<metric>`, logged through `trainer.log`.
-
-    Every rank must call it with the same `records`. Over several processes (DDP, FSDP) each rank generates
-    its share of the turns (`ShardedBackend`); the generations are gathered, so every rank scores all the
-    turns and returns what one process would. Under FSDP the ranks generate in lockstep on the sharded
-    model (`synced_gpus`). DeepSpeed: not tested here, a warning and None.
-    """
+    """`scripts/train.py --eval_beam` / `--eval_beam_steps`: the overall metrics of the model being trained on the
+    first turn of the eval records, as `eval_beam/<metric>`, logged through `trainer.log`. Every rank must call it
+    with the same `records` (docs/training.md#watching-beam-metrics-during-training); DeepSpeed: None."""
     from beam_sft.eval.backends import ShardedBackend
 
     accelerator = trainer.accelerator

@@ -13,22 +13,15 @@ from typing import Any
 from beam_sft.errors import Reason, RecordError, UsageError
 
 TURN_CHOICES = ("first", "last", "all")
-
-
 DEFAULT_EFFORT = "default"
 
 
 def read_held_out(
     path: str | Sequence[str], fmt: str = "auto", split: str = "test", max_records: int | None = None
 ) -> Iterator[tuple[dict | None, dict | None, str]]:
-    """Read `path` lazily: yields `(record, None, format)` for each Beam record, `(None, reject, format)` for
-    each rejected input row (the converters' reason codes), in input order; at most `max_records` rows.
-
-    The records go through the one per-record conversion (`beam_sft.validate.convert`, with its
-    `internal_error` barrier and reject entries), one at a time: an evaluation reads a few hundred rows of what
-    may be a large file, and stops there. `format` is the source format of the row: `fmt` when given, else what
-    `beam_sft.validate.convert.detect` says (a Beam record read under "auto" detects as "openai").
-    """
+    """Read `path` lazily through the one per-record conversion: yields `(record, None, format)` for each Beam
+    record, `(None, reject, format)` for each rejected row, in input order; at most `max_records` rows. `format`
+    is `fmt` when given, else what `detect` says (a Beam record read under "auto" detects as "openai")."""
     from beam_sft.records.files import parse_line, read_items
     from beam_sft.validate.convert import convert_item, detect
     from beam_sft.validate.rules import Options
@@ -93,9 +86,8 @@ def record_turns(tokenizer, record: dict[str, Any], index: int, source_format: s
     out = []
     for i in assistant_indices(record, turns):
         try:
-            prompt = tokenizer.apply_chat_template(
-                record["messages"][:i], tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
-            )
+            prompt = tokenizer.apply_chat_template(record["messages"][:i], tools=tools, tokenize=False,
+                                                   add_generation_prompt=True, **kwargs)
         except Exception as err:  # noqa: BLE001  (a template error on one record rejects that record only)
             raise RecordError(Reason.RENDER_FAILED, f"chat template failed on the prompt: {err}",
                               message_index=i) from None

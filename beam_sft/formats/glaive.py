@@ -1,19 +1,6 @@
-"""glaive-function-calling-v2 rows → Beam records.
-
-One row is two strings::
-
-    {"system": "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -\\n{\\n  \\"name\\": ...}\\n\\n{...}\\n",
-     "chat": "USER: ...\\n\\n\\nASSISTANT: <functioncall> {\\"name\\": \\"f\\", \\"arguments\\": '{\\"a\\": 1}'} <|endoftext|>\\n\\n\\nFUNCTION RESPONSE: {...}\\n\\n\\nASSISTANT: ... <|endoftext|>"}
-
-* the functions are the pretty-printed JSON objects after the system text (zero or more); the preamble that
-  introduces them ("… Use them if required -") is dropped (`beam_sft.formats.toolmarkup.strip_tool_prompt`),
-  any other system text is kept;
-* ``chat`` is split on the role markers ``USER:``, ``ASSISTANT:``, ``FUNCTION RESPONSE:`` (at the start of
-  the text or of a line); ``<|endoftext|>`` is dropped;
-* ``<functioncall> {...}`` → a call; its ``arguments`` is a single-quoted JSON string (a Python literal, not
-  JSON), decoded; text before the marker → the turn's reasoning. A call that does not parse is
-  ``bad_tool_call`` (or ``bad_arguments_json`` for its arguments), never text.
-"""
+"""glaive-function-calling-v2 rows (a ``system`` string with the functions as JSON, a ``chat`` string of ``USER:`` /
+``ASSISTANT:`` / ``FUNCTION RESPONSE:`` turns with ``<functioncall>`` calls) → Beam records.
+See docs/formats.md#tool-calling-datasets-hermes--qwen-tags-glaive-v2-xlam."""
 
 from __future__ import annotations
 
@@ -30,8 +17,7 @@ from beam_sft.records.types import BeamRecord, Message, ToolCall, wrong_type
 _ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
 _EOT = "<|endoftext|>"
 _PLAIN_ROLES = {"USER": "user", "SYSTEM": "system", "FUNCTION RESPONSE": "tool"}  # turns kept as text
-# glaive writes arguments as '<json>' with the JSON's own quotes unescaped, so an apostrophe inside breaks the
-# Python literal; this reads the string between the first and the last single quote instead.
+# glaive's '<json>' arguments, when an apostrophe inside breaks the Python literal: docs/formats.md.
 _CALL_FALLBACK = re.compile(r"""^\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*'(.*)'\s*\}$""", re.DOTALL)
 
 
@@ -83,9 +69,7 @@ def convert(rec: Any) -> BeamRecord:
         system = ""
     if type(system) is not str:
         raise RecordError(Reason.BAD_CONTENT, f"'system' is a {type(system).__name__}, not a string")
-    system = system.strip()
-    system = system.removeprefix("SYSTEM:")
-    funcs, instructions = _functions(system)
+    funcs, instructions = _functions(system.strip().removeprefix("SYSTEM:"))
     stripped: dict = {"tool_list": 1} if funcs else {}
     instructions = strip_tool_prompt(instructions, stripped).strip()
     messages: list[Message] = [{"role": "system", "content": instructions}] if instructions else []

@@ -1,46 +1,7 @@
-"""gpt-oss Harmony → Beam messages.
+"""gpt-oss Harmony (rendered text or openai-harmony JSON) → Beam messages, read strictly: a cut-off or malformed
+message is rejected with its reason, never guessed at.
 
-Two input shapes:
-
-* **rendered text**: a record ``{"text": "<|start|>…"}`` (or the string itself, or a ``.txt`` file read as one
-  record). A text that starts at ``<|channel|>`` is a model completion: an implicit ``<|start|>assistant``
-  goes before it. A trailing ``<|start|>assistant`` with nothing after it is a generation prompt and is
-  ignored. Whitespace between messages (documentation puts line breaks there) is ignored.
-* **openai-harmony JSON**: ``Conversation.to_json()`` — ``{"messages": [{"role", "name", "content": [parts],
-  "channel", "recipient", "content_type"}]}`` with ``text``, ``system_content`` and ``developer_content`` parts.
-
-Both become the same list of Harmony messages, then Beam messages by these rules:
-
-* ``analysis`` → the assistant turn's ``reasoning_content`` (several are joined with a blank line);
-* ``commentary`` without a recipient (a preamble) → reasoning as well: Beam writes no preambles, and the
-  text is what the model said before acting;
-* a message addressed to ``functions.X`` (the recipient may stand in the header, ``assistant to=functions.X
-  <|channel|>commentary``, or after the channel name, ``<|channel|>commentary to=functions.X``; any channel) →
-  a tool call to ``X`` whose body must be a JSON object (``<|constrain|>json``); calls in a row without a
-  result between them are parallel calls of one assistant message;
-* ``functions.X to=assistant`` → a tool result named ``X``;
-* ``final`` → ``content``;
-* system ``Reasoning: low|medium|high`` (any case) → ``chat_template_kwargs.reasoning_effort``; the gpt-oss
-  default identity ("You are ChatGPT, …"), knowledge cutoff, current date and channel lines are dropped (the
-  Beam template writes its own system message); any other identity → ``chat_template_kwargs.model_identity``;
-* developer ``# Instructions`` (and any other section but ``# Tools``, such as ``# Response Formats``, kept with
-  its heading) → a ``system`` message; the ``namespace functions`` declarations under ``# Tools`` → ``tools``
-  as JSON schema (`beam_sft.formats.typescript`), or the record is rejected (`bad_tool_schema`) with the
-  parser's message.
-
-Built-in gpt-oss tools: the system message's ``## browser`` namespace becomes ordinary tools named
-``browser.search``, ``browser.open``, ``browser.find`` (parsed like ``functions``), and ``## python`` becomes a
-tool ``python`` with one string parameter ``code``. Calls keep the dotted name; a ``python`` call's body is
-code, so its arguments are ``{"code": body}``; every other call's body must be a JSON object. Beam's own
-built-ins (``search``, ``browse``, ``bash``) have different definitions, so nothing is mapped onto them.
-
-Strictness (what the prior-art regex parsers get wrong): a message must end with ``<|end|>``, ``<|call|>`` or
-``<|return|>`` before the next ``<|start|>`` or the end of the text. A call cut off before its terminator is
-rejected (`unterminated_call`), never turned into a call; any other cut-off message is `truncated_message`.
-A call body that is not JSON is `bad_arguments_json` (no raw-string fallback); a call must end with
-``<|call|>`` (or ``<|end|>``), not ``<|return|>``. Markers inside a body, text between messages, and unknown
-channels are `bad_harmony`.
-"""
+See docs/formats.md#openai-sharegpt-and-harmony-records and docs/decisions.md."""
 
 from __future__ import annotations
 
@@ -77,17 +38,13 @@ class HMsg:
     author: str
     recipient: str | None
     channel: str | None
-    content_type: str | None
     body: str
     terminator: str | None
     parts: list | None = None
 
 
-# --- rendered text → HMsg ------------------------------------------------------------------------------
-
-
-def _parse_header(header: str, k: int) -> tuple[str, str | None, str | None, str | None]:
-    """A message header → (author, recipient, channel, content type)."""
+def _parse_header(header: str, k: int) -> tuple[str, str | None, str | None]:
+    """A message header → (author, recipient, channel); a content type is checked, not kept."""
     constrain = None
     if "<|constrain|>" in header:
         header, constrain = header.split("<|constrain|>", 1)
@@ -115,16 +72,16 @@ def _parse_header(header: str, k: int) -> tuple[str, str | None, str | None, str
             raise RecordError(Reason.BAD_HARMONY, "two recipients in one header", message_index=k)
         else:
             recipient = w[3:]
+    # one extra word: a content type without <|constrain|> ("to=browser.search code")
     if extra and (constrain is not None or len(extra) > 1):
         raise RecordError(Reason.BAD_HARMONY, f"unexpected words in header: {' '.join(extra)!r}", message_index=k)
     if recipient == "":
         raise RecordError(Reason.BAD_HARMONY, "empty recipient after 'to='", message_index=k)
-    # "to=browser.search code": a content type without <|constrain|>
-    return words[0], recipient, cwords[0] if has_channel else None, extra[0] if extra else constrain
+    return words[0], recipient, cwords[0] if has_channel else None
 
 
 def parse_text(text: str) -> list[HMsg]:
-    """Rendered Harmony text → messages, strictly. See the module docstring for what is rejected."""
+    """Rendered Harmony text → messages, strictly (what is rejected: docs/formats.md)."""
     if not isinstance(text, str):
         raise RecordError(Reason.BAD_HARMONY, f"text is a {type(text).__name__}, not a string")
     head = text.lstrip()
@@ -148,7 +105,7 @@ def parse_text(text: str) -> list[HMsg]:
                                   message_index=idx)
             raise RecordError(Reason.BAD_HARMONY, f"message header {header.strip()[:40]!r} has no <|message|>",
                               message_index=idx)
-        author, recipient, channel, ctype = _parse_header(header, idx)
+        author, recipient, channel = _parse_header(header, idx)
         m = _TERM_RE.search(rest)
         if m is None:
             body, term, tail = rest, None, ""
@@ -163,11 +120,8 @@ def parse_text(text: str) -> list[HMsg]:
         if tail.strip():
             raise RecordError(Reason.BAD_HARMONY, f"text after {term} outside any message: {tail.strip()[:40]!r}",
                               message_index=idx)
-        out.append(HMsg(idx, author, recipient, channel, ctype, body, term))
+        out.append(HMsg(idx, author, recipient, channel, body, term))
     return out
-
-
-# --- openai-harmony JSON → HMsg ------------------------------------------------------------------------
 
 
 def parse_json_messages(msgs: list) -> list[HMsg]:
@@ -201,12 +155,8 @@ def parse_json_messages(msgs: list) -> list[HMsg]:
             else:
                 raise RecordError(Reason.UNSUPPORTED_CONTENT_PART, f"content part {j} has type {ptype!r}",
                                   message_index=k)
-        ctype = m.get("content_type")
-        out.append(HMsg(k, author, m.get("recipient"), m.get("channel"), ctype, "".join(texts), "<|end|>", parts))
+        out.append(HMsg(k, author, m.get("recipient"), m.get("channel"), "".join(texts), "<|end|>", parts))
     return out
-
-
-# --- system / developer content ------------------------------------------------------------------------
 
 
 def _tools_from_namespace_dict(tools: Any, k: int) -> list[ToolSpec]:
@@ -345,13 +295,6 @@ def _developer(m: HMsg, tools: list[ToolSpec]) -> str:
     return text
 
 
-# --- HMsg → Beam messages ------------------------------------------------------------------------------
-
-
-def _strip_ns(name: str) -> str:
-    return name.removeprefix("functions.")
-
-
 def _call(m: HMsg, recipient: str) -> ToolCall:
     """An assistant message addressed to a tool → its Beam tool call."""
     k = m.index
@@ -359,7 +302,7 @@ def _call(m: HMsg, recipient: str) -> ToolCall:
         raise RecordError(Reason.UNTERMINATED_CALL, f"call to {recipient} is cut off before <|call|>", message_index=k)
     if m.terminator == "<|return|>":
         raise RecordError(Reason.BAD_HARMONY, f"call to {recipient} ends with <|return|>", message_index=k)
-    name = _strip_ns(recipient)
+    name = recipient.removeprefix("functions.")
     if name == "python" or name.startswith("python."):
         args = {"code": m.body}
     else:
@@ -429,7 +372,7 @@ def assemble(hmsgs: list[HMsg]) -> BeamRecord:
             cur = None
             if m.terminator is None:
                 raise RecordError(Reason.TRUNCATED_MESSAGE, f"result of {author} is cut off", message_index=k)
-            add({"role": "tool", "name": _strip_ns(author), "content": m.body})
+            add({"role": "tool", "name": author.removeprefix("functions."), "content": m.body})
             continue
         raise RecordError(Reason.UNKNOWN_ROLE, f"unknown author {author!r}", message_index=k)
     if not seen_other and hmsgs:

@@ -1,15 +1,6 @@
-"""Hermes / Qwen tool-call tags, in ShareGPT (``conversations``) or OpenAI (``messages``) records.
-
-The shape (NousResearch hermes-function-calling-v1, data exported from Qwen2.5/Qwen3 pipelines): the system
-prompt lists the tools inside ``<tools>…</tools>``; the assistant writes
-``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (several tags = parallel calls); results
-come back in ``<tool_response>…</tool_response>`` blocks, in a ``tool`` turn or a user turn. The fenced
-variants (```` ```tools ````, ```` ```tool_call ````, ```` ```tool_response ````) too.
-
-The OpenAI and ShareGPT converters recognise the tags themselves (so ``--dataset_format openai`` / ``sharegpt`` on
-such records give the same result, and count them as ``hermes``); this entry point is what ``--dataset_format
-hermes`` runs. The parsing rules are in `beam_sft.formats.toolmarkup`.
-"""
+"""Hermes / Qwen tool-call tags in ShareGPT or OpenAI records: what ``--dataset_format hermes`` runs. The OpenAI and
+ShareGPT converters recognise the tags themselves; the parsing rules are in `beam_sft.formats.toolmarkup`.
+See docs/formats.md#tool-calling-datasets-hermes--qwen-tags-glaive-v2-xlam."""
 
 from __future__ import annotations
 

@@ -1,27 +1,7 @@
-"""OpenAI chat messages → Beam messages.
-
-Accepted shapes (one record):
-
-* ``{"messages": [...]}`` (or ``"history"``, as SWE-agent trajectories store it), with optional record-level
-  ``tools`` (a list, or a JSON string of one) or legacy ``functions``, ``chat_template_kwargs`` and
-  ``reasoning_effort``;
-* content as a string, ``null``, or a list of parts: text parts (``text`` / ``input_text`` /
-  ``output_text``, text under ``text`` or ``value``) are joined with no separator; any other part
-  (image, audio, file) rejects the record (`unsupported_content_part`);
-* assistant ``tool_calls`` with JSON-string or object ``arguments``; an assistant text that is, whole, a JSON
-  list of OpenAI-style calls (data-genie; `beam_sft.formats.toolmarkup.json_calls`); legacy ``function_call``; role
-  ``function`` results; reasoning in ``reasoning_content``, ``reasoning`` or ``thinking`` (first non-empty),
-  else a leading ``<think>…</think>`` block of the content;
-* LLaMA-Factory "v1" content parts: ``reasoning``, ``tool_call`` (one JSON call), ``tool_calls`` (a JSON list),
-  a system ``tools`` part, and a tool message whose text is a JSON list holding one result per parallel call.
-
-Not converted, each rejected with a reason: preference pairs (``chosen``/``rejected``), KTO rows labelled
-undesirable (``label: false``: training on them would teach the rejected answer), and rows with
-``images`` / ``videos`` / ``audios`` (Beam is text only).
-
-Pairing tool results with calls, merging consecutive assistant messages and folding content said before
-calls into the reasoning happen in `beam_sft.validate.rules`, shared by every format.
-"""
+"""OpenAI chat messages (also legacy ``functions``/``function_call``, LLaMA-Factory v1 parts, data-genie JSON calls)
+→ Beam messages. Pairing results with calls, merging assistant messages and folding content into the reasoning
+happen in `beam_sft.validate.rules`, shared by every format.
+See docs/formats.md#openai-sharegpt-and-harmony-records."""
 
 from __future__ import annotations
 

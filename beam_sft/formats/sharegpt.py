@@ -1,30 +1,7 @@
-"""ShareGPT conversations → Beam messages.
-
-Accepted shapes (one record): ``conversations`` (or ``messages``) holding turns as ``{"from", "value"}`` or
-``{"role", "content"}``; an optional record-level ``system`` string; ``tools`` as a list or a JSON string
-(LLaMA-Factory / glaive), of wrapped or bare function schemas; ``chat_template_kwargs`` / ``reasoning_effort``.
-
-Role vocabulary (case-insensitive), as seen across ShareGPT exports, FastChat, LLaMA-Factory, glaive,
-Hermes and axolotl data:
-
-* user: ``human``, ``user``, ``prompter``, ``usr``
-* assistant: ``gpt``, ``assistant``, ``model``, ``chatgpt``, ``bing``, ``bard``, ``claude``, ``bot``, ``ai``
-* system: ``system``; developer: ``developer``
-* a tool call: ``function_call``, ``tool_call``, ``tool_calls`` — the value is a JSON object
-  ``{"name", "arguments"}`` or a list of them (parallel calls), as a string or already decoded
-* a tool result: ``observation``, ``tool``, ``function_response``, ``tool_response``, ``function``,
-  ``ipython``
-
-A leading ``<think>…</think>`` (or ``<thinking>``, ``<reasoning>``) block in an assistant turn is its reasoning.
-An assistant turn whose whole text is a JSON list (or one object) of OpenAI-style calls (``[{"id", "function":
-{"name", "arguments", "type"?}, "type"?}]``, as data-genie writes them) is those calls, and a result turn that
-is an OpenAI tool message as JSON text (``{"tool_call_id", "name", "content"}``) is unwrapped; JSON that only
-looks similar stays text (`beam_sft.formats.toolmarkup.json_calls` / `result_wrapper`).
-
-A call turn becomes an assistant message of its own; the assistant turn right before it (typically the
-reasoning, glaive's "I'll look that up") is merged with it by `beam_sft.validate.rules`, which also pairs results
-with calls by position.
-"""
+"""ShareGPT conversations (``{"from", "value"}`` or ``{"role", "content"}`` turns, as FastChat, LLaMA-Factory,
+glaive, Hermes and axolotl data write them) → Beam messages. A call turn becomes an assistant message of its own;
+`beam_sft.validate.rules` merges it with the turn before and pairs results with calls by position.
+See docs/formats.md#openai-sharegpt-and-harmony-records."""
 
 from __future__ import annotations
 

@@ -1,26 +1,7 @@
-"""Tool-call markup inside text: Hermes / Qwen ``<tool_call>`` tags and their fenced variants.
-
-Two jobs, shared by the OpenAI and ShareGPT converters (and so by `--dataset_format hermes`):
-
-* `lift` turns markup into structure: a ``<tools>`` block (or a ```` ```tools ```` fence) in a system
-  message → the record's ``tools``, with the instructions for the dataset's own call syntax around it dropped
-  (`strip_tool_prompt`, counted per pattern); ``<tool_call>`` blocks in an assistant message → its
-  ``tool_calls`` (text beside them → reasoning); ``<tool_response>`` blocks in a tool or user message → tool
-  messages, ``{"name", "content"}`` wrappers unwrapped.
-* `beam_sft.records.markup.find_markup` (the rule below, used by `beam_sft.validate.rules` as
-  ``tool_markup_in_text``) finds call or result markup still in a text after conversion.
-* `json_calls` / `result_wrapper` read OpenAI-style calls and tool messages written as JSON text (data-genie).
-
-**Markup vs a tag quoted in prose.** A tag is markup when a model or tool would have written it as
-structure: it starts a line (only whitespace before it), or JSON follows it (``{`` or ``[``, after
-whitespace), or a closing tag follows JSON (``}`` or ``]`` before it). A tag in the middle of a sentence
-("wrap each call in <tool_call> tags"), inside an inline code span (`` `<tool_call>` ``) or inside a fenced
-code block of another language (```` ```xml ````) is quoted, and stays text.
-
-Bodies are JSON, or Python literals as hermes-function-calling-v1 and data-genie write them (single quotes,
-``True``/``None``); `loads_lenient` accepts both and turns the result into plain JSON values. Every
-function here raises only `RecordError`.
-"""
+"""Tool-call markup inside text (Hermes / Qwen ``<tool_call>`` tags, their fences, data-genie JSON calls), shared by
+the OpenAI and ShareGPT converters: `lift` turns it into structure, `strip_tool_prompt` removes the dataset's own
+call-syntax instructions. Bodies may be JSON or Python literals (`loads_lenient`); every function raises only
+`RecordError`. See docs/tool-calling.md and docs/decisions.md ("Tool markup is never text")."""
 
 from __future__ import annotations
 
@@ -35,8 +16,6 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.records.markup import code_spans, may_have_markup, structural
 from beam_sft.records.messages import normalize_tools, tool_call
 from beam_sft.records.types import Message, ToolCall, ToolSpec
-
-# --- lenient bodies ----------------------------------------------------------------------------------------------
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
@@ -73,9 +52,6 @@ def loads_lenient(text: str) -> Any:
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as err:
         raise ValueError(f"neither JSON nor a Python literal ({type(err).__name__})") from None
     return _plain(value)
-
-
-# --- blocks --------------------------------------------------------------------------------------------------------
 
 
 def _blocks(text: str, kind: str, i: int | None) -> tuple[list[str], str] | None:
@@ -177,16 +153,9 @@ def _results(bodies: list[str]) -> list[tuple[str, str | None]]:
     return out
 
 
-# --- system prompt -------------------------------------------------------------------------------------------------
-#
-# The instructions Hermes, Qwen and glaive prompts wrap around their tools describe *their* call syntax ("return a
-# json object … within <tool_call></tool_call> XML tags"). Beam's template declares the tools itself and the
-# trained answer uses Beam's call syntax, so kept, these paragraphs would contradict the answer (and their literal
-# <tool_call> templates would get the record rejected as markup). Each is removed, under a name that the
-# ``stripped_tool_prompt`` counts use, from a system/developer text whose tools the converter has taken out;
-# any other sentence is the dataset's own instruction and stays. Texts: tests/data/tool_prompts/SOURCES.md.
-
 _I = re.IGNORECASE
+# The instructions for the dataset's own call syntax, each removed under its ``stripped_tool_prompt`` name; why and
+# which: docs/tool-calling.md. Texts: tests/data/tool_prompts/SOURCES.md.
 _PROMPT_SOURCES = (
     ("hermes_role", r"You are a function calling AI model\.?", _I),
     ("tools_intro", r"You are provided with function signatures within <tools>\s*</tools> XML tags[.:]?", _I),
@@ -278,21 +247,6 @@ def _tools_from_body(body: str) -> list:
     return value if type(value) is list else [value]
 
 
-def _system_tools(text: str, i: int, counts: dict | None = None) -> tuple[list, str] | None:
-    """Tools declared in a system prompt, and the prompt without them and their call-syntax instructions."""
-    found = _blocks(text, "tools", i)
-    if found is None:
-        return None
-    bodies, rest = found
-    tools: list = []
-    for body in bodies:
-        tools.extend(_tools_from_body(body))
-    _bump(counts, "tool_list", len(bodies))
-    return tools, strip_tool_prompt(rest, counts)
-
-
-# --- OpenAI-style calls written as JSON text -----------------------------------------------------------------------
-
 _CALL_KEYS = frozenset(("id", "type", "function", "index"))
 _FUNCTION_KEYS = frozenset(("name", "arguments", "type"))
 
@@ -323,8 +277,7 @@ def json_calls(text: str, i: int | None) -> list[ToolCall] | None:
                       c["id"] if type(c.get("id")) is str else None, message_index=i) for c in items]
 
 
-# data-genie's tool turns: an OpenAI tool message as JSON text, {"tool_call_id", "name", "content"}; its files miss
-# the quote that closes the id ("call_ur6F46uLbvxHgpOuoSMqURF9, "name": ...), which this reads as well.
+# data-genie's tool message as JSON text, also without the quote that closes the id (docs/tool-calling.md).
 _RESULT_WRAPPER = re.compile(r'^\{\s*"tool_call_id"\s*:\s*"([^"\\,]*)"?\s*,\s*"name"\s*:\s*"([^"\\]*)"\s*,'
                              r'\s*"content"\s*:\s*(.*)\}\s*$', re.DOTALL)
 
@@ -359,9 +312,6 @@ def result_wrapper(text: str) -> tuple[str, str | None, str | None] | None:
     return content, (name if type(name) is str and name else None), (cid if type(cid) is str and cid else None)
 
 
-# --- lift ----------------------------------------------------------------------------------------------------------
-
-
 def _has_tags(text: str) -> bool:
     """Whether `text` may hold tags or fences to lift (one-character gates first: `may_have_markup`)."""
     return ("<" in text and "<tool" in text) or ("`" in text and "```tool" in text)
@@ -393,8 +343,7 @@ def lift(messages: list[Message], tools: list[ToolSpec] | None, src: list | None
     `src` maps message index → the caller's message index (for errors); returns the new messages, tools and
     map. Messages without markup are passed through untouched. A system/developer message loses its foreign
     call-syntax instructions (`strip_tool_prompt`) when it declared tools, or when the record has tools from
-    elsewhere; one left empty is dropped. `counts` gets what was removed, per pattern.
-    """
+    elsewhere; one left empty is dropped. `counts` gets what was removed, per pattern."""
     out: list[Message] = []
     out_src: list = []
     found_tools: list = []
@@ -411,12 +360,13 @@ def lift(messages: list[Message], tools: list[ToolSpec] | None, src: list | None
             emit(m)
             continue
         if role in ("system", "developer"):
-            got = _system_tools(text, i, counts)
-            if got is None and (tools or found_tools):
-                got = [], strip_tool_prompt(text, counts)
-            if got is not None:
-                declared, rest = got
-                found_tools.extend(declared)
+            got = _blocks(text, "tools", i)
+            if got is not None or tools or found_tools:
+                if got is not None:  # the prompt declares tools: they go to the record's tools
+                    bodies, text = got
+                    found_tools.extend([t for body in bodies for t in _tools_from_body(body)])
+                    _bump(counts, "tool_list", len(bodies))
+                rest = strip_tool_prompt(text, counts)
                 if rest:
                     emit({**m, "content": rest})
                 continue

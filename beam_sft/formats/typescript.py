@@ -1,29 +1,8 @@
-"""Parse the TypeScript-like tool declarations of a gpt-oss Harmony prompt back into JSON schemas.
+"""Parse the TypeScript-like tool declarations of a gpt-oss Harmony prompt back into OpenAI function schemas.
 
-gpt-oss renders tools as::
-
-    namespace functions {
-
-    // Gets the current weather in the provided location.
-    type get_current_weather = (_: {
-    // The city and state, e.g. San Francisco, CA
-    location: string,
-    format?: "celsius" | "fahrenheit", // default: celsius
-    }) => any;
-
-    } // namespace functions
-
-This module turns that text into OpenAI function schemas (``{"type": "function", "function": {...}}``):
-``//`` lines before a declaration or a property are its description (an ``Examples:`` block becomes
-``examples``); a trailing ``// default: X`` is the default (JSON where it parses, the raw text otherwise);
-``?`` marks an optional property; ``number`` stays ``number`` (the integer/number distinction is lost in
-the rendering); string-literal unions become ``enum``; ``T | null`` becomes ``"type": [T, "null"]``; other
-unions become ``anyOf``; ``T[]`` becomes an array; nested ``{…}`` objects recurse.
-
-It is a small recursive-descent parser over a token stream, not a regex: anything it does not understand
-raises `TypeScriptError` with the line, so a tool declaration is converted exactly or the record is
-rejected with a stated reason — never half-parsed.
-"""
+A small recursive-descent parser, not a regex: anything it does not understand raises `TypeScriptError` with the
+line, so a declaration converts exactly or the record is rejected.
+See docs/formats.md#openai-sharegpt-and-harmony-records."""
 
 from __future__ import annotations
 
@@ -271,29 +250,26 @@ class _Parser:
 
     def union(self) -> dict:
         self._enter()
+        variants: list[dict] = []
         try:
-            return self._union()
+            self.comments()
+            self.accept("|")  # a leading '|' starts a multi-line one-of
+            while True:
+                self.comments()
+                term = self.term()
+                note = self.trailing_comment(self.toks[self.i - 1].line)
+                if note is not None:
+                    term = dict(term)
+                    if note.startswith("default: "):
+                        term["default"] = _default_value(note[len("default: "):])
+                    else:
+                        term["description"] = note
+                variants.append(term)
+                self.comments()
+                if not self.accept("|"):
+                    return _merge_union(variants)
         finally:
             self.depth -= 1
-
-    def _union(self) -> dict:
-        variants: list[dict] = []
-        self.comments()
-        self.accept("|")  # a leading '|' starts a multi-line one-of
-        while True:
-            self.comments()
-            term = self.term()
-            note = self.trailing_comment(self.toks[self.i - 1].line)
-            if note is not None:
-                term = dict(term)
-                if note.startswith("default: "):
-                    term["default"] = _default_value(note[len("default: "):])
-                else:
-                    term["description"] = note
-            variants.append(term)
-            self.comments()
-            if not self.accept("|"):
-                return _merge_union(variants)
 
     def term(self) -> dict:
         t = self.next()
@@ -306,10 +282,8 @@ class _Parser:
         elif t.kind == "string" or t.kind == "number":
             schema = {"const": _literal(t.text)}
         elif t.kind == "ident":
-            simple = {"string": "string", "number": "number", "boolean": "boolean", "null": "null",
-                      "object": "object"}
-            if t.text in simple:
-                schema = {"type": simple[t.text]}
+            if t.text in ("string", "number", "boolean", "null", "object"):
+                schema = {"type": t.text}
             elif t.text == "any":
                 schema = {}
             elif t.text in ("true", "false"):

@@ -1,15 +1,6 @@
-"""Salesforce xLAM / APIGen rows (``{"query", "tools", "answers"}``) → Beam records.
-
-``tools`` and ``answers`` are JSON strings (xlam-function-calling-60k) or native values (Hammer's test sets).
-The record becomes a user turn with the query and an assistant turn with the calls in ``answers`` — a
-trajectory that ends at the call, which is what the row trains. A ``query`` that is a list of messages
-(API-Bank as Hammer converts it: roles ``user``, ``agent`` = the assistant speaking, ``assistant`` = an
-earlier call written as a fenced JSON list, ``tool`` = its result) becomes those turns, and APIBank's
-prompt suffix ``Generate API Request:`` at its end is dropped.
-
-xLAM's parameter maps (``{"p": {"type": "str, optional", "description", "default"}}``) become JSON Schema;
-the type mapping is `beam_sft.records.schema_types.json_type` (README, Decisions: "xLAM parameter types").
-"""
+"""Salesforce xLAM / APIGen rows (``{"query", "tools", "answers"}``) → Beam records: the query and the calls (or an
+API-Bank message list as its turns), parameter maps as JSON Schema (`beam_sft.records.schema_types`).
+See docs/formats.md#tool-calling-datasets-hermes--qwen-tags-glaive-v2-xlam and docs/decisions.md."""
 
 from __future__ import annotations
 
@@ -76,8 +67,7 @@ def _fenced_calls(text: str, i: int) -> list[ToolCall]:
     """An API-Bank call message: ```[{"name": ..., "arguments": {...}}]``` (the fence is optional)."""
     body = text.strip()
     if body.startswith("```"):
-        body = body[3:]
-        body = body.removeprefix("json")
+        body = body[3:].removeprefix("json")
         if body.rstrip().endswith("```"):
             body = body.rstrip()[:-3]
     try:

@@ -1,40 +1,8 @@
-"""`beam-sft beamify BASE -o DIR`: any base model directory (or cached hub id) into a Beam base model.
+"""`beamify`: any fast tokenizer (and its model) made a Beam tokenizer in place; `beam-sft beamify BASE -o DIR`.
 
-DIR holds the base's weights with the embeddings grown for the seven markers (each new row initialised from
-what it means, `beam_sft.model.marker_init`), the tokenizer with both Beam templates, the eos list
-`[<|return|>, <|call|>]`, and `config.json`'s `beam_sft` entry (which ids are new and how they started, so a
-LoRA run on DIR trains those rows). It is written atomically and only when it is servable as is and passes
-every check-template rule (`serve.save.check_export`), the checks `beam-sft export` makes.
-
-`beamify` itself, on a tokenizer (and model) in memory:
-
-Usage:
-
-    from beam_sft.template.tokenizer import load_tokenizer
-    from beam_sft.model.beamify import beamify
-    tok = load_tokenizer()                       # data/tokenizer, the small bundled byte-level BPE
-    beamify(hf_tokenizer, model)                 # any tokenizer, in place; resizes, inits new rows by meaning
-
-What `beamify` guarantees, for any fast (tokenizers-backed) tokenizer: the marker/EOS/pad/template
-properties above; the markers match raw text (`normalized=False`), so a normalizer cannot split them; marker
-ids that already existed keep their ids (a gpt-oss vocabulary stays aligned with its embeddings); with a
-model, each new embedding row starts from what its marker means (`marker_init`), so the rows are
-distinct and a closing marker already scores where the base would end a message.
-
-What it fixes: SentencePiece-style tokenizers that prepend "▁" to every text segment (Metaspace
-`prepend_scheme="always"`, or Llama-2's `Prepend("▁")` normalizer) would put a space after every marker
-when decoding (`<|message|>Hi` -> `<|message|> Hi`), which breaks `parse_response` on decoded output. By
-default (`fix_prefix_space=True`) beamify makes them prepend only at the start of the input, as
-transformers' non-legacy Llama conversion does; a rendered chat starts with `<|start|>`, so nothing is
-prepended at all. This changes how the first word after each marker is split, which a model fine-tuned
-on Beam data learns anyway.
-
-What it cannot fix: a vocabulary or normalizer that loses text (no byte fallback, so `\t` becomes
-`<unk>`; NFKC folding full-width characters). Masks stay right (transformers computes them from character
-offsets), but text does not survive encode/decode, and parsing decoded output can differ from what was
-rendered. BOS tokens are not an issue: apply_chat_template tokenizes with add_special_tokens=False and the
-Beam template writes no BOS. Run `beam-sft check-template` on the result: rules `round-trip` and
-`parse-decoded-ids` report such losses.
+The markers, pad token, EOS and both templates are added, new embedding rows start from what each marker means
+(`beam_sft.model.marker_init`), and DIR is written the checked way `beam-sft export` writes.
+See docs/template.md#using-your-own-base-model-beamify.
 """
 
 from __future__ import annotations
@@ -92,18 +60,10 @@ def describe(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _backend(tokenizer):
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise TypeError(f"beamify needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}; "
-                        "load it with AutoTokenizer.from_pretrained(..., use_fast=True)")
-    return backend
-
-
 def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
-    """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers (the module
-    docstring's "What it fixes": added tokens split the text into segments normalised and pre-tokenised one by
-    one, so each would get its own "▁"). Returns whether `state` changed."""
+    """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers (added tokens split
+    the text into segments normalised and pre-tokenised one by one, so each would get its own "▁"). Returns
+    whether `state` changed."""
     changed = False
 
     def walk(node: Any, key: str) -> Any:
@@ -132,10 +92,14 @@ def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
     return changed
 
 
-def _install_markers(tokenizer, fix_prefix_space: bool) -> None:
+def _install_tokens(tokenizer, fix_prefix_space: bool) -> None:
+    """The markers (EOS among them), and a pad token where there is none or it is a marker."""
     from tokenizers import AddedToken, Tokenizer
 
-    backend = _backend(tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise TypeError(f"beamify needs a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}; "
+                        "load it with AutoTokenizer.from_pretrained(..., use_fast=True)")
     # normalized=False: markers must match the raw text, whatever the normalizer does to ordinary text.
     backend.add_tokens([AddedToken(m, special=False, normalized=False) for m in PLAIN_MARKERS])
     backend.add_special_tokens([AddedToken(EOS_TOKEN, special=True, normalized=False)])
@@ -155,28 +119,20 @@ def _install_markers(tokenizer, fix_prefix_space: bool) -> None:
     if any(str(t) in PLAIN_MARKERS for t in extra):
         tokenizer.extra_special_tokens = [t for t in extra if str(t) not in PLAIN_MARKERS]
     tokenizer.eos_token = EOS_TOKEN
-
-
-def _install_pad(tokenizer) -> None:
-    from tokenizers import AddedToken
-
     if tokenizer.pad_token is None or tokenizer.pad_token in MARKERS:
         tokenizer.add_special_tokens({"pad_token": AddedToken(PAD_TOKEN, special=True, normalized=False)})
 
 
 def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fix_prefix_space: bool = True,
             init: str = "semantic"):
-    """Make `tokenizer` (and `model`, if given) Beam Harmony capable, in place.
+    """Make `tokenizer` (and `model`, if given) Beam Harmony capable, in place; returns `tokenizer`.
 
-    Adds the markers (only `<|return|>` special; it becomes EOS), a special pad token when there is none or
-    it is a marker, and both templates. With `model`, grows the embedding matrices to `len(tokenizer)` and
-    initialises every row of a newly added token as `init` says (`beam_sft.model.marker_init`: "semantic",
-    the default, from what each marker means; "mean", the mean of the old rows), in the input embeddings and
-    in the output projection when it is not tied; sets eos/pad ids on `model.config` and
-    `model.generation_config`, where EOS is exactly `[<|return|>, <|call|>]` (the base's own EOS is dropped:
-    see `BEAMIFY_EOS_DECISION`); and records what it added in `model.config.beam_sft` (the new ids, so a LoRA
-    run makes their rows trainable, and how each was initialised). Both are modified in place; returns
-    `tokenizer`. `fix_prefix_space`: see the module docstring. Calling it again is a no-op.
+    Adds the markers (only `<|return|>` special; it becomes EOS), a special pad token when there is none or it is
+    a marker, and both templates. With `model`: grows the embeddings, initialises every new row as `init` says
+    (`beam_sft.model.marker_init`: "semantic" or "mean"), in the output projection too when it is not tied; sets
+    eos (exactly `[<|return|>, <|call|>]` in the generation config: `BEAMIFY_EOS_DECISION`) and pad ids; and
+    records the new ids and how each row started in `model.config.beam_sft`, so a LoRA run trains those rows.
+    `fix_prefix_space`: see docs/template.md#using-your-own-base-model-beamify. Calling it again is a no-op.
     """
     from beam_sft.model.marker_init import INIT_CHOICES, initialise_rows
     from beam_sft.template.tokenizer import stop_token_ids
@@ -184,8 +140,7 @@ def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fi
     if init not in INIT_CHOICES:
         raise ValueError(f"beamify init {init!r}: choose one of {', '.join(INIT_CHOICES)}")
     old_len, base_eos = len(tokenizer), tokenizer.eos_token
-    _install_markers(tokenizer, fix_prefix_space)
-    _install_pad(tokenizer)
+    _install_tokens(tokenizer, fix_prefix_space)
     install_templates(tokenizer, template_dir)
     for marker in MARKERS:
         ids = tokenizer.encode(marker, add_special_tokens=False)
@@ -212,10 +167,7 @@ def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fi
     return tokenizer
 
 
-# Why a beamified base stops only at <|return|> / <|call|> (docs/real-model.md, "Stop tokens"): a Beam turn
-# ends only there, and a partly trained model that falls back on the base's end token (SmolLM2 after 54 steps
-# wrote <|im_end|> as its first token) would otherwise be served as a clean, empty stop; without it the
-# failure shows (`stopped` false, `marker_leak`) instead of passing for an answer.
+# Why a beamified base stops only at <|return|> / <|call|>: docs/real-model.md#stop-tokens-of-a-beamified-base.
 BEAMIFY_EOS_DECISION = "[<|return|>, <|call|>] only"
 
 

@@ -1,13 +1,7 @@
 """`beam-sft export`: a checkpoint, or a base model + LoRA adapter, into a directory a server loads as is.
 
-    from beam_sft.model.export import export, serve_commands
-    report = export("outputs/run/checkpoint-200", "outputs/run/served")
-    print(serve_commands("outputs/run/served", report["model_type"]))
-
-The output holds the weights (merged when an adapter is given), the tokenizer with both Beam templates, and
-`generation_config.json`; it is written to a temporary directory beside the target, made servable
-(`beam_sft.serve.servable.make_servable`), checked (the check-template suite, the serving subset, the EOS
-lists, readable files), and only then renamed into place: a failed check leaves no output behind.
+Written to a temporary directory beside the target, made servable, checked, and only then renamed into place.
+See docs/serving.md#commands.
 """
 
 from __future__ import annotations

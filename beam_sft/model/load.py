@@ -1,9 +1,7 @@
 """The model and tokenizer a training run starts from: the embedded tiny model, a Beam checkpoint, or --beamify.
 
-* `build_tiny_model` makes the quickstart's randomly initialised causal LM from `configs/models/tiny`,
-  reproducibly (fixed seed), sized to the bundled tokenizer.
-* `load_model_and_tokenizer` picks the source from `scripts/train.py`'s options; `check_tokenizer` runs the
-  template checks a run makes before it trains.
+`build_tiny_model` makes the quickstart's reproducible random model; `load_model_and_tokenizer` picks the source
+from `scripts/train.py`'s options; `check_tokenizer` runs the template checks a run makes before it trains.
 """
 
 from __future__ import annotations
@@ -81,18 +79,13 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
             raise UsageError("mxfp4_dequantize cannot be combined with load_in_4bit / load_in_8bit")
         quantization_config = mxfp4_dequantize_config()
     dtype = model_args.dtype
-    init_kwargs = {
-        "revision": model_args.model_revision,
-        "trust_remote_code": training_args.trust_remote_code,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": dtype if dtype in (None, "auto") else getattr(torch, dtype),
-        "quantization_config": quantization_config,
-        # k-bit weights are placed at load time, one full copy per process.
-        "device_map": (
-            {"": PartialState().local_process_index}
-            if quantization_config is not None and not script_args.mxfp4_dequantize else None
-        ),
-    }
+    init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
+                   "attn_implementation": model_args.attn_implementation,
+                   "dtype": dtype if dtype in (None, "auto") else getattr(torch, dtype),
+                   "quantization_config": quantization_config}
+    # k-bit weights are placed at load time, one full copy per process.
+    kbit = quantization_config is not None and not script_args.mxfp4_dequantize
+    init_kwargs["device_map"] = {"": PartialState().local_process_index} if kbit else None
     init_kwargs.update(training_args.model_init_kwargs or {})
     model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **init_kwargs)
     if script_args.beamify:

@@ -1,26 +1,8 @@
 """How `beamify` initialises the embedding rows of the tokens it adds: from what each marker means.
 
-A base model meets the seven Beam markers as new rows. If every new row is the same vector (the mean of the
-old rows, what beamify did first), the model cannot tell them apart at step 0, nor for long after: measured
-on SmolLM2-135M-Instruct (docs/real-model.md), all seven marker logits were equal at every position, the
-loss on a marker could not fall below ln 7 under LoRA, and full fine-tuning still wrote `<|im_end|>` where
-markers belong after three epochs. So each row starts from what it means (`init="semantic"`, the default):
-
-* its **structural role**: a marker that opens something (`<|start|>`, `<|channel|>`, `<|message|>`,
-  `<|constrain|>`) takes the base's own message-start token (ChatML `<|im_start|>`, Llama 3
-  `<|start_header_id|>`, Gemma `<start_of_turn>`, else BOS); one that closes (`<|end|>`, `<|return|>`,
-  `<|call|>`) its message-end token (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, else EOS) — so the model
-  already prefers a closing marker where the base would end a message;
-* its **word**: the mean row of the spelled-out word's tokens (" channel", " message", " end", " call",
-  " constrain") — so the rows differ from each other.
-
-A row is the mean of the two (`<|start|>` and `<|return|>` have no word: they *are* the base's start and
-end); a part the base lacks is left out, and a marker with neither gets the mean of the old rows. Mixing the
-structural row into every word-derived row keeps a marker row from equalling an ordinary word's row (a
-model that learned `<|channel|>` from " channel" alone leaked it into plain text: "Read about<|channel|>").
-Rows are set in the input embeddings and, when it is not tied to them, in the output projection, each from
-its own matrix. Any other added token (a new pad) gets the mean. `init="mean"` keeps the old behaviour for
-comparison (`benchmarks/marker_init.py`).
+Each marker row is the mean of the base's own message-start or message-end token's row and its spelled-out
+word's rows (`init="semantic"`), or the mean of the old rows (`init="mean"`, for comparison).
+See docs/real-model.md#why-the-marker-rows-start-from-what-they-mean.
 """
 
 from __future__ import annotations
@@ -32,13 +14,9 @@ DEFAULT_INIT = "semantic"
 
 # marker -> (structural role, spelled-out word or None)
 MEANINGS: dict[str, tuple[str, str | None]] = {
-    "<|start|>": ("start", None),
-    "<|channel|>": ("start", " channel"),
-    "<|message|>": ("start", " message"),
+    "<|start|>": ("start", None), "<|channel|>": ("start", " channel"), "<|message|>": ("start", " message"),
     "<|constrain|>": ("start", " constrain"),
-    "<|end|>": ("end", " end"),
-    "<|return|>": ("end", None),
-    "<|call|>": ("end", " call"),
+    "<|end|>": ("end", " end"), "<|return|>": ("end", None), "<|call|>": ("end", " call"),
 }
 # The base's analogous special tokens, most specific first; BOS / EOS are the last resort.
 ROLE_TOKENS = {

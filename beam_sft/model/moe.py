@@ -1,17 +1,8 @@
 """Mixture-of-Experts fine-tuning: LoRA on the fused expert tensors, the router left alone, checked after injection.
 
-gpt-oss (and most transformers 5 MoE blocks) keep all experts of a layer in fused 3D `nn.Parameter`s
-(`mlp.experts.gate_up_proj`: experts x hidden x 2*intermediate, `mlp.experts.down_proj`), not in `nn.Linear`
-modules, so `target_modules: all-linear` never reaches them: a LoRA run would train attention only. peft 0.21
-adapts such tensors through `LoraConfig.target_parameters` (`lora.ParamWrapper`), which refuses
-`lora_dropout != 0` (the dropout cannot be factored out of a weight delta), `lora_bias`, DoRA and fan_in_fan_out.
-
-* `build_peft_config(model_args, model, target_experts=...)`: TRL's LoraConfig from ModelConfig, with the
-  routers excluded (a router is a linear map to one logit per expert; adapting it moves the load balance the aux
-  loss guards, and in gpt-oss it is not even an `nn.Linear`), and, when asked, the expert tensors in
-  `target_parameters` with `lora_dropout` forced to 0 (logged).
-* `check_expert_adapters(model, wanted)`: after injection, counts the adapters that sit on expert tensors;
-  fails when they were asked for and none are there.
+`build_peft_config` makes TRL's LoraConfig with the routers excluded and, when asked, the expert tensors in
+`target_parameters`; `check_expert_adapters` fails when expert adapters were asked for and none are there.
+See docs/training.md#gpt-oss-shaped-models-exact-packing-moe-lora-router-loss.
 """
 
 from __future__ import annotations

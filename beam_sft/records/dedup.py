@@ -1,13 +1,6 @@
-"""Exact deduplication of validated Beam records: an 8-byte key per record, first occurrence kept.
-
-The key is a BLAKE2b digest of the record's JSON with sorted keys, taken after validation: the same
-conversation that arrived as OpenAI in one file and ShareGPT in another is one record twice. Only keys and
-a packed provenance (source index, line or index) are held, never the records, and not as Python objects:
-two flat arrays of unsigned 64-bit words (`array("Q")`), an open-addressing table with linear probing kept at
-most 5/8 full, so 26-43 bytes a record (10 million records: 260-430 MB, where a dict of ints took about
-1 GB), and nothing for the garbage collector to walk. The chance of two different records among 10 million
-sharing a key is below 1e-5.
-"""
+"""Exact deduplication of validated Beam records: an 8-byte BLAKE2b key per record, first occurrence kept, held in
+an open-addressing table of flat `array("Q")` words, never the records. Two different records among 10 million
+share a key with a chance below 1e-5. See docs/prepare.md#deduplication."""
 
 from __future__ import annotations
 
@@ -24,8 +17,12 @@ _POS_BITS = 40  # positions below 2**40: lines of a file, rows of a dataset
 
 def record_key(record: BeamRecord) -> int:
     """The record's dedup key (an unsigned 64-bit int)."""
-    text = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+    return text_key(orjson.dumps(record, option=orjson.OPT_SORT_KEYS))
+
+
+def text_key(sorted_json: bytes) -> int:
+    """`record_key` of a record's JSON already written with sorted keys."""
+    return int.from_bytes(hashlib.blake2b(sorted_json, digest_size=8).digest(), "little")
 
 
 class Seen:

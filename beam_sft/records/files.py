@@ -1,26 +1,6 @@
-"""Streaming readers with provenance, output writers, and Arrow-safe storage of Beam records.
-
-Readers yield ``Item``s — one per input record — in input order, each with where it came from: the file and
-a 1-based line for JSONL, or a 0-based index for JSON arrays, Parquet, `datasets` directories and hub
-datasets. A line that is not JSON, not UTF-8, or over the size limit becomes an `Item` carrying the
-`RecordError`, so the caller counts it as a rejection instead of losing it. JSONL lines stay undecoded bytes
-until a worker parses them (that parse is part of the conversion cost, and it can run in parallel).
-
-Inputs (`expand_inputs`): files (``.jsonl``, ``.ndjson``, ``.jsonl.gz``, ``.json``, ``.traj``, ``.parquet``,
-``.csv`` — a header row, cells holding JSON arrays or objects decoded —, ``.arrow`` — Arrow IPC, as `datasets`
-writes it —, ``.txt`` — a whole text file is one Harmony record), glob patterns, directories (a `save_to_disk` dataset,
-or else every supported file inside, sorted), and hub dataset ids (through `datasets.load_dataset`, so an
-offline cache works). A ``.json`` file holding one conversation object, or a bare list of messages, is one
-record; a ``.json`` file that is really JSON Lines is read as JSON Lines.
-
-Outputs (`open_writer`): ``.jsonl``, ``.parquet``, or any other path as a `save_to_disk` directory, each written
-atomically as `beam_sft.storage` writes every output. In Arrow outputs
-the free-form parts — tool-call ``arguments``, ``tools`` and ``chat_template_kwargs`` — use the `datasets`
-``Json`` feature, so records with different argument keys don't turn into one struct padded with nulls;
-`datasets` decodes them back to dicts on load. Every output, JSONL included, has all three keys on every row
-(`beam_sft.validate.convert.to_row`): ``tools`` null or a list, ``chat_template_kwargs`` always an object (``{}`` when
-the record has none), since TRL unpacks it with ``**``.
-"""
+"""Streaming readers with provenance (`read_items`, `expand_inputs`), output writers (`open_writer`), and Arrow-safe
+storage of Beam records (`beam_features`, `normalize_record`). See docs/formats.md for the inputs and outputs
+and docs/conversion.md for how they are read."""
 
 from __future__ import annotations
 
@@ -40,13 +20,10 @@ import orjson
 from beam_sft.errors import FatalError, Reason, RecordError, UsageError
 from beam_sft.storage import fresh_temporary, fsync_file, replace_dir, temporary_path
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
-JSON_SUFFIXES = (".json", ".traj")
-TEXT_SUFFIXES = (".txt",)
-PARQUET_SUFFIXES = (".parquet",)
-CSV_SUFFIXES = (".csv",)
-ARROW_SUFFIXES = (".arrow",)  # Arrow IPC, stream (what `datasets` writes) or file format
-SUPPORTED_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + TEXT_SUFFIXES + PARQUET_SUFFIXES + CSV_SUFFIXES + ARROW_SUFFIXES
+# The reader of each file suffix (.arrow: Arrow IPC, the stream format `datasets` writes, or the file format).
+_KIND_OF_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".jsonl.gz": "jsonl", ".ndjson.gz": "jsonl", ".json": "json",
+                   ".traj": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+SUPPORTED_SUFFIXES = tuple(_KIND_OF_SUFFIX)
 REJECTS = "rejects.jsonl"  # the rejects file the data phase writes beside its output
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
@@ -72,10 +49,7 @@ class Item:
 
 def _suffix(path: Path) -> str:
     name = path.name.lower()
-    for s in SUPPORTED_SUFFIXES:
-        if name.endswith(s):
-            return s
-    return path.suffix.lower()
+    return next((s for s in SUPPORTED_SUFFIXES if name.endswith(s)), path.suffix.lower())
 
 
 # `datasets.load_dataset` options of a hub (or hub-like local) dataset: Source field -> load_dataset keyword.
@@ -95,9 +69,7 @@ class Source:
     data_dir: str | None = None
     data_files: Any = None
     columns: Any = None  # {target key: column} renames, or TRL's list of columns to keep (`select_columns`)
-    # A hub source read with `load_dataset(..., streaming=True)`: rows come as they are downloaded, nothing is
-    # written to the datasets cache first (the training stream sets it; preparing reads the whole split anyway).
-    streaming: bool = False
+    streaming: bool = False  # load_dataset(..., streaming=True), set by the training stream: docs/training.md
 
     def load_kwargs(self) -> dict[str, Any]:
         """The `load_dataset` keywords this source sets (none of the unset ones)."""
@@ -275,23 +247,11 @@ def source_label(spec) -> str:
 
 
 def _file_source(path: Path) -> Source:
-    s = _suffix(path)
-    if s in JSONL_SUFFIXES:
-        return Source("jsonl", str(path))
-    if s in JSON_SUFFIXES:
-        return Source("json", str(path))
-    if s in TEXT_SUFFIXES:
-        return Source("text", str(path))
-    if s in PARQUET_SUFFIXES:
-        return Source("parquet", str(path))
-    if s in CSV_SUFFIXES:
-        return Source("csv", str(path))
-    if s in ARROW_SUFFIXES:
-        return Source("arrow", str(path))
-    # unknown suffix: JSONL unless the file is one JSON document
-    with open(path, "rb") as f:
-        head = f.read(1).lstrip()
-    return Source("json" if head == b"[" else "jsonl", str(path))
+    kind = _KIND_OF_SUFFIX.get(_suffix(path))
+    if kind is None:  # unknown suffix: JSONL unless the file is one JSON document
+        with open(path, "rb") as f:
+            kind = "json" if f.read(1).lstrip() == b"[" else "jsonl"
+    return Source(kind, str(path))
 
 
 def parse_line(line: bytes) -> Any:
@@ -299,11 +259,15 @@ def parse_line(line: bytes) -> Any:
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError as err:
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as uerr:
-            raise RecordError(Reason.INVALID_UTF8, f"invalid UTF-8 at byte {uerr.start}") from None
-        raise RecordError(Reason.MALFORMED_JSON, f"not JSON: {err}") from None
+        raise _json_error(line, err) from None
+
+
+def _json_error(data: bytes, err: Exception, where: str = "") -> RecordError:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as uerr:
+        return RecordError(Reason.INVALID_UTF8, f"{where}invalid UTF-8 at byte {uerr.start}")
+    return RecordError(Reason.MALFORMED_JSON, f"{where}not JSON: {err}")
 
 
 def _read_jsonl(src: Source, max_bytes: int | None) -> Iterator[Item]:
@@ -340,23 +304,15 @@ def _read_json(src: Source, max_bytes: int | None) -> Iterator[Item]:
         if first.startswith(b"{") and _parses(first):  # JSON Lines under a .json name (common on the hub)
             yield from _read_jsonl(Source("jsonl", src.name), max_bytes)
             return
-        try:
-            data.decode("utf-8")
-            reason, msg = Reason.MALFORMED_JSON, f"not JSON: {err}"
-        except UnicodeDecodeError as uerr:
-            reason, msg = Reason.INVALID_UTF8, f"invalid UTF-8 at byte {uerr.start}"
-        yield Item(src.name, 0, False, None, error=RecordError(reason, f"whole file: {msg}"))
+        yield Item(src.name, 0, False, None, error=_json_error(data, err, "whole file: "))
         return
     # One conversation: an object, or a bare list of messages (role-keyed or from/value dicts without a
     # conversation key).
-    if isinstance(doc, list) and doc and all(
-        isinstance(m, dict) and "role" in m and "messages" not in m and "conversations" not in m for m in doc
-    ):
-        doc = {"messages": doc}
-    elif isinstance(doc, list) and doc and all(
-        isinstance(m, dict) and "from" in m and "value" in m and "conversations" not in m for m in doc
-    ):
-        doc = {"conversations": doc}  # the same for ShareGPT turns
+    if isinstance(doc, list) and doc and all(isinstance(m, dict) and "conversations" not in m for m in doc):
+        if all("role" in m and "messages" not in m for m in doc):
+            doc = {"messages": doc}
+        elif all("from" in m and "value" in m for m in doc):
+            doc = {"conversations": doc}  # the same for ShareGPT turns
     records = doc if isinstance(doc, list) else [doc]
     for i, rec in enumerate(records):
         yield Item(src.name, i, False, rec, error=_too_large(rec, max_bytes))
@@ -387,12 +343,9 @@ def _read_text(src: Source, max_bytes: int | None) -> Iterator[Item]:
 def _read_parquet(src: Source, max_bytes: int | None) -> Iterator[Item]:
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(src.name)
-    i = 0
-    for batch in pf.iter_batches(batch_size=1024):
-        for rec in batch.to_pylist():
-            yield Item(src.name, i, False, _decode_json_columns(rec), error=_too_large(rec, max_bytes))
-            i += 1
+    rows = (rec for batch in pq.ParquetFile(src.name).iter_batches(batch_size=1024) for rec in batch.to_pylist())
+    for i, rec in enumerate(rows):
+        yield Item(src.name, i, False, _decode_json_columns(rec), error=_too_large(rec, max_bytes))
 
 
 def _decode_json_columns(rec: dict) -> dict:
@@ -487,11 +440,8 @@ def _read_arrow(src: Source, max_bytes: int | None) -> Iterator[Item]:
             batches = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
         else:
             batches = iter(reader)
-        i = 0
-        for batch in batches:
-            for rec in batch.to_pylist():
-                yield Item(src.name, i, False, _decode_json_columns(rec), error=_too_large(rec, max_bytes))
-                i += 1
+        for i, rec in enumerate(rec for batch in batches for rec in batch.to_pylist()):
+            yield Item(src.name, i, False, _decode_json_columns(rec), error=_too_large(rec, max_bytes))
     except pa.ArrowInvalid as err:
         yield Item(src.name, 0, False, None, error=RecordError(Reason.MALFORMED_ROW, f"not Arrow IPC data: {err}"))
 
@@ -503,9 +453,7 @@ def _read_dataset(src: Source, max_bytes: int | None) -> Iterator[Item]:
         if src.kind == "disk":
             ds = datasets.load_from_disk(src.name)
         else:
-            # A local hub-like directory is always streamed: datasets 5.2's Arrow cache keys it by its name and
-            # layout, not its files, so another directory of the same name, or this one edited, was served the
-            # rows cached the first time (measured; tests/test_sources.py). Streaming reads the files themselves.
+            # A local hub-like directory is always streamed, never served from a stale Arrow cache: docs/training.md.
             local = Path(src.name).is_dir()
             ds = datasets.load_dataset(src.name, split=src.split, streaming=src.kind == "hub" and (src.streaming or local),
                                        **src.load_kwargs())
@@ -542,9 +490,6 @@ def iter_items(sources: list[Source], *, max_bytes: int | None = None, limit: in
             raise FatalError(f"{src.name}: {err.strerror or err}") from err
         if limit is not None and n >= limit:
             return
-
-
-# --- Arrow storage ---------------------------------------------------------------------------------------
 
 
 def beam_features():
@@ -592,8 +537,7 @@ def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
     """Undo what Arrow storage does to a Beam record, so the template sees the in-memory shape.
 
     Parquet / `datasets` storage may keep `tools`, `chat_template_kwargs` and tool-call `arguments` as JSON
-    strings (heterogeneous keys do not survive struct inference) and fills absent struct fields with None.
-    """
+    strings (heterogeneous keys do not survive struct inference) and fills absent struct fields with None."""
     out = dict(record)
     for key in ("tools", "chat_template_kwargs"):
         value = out.get(key)
@@ -617,20 +561,14 @@ def normalize_record(record: dict[str, Any]) -> dict[str, Any]:
                     try:
                         function["arguments"] = json.loads(function["arguments"])
                     except json.JSONDecodeError as err:
-                        raise RecordError(
-                            Reason.BAD_ARGUMENTS_JSON,
-                            f"tool call arguments are not valid JSON: {err}",
-                            message_index=len(messages),
-                        ) from None
+                        raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"tool call arguments are not valid JSON: {err}",
+                                          message_index=len(messages)) from None
                 call["function"] = function
                 calls.append(call)
             message["tool_calls"] = calls
         messages.append(message)
     out["messages"] = messages
     return out
-
-
-# --- writers -----------------------------------------------------------------------------------------------
 
 
 class JsonlWriter:

@@ -1,11 +1,6 @@
-"""Tool-call or result markup in a text: the ``tool_markup_in_text`` rule of Beam records.
-
-A tag is markup when a model or tool would have written it as structure: it starts a line (only whitespace
-before it), or JSON follows it (``{`` or ``[``), or a closing tag follows JSON. A tag in the middle of a
-sentence, inside an inline code span or inside a fenced code block of another language is quoted, and
-stays text. `beam_sft.validate.rules` rejects records with markup left in a text; `beam_sft.formats.toolmarkup`
-lifts the markup of Hermes / Qwen records into structure with the same rule.
-"""
+"""Tool-call or result markup in a text: the ``tool_markup_in_text`` rule of Beam records (a tag that starts a line
+or touches JSON is markup; one quoted in prose or code stays text), shared by `beam_sft.validate.rules` and
+`beam_sft.formats.toolmarkup`. See docs/decisions.md ("Tool markup is never text")."""
 
 from __future__ import annotations
 
@@ -64,20 +59,11 @@ def structural(text: str, start: int, end: int) -> bool:
     return text[start:start + 2] == "</" and before[-1:] in ("}", "]")
 
 
-def markup_positions(text: str) -> list[re.Match]:
-    """The markup (not quoted) occurrences in `text`, in order."""
-    found = [m for m in _MARKUP_RE.finditer(text) if structural(text, m.start(), m.end())]
-    if not found:
-        return found
-    spans = code_spans(text)
-    if not spans:
-        return found
-    return [m for m in found if not any(a <= m.start() < b for a, b in spans)]
-
-
 def find_markup(text: str) -> str | None:
     """The first call/result markup in `text` that is not quoted in prose, or None."""
     if not may_have_markup(text):
         return None
-    found = markup_positions(text)
+    found = [m for m in _MARKUP_RE.finditer(text) if structural(text, m.start(), m.end())]
+    spans = code_spans(text) if found else None
+    found = [m for m in found if not any(a <= m.start() < b for a, b in spans)] if spans else found
     return found[0].group(0) if found else None

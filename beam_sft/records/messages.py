@@ -1,23 +1,6 @@
-"""The Beam message shape, and the small helpers every converter shares.
-
-A Beam record is a TRL conversational row::
-
-    {"messages": [...], "tools": [...], "chat_template_kwargs": {...}}
-
-`tools` and `chat_template_kwargs` are optional. Messages, by role:
-
-* ``system`` / ``developer``: ``{"role", "content": str}``
-* ``user``: ``{"role", "content": str}``
-* ``assistant``: ``{"role", "reasoning_content": str, "content": str}`` or, for a tool-call turn,
-  ``{"role", "reasoning_content": str, "tool_calls": [{"id"?, "type": "function",
-  "function": {"name": str, "arguments": dict}}]}``. ``reasoning_content`` is always present (``""`` when
-  the source had none), and a tool-call message carries no ``content`` (`beam_sft.validate.rules` folds it into the reasoning).
-* ``tool``: ``{"role", "name": str, "tool_call_id"?: str, "content": str}``
-
-Converters build these dicts directly (no copies of the input beyond what they keep), so the helpers here
-are small and allocation-light: conversion speed is measured against an orjson load+dump floor. The shapes
-as types: `beam_sft.records.types`.
-"""
+"""The limits every Beam record obeys and the small helpers every converter shares to build its messages. Converters
+build the dicts directly, so these stay allocation-light: conversion speed is measured against an orjson
+load+dump floor. The shapes: docs/formats.md#beam-records-on-disk-and-training-on-them-with-plain-trl."""
 
 from __future__ import annotations
 
@@ -32,15 +15,8 @@ from beam_sft.records.types import BeamRecord, FunctionSpec, Message, ToolCall, 
 
 # The seven markers of the format, plus the other special tokens of the gpt-oss family that a text must not
 # carry either: any of them inside a message would be tokenized as structure, not text.
-HARMONY_MARKERS: tuple[str, ...] = (
-    "<|start|>",
-    "<|channel|>",
-    "<|constrain|>",
-    "<|message|>",
-    "<|end|>",
-    "<|call|>",
-    "<|return|>",
-)
+HARMONY_MARKERS: tuple[str, ...] = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|call|>",
+                                    "<|return|>")
 # How an assistant turn ends: an answer (<|return|>, also the EOS token) or a tool call (<|call|>). Training
 # must put both inside the assistant mask; generation stops at either.
 RETURN, CALL = "<|return|>", "<|call|>"
@@ -57,9 +33,7 @@ EFFORT_LABELS = frozenset(("minimal", "low", "medium", "high", "xhigh", "max"))
 
 _THINK_OPEN = re.compile(r"^\s*<(think|thinking|reasoning)>", re.IGNORECASE)
 
-# How deep a free-form JSON value (tool-call arguments, a tool schema, a template kwarg) may nest. The template
-# renders schemas recursively (Jinja fails somewhere past 100 levels) and orjson writes at most 255; real
-# schemas and arguments stay far below this.
+# How deep free-form JSON (arguments, tool schemas, template kwargs) may nest, and why: docs/formats.md.
 MAX_JSON_DEPTH = 64
 
 
@@ -120,8 +94,7 @@ def find_marker(text: str) -> str | None:
     """The first Harmony marker inside `text`, or None.
 
     Callers gate on ``"<" in text`` first: a one-character search is a memchr, many times faster than
-    searching for "<|" in long text without markers.
-    """
+    searching for "<|" in long text without markers."""
     if "<" not in text or "<|" not in text:
         return None
     m = _MARKER_RE.search(text)
@@ -133,8 +106,7 @@ def split_think(text: str, *, message_index: int | None = None) -> tuple[str | N
 
     Returns ``(reasoning or None, rest)``. The rest loses the whitespace that separated it from the block
     (the usual ``"</think>\\n\\n"``); the reasoning loses its surrounding whitespace. An opening tag without
-    its closing tag is an error, never silently kept as answer text.
-    """
+    its closing tag is an error, never silently kept as answer text."""
     if "<" not in text:
         return None, text
     m = _THINK_OPEN.match(text)
@@ -157,8 +129,7 @@ def text_of(content: Any, *, message_index: int | None = None, what: str = "cont
     """Content as one string: a string as is, a list of text parts joined with no separator (the template's rule).
 
     ``None`` is the empty string. Parts of any other type (images, audio, files) are rejected: Beam is text
-    only, and dropping a part silently would change what the message says.
-    """
+    only, and dropping a part silently would change what the message says."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -275,8 +246,7 @@ def normalize_tool(tool: Any, *, index: int = 0) -> ToolSpec:
     """A tool schema as ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``.
 
     Accepts the wrapped OpenAI shape and the bare function shape (legacy ``functions``, glaive). Anything
-    else is a `BAD_TOOL_SCHEMA` rejection naming the tool's index.
-    """
+    else is a `BAD_TOOL_SCHEMA` rejection naming the tool's index."""
     if type(tool) is dict and tool.get("type") == "function":  # the OpenAI shape: checked, kept as is
         fn = tool.get("function")
         if type(fn) is dict and type(fn.get("name")) is str and fn["name"]:

@@ -1,11 +1,6 @@
-"""Python / xLAM type names in tool schemas → JSON Schema types.
-
-xLAM / APIGen parameter maps write types as Python names (``"str"``, ``"List[int]"``, ``"str, optional"``),
-and many OpenAI-shaped exports of that data keep them inside otherwise valid JSON Schema (``"type": "int"``,
-``"type": "dict"``). The Beam template renders any type it does not know as ``any`` and the response parser
-then cannot cast arguments back, so both become JSON Schema types here (README, Decisions: "xLAM parameter
-types").
-"""
+"""Python / xLAM type names in tool schemas (``"str"``, ``"List[int]"``, ``"type": "dict"``) → JSON Schema types,
+which the Beam template renders and the response parser casts back, where it would render an unknown type as
+``any``. See docs/decisions.md ("xLAM parameter types")."""
 
 from __future__ import annotations
 
@@ -47,14 +42,8 @@ def _split_args(inner: str) -> list[str]:
 
 
 def json_type(spec: str, depth: int = 0) -> tuple[dict, bool]:
-    """An xLAM / Python type name → (JSON Schema fragment, optional).
-
-    ``str``/``string`` → string; ``int``/``integer`` → integer; ``float``/``number`` → number; ``bool`` →
-    boolean; ``list``/``List[X]``/``tuple``/``Tuple[...]``/``set`` → array (``items`` from ``X`` when it has
-    one type); ``dict``/``Dict[...]``/``object`` → object; ``Any`` or an unknown name → no ``type`` (any
-    value); ``Union[A, B]``/``A | B`` → ``type: [A, B]`` when every member is a simple type, else any;
-    ``Optional[X]``, ``X, optional`` or ``X | None`` → X, optional (not required).
-    """
+    """An xLAM / Python type name (``int``, ``List[str]``, ``str, optional``) → (JSON Schema fragment, optional);
+    an unknown name gives no ``type`` (any value). The table: docs/decisions.md ("xLAM parameter types")."""
     s = spec.strip()
     optional = False
     if depth > 20:

@@ -1,8 +1,5 @@
-"""The Beam record, its messages, tool calls and tool schemas as types (`typing.TypedDict`).
-
-For type checkers and readers only: at run time a record stays a plain dict, so Arrow, JSON and TRL see no
-difference and nothing is copied. Which keys each role carries: `beam_sft.records.messages`.
-"""
+"""The Beam record, its messages, tool calls and tool schemas as `typing.TypedDict`s, for type checkers and readers
+only: at run time a record stays a plain dict, so nothing is copied. See docs/formats.md."""
 
 from __future__ import annotations
 
@@ -38,7 +35,7 @@ class ToolSpec(TypedDict):
 
 
 class Message(TypedDict, total=False):
-    """One Beam message (the keys of each role: `beam_sft.records.messages`); ``weight`` (0 or 1) is an assistant
+    """One Beam message (the keys of each role: docs/formats.md); ``weight`` (0 or 1) is an assistant
     turn's loss weight."""
 
     role: Required[str]

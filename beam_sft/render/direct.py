@@ -1,25 +1,7 @@
 """The bundled Beam chat template, rendered by plain Python for the records it is sure about.
 
-Rendering through Jinja costs more than tokenizing the result with tiktoken, so for the one template this
-project ships, `beam_sft.render.encoder` uses this renderer instead, and only when the tokenizer's template is
-byte-identical to `beam_sft/template/chat_template.jinja` (`for_template`). It returns what
-transformers' tracked rendering returns — the text and the character spans of the `{% generation %}`
-blocks — or None for anything it does not handle exactly, and the caller then renders with Jinja:
-
-* the system and developer messages (identity, reasoning effort, instructions, tool declarations) depend
-  only on the leading system/developer messages, the tools and the keyword arguments; they are assembled
-  here, with each tool's TypeScript declaration written by `ts_tool` (the template's macros in Python; a
-  tool it is unsure of, and the trained bash tool's fixed text, are read off the Jinja template rendering
-  that one tool), cached per tool and per prefix. Inputs it is unsure of
-  (odd types, unknown efforts, other built-in names) get the whole prefix from Jinja;
-* the conversation after them is rendered here, for messages of plain JSON types: string contents and
-  reasoning, tool calls whose function has a string name and dict arguments of JSON values with string
-  keys. Other shapes (content parts, mappings as content, non-string names), and every case where the
-  template raises (markers in reasoning, string arguments, a tool result without a name, an unknown role),
-  return None, so the error the user sees is the template's own.
-
-`tests/test_direct_render.py` holds it equal to the Jinja template (text and spans) on generated
-conversations with tools, calls, results resolved by id, keyword arguments and edge cases.
+Returns what transformers' tracked rendering returns (text and generation spans), or None for anything it does
+not handle exactly, which the caller then renders with Jinja. See docs/encoder.md#the-bundled-template-in-plain-python.
 """
 
 from __future__ import annotations
@@ -73,13 +55,8 @@ def _xml_arguments(arguments: Any) -> str | None:
     for key, value in arguments.items():
         if type(key) is not str or '"' in key or "<" in key or ">" in key:
             return None
-        if type(value) is str:
-            text = value
-        elif _plain_json(value):
-            text = json.dumps(value, ensure_ascii=False)
-        else:
-            return None
-        if "</rfl:parameter>" in text:
+        text = value if type(value) is str else _tojson(value) if _plain_json(value) else None
+        if text is None or "</rfl:parameter>" in text:
             return None
         parts.append(f'<rfl:parameter name="{key}">\n{text}\n</rfl:parameter>')
     return "\n".join(parts)
@@ -117,17 +94,12 @@ def _is_trained_bash(fn: dict) -> bool:
     props = params.get("properties")
     props = props if isinstance(props, dict) else {}
     command = props.get("command")
-    return (
-        fn.get("name") == "bash"
-        and len(props) == 1
-        and isinstance(command, dict)
-        and command.get("type") == "string"
-        and all(key in _BASH_KEYS for key in command)
-    )
+    return (fn.get("name") == "bash" and len(props) == 1 and isinstance(command, dict)
+            and command.get("type") == "string" and all(key in _BASH_KEYS for key in command))
 
 
 class BeamTemplateRenderer:
-    """Renders records with the bundled Beam template's rules; see the module docstring."""
+    """Renders records with the bundled Beam template's rules (docs/encoder.md)."""
 
     def __init__(self, template: str, prefix_cache_size: int = 4096) -> None:
         self.template = template
@@ -144,10 +116,9 @@ class BeamTemplateRenderer:
         from beam_sft.render import jinja
 
         try:
-            result = jinja.render(self.template, messages, tools, template_kwargs)
+            text, spans = jinja.render(self.template, messages, tools, template_kwargs)
         except Exception:  # noqa: BLE001 - whatever the template raises, the full render raises it again
             return None
-        text, spans = result
         return None if spans else text
 
     def _tool_type(self, tool: dict) -> str | None:
@@ -156,15 +127,12 @@ class BeamTemplateRenderer:
         key = _cache_key(tool)
         if key not in self._tool_types:
             declaration = ts_tool(tool)
-            if declaration is not None:
-                self._tool_types[key] = declaration
-                if len(self._tool_types) > self._prefix_cache_size:
-                    self._tool_types.pop(next(iter(self._tool_types)))
-                return declaration
-            text = self._jinja([], [tool], {})
-            head = _SYSTEM_HEAD.format(identity=_DEFAULT_IDENTITY, effort=512) + _DEVELOPER_TOOLS_HEAD
-            ok = text is not None and text.startswith(head) and text.endswith("<|end|>")
-            self._tool_types[key] = text[len(head) : -len("<|end|>")] if ok else None
+            if declaration is None:
+                text = self._jinja([], [tool], {})
+                head = _SYSTEM_HEAD.format(identity=_DEFAULT_IDENTITY, effort=512) + _DEVELOPER_TOOLS_HEAD
+                ok = text is not None and text.startswith(head) and text.endswith("<|end|>")
+                declaration = text[len(head) : -len("<|end|>")] if ok else None
+            self._tool_types[key] = declaration
             if len(self._tool_types) > self._prefix_cache_size:
                 self._tool_types.pop(next(iter(self._tool_types)))
         return self._tool_types[key]
@@ -184,16 +152,10 @@ class BeamTemplateRenderer:
         if any(key in kwargs for key in ("messages", "tools", "documents", "add_generation_prompt")):
             return None  # the template call itself would fail
         effort = kwargs.get("reasoning_effort")
-        if effort is None:
-            effort = 512
-        elif type(effort) is str and effort in _EFFORTS:
-            effort = _EFFORTS[effort]
-        elif type(effort) is not int:
-            return None
+        effort = 512 if effort is None else _EFFORTS.get(effort, effort) if type(effort) is str else effort
         identity = kwargs.get("model_identity")
-        if identity is None:
-            identity = _DEFAULT_IDENTITY
-        elif type(identity) is not str:
+        identity = _DEFAULT_IDENTITY if identity is None else identity
+        if type(effort) is not int or type(identity) is not str:
             return None
         builtin = kwargs.get("builtin_tools")
         builtin = [] if builtin is None else [builtin] if type(builtin) is str else builtin
@@ -204,61 +166,41 @@ class BeamTemplateRenderer:
             fn = tool.get("function", tool) if type(tool) is dict else None
             if type(fn) is not dict or type(fn.get("name")) is not str:
                 return None
-            if _is_trained_bash(fn):
-                bash = self._bash_definition()
-                if bash is None:
-                    return None
-                system_tools.append(bash)
-                continue
-            declaration = self._tool_type(tool)
+            bash = _is_trained_bash(fn)
+            declaration = self._bash_definition() if bash else self._tool_type(tool)
             if declaration is None:
                 return None
-            (system_tools if fn["name"] in builtin else developer_tools).append(declaration)
-        texts = []
-        for message in lead:
-            content = message.get("content")
-            if content is None:
-                content = ""
-            elif type(content) is not str:
-                return None
-            texts.append(content)
+            (system_tools if bash or fn["name"] in builtin else developer_tools).append(declaration)
+        texts = ["" if message.get("content") is None else message["content"] for message in lead]
+        if any(type(text) is not str for text in texts):
+            return None
         out = [f"<|start|>system<|message|>{identity}\n\nReasoning effort: {effort}\n\n"]
         if system_tools:
             out.append("# Tools\n\n" + "\n\n".join(system_tools) + "\n\n")
         out.append("# Valid channels: analysis, final. Channel must be included for every message.<|end|>")
-        if texts or developer_tools:
-            out.append("<|start|>developer<|message|>")
-            if texts:
-                out.append("# Instructions\n\n" + "\n\n".join(texts))
-            if texts and developer_tools:
-                out.append("\n\n")
-            if developer_tools:
-                out.append("# Tools\n\n" + "\n\n".join(developer_tools))
-            out.append("<|end|>")
+        sections = ["# Instructions\n\n" + "\n\n".join(texts)] if texts else []
+        if developer_tools:
+            sections.append("# Tools\n\n" + "\n\n".join(developer_tools))
+        if sections:
+            out.append("<|start|>developer<|message|>" + "\n\n".join(sections) + "<|end|>")
         return "".join(out)
 
     def _prefix(self, lead: list, tools, template_kwargs: dict) -> str | None:
         key = _cache_key((lead, tools, sorted(template_kwargs.items())))
         prefix = self._prefixes.get(key, False)
         if prefix is False:
-            prefix = self._python_prefix(lead, tools, template_kwargs)
-            if prefix is None:
-                prefix = self._jinja(lead, tools, template_kwargs)
+            prefix = self._python_prefix(lead, tools, template_kwargs) or self._jinja(lead, tools, template_kwargs)
             self._prefixes[key] = prefix
             if len(self._prefixes) > self._prefix_cache_size:
                 self._prefixes.popitem(last=False)
         return prefix
 
     def __call__(self, messages: list, tools, template_kwargs: dict) -> tuple[str, list[tuple[int, int]]] | None:
+        if any(type(message) is not dict for message in messages):
+            return None
         # transformers drops None values from messages before rendering.
-        chat = []
-        for message in messages:
-            if type(message) is not dict:
-                return None
-            chat.append({k: v for k, v in message.items() if v is not None})
-        lead_count = 0
-        while lead_count < len(chat) and chat[lead_count].get("role") in ("system", "developer"):
-            lead_count += 1
+        chat = [{k: v for k, v in message.items() if v is not None} for message in messages]
+        lead_count = next((i for i, m in enumerate(chat) if m.get("role") not in ("system", "developer")), len(chat))
         prefix = self._prefix(messages[:lead_count], tools, template_kwargs)
         if prefix is None:
             return None
@@ -271,21 +213,17 @@ class BeamTemplateRenderer:
                 continue
             if role == "user":
                 content = message.get("content", "")
-                if type(content) is not str:
-                    return None
-                piece = f"<|start|>user<|message|>{content}<|end|>"
+                piece = f"<|start|>user<|message|>{content}<|end|>" if type(content) is str else None
             elif role == "assistant":
                 piece = self._assistant(message)
-                if piece is None:
-                    return None
-                if message.get("weight", 1) != 0:  # weight 0: context, outside the generation block
-                    spans.append((length + len("<|start|>assistant"), length + len(piece)))
             elif role == "tool":
                 piece = self._tool(message, chat, i)
-                if piece is None:
-                    return None
             else:
                 return None  # the template raises
+            if piece is None:
+                return None
+            if role == "assistant" and message.get("weight", 1) != 0:  # weight 0: context, outside the generation block
+                spans.append((length + len("<|start|>assistant"), length + len(piece)))
             out.append(piece)
             length += len(piece)
         return "".join(out), spans
@@ -295,11 +233,8 @@ class BeamTemplateRenderer:
         reasoning = _reasoning(message)
         if reasoning is None or any(marker in reasoning for marker in MARKERS):
             return None
-        content = message.get("content", "")
-        if type(content) is not str:
-            return None
-        calls = message.get("tool_calls", [])
-        if type(calls) is not list:
+        content, calls = message.get("content", ""), message.get("tool_calls", [])
+        if type(content) is not str or type(calls) is not list:
             return None
         if calls and content:
             reasoning = f"{reasoning}\n\n{content}" if reasoning else content
@@ -316,9 +251,8 @@ class BeamTemplateRenderer:
             if arguments is None:
                 return None
             stop = "<|call|>" if k == len(calls) - 1 else "<|end|>"
-            parts.append(
-                f"<|start|>assistant to={fn['name']}<|channel|>analysis <|constrain|>xml<|message|>{arguments}{stop}"
-            )
+            parts.append(f"<|start|>assistant to={fn['name']}<|channel|>analysis <|constrain|>xml<|message|>"
+                         f"{arguments}{stop}")
         return "".join(parts)
 
     @staticmethod
@@ -329,23 +263,20 @@ class BeamTemplateRenderer:
         if not name:
             call_id = message.get("tool_call_id")
             name = ""
-            if call_id:
-                for earlier in chat[:i]:
-                    if earlier.get("role") != "assistant":
-                        continue
-                    calls = earlier.get("tool_calls")
-                    if not calls:
-                        continue
-                    if type(calls) is not list:
+            for earlier in chat[:i] if call_id else ():
+                calls = earlier.get("tool_calls") if earlier.get("role") == "assistant" else None
+                if not calls:
+                    continue
+                if type(calls) is not list:
+                    return None
+                for call in calls:
+                    if type(call) is not dict:
                         return None
-                    for call in calls:
-                        if type(call) is not dict:
+                    if "id" in call and call["id"] == call_id:
+                        fn = call.get("function", call)
+                        if type(fn) is not dict or type(fn.get("name")) is not str:
                             return None
-                        if "id" in call and call["id"] == call_id:
-                            fn = call.get("function", call)
-                            if type(fn) is not dict or type(fn.get("name")) is not str:
-                                return None
-                            name = fn["name"]
+                        name = fn["name"]
             if not name:
                 return None  # the template raises
         content = message.get("content", "")
@@ -411,11 +342,9 @@ def _comment_lines(text: Any, indent: str) -> str:
 
 
 def _scalar_type(t: Any) -> str:
-    if t in ("integer", "number"):
-        return "number"
-    if t in ("string", "boolean", "null"):
-        return t
-    return {"array": "any[]", "object": "object"}.get(t, "any") if type(t) is str else "any"
+    types = {"integer": "number", "number": "number", "string": "string", "boolean": "boolean", "null": "null",
+             "array": "any[]", "object": "object"}
+    return types.get(t, "any") if type(t) is str else "any"
 
 
 def _ts_type(schema: Any, indent: str) -> str:
@@ -433,10 +362,9 @@ def _ts_type(schema: Any, indent: str) -> str:
             raise _Declined  # the template iterates it whatever it is
         return " | ".join(_ts_type(choice, indent) for choice in choices)
     kind = schema.get("type")
-    if "type" in schema:
-        kinds = _sequence(kind)
-        if kinds is not None:
-            return " | ".join(_scalar_type(t) for t in kinds)
+    kinds = _sequence(kind)  # None without a type
+    if kinds is not None:
+        return " | ".join(_scalar_type(t) for t in kinds)
     # A missing "items" key reads as dict.items in Jinja (attribute fallback): defined, but not a mapping.
     if kind == "array" and type(schema.get("items")) is dict:
         item = _ts_type(schema["items"], indent)
@@ -445,14 +373,11 @@ def _ts_type(schema: Any, indent: str) -> str:
     if kind == "object" and type(properties) is dict and properties:
         inner = indent + "    "
         return "{\n" + _ts_properties(schema, inner) + inner + "}"
-    if "type" in schema:
-        return _scalar_type(kind)
-    return "any"
+    return _scalar_type(kind)  # "any" without a type
 
 
 def _ts_properties(schema: dict, indent: str) -> str:
-    required = _sequence(schema["required"]) if "required" in schema else None
-    required = required or []
+    required = (_sequence(schema["required"]) if "required" in schema else None) or []
     out = []
     for name, prop in schema["properties"].items():
         if type(name) is not str:

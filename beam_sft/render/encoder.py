@@ -1,31 +1,8 @@
 """Beam records -> `input_ids` + `assistant_masks`, fast, and identical to `apply_chat_template`.
 
-The reference is `tokenizer.apply_chat_template(messages, tools=..., tokenize=True, return_dict=True,
-return_assistant_tokens_mask=True, **chat_template_kwargs)`: it renders one conversation, records the
-character spans of the template's `{% generation %}` blocks, tokenizes the whole text and marks every
-token that overlaps a span. Doing that once per example is where data preparation spends its time.
-
-This module produces the same ids and masks, faster:
-
-* Rendering uses transformers' own compiled chat template and input preparation, so the text and the
-  generation spans are the reference's; the spans are read off noncharacter sentinels instead of being
-  measured block by block, and the sandbox's attribute checks are memoised (`beam_sft.render.jinja`).
-* The text is cut at added tokens (the Harmony markers). The backend tokenizer extracts added tokens
-  before anything else, so the text between two markers tokenizes on its own, and a marker is one known
-  id. Each piece is tokenized right after a marker, as it sits in the text (some tokenizers treat the
-  start of a text differently: Metaspace's prepend_scheme="first"). Every piece of many conversations
-  goes through one `encode_batch` call, and repeated pieces (role names, channel names, system prompts,
-  tool declarations) come from a bounded LRU cache.
-* A piece that lies wholly inside or wholly outside the generation spans gets a constant mask; only a
-  piece that touches a span boundary needs token offsets, and then the reference's own overlap rule is
-  applied to them. In Beam's template spans start and end on markers, so that never happens.
-
-Whether cutting at added tokens is exact depends on the tokenizer (added tokens that strip neighbouring
-spaces or are matched after normalization break it). `MaskedEncoder` checks the tokenizer's
-configuration, then compares whole-text and piece-by-piece tokenization (ids and offsets) on probe
-strings; if anything differs it falls back to `apply_chat_template` per example and says why in
-`fallback_reason`: correct beats fast. Records whose spans are not sorted and disjoint (nested
-generation blocks) take the reference path one by one.
+The text is rendered with the tokenizer's own template, cut at added tokens, tokenized piece by piece in
+batches with a cache, and masked from the generation spans; a tokenizer on which that is not exact falls back
+to `apply_chat_template` per record. See docs/encoder.md#how-it-works.
 """
 
 from __future__ import annotations
@@ -35,7 +12,7 @@ import os
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import accumulate, chain
+from itertools import accumulate, chain, pairwise
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError, internal_error
@@ -49,20 +26,9 @@ RENDER_VERSION = "1"
 # Probe texts for the split-exactness check: spaces before and after markers, line breaks, tabs,
 # non-ASCII letters, emoji (multi-byte, split into several byte tokens), SentencePiece's "▁", digits.
 _PROBE_TEXTS = (
-    "hello world",
-    " leading space",
-    "  two leading spaces",
-    "trailing space ",
-    "\n\nnew lines\n",
-    "\ttab\tseparated",
-    "café naïve 日本語 🙂 Привет",
-    "▁already ▁marked",
-    "x",
-    " ",
-    "\n",
-    "12345 67,890.5",
-    'def f(x):\n    return {"a": [1, 2]}\n',
-    "<|not a marker|> <| start |>",
+    "hello world", " leading space", "  two leading spaces", "trailing space ", "\n\nnew lines\n", "\ttab\tseparated",
+    "café naïve 日本語 🙂 Привет", "▁already ▁marked", "x", " ", "\n", "12345 67,890.5",
+    'def f(x):\n    return {"a": [1, 2]}\n', "<|not a marker|> <| start |>",
     # For an encoder other than the tokenizer's own (tiktoken): case, marks, digits of other scripts,
     # case-insensitive contractions, Unicode spaces, control characters, runs that stress BPE's merge order.
     "ǅungla Ǆ ǆ e\u0301 cafe\u0301s ٣٤٥ ۱۲ ſtraße IT'S it'LL ſ'ſ I'M",
@@ -84,9 +50,7 @@ def record_inputs(record: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> tu
     which must mean "not given", not "given as None". A bare list is taken as the messages.
     """
     if isinstance(record, Mapping):
-        messages = record.get("messages")
-        tools = record.get("tools")
-        kwargs = record.get("chat_template_kwargs")
+        messages, tools, kwargs = record.get("messages"), record.get("tools"), record.get("chat_template_kwargs")
     else:
         messages, tools, kwargs = record, None, None
     if not isinstance(messages, (list, tuple)) or not messages:
@@ -98,49 +62,31 @@ def record_inputs(record: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> tu
             raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a string that is not JSON: {err}") from None
     if tools is not None and not isinstance(tools, (list, tuple)):
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools must be a list, got {type(tools).__name__}")
-    if kwargs is None:
-        kwargs = {}
-    elif not isinstance(kwargs, Mapping):
-        raise RecordError(
-            Reason.RENDER_FAILED, f"chat_template_kwargs must be a mapping, got {type(kwargs).__name__}"
-        )
-    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise RecordError(Reason.RENDER_FAILED, f"chat_template_kwargs must be a mapping, got {type(kwargs).__name__}")
+    kwargs = {key: value for key, value in (kwargs or {}).items() if value is not None}
     return list(messages), (list(tools) if tools is not None else None), kwargs
 
 
 def _render_error(err: Exception) -> RecordError:
     text = str(err)
     found = re.search(r"messages\[(\d+)\]", text)
-    return RecordError(
-        Reason.RENDER_FAILED,
-        f"the chat template failed: {text}",
-        message_index=int(found.group(1)) if found else None,
-    )
+    return RecordError(Reason.RENDER_FAILED, f"the chat template failed: {text}",
+                       message_index=int(found.group(1)) if found else None)
 
 
 def reference_encode(tokenizer, record, max_length: int | None = None) -> dict[str, list[int]]:
     """The reference: `apply_chat_template` on one record. Also the fallback path."""
     messages, tools, kwargs = record_inputs(record)
     try:
-        out = tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-            truncation=max_length is not None,
-            max_length=max_length,
-            **kwargs,
-        )
+        out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True, truncation=max_length is not None,
+                                            max_length=max_length, **kwargs)
     except Exception as err:  # jinja2 TemplateError, TypeError from odd content, ...
         if isinstance(err, RecordError):
             raise
         raise _render_error(err) from err
     return {"input_ids": list(out["input_ids"]), "assistant_masks": list(out["assistant_masks"])}
-
-
-def _template_text(tokenizer, tools) -> str:
-    return tokenizer.get_chat_template(None, tools)
 
 
 def encode_each(encoder: MaskedEncoder, records: Sequence) -> list[dict[str, list[int]] | RecordError]:
@@ -207,12 +153,7 @@ class MaskedEncoder:
             return "not a fast (Rust-backed) tokenizer"
         if getattr(tokenizer, "split_special_tokens", False):
             return "split_special_tokens=True: special tokens are tokenized as text"
-        try:
-            from transformers.utils.chat_template_utils import render_jinja_template  # noqa: F401
-        except ImportError:  # pragma: no cover - older/newer transformers layout
-            return "transformers.utils.chat_template_utils.render_jinja_template is not available"
-        serialized, self._backend_sha256 = backend_state(tokenizer)
-        self._serialized = serialized
+        self._serialized, self._backend_sha256 = backend_state(tokenizer)
         added = original.get_added_tokens_decoder()
         contents: dict[str, int] = {}
         for token_id, token in added.items():
@@ -223,8 +164,12 @@ class MaskedEncoder:
             if token.content:
                 contents[token.content] = token_id
         self._set_markers(contents)
-        self._tiktoken, self.tiktoken_reason = _tiktoken_pieces(serialized, self._backend_sha256)
-        # The shared backend is what `serialized` describes right now; it serves the probe unless transformers
+        if self._backend_sha256 not in _TIKTOKEN_PIECES:
+            from beam_sft.render import tiktoken_backend
+
+            _TIKTOKEN_PIECES[self._backend_sha256] = tiktoken_backend.build_cached(self._serialized)
+        self._tiktoken, self.tiktoken_reason = _TIKTOKEN_PIECES[self._backend_sha256]
+        # The shared backend is what `_serialized` describes right now; it serves the probe unless transformers
         # left a truncation or padding setting on it (then the private copy does).
         clean = original.truncation is None and original.padding is None and not original.encode_special_tokens
         probe_backend = original if clean else self._backend
@@ -286,14 +231,11 @@ class MaskedEncoder:
     def _probe(self, backend) -> str | None:
         """Compare whole-text (by `backend`) and piece-wise tokenization (ids and offsets) on probe strings."""
         markers = list(self._marker_ids) or [""]
+        n = len(_PROBE_TEXTS)
         texts = []
-        for shift in range(len(_PROBE_TEXTS)):
-            parts = []
-            for k in range(len(_PROBE_TEXTS)):
-                parts.append(_PROBE_TEXTS[(k + shift) % len(_PROBE_TEXTS)])
-                parts.append(markers[(k + shift) % len(markers)])
-            texts.append("".join(parts))
-            texts.append(markers[shift % len(markers)] + "".join(parts))
+        for shift in range(n):
+            joined = "".join(_PROBE_TEXTS[(k + shift) % n] + markers[(k + shift) % len(markers)] for k in range(n))
+            texts += [joined, markers[shift % len(markers)] + joined]
         texts.extend(_PROBE_TEXTS)
         whole = backend.encode_batch(texts, add_special_tokens=False)
         for text, encoding in zip(texts, whole, strict=True):
@@ -331,13 +273,10 @@ class MaskedEncoder:
         token is dropped again.
         """
         backend = backend or self._backend
-        if pos == 0 or not self._marker_ids:
-            encoding = backend.encode(part, add_special_tokens=False)
-            return [(pos + s, pos + e) for s, e in encoding.offsets]
-        marker = self._context_marker
+        marker = self._context_marker if pos else ""  # "" too when the tokenizer has no added token
         encoding = backend.encode(marker + part, add_special_tokens=False)
         shift = pos - len(marker)
-        return [(shift + s, shift + e) for s, e in encoding.offsets[1:]]
+        return [(shift + s, shift + e) for s, e in encoding.offsets[1 if marker else 0 :]]
 
     # -- rendering -----------------------------------------------------------------------------------
 
@@ -345,7 +284,7 @@ class MaskedEncoder:
         """The rendered text and the character spans of its generation blocks, as the reference sees them."""
         messages, tools, kwargs = record_inputs(record)
         try:
-            template = _template_text(self.tokenizer, tools)
+            template = self.tokenizer.get_chat_template(None, tools)
             template_kwargs = {**self.tokenizer.special_tokens_map, **kwargs}
             if all(isinstance(tool, Mapping) for tool in tools or ()):
                 # The fastest renderer this template has first; it returns None for what it declines.
@@ -371,20 +310,15 @@ class MaskedEncoder:
         record the template rejects; `RecordError.line` is then the record's position in `records`.
         """
         records = list(records)
-        if not self.fast:
-            out = []
-            for index, record in enumerate(records):
-                try:
-                    out.append(reference_encode(self.tokenizer, record, max_length))
-                except RecordError as err:
-                    raise err.with_provenance(err.source, index) from err.__cause__
-            return out
+        step = self.render if self.fast else lambda record: reference_encode(self.tokenizer, record, max_length)
         rendered = []
         for index, record in enumerate(records):
             try:
-                rendered.append(self.render(record))
+                rendered.append(step(record))
             except RecordError as err:
                 raise err.with_provenance(err.source, index) from err.__cause__
+        if not self.fast:
+            return rendered
         results = self._encode_rendered(rendered)
         for index in range(len(rendered)):
             if results[index] is None:  # spans the fast path does not handle: the reference, for this one
@@ -396,10 +330,8 @@ class MaskedEncoder:
     def _truncate(self, result: dict[str, list[int]], max_length: int) -> dict[str, list[int]]:
         if len(result["input_ids"]) <= max_length:
             return result
-        if self.tokenizer.truncation_side == "left":
-            cut = slice(len(result["input_ids"]) - max_length, None)
-        else:
-            cut = slice(0, max_length)
+        left = self.tokenizer.truncation_side == "left"
+        cut = slice(len(result["input_ids"]) - max_length, None) if left else slice(0, max_length)
         return {key: value[cut] for key, value in result.items()}
 
     def _encode_pieces(self, pieces: list[str], after_marker: bool, backend=None) -> list[list[int]]:
@@ -425,13 +357,10 @@ class MaskedEncoder:
             return [e.ids for e in backend.encode_batch(pieces, add_special_tokens=False)]
         marker = self._context_marker
         marker_id = self._marker_ids[marker]
-        out = []
-        for encoding in backend.encode_batch([marker + p for p in pieces], add_special_tokens=False):
-            ids = encoding.ids
-            if not ids or ids[0] != marker_id:
-                raise _Fallback(f"{marker!r} did not tokenize as one leading token")
-            out.append(ids[1:])
-        return out
+        encoded = [e.ids for e in backend.encode_batch([marker + p for p in pieces], add_special_tokens=False)]
+        if not all(ids and ids[0] == marker_id for ids in encoded):
+            raise _Fallback(f"{marker!r} did not tokenize as one leading token")
+        return [ids[1:] for ids in encoded]
 
     def _encode_rendered(self, rendered: list[tuple[str, list[tuple[int, int]]]]) -> list[dict | None]:
         split = self._split
@@ -449,19 +378,15 @@ class MaskedEncoder:
                 if part and part not in cache:
                     missing[part] = None
         try:
-            if missing:
-                pieces = list(missing)
-                # Kept as tuples: the cyclic GC stops traversing a tuple of ints after its first look, while a full
-                # collection walks every element of every cached list (measured: ~15% of encoding time at 80k
-                # cached pieces).
-                cache.update(zip(pieces, map(tuple, self._encode_pieces(pieces, after_marker=True)), strict=True))
-            if missing_first:
-                pieces = list(missing_first)
-                first_cache.update(zip(pieces, map(tuple, self._encode_pieces(pieces, after_marker=False)),
-                                       strict=True))
+            # Kept as tuples: the cyclic GC stops traversing a tuple of ints after its first look, while a full
+            # collection walks every element of every cached list (measured: ~15% of encoding time at 80k
+            # cached pieces).
+            for target, wanted, after_marker in ((cache, missing, True), (first_cache, missing_first, False)):
+                if wanted:
+                    pieces = list(wanted)
+                    target.update(zip(pieces, map(tuple, self._encode_pieces(pieces, after_marker)), strict=True))
         except _Fallback:
             return [None] * len(rendered)
-        marker_ids = self._marker_ids
         marker_lists = self._marker_lists
         results: list[dict | None] = []
         for (_, spans), parts in zip(rendered, plans, strict=True):
@@ -476,7 +401,7 @@ class MaskedEncoder:
             if aligned is not None:
                 results.append(aligned)
                 continue
-            ids: list[int] = []
+            ids = list(chain.from_iterable(lists))
             mask: list[int] = []
             n_spans = len(spans)
             k = 0
@@ -485,12 +410,7 @@ class MaskedEncoder:
                 if not part:
                     continue
                 end = pos + len(part)
-                if j % 2:
-                    piece_ids = [marker_ids[part]]
-                elif j:
-                    piece_ids = cache[part]
-                else:
-                    piece_ids = first_cache[part]
+                piece_ids = lists[j]
                 while k < n_spans and spans[k][1] <= pos:
                     k += 1
                 if k == n_spans or spans[k][0] >= end:
@@ -501,25 +421,21 @@ class MaskedEncoder:
                     # The piece touches a span boundary: apply the reference's per-token overlap rule.
                     offsets = [(pos, end)] if j % 2 else self._piece_offsets(part, pos)
                     mask.extend(_overlap_mask(offsets, spans, k))
-                ids.extend(piece_ids)
                 pos = end
             results.append({"input_ids": ids, "assistant_masks": mask})
         # Bounded by clearing: cheaper per piece than an LRU's bookkeeping, and the pieces worth keeping
         # (headers, system prompts, tool declarations) come back within a batch or two.
-        if len(cache) > self.cache_size:
-            cache.clear()
-        if len(first_cache) > self.cache_size:
-            first_cache.clear()
+        for kept in (cache, first_cache):
+            if len(kept) > self.cache_size:
+                kept.clear()
         return results
 
     # -- datasets ------------------------------------------------------------------------------------
 
     def __getstate__(self):
         # Workers of datasets.map get a copy without the cache; it refills per process.
-        state = self.__dict__.copy()
-        state["_cache"] = {}
-        state["_first_cache"] = {}
-        state["_private_backend"] = None  # remade from _serialized where it is needed
+        # The private backend is remade from _serialized where it is needed.
+        state = {**self.__dict__, "_cache": {}, "_first_cache": {}, "_private_backend": None}
         state.pop("_split", None)
         return state
 
@@ -565,15 +481,6 @@ def _splitter(contents: Mapping[str, int]):
 _TIKTOKEN_PIECES: dict[str, tuple[Any, str | None]] = {}
 
 
-def _tiktoken_pieces(serialized: str, key: str) -> tuple[Any, str | None]:
-    """`key`: the sha256 of `serialized` (`backend_state`)."""
-    if key not in _TIKTOKEN_PIECES:
-        from beam_sft.render import tiktoken_backend
-
-        _TIKTOKEN_PIECES[key] = tiktoken_backend.build_cached(serialized)
-    return _TIKTOKEN_PIECES[key]
-
-
 # template source -> the direct renderer of the bundled Beam template, when it is that template.
 _DIRECT_RENDERERS: dict[str, direct_render.BeamTemplateRenderer | None] = {}
 
@@ -616,12 +523,7 @@ def _aligned_result(parts: list[str], lists: list[list[int]], spans: list[tuple[
 
 
 def _sorted_disjoint(spans: list[tuple[int, int]]) -> bool:
-    previous_end = 0
-    for start, end in spans:
-        if start < previous_end or end < start:
-            return False
-        previous_end = end
-    return True
+    return all(a <= b for a, b in pairwise([0, *chain.from_iterable(spans)]))
 
 
 def _overlap_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]], k: int) -> list[int]:

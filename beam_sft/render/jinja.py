@@ -1,10 +1,7 @@
 """Rendering a chat template through transformers' own Jinja machinery, with the spans of its generation blocks.
 
-`tracked_render` is what `apply_chat_template(..., return_assistant_tokens_mask=True)` does;
-`SentinelRenderer` gives the same text and spans faster (the spans are read off noncharacter sentinels
-instead of being measured block by block, and the sandbox's attribute checks are memoised); `render` uses
-the sentinel renderer where the template allows it and the tracked rendering otherwise. Both
-`beam_sft.render.encoder` and `beam_sft.render.direct` (for the prefixes it leaves to Jinja) render here.
+`tracked_render` is what `apply_chat_template(..., return_assistant_tokens_mask=True)` does; `SentinelRenderer`
+gives the same text and spans faster; `render` uses the sentinel renderer where the template allows it.
 """
 
 from __future__ import annotations
@@ -30,14 +27,9 @@ def tracked_render(template: str, messages, tools, template_kwargs) -> tuple[str
     """transformers' own rendering with generation tracking (what apply_chat_template does)."""
     from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
 
-    rendered, spans = render_jinja_template(
-        conversations=[_normalize_chat_messages(messages)],
-        tools=tools,
-        chat_template=template,
-        return_assistant_tokens_mask=True,
-        add_generation_prompt=False,
-        **template_kwargs,
-    )
+    rendered, spans = render_jinja_template(conversations=[_normalize_chat_messages(messages)], tools=tools,
+                                            chat_template=template, return_assistant_tokens_mask=True,
+                                            add_generation_prompt=False, **template_kwargs)
     return rendered[0], spans[0]
 
 
@@ -52,31 +44,18 @@ _SENTINELS = re.compile(f"[{_OPEN}{_CLOSE}]")
 class SentinelRenderer:
     """Renders with transformers' own compiled template, faster, with the same text and spans.
 
-    transformers tracks a generation block by joining everything yielded so far each time a block
-    closes; here the block instead wraps its output in two noncharacters and the spans are read off
-    the finished text. That is the same thing exactly when every generation block sits at the top level
-    of the template (not in a macro, call block, filter block, block `set` or recursive loop, where
-    transformers would measure something else), which `build` checks on the template's syntax tree. A
-    record whose own text contains the noncharacters is rendered the tracked way instead.
-
-    The sandbox's attribute check is memoised per (type, attribute name): that is all it depends on,
-    and it is the bulk of the rendering time.
+    Each generation block wraps its output in two noncharacters and the spans are read off the finished text;
+    `build` refuses a template with a generation block below the top level (docs/encoder.md#how-it-works). The
+    sandbox's attribute check, the bulk of the rendering time, is memoised per (type, attribute name).
     """
 
     def __init__(self, template, counter: list[int]) -> None:
         self.template = template
         self.counter = counter
-        from transformers.utils.chat_template_utils import (
-            _alias_reasoning_fields,
-            _normalize_chat_messages,
-            _plain_template_data,
-        )
+        from transformers.utils import chat_template_utils as ctu
 
-        self._alias, self._normalize, self._plain = (
-            _alias_reasoning_fields,
-            _normalize_chat_messages,
-            _plain_template_data,
-        )
+        self._alias, self._normalize, self._plain = (ctu._alias_reasoning_fields, ctu._normalize_chat_messages,
+                                                     ctu._plain_template_data)
 
     @classmethod
     def build(cls, source: str) -> SentinelRenderer | None:
@@ -118,13 +97,8 @@ class SentinelRenderer:
         plain = self._plain
         chat = self._alias(plain(self._normalize(messages)))
         self.counter[0] = 0
-        text = self.template.render(
-            messages=chat,
-            tools=plain(tools),
-            documents=None,
-            add_generation_prompt=False,
-            **plain(template_kwargs),
-        )
+        text = self.template.render(messages=chat, tools=plain(tools), documents=None, add_generation_prompt=False,
+                                    **plain(template_kwargs))
         blocks = self.counter[0]
         if text.count(_OPEN) != blocks or text.count(_CLOSE) != blocks:
             return None  # the record itself contains a noncharacter
@@ -148,24 +122,16 @@ def _generation_blocks_at_top_level(tree) -> bool:
     from jinja2 import nodes
 
     def is_generation(node) -> bool:
-        return (
-            isinstance(node, nodes.CallBlock)
-            and isinstance(node.call, nodes.Call)
-            and isinstance(node.call.node, nodes.ExtensionAttribute)
-            and node.call.node.name == "_generation_support"
-        )
+        return (isinstance(node, nodes.CallBlock) and isinstance(node.call, nodes.Call)
+                and isinstance(node.call.node, nodes.ExtensionAttribute)
+                and node.call.node.name == "_generation_support")
+
+    def opens_scope(node) -> bool:
+        return isinstance(node, (nodes.Macro, nodes.CallBlock, nodes.FilterBlock, nodes.AssignBlock)) or (
+            isinstance(node, nodes.For) and node.recursive)
 
     def walk(node, top_level: bool) -> bool:
-        for child in node.iter_child_nodes():
-            if is_generation(child):
-                if not top_level or not walk(child, False):
-                    return False
-                continue
-            nested = isinstance(
-                child, (nodes.Macro, nodes.CallBlock, nodes.FilterBlock, nodes.AssignBlock)
-            ) or (isinstance(child, nodes.For) and child.recursive)
-            if not walk(child, top_level and not nested):
-                return False
-        return True
+        return all(top_level and walk(child, False) if is_generation(child)
+                   else walk(child, top_level and not opens_scope(child)) for child in node.iter_child_nodes())
 
     return walk(tree, True)

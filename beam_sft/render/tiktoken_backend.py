@@ -1,54 +1,17 @@
 """An exact `tiktoken` encoder for the text between markers, for tokenizers converted from tiktoken.
 
-gpt-oss's tokenizer (o200k_harmony) is transformers' `TikTokenConverter` output: a byte-level BPE whose
-vocabulary is tiktoken's ranks, whose merges are derived from those ranks, and whose pre-tokenizer is
-tiktoken's split pattern (Llama 3's is too; Qwen2/2.5/3's adds an NFC normalizer and turns `ignore_merges`
-off). `tiktoken` encodes such text several times faster than the `tokenizers` backend. `build` returns an
-encoder only when it can show that both give the same ids on any text free of added tokens
-(`beam_sft.render.encoder` cuts those out first):
-
-* vocabulary: every token of the BPE model decodes from the byte-level alphabet to bytes, and the ids are
-  0..N-1; these (bytes, id) pairs *are* the ranks tiktoken is given, so the two vocabularies are one;
-* merges: the model's merge list is exactly the one derived from the ranks (every split of a token into
-  two tokens, ordered by the token's rank, then by the halves' ranks), so on a pre-token that is not a
-  token both run the same BPE;
-* `ignore_merges`: on, a pre-token that is a token is taken whole, as tiktoken always does. Off, the
-  backend runs the merges on it too; that is the only difference the flag makes, so the two agree iff every
-  token's own text merges back into that one token. `build` checks exactly that, for every token, with the
-  `tokenizers` library's own BPE model (about a second for 150k tokens, then cached on disk);
-* pipeline: no normalizer, or exactly `{"type": "NFC"}` (see below); pre-tokenizer = Split(pattern,
-  Isolated) + ByteLevel(no prefix space, no regex); no dropout, byte fallback, subword prefix or word suffix;
-* split pattern: one tiktoken knows (`KNOWN_PATTERNS`), and the two regex engines (Oniguruma in
-  `tokenizers`, fancy-regex in `tiktoken`) put every code point of U+0000..U+3FFFF and plane 14 in the same
-  classes the pattern uses (checked once per pair of library versions and cached on disk, see
-  `disagreeing_code_points`); pieces holding a code point outside those planes, or one they disagree on, go
-  to the `tokenizers` backend;
-* special handling: none to reproduce: pieces hold no added tokens, and `encode_ordinary` treats
-  special-token text as text.
-
-NFC: the backend cuts a text at added tokens first (the encoder refuses added tokens matched after
-normalization), then runs BPE(pre_tokenize(NFC(segment))) on each segment between them; the encoder's pieces
-are those segments. So `TiktokenPieces` encodes NFC(piece), with NFC computed by the `tokenizers` library's
-own normalizer (`normalize_str`, the Rust code the backend runs) rather than `unicodedata`, whose Unicode
-version may differ; ASCII pieces, which NFC leaves as they are, skip it. The disputed-code-point check is
-applied to the normalized text, which is what the split pattern sees.
-
-`beam_sft.render.encoder.MaskedEncoder` then compares both on probe texts before using it, and falls back to the
-`tokenizers` backend on any difference.
-
-One residual difference in BPE itself is known and not checked here: when two *different* pairs that
-produce the same token are both the best merge of a word at once (parts `p q r` with `p+q == q+r`),
-tiktoken merges the left one and `tokenizers` the one whose pair sorts first. 14,316 strings built to
-provoke it on o200k (`tests/test_tiktoken_backend.py`) and all of the format page and the real samples
-encode identically (the README's "Fast masked tokenization").
+`build` returns an encoder only when it can show that tiktoken and the `tokenizers` backend give the same ids on
+any text free of added tokens (`beam_sft.render.encoder` cuts those out first); the verdict is cached on disk.
+See docs/encoder.md#tiktoken-for-the-text-between-markers.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
+import struct
 from functools import lru_cache
+from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +76,7 @@ def disagreeing_code_points(classes: tuple[str, ...]) -> str:
         return known[key]
     from tokenizers import Regex, pre_tokenizers
 
-    text = "".join(
-        chr(c) for lo, hi in _CHECKED_PLANES for c in range(lo, hi + 1) if not 0xD800 <= c <= 0xDFFF
-    )
+    text = "".join(chr(c) for lo, hi in _CHECKED_PLANES for c in range(lo, hi + 1) if not 0xD800 <= c <= 0xDFFF)
     single_bytes = {bytes([b]): b for b in range(256)}
     differ: set[str] = set()
     for cls in classes:
@@ -230,9 +191,7 @@ def _pipeline(state: dict[str, Any]) -> tuple[str | None, bool, str | None]:
     model = state.get("model") or {}
     if model.get("type") != "BPE":
         return None, False, "the model is not a BPE"
-    if model.get("dropout") or model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get(
-        "end_of_word_suffix"
-    ):
+    if any(model.get(key) for key in ("dropout", "byte_fallback", "continuing_subword_prefix", "end_of_word_suffix")):
         return None, False, "the BPE model uses dropout, byte fallback, a subword prefix or a word suffix"
     return pattern, normalizer is not None, None
 
@@ -243,12 +202,8 @@ def _tokens_not_merged_whole(vocab: dict[str, int], merges: list[tuple[str, str]
     from tokenizers import models
 
     bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=False)
-    bad = []
-    for token, token_id in vocab.items():
-        result = bpe.tokenize(token)
-        if len(result) != 1 or result[0].id != token_id:
-            bad.append(token)
-    return bad
+    return [token for token, token_id in vocab.items()
+            if len(result := bpe.tokenize(token)) != 1 or result[0].id != token_id]
 
 
 def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
@@ -280,13 +235,11 @@ def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
         return None, "a merge is not a pair of byte-level tokens"
     if given_bytes != _derived_merges(ranks):
         return None, "the merges are not the ones derived from the ranks"
-    if not model.get("ignore_merges"):
-        # Every token, added tokens' texts included: NFC can turn a piece into text the raw-text match of an
-        # added token never saw (a converter from tiktoken keeps added tokens out of the ranks anyway).
-        bad = _tokens_not_merged_whole(vocab, given)
-        if bad:
-            return None, (f"ignore_merges is off and {len(bad)} token(s) do not merge back into themselves, "
-                          f"e.g. {bad[0]!r} (id {vocab[bad[0]]})")
+    # Every token, added tokens' texts included: NFC can turn a piece into text the raw-text match of an
+    # added token never saw (a converter from tiktoken keeps added tokens out of the ranks anyway).
+    if not model.get("ignore_merges") and (bad := _tokens_not_merged_whole(vocab, given)):
+        return None, (f"ignore_merges is off and {len(bad)} token(s) do not merge back into themselves, "
+                      f"e.g. {bad[0]!r} (id {vocab[bad[0]]})")
     try:
         avoid = disagreeing_code_points(KNOWN_PATTERNS[pattern])
     except Exception as err:  # noqa: BLE001 - an engine rejecting a class means no proof, so no tiktoken
@@ -294,12 +247,7 @@ def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
     return TiktokenPieces(ranks, pattern, avoid, nfc), None
 
 
-# -- the verdict and the ranks, cached on disk ----------------------------------------------------------------
-# `build` parses the serialised backend (tens of MB of JSON), decodes and checks 200k tokens and derives 450k
-# merges: seconds per process. Its result depends only on the serialised backend, this module's code and the
-# two libraries' versions, so it is kept on disk under a hash of those (`$BEAM_SFT_CACHE`, else
-# ~/.cache/beam_sft): a process that finds it there reads the ranks back in a fraction of a second. The
-# encoder's probe still compares tiktoken with the tokenizer on every setup.
+# -- the verdict and the ranks, cached on disk: `build` takes seconds per process ------------------------------
 
 
 def cache_key(serialized: str) -> str:
@@ -319,43 +267,27 @@ def cache_key(serialized: str) -> str:
 def _dump(pieces: TiktokenPieces | None, reason: str | None) -> bytes:
     """One file: a JSON header line (verdict, pattern, avoided code points, NFC or not), then the ranks in id order as
     little-endian u32 lengths followed by the concatenated token bytes."""
-    import array
-
     if pieces is None:
         return json.dumps({"reason": reason}).encode() + b"\n"
     ranks = pieces._encoding._mergeable_ranks
     tokens = sorted(ranks, key=ranks.__getitem__)
-    lengths = array.array("I", map(len, tokens))
-    if lengths.itemsize != 4:  # pragma: no cover - no such platform in use
-        raise ValueError("u32 arrays are not 4 bytes here")
-    if sys.byteorder != "little":  # pragma: no cover
-        lengths.byteswap()
+    lengths = struct.pack(f"<{len(tokens)}I", *map(len, tokens))
     header = {"reason": None, "pattern": pieces._encoding._pat_str, "avoid": pieces._avoid_chars,
               "nfc": pieces._nfc is not None, "count": len(tokens)}
-    return json.dumps(header).encode() + b"\n" + lengths.tobytes() + b"".join(tokens)
+    return json.dumps(header).encode() + b"\n" + lengths + b"".join(tokens)
 
 
 def _load(data: bytes) -> tuple[TiktokenPieces | None, str | None]:
-    import array
-
     head, _, body = data.partition(b"\n")
     header = json.loads(head)
     if header["reason"] is not None:
         return None, header["reason"]
     count = header["count"]
-    lengths = array.array("I")
-    if lengths.itemsize != 4:  # pragma: no cover - no such platform in use
-        raise ValueError("u32 arrays are not 4 bytes here")
-    lengths.frombytes(body[: 4 * count])
-    if sys.byteorder != "little":  # pragma: no cover
-        lengths.byteswap()
+    lengths = struct.unpack_from(f"<{count}I", body)
     blob = body[4 * count:]
-    ranks: dict[bytes, int] = {}
-    offset = 0
-    for rank, length in enumerate(lengths):
-        ranks[blob[offset: offset + length]] = rank
-        offset += length
-    if offset != len(blob) or len(ranks) != count:
+    ends = [0, *accumulate(lengths)]
+    ranks = {blob[start:end]: rank for rank, (start, end) in enumerate(pairwise(ends))}
+    if ends[-1] != len(blob) or len(ranks) != count:
         raise ValueError("the cached ranks do not add up")
     return TiktokenPieces(ranks, header["pattern"], header["avoid"], header["nfc"]), None
 
@@ -369,7 +301,7 @@ def read_cached(key: str) -> tuple[TiktokenPieces | None, str | None] | None:
     it is not cached (or damaged)."""
     try:
         return _load(_cache_path(key).read_bytes())
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, struct.error):
         return None
 
 
@@ -379,10 +311,6 @@ def build_cached(serialized: str) -> tuple[TiktokenPieces | None, str | None]:
     cached = read_cached(key)
     if cached is not None:
         return cached
-    try:
-        state = json.loads(serialized)
-    except ValueError as err:  # pragma: no cover - tokenizers always writes JSON
-        return None, f"the backend does not serialise to JSON: {err}"
-    pieces, reason = build(state)
+    pieces, reason = build(json.loads(serialized))  # tokenizers always writes JSON
     write_cache_file(_cache_path(key), _dump(pieces, reason))
     return pieces, reason

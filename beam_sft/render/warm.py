@@ -1,31 +1,13 @@
 """Warm start: `beam-sft prepare`'s tokenizer and encoder set up from what an earlier process found out.
 
-Loading a 200k-vocabulary tokenizer costs seconds before the first record: importing transformers, parsing
-tokenizer.json, serialising the backend again to hash it, probing the encoder. None of it changes between two
-runs on the same tokenizer files with the same code and libraries. So the first run that sets up the fast
-path (`MaskedEncoder`) stores a small snapshot, and later runs answer from it. It is what keeps a fresh
-process within the start-up goal (tokenizer + encoder ready in <= 2 s: docs/prepare.md, "Warm start"):
-
-* the key: the tokenizer directory's files (`files_digest`, every file), the Python, transformers,
-  tokenizers and tiktoken versions, and the source of the modules whose behaviour the snapshot captures
-  (this one, the encoder, the tiktoken backend, the tokenizer helpers, the markers);
-* the snapshot (`warm-<key>/` in `beam_sft.storage.cache_dir()`): what the data phase asks of the tokenizer
-  (`len`, chat template, special tokens map, truncation side, `vocab_hash`, `template_hash`,
-  `stop_token_ids`), the encoder's setup (marker ids, the tiktoken verdict, the key of the tiktoken ranks the
-  same cache holds: `tiktoken_backend.build_cached`), and the serialised backend, for the pieces tiktoken does
-  not vouch for;
-* `WarmTokenizer` answers those from the snapshot and loads the real tokenizer (`load_tokenizer`) on first use
-  of anything else (`apply_chat_template` for a record the fast path leaves to the reference, `encode`, ...);
-  from then on everything comes from the real one.
-
-Anything unusual takes the normal path: a hub id, a directory that AutoTokenizer would have to resolve
-(config.json, another tokenizer class), a tokenizer the fast path refuses, a missing or damaged snapshot.
-`BEAM_SFT_NO_WARM_START=1` turns it off. Only `beam-sft prepare` (`load_for_encoding`) uses it: training and
-the other commands keep a real transformers tokenizer.
+The first run that sets up the fast path stores a snapshot keyed by the tokenizer files, the library versions and
+this code; later runs answer from it (`WarmTokenizer`) and load the real tokenizer only on first use of anything
+else. See docs/prepare.md (the "Warm start" paragraph) for the key, the snapshot and what takes the normal path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -103,10 +85,8 @@ def _read(where: Path, key: str) -> dict[str, Any] | None:
         return None
     if not isinstance(snapshot, dict) or snapshot.get("key") != key or snapshot.get("format") != FORMAT:
         return None
-    try:
+    with contextlib.suppress(OSError):
         os.utime(where)  # in use: `_prune` goes by age
-    except OSError:
-        pass
     return snapshot
 
 
@@ -256,10 +236,8 @@ class WarmTokenizer:
 
         if not self.loaded:
             want = self.__dict__["_snapshot"]["encoder"]["backend_sha256"]
-            try:
+            with contextlib.suppress(OSError):
                 text = (self.__dict__["_where"] / "backend.json").read_text(encoding="utf-8")
-            except OSError:
-                text = None
-            if text is not None and short_hash(text, length=64) == want:
-                return text, want
+                if short_hash(text, length=64) == want:
+                    return text, want
         return backend_state(self.real())

@@ -1,16 +1,7 @@
 """See what will be trained, record by record: token-by-token mask views.
 
-Everything here goes through `beam_sft.render.encoder` (the encoder training uses), so what you see is what
-trains. Two text views of one record (the HTML one is `beam_sft.report.pages`):
-
-* `ansi_view`: the terminal, every token coloured trained (green background) or not (grey), Harmony
-  markers in bold magenta, one line per rendered message;
-* `plain_view`: the same without colours, for pipes and logs: trained text between `{+` and `+}`,
-  markers as they are, one line per rendered message.
-
-    from beam_sft.report.masks import load_records, inspect_record, ansi_view
-    loaded = load_records("data/samples/openai.jsonl")
-    print(ansi_view(inspect_record(tokenizer, loaded.records[0])))
+Records go through `beam_sft.render.encoder` (the encoder training uses); `ansi_view` colours a terminal,
+`plain_view` marks trained text `{+ ... +}` (the HTML view is `beam_sft.report.pages`). See docs/inspect.md.
 """
 
 from __future__ import annotations
@@ -18,6 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 
 from beam_sft.dataset.examples import truncate
 from beam_sft.errors import FatalError
@@ -51,17 +44,11 @@ class Loaded:
             return None
 
 
-def load_records(
-    path: str, *, format: str = "auto", limit: int | None = None, split: str = "train",
-    missing_reasoning: str = "mask",
-) -> Loaded:
+def load_records(path: str, *, format: str = "auto", limit: int | None = None, split: str = "train",
+                 missing_reasoning: str = "mask") -> Loaded:
     """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam, exactly as
-    training does (`beam_sft.records.files.read_items`, `beam_sft.validate.convert.convert_item`).
-
-    `format` is a converter name, "auto" (detect per record) or "beam" (Beam records, validated again).
-    Records the converters or the validator reject are listed in `rejects` with their reason.
-    `missing_reasoning`: the validator's policy (default `mask`, as training: turns without reasoning show as
-    context, and records left with nothing to train are rejects).
+    training does. `format`: a converter name, "auto" (per record) or "beam" (validated again); rejected records
+    are listed in `rejects` with their reason. `missing_reasoning`: the validator's policy (`mask`, as training).
     """
     from beam_sft.records.files import read_items
     from beam_sft.validate.convert import convert_item
@@ -96,9 +83,7 @@ class Token:
 class Message:
     header: str  # e.g. "assistant to=get_weather<|channel|>analysis <|constrain|>xml"
     role: str  # system, developer, user, assistant, tool
-    group: (
-        str  # role, with the assistant's channel: "assistant:analysis", "assistant:final", "assistant:call"
-    )
+    group: str  # role, with the assistant's channel: "assistant:analysis", "assistant:final", "assistant:call"
     tokens: int = 0
     trained: int = 0
 
@@ -130,10 +115,7 @@ class RecordView:
 
 def marker_ids(tokenizer) -> dict[int, str]:
     """id -> text of every added token (the Harmony markers, in a Beam tokenizer)."""
-    ids = {}
-    for token in tokenizer.get_added_vocab():
-        ids[tokenizer.convert_tokens_to_ids(token)] = token
-    return ids
+    return {tokenizer.convert_tokens_to_ids(token): token for token in tokenizer.get_added_vocab()}
 
 
 def turn_end_ids(tokenizer) -> set[int]:
@@ -161,9 +143,8 @@ def _group(header: str) -> tuple[str, str]:
     return role, role
 
 
-def token_messages(
-    ids: Sequence[int], mask: Sequence[int], markers: dict[int, str], decode
-) -> tuple[list[int], list[Message]]:
+def token_messages(ids: Sequence[int], mask: Sequence[int], markers: dict[int, str],
+                   decode) -> tuple[list[int], list[Message]]:
     """Which rendered message each token belongs to, and the messages with their headers and counts."""
     start_id = next((i for i, m in markers.items() if m == START), None)
     message_id = next((i for i, m in markers.items() if m == MESSAGE), None)
@@ -220,15 +201,8 @@ def _token_texts(tokenizer, text: str, ids: Sequence[int]) -> list[str] | None:
     return out
 
 
-def inspect_record(
-    tokenizer,
-    record: dict,
-    *,
-    max_length: int | None = None,
-    encoder: MaskedEncoder | None = None,
-    label: str = "",
-    policy: str = "turn",
-) -> RecordView:
+def inspect_record(tokenizer, record: dict, *, max_length: int | None = None, encoder: MaskedEncoder | None = None,
+                   label: str = "", policy: str = "turn") -> RecordView:
     """Encode one record the way training does and annotate every token. Raises `RecordError`.
 
     With `max_length`, the record is cut by the training truncation `policy`
@@ -240,9 +214,19 @@ def inspect_record(
     if texts is None:  # a tokenizer without offsets: per-token decoding (multi-byte characters may split)
         texts = [tokenizer.decode([i]) for i in full["input_ids"]]
     kept = kept_by_truncation(full, max_length, policy)
-    view = _view(tokenizer, full, kept or {"input_ids": [], "assistant_masks": []}, texts, max_length, label)
-    view.dropped = kept is None
-    return view
+    ids, mask = (kept["input_ids"], kept["assistant_masks"]) if kept is not None else ([], [])
+    texts = texts[: len(ids)]  # training truncation keeps the start
+    markers = marker_ids(tokenizer)
+    owner, messages = token_messages(ids, mask, markers, lambda h: tokenizer.decode(h))
+    tokens = [Token(text=t, token_id=i, trained=bool(m), marker=i in markers, message=o)
+              for t, i, m, o in zip(texts, ids, mask, owner, strict=True)]
+    stops = turn_end_ids(tokenizer)
+    truncated, inside = truncation_cut(full["assistant_masks"], len(ids))
+    return RecordView(tokens=tokens, messages=messages, length=len(full["input_ids"]), max_length=max_length,
+                      trained=sum(mask), truncated=truncated, cut_inside_assistant=inside,
+                      stop_tokens=sum(1 for i in ids if i in stops),
+                      stop_tokens_untrained=sum(1 for i, m in zip(ids, mask, strict=True) if i in stops and not m),
+                      label=label, dropped=kept is None)
 
 
 def kept_by_truncation(full: dict, max_length: int | None, policy: str) -> dict | None:
@@ -254,32 +238,6 @@ def kept_by_truncation(full: dict, max_length: int | None, policy: str) -> dict 
         return None
     ids, mask, _ = result
     return {"input_ids": ids, "assistant_masks": mask}
-
-
-def _view(tokenizer, full, kept, texts, max_length, label) -> RecordView:
-    ids, mask = kept["input_ids"], kept["assistant_masks"]
-    n = len(full["input_ids"])
-    texts = texts[: len(ids)]  # training truncation keeps the start
-    markers = marker_ids(tokenizer)
-    owner, messages = token_messages(ids, mask, markers, lambda h: tokenizer.decode(h))
-    tokens = [
-        Token(text=t, token_id=i, trained=bool(m), marker=i in markers, message=o)
-        for t, i, m, o in zip(texts, ids, mask, owner, strict=True)
-    ]
-    stops = turn_end_ids(tokenizer)
-    truncated, inside = truncation_cut(full["assistant_masks"], len(ids))
-    return RecordView(
-        tokens=tokens,
-        messages=messages,
-        length=n,
-        max_length=max_length,
-        trained=sum(mask),
-        truncated=truncated,
-        cut_inside_assistant=inside,
-        stop_tokens=sum(1 for i in ids if i in stops),
-        stop_tokens_untrained=sum(1 for i, m in zip(ids, mask, strict=True) if i in stops and not m),
-        label=label,
-    )
 
 
 def truncation_cut(full_mask: Sequence[int], kept: int) -> tuple[bool, bool]:
@@ -296,10 +254,8 @@ def summary_line(view: RecordView) -> str:
     if view.dropped:
         parts.append(f"DROPPED: longer than {view.max_length} and the truncation policy keeps no whole turn")
     elif view.truncated:
-        parts.append(
-            f"truncated to {view.max_length}"
-            + (" inside an assistant turn" if view.cut_inside_assistant else "")
-        )
+        parts.append(f"truncated to {view.max_length}" + (" inside an assistant turn" if view.cut_inside_assistant
+                                                           else ""))
     if view.stop_tokens_untrained:
         parts.append(f"{view.stop_tokens_untrained} stop token(s) not trained")
     if not view.trained and not view.dropped:
@@ -308,32 +264,20 @@ def summary_line(view: RecordView) -> str:
 
 
 def _group_line(view: RecordView) -> str:
-    return "trained/total by role: " + ", ".join(
-        f"{group} {trained}/{total}" for group, (trained, total) in view.group_counts.items()
-    )
+    return "trained/total by role: " + ", ".join(f"{group} {trained}/{total}"
+                                                  for group, (trained, total) in view.group_counts.items())
 
 
 def ansi_view(view: RecordView) -> str:
     """Colours for a terminal: trained on green, untrained grey, markers bold magenta, a line per message."""
-    legend = (
-        f"legend: {_ANSI_TRAINED[0]} trained {_ANSI_RESET} {_ANSI_UNTRAINED[0]}not trained{_ANSI_RESET} "
-        f"{_ANSI_MARKER}<|marker|>{_ANSI_RESET}"
-    )
+    legend = (f"legend: {_ANSI_TRAINED[0]} trained {_ANSI_RESET} {_ANSI_UNTRAINED[0]}not trained{_ANSI_RESET} "
+              f"{_ANSI_MARKER}<|marker|>{_ANSI_RESET}")
     out = [f"\x1b[1m{summary_line(view)}{_ANSI_RESET}", _group_line(view), legend]
-    line: list[str] = []
-    current = None
-    for k, token in enumerate(view.tokens):
-        if token.message != current and line:
-            out.append("".join(line) + _ANSI_RESET)
-            line = []
-        if token.message != current:
-            line.append(f"\x1b[2m[{token.message}]{_ANSI_RESET} ")
-            current = token.message
-        colour = (_ANSI_TRAINED if token.trained else _ANSI_UNTRAINED)[k % 2]
-        if token.marker:
-            colour += _ANSI_MARKER
-        line.append(f"{colour}{_visible(token.text)}{_ANSI_RESET}")
-    if line:
+    for message, tokens in groupby(enumerate(view.tokens), key=lambda kt: kt[1].message):
+        line = [f"\x1b[2m[{message}]{_ANSI_RESET} "]
+        for k, token in tokens:
+            colour = (_ANSI_TRAINED if token.trained else _ANSI_UNTRAINED)[k % 2]
+            line.append(f"{colour}{_ANSI_MARKER if token.marker else ''}{_visible(token.text)}{_ANSI_RESET}")
         out.append("".join(line) + _ANSI_RESET)
     return "\n".join(out)
 
@@ -341,28 +285,11 @@ def ansi_view(view: RecordView) -> str:
 def plain_view(view: RecordView) -> str:
     """No colours: trained text between `{+` and `+}`, markers as they are, a line per rendered message."""
     out = [summary_line(view), _group_line(view), "legend: {+trained+} not trained"]
-    line: list[str] = []
-    current = None
-    in_trained = False
-    for token in view.tokens:
-        if token.message != current:
-            if in_trained:
-                line.append("+}")
-                in_trained = False
-            if line:
-                out.append("".join(line))
-            line = [f"[{token.message}] "]
-            current = token.message
-        if token.trained and not in_trained:
-            line.append("{+")
-            in_trained = True
-        elif not token.trained and in_trained:
-            line.append("+}")
-            in_trained = False
-        line.append(_visible(token.text))
-    if in_trained:
-        line.append("+}")
-    if line:
+    for message, tokens in groupby(view.tokens, key=attrgetter("message")):
+        line = [f"[{message}] "]
+        for trained, run in groupby(tokens, key=attrgetter("trained")):
+            text = "".join(_visible(token.text) for token in run)
+            line.append("{+" + text + "+}" if trained else text)
         out.append("".join(line))
     return "\n".join(out)
 

@@ -1,8 +1,6 @@
 """Self-contained HTML pages (inline CSS, no scripts): record views, the dataset table, other pages' frame.
 
-`html_page` shows the views of `beam_sft.report.masks` with the same colours as the terminal, a per-role
-table for each record, and optionally the dataset table of `beam_sft.report.stats`; `html_document` puts any
-body (the `beam-sft eval --report` page) in the same style.
+`html_document` puts any body (the `beam-sft eval --report` page) in the same style.
 """
 
 from __future__ import annotations
@@ -10,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import html
 from collections.abc import Sequence
+from itertools import groupby
 
 from beam_sft.report.masks import RecordView, summary_line
 from beam_sft.report.stats import DatasetStats, stats_rows
@@ -46,33 +45,21 @@ _CSS = f"""
 
 def _html_tokens(view: RecordView) -> str:
     parts: list[str] = []
-    current = None
-    for k, token in enumerate(view.tokens):
-        if token.message != current:
-            if current is not None:
-                parts.append("</div>")
-            message = view.messages[token.message]
-            parts.append(
-                f'<div class="msg"><span class="who">[{token.message}] {html.escape(message.group)}</span>'
-            )
-            current = token.message
-        cls = ("t" if token.trained else "u") + str(k % 2) + (" mk" if token.marker else "")
-        text = html.escape(token.text).replace("\n", '<span class="nl">\u21b5</span>\n')
-        title = f"id {token.token_id}, {'trained' if token.trained else 'not trained'}"
-        parts.append(f'<span class="tok {cls}" title="{title}">{text}</span>')
-    if current is not None:
+    for message, tokens in groupby(enumerate(view.tokens), key=lambda kt: kt[1].message):
+        parts.append(f'<div class="msg"><span class="who">[{message}] {html.escape(view.messages[message].group)}</span>')
+        for k, token in tokens:
+            cls = ("t" if token.trained else "u") + str(k % 2) + (" mk" if token.marker else "")
+            text = html.escape(token.text).replace("\n", '<span class="nl">\u21b5</span>\n')
+            title = f"id {token.token_id}, {'trained' if token.trained else 'not trained'}"
+            parts.append(f'<span class="tok {cls}" title="{title}">{text}</span>')
         parts.append("</div>")
     return "".join(parts)
 
 
 def html_record(view: RecordView) -> str:
-    rows = "".join(
-        f"<tr><td>{html.escape(g)}</td><td>{a}</td><td>{b}</td></tr>"
-        for g, (a, b) in view.group_counts.items()
-    )
-    warn = (
-        ' class="warn"' if not view.trained or view.stop_tokens_untrained or view.cut_inside_assistant else ""
-    )
+    rows = "".join(f"<tr><td>{html.escape(g)}</td><td>{a}</td><td>{b}</td></tr>"
+                   for g, (a, b) in view.group_counts.items())
+    warn = ' class="warn"' if not view.trained or view.stop_tokens_untrained or view.cut_inside_assistant else ""
     summary = summary_line(dataclasses.replace(view, label=""))
     return (
         f"<h2>{html.escape(view.label or 'record')}</h2><p{warn}>{html.escape(summary)}</p>"
@@ -97,9 +84,7 @@ def html_fragment(views: Sequence[RecordView], *, stats: DatasetStats | None = N
     return "\n".join(body)
 
 
-def html_page(
-    views: Sequence[RecordView], *, title: str = "beam-sft inspect", stats: DatasetStats | None = None
-) -> str:
+def html_page(views: Sequence[RecordView], *, title: str = "beam-sft inspect", stats: DatasetStats | None = None) -> str:
     """A self-contained page: inline CSS, no scripts, no external resources."""
     return _page(title, html_fragment(views, stats=stats))
 
@@ -119,9 +104,7 @@ def html_document(title: str, body: str) -> str:
 
 
 def stats_html(stats: DatasetStats) -> str:
-    rows = "".join(
-        f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in stats_rows(stats)
-    )
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in stats_rows(stats))
     return f"<h2>Dataset</h2><table>{rows}</table>"
 
 

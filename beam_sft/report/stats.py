@@ -1,11 +1,6 @@
-"""Statistics of a whole dataset as training encodes it.
+"""Statistics of a whole dataset as training encodes it: `dataset_stats`, printed by `stats_table`.
 
-`dataset_stats`: trained fraction, lengths (and a histogram), records with an empty mask, records cut by
-`max_length` (and whether the cut fell inside an assistant turn), records whose stop tokens (`<|return|>`,
-`<|call|>`) are not trained; `stats_table` prints them.
-
-    from beam_sft.report.stats import dataset_stats, stats_table
-    print(stats_table(dataset_stats(tokenizer, loaded.records, max_length=512)))
+See docs/inspect.md.
 """
 
 from __future__ import annotations
@@ -50,32 +45,8 @@ class DatasetStats:
         low, high = min(self.lengths), max(self.lengths)
         width = max(1, math.ceil((high - low + 1) / bins))
         counts = Counter((n - low) // width for n in self.lengths)
-        return [
-            (low + b * width, low + (b + 1) * width - 1, counts.get(b, 0))
-            for b in range(bins)
-            if low + b * width <= high
-        ]
-
-
-def _count_kept(stats: DatasetStats, index: int, full_mask, kept: dict, markers, stops, decode) -> None:
-    """Add what training keeps of one record to `stats`."""
-    ids, mask = kept["input_ids"], kept["assistant_masks"]
-    stats.tokens += len(ids)
-    stats.trained += sum(mask)
-    _, messages = token_messages(ids, mask, markers, decode)
-    for message in messages:
-        entry = stats.groups.setdefault(message.group, [0, 0])
-        entry[0] += message.trained
-        entry[1] += message.tokens
-    if not any(mask):
-        stats.empty_mask.append(index)
-    truncated, inside = truncation_cut(full_mask, len(ids))
-    if truncated:
-        stats.truncated.append(index)
-        if inside:
-            stats.cut_inside_assistant.append(index)
-    if any(i in stops and not m for i, m in zip(ids, mask, strict=True)):
-        stats.stop_untrained.append(index)
+        return [(low + b * width, low + (b + 1) * width - 1, counts.get(b, 0))
+                for b in range(bins) if low + b * width <= high]
 
 
 def _add_record(stats: DatasetStats, index: int, full: dict, markers, stops, decode) -> None:
@@ -87,28 +58,32 @@ def _add_record(stats: DatasetStats, index: int, full: dict, markers, stops, dec
     if kept is None:
         stats.dropped.append(index)
         return
-    _count_kept(stats, index, full["assistant_masks"], kept, markers, stops, decode)
+    ids, mask = kept["input_ids"], kept["assistant_masks"]
+    stats.tokens += len(ids)
+    stats.trained += sum(mask)
+    _, messages = token_messages(ids, mask, markers, decode)
+    for message in messages:
+        entry = stats.groups.setdefault(message.group, [0, 0])
+        entry[0] += message.trained
+        entry[1] += message.tokens
+    if not any(mask):
+        stats.empty_mask.append(index)
+    truncated, inside = truncation_cut(full["assistant_masks"], len(ids))
+    if truncated:
+        stats.truncated.append(index)
+        if inside:
+            stats.cut_inside_assistant.append(index)
+    if any(i in stops and not m for i, m in zip(ids, mask, strict=True)):
+        stats.stop_untrained.append(index)
 
 
-def dataset_stats(
-    tokenizer,
-    records: Sequence[dict],
-    *,
-    max_length: int | None = None,
-    encoder: MaskedEncoder | None = None,
-    labels: Sequence[str] | Callable[[int], str] | None = None,
-    rejected: Sequence[dict] = (),
-    batch_size: int = 256,
-    policy: str = "turn",
-) -> DatasetStats:
-    """Statistics over `records` (Beam records), encoded by the training encoder in batches and, with
-    `max_length`, cut by the training truncation `policy` (`beam_sft.dataset.examples.truncate`).
-
-    `records` is any sequence that can be sliced, e.g. `beam_sft.dataset.pipeline.Converted`, which decodes each batch
-    from memory-mapped Arrow only when it is encoded.
-
-    A record the template rejects counts as rejected (its reason is kept), never silently dropped; a record
-    the truncation policy drops is counted in `dropped` (its length too, not its tokens).
+def dataset_stats(tokenizer, records: Sequence[dict], *, max_length: int | None = None,
+                  encoder: MaskedEncoder | None = None, labels: Sequence[str] | Callable[[int], str] | None = None,
+                  rejected: Sequence[dict] = (), batch_size: int = 256, policy: str = "turn") -> DatasetStats:
+    """Statistics over `records` (Beam records, any sliceable sequence such as the lazily decoded
+    `beam_sft.dataset.pipeline.Converted`), encoded by the training encoder in batches and, with `max_length`,
+    cut by the training truncation `policy`. A record the template rejects counts as rejected (with its reason);
+    one the truncation policy drops counts in `dropped` (its length too, not its tokens).
     """
     from tqdm import tqdm
 
@@ -118,11 +93,7 @@ def dataset_stats(
     stats.rejected_reasons.update(r.get("reason", "?") for r in rejected)
     markers, stops = marker_ids(tokenizer), turn_end_ids(tokenizer)
     # A callable or a sequence: for a large dataset the caller names records lazily.
-    if labels is None:
-        def label_of(i: int) -> str:
-            return f"record {i}"
-    else:
-        label_of = labels if callable(labels) else labels.__getitem__
+    label_of = "record {}".format if labels is None else labels if callable(labels) else labels.__getitem__
     decode_cache: dict[tuple[int, ...], str] = {}
 
     def decode(header_ids):
@@ -131,9 +102,7 @@ def dataset_stats(
             decode_cache[key] = tokenizer.decode(header_ids)
         return decode_cache[key]
 
-    for start in tqdm(
-        range(0, len(records), batch_size), desc="Encoding", unit="batch", disable=len(records) < 2000
-    ):
+    for start in tqdm(range(0, len(records), batch_size), desc="Encoding", unit="batch", disable=len(records) < 2000):
         encoded = encode_each(encoder, list(records[start : start + batch_size]))
         for index, full in enumerate(encoded, start):
             if isinstance(full, RecordError):
@@ -155,25 +124,16 @@ def _indices(values: list[int], limit: int = 12) -> str:
 
 
 def stats_rows(stats: DatasetStats) -> list[tuple[str, str]]:
+    reasons = f" ({', '.join(f'{k}: {v}' for k, v in stats.rejected_reasons.most_common())})" if stats.rejected else ""
     rows = [
         ("records", str(stats.records)),
-        (
-            "rejected",
-            f"{stats.rejected}"
-            + (
-                f" ({', '.join(f'{k}: {v}' for k, v in stats.rejected_reasons.most_common())})"
-                if stats.rejected
-                else ""
-            ),
-        ),
+        ("rejected", f"{stats.rejected}{reasons}"),
         ("tokens (after truncation)", str(stats.tokens)),
         ("trained tokens", f"{stats.trained} ({100 * stats.trained_fraction:.1f}%)"),
     ]
     if stats.lengths:
         lengths = sorted(stats.lengths)
-        rows.append(
-            ("length min / median / max", f"{lengths[0]} / {lengths[len(lengths) // 2]} / {lengths[-1]}")
-        )
+        rows.append(("length min / median / max", f"{lengths[0]} / {lengths[len(lengths) // 2]} / {lengths[-1]}"))
     rows.append(("max_length", f"{stats.max_length} (truncation policy {stats.policy})"
                  if stats.max_length is not None else "none"))
     for group, (trained, total) in sorted(stats.groups.items()):
@@ -181,10 +141,7 @@ def stats_rows(stats: DatasetStats) -> list[tuple[str, str]]:
     rows += [
         ("empty mask (nothing trains)", f"{len(stats.empty_mask)}: {_indices(stats.empty_mask)}"),
         ("truncated by max_length", f"{len(stats.truncated)}: {_indices(stats.truncated)}"),
-        (
-            "  cut inside an assistant turn",
-            f"{len(stats.cut_inside_assistant)}: {_indices(stats.cut_inside_assistant)}",
-        ),
+        ("  cut inside an assistant turn", f"{len(stats.cut_inside_assistant)}: {_indices(stats.cut_inside_assistant)}"),
         *((("dropped by the truncation policy", f"{len(stats.dropped)}: {_indices(stats.dropped)}"),)
           if stats.max_length is not None else ()),
         ("stop tokens outside the mask", f"{len(stats.stop_untrained)}: {_indices(stats.stop_untrained)}"),
@@ -201,7 +158,5 @@ def stats_table(stats: DatasetStats, *, histogram: bool = True) -> str:
         hist = stats.histogram()
         top = max(c for _, _, c in hist) or 1
         for low, high, count in hist:
-            out.append(
-                f"  {low:>7}-{high:<7} {count:>6} {'#' * math.ceil(40 * count / top) if count else ''}"
-            )
+            out.append(f"  {low:>7}-{high:<7} {count:>6} {'#' * math.ceil(40 * count / top) if count else ''}")
     return "\n".join(out)

@@ -1,8 +1,7 @@
 """A prepared or trained model saved the one way: atomically, made servable, and checked before it is in place.
 
-Both `beam-sft beamify` (a base prepared for Beam training) and `beam-sft export` (a trained model for a
-server) write through `save_checked`, so a directory either passes every check-template rule and the serving
-checks (`beam_sft.serve.servable`) or is not written at all.
+`beam-sft beamify` and `beam-sft export` both write through `save_checked`, so a directory either passes every
+check-template rule and the serving checks (`beam_sft.serve.servable`) or is not written at all.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """A saved model directory that a server loads as is.
 
-What a server needs beyond `save_pretrained`, found by serving the quickstart model with vLLM's CPU build
-(issue 21):
-
-* The response template within vLLM's serving subset. `--reasoning-parser hf` / `--tool-call-parser hf`
-  stream the parse, so the server refuses a template at start-up unless: its fields are among `thinking`,
-  `content`, `tool_calls`; `defaults` holds only `role`; `thinking` and `content` are plain `text` with no
-  `transform` and no `join`. `repeats` on `thinking` passes that check but makes the server's "has reasoning
-  ended?" test always answer no, and a repeated field parses to a list, not the string a client expects, so
-  we refuse it on `thinking`/`content` too. `serving_subset_errors` is our statement of those rules;
-  `check_serving_subset` uses vLLM's own validator when vLLM is importable, and ours otherwise.
-* Both stop tokens as EOS. Generation must end at `<|call|>` as well as `<|return|>`; a server reads the stop
-  ids from `generation_config.json` (vLLM) or `config.json`, so both list `[<|return|>, <|call|>]`, followed
-  by any EOS id the base model already had (a beamified Qwen keeps `<|im_end|>`).
-* Files readable per the umask: some writers create files 0600 (a temporary file renamed into place keeps
-  `mkstemp`'s mode), which a server running as another user cannot read.
+What a server needs beyond `save_pretrained` (the response template within vLLM's serving subset, both stop
+tokens as EOS, readable files): `make_servable` applies it after a save, `servable_problems` checks a directory.
+See docs/serving.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -55,12 +44,11 @@ def serving_subset_errors(template: Any) -> list[str]:
         field = loaded.fields.get(name)
         if field is None:
             continue
-        for bad, why in ((field.content != "text", f"content {field.content!r} (must be 'text')"),
-                         (field.transform is not None, "a transform"),
-                         (field.join is not None, "join"),
-                         (field.repeats, "repeats")):
-            if bad:
-                errors.append(f"field {name!r} uses {why}, which the server cannot stream")
+        errors += [f"field {name!r} uses {why}, which the server cannot stream"
+                   for bad, why in ((field.content != "text", f"content {field.content!r} (must be 'text')"),
+                                    (field.transform is not None, "a transform"),
+                                    (field.join is not None, "join"),
+                                    (field.repeats, "repeats")) if bad]
     return errors
 
 
@@ -68,7 +56,7 @@ def check_serving_subset(template: Any) -> str:
     """Raise FatalError unless `template` is servable; returns which check decided: "vllm" or "beam-sft".
 
     With vLLM importable its own validator runs first (the one the server runs at start-up), then ours, which
-    is stricter on `repeats` (see the module docstring)."""
+    is stricter on `repeats` (docs/serving.md)."""
     try:
         from vllm.parser.response_template import validate_response_template_for_serving as vllm_check
     except Exception:  # noqa: BLE001 - vLLM absent, or present but not importable here: ours decides
@@ -104,14 +92,6 @@ def _as_list(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def eos_list(stops: list[int], *existing: Any) -> list[int]:
-    """The stop ids first, then every other id already named as EOS, each once."""
-    out = list(stops)
-    for value in existing:
-        out += [i for i in _as_list(value) if i not in out]
-    return out
-
-
 def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
@@ -126,7 +106,9 @@ def write_eos(directory: Path, stops: list[int]) -> list[int]:
     """Set `eos_token_id` in generation_config.json (created when missing) and config.json to the stop ids
     plus the EOS ids either file already had; returns the list written."""
     configs = {name: _read_json(directory / name) for name in EOS_FILES}
-    eos = eos_list(stops, *((c or {}).get("eos_token_id") for c in configs.values()))
+    eos = list(stops)  # the stop ids first, then every other id already named as EOS, each once
+    for config in configs.values():
+        eos += [i for i in _as_list((config or {}).get("eos_token_id")) if i not in eos]
     generation = configs["generation_config.json"]
     if generation is None:
         model_config = configs["config.json"] or {}
@@ -141,12 +123,10 @@ def write_eos(directory: Path, stops: list[int]) -> list[int]:
 
 def current_umask() -> int:
     """The process umask, read without changing it where /proc says it (os.umask has no read-only form)."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except OSError:
-        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -157,9 +137,7 @@ def apply_umask(directory: Path) -> list[Path]:
     0777 & ~umask; returns what changed."""
     mask = current_umask()
     changed = []
-    for path in [directory, *sorted(directory.rglob("*"))]:
-        if path.is_symlink():
-            continue
+    for path in [p for p in [directory, *sorted(directory.rglob("*"))] if not p.is_symlink()]:
         want = (0o777 if path.is_dir() else 0o666) & ~mask
         if path.stat().st_mode & 0o777 != want:
             path.chmod(want)
@@ -226,7 +204,7 @@ def _servable_template(directory: Path, strict: bool) -> tuple[str | None, bool]
 
 
 def make_servable(directory: str | Path, tokenizer=None, *, strict: bool = False) -> dict[str, Any]:
-    """Make a directory written by `save_pretrained` + `save_tokenizer` servable as is (module docstring).
+    """Make a directory written by `save_pretrained` + `save_tokenizer` servable as is (docs/serving.md).
 
     Rewrites the response template into its serving form when that is all it takes, writes the EOS lists,
     and sets file modes per the umask. A template still outside the subset, or a missing chat template,

@@ -1,8 +1,7 @@
 """The Beam chat template and response template, as shipped in this package.
 
 `chat_template.jinja` renders messages; `response_template.json` is the declarative parser spec that
-`tokenizer.parse_response` / `get_response_parser` read. Where the format page is silent, the choices are
-written down in DECISIONS.md beside these files.
+`tokenizer.parse_response` reads. Where the format page is silent, the choices are in DECISIONS.md beside them.
 """
 
 from __future__ import annotations

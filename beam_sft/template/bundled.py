@@ -1,8 +1,7 @@
 """The files shipped with beam-sft: the bundled tokenizer, samples, training and accelerate configs, tiny models.
 
-In a checkout they are the repository's own `data/` and `configs/`; a built wheel carries copies under
-`beam_sft/bundled/` (setup.py copies `BUNDLED` there at build time), so `beam-sft train --config quickstart`
-runs from an install in any directory. `bundled("data/tokenizer")` is the one way to find them.
+In a checkout they are the repository's `data/` and `configs/`; a wheel carries copies under `beam_sft/bundled/`
+(setup.py copies `BUNDLED` there), so `bundled("data/tokenizer")` finds them from an install in any directory.
 """
 
 from __future__ import annotations
@@ -15,28 +14,15 @@ INSTALLED_ROOT = PACKAGE_DIR / "bundled"
 CHECKOUT_ROOT = PACKAGE_DIR.parent
 
 # Repository paths a wheel carries, relative to the checkout (setup.py reads this list).
-BUNDLED = (
-    "data/tokenizer",
-    "data/samples",
-    "configs/quickstart.yaml",
-    "configs/quickstart_gpt_oss.yaml",
-    "configs/beam_full.yaml",
-    "configs/beam_lora.yaml",
-    "configs/beam_moe_lora.yaml",
-    "configs/models/tiny",
-    "configs/models/tiny_gpt_oss",
-    "configs/accelerate",
-)
-
-
-def bundle_root() -> Path:
-    """Where the bundled files are: the installed copy when there is one, else the checkout."""
-    return INSTALLED_ROOT if INSTALLED_ROOT.is_dir() else CHECKOUT_ROOT
+BUNDLED = ("data/tokenizer", "data/samples", "configs/quickstart.yaml", "configs/quickstart_gpt_oss.yaml",
+           "configs/beam_full.yaml", "configs/beam_lora.yaml", "configs/beam_moe_lora.yaml", "configs/models/tiny",
+           "configs/models/tiny_gpt_oss", "configs/accelerate")
 
 
 def bundled(relative: str) -> Path:
-    """The bundled file or directory at `relative` (a path of `BUNDLED` or below it); it may not exist."""
-    return bundle_root() / relative
+    """The bundled file or directory at `relative` (a path of `BUNDLED` or below it); it may not exist. From the
+    installed copy when there is one, else from the checkout."""
+    return (INSTALLED_ROOT if INSTALLED_ROOT.is_dir() else CHECKOUT_ROOT) / relative
 
 
 def named_configs(kind: str = "training") -> list[str]:

@@ -1,21 +1,8 @@
 """The check-template suite: does a tokenizer's chat and response template follow the Beam Harmony page?
 
-Two kinds of rules, each a named check that passes or fails with a one-line reason:
-
-* `page:` rules run every example of the spec page (the python blocks inside `<Accordion>`s) verbatim,
-  after the page's own setup block with `BEAM_MODEL_ID` pointing at the tokenizer, and compare what they
-  print with the page's following `text` block, exactly. An example that raises compares as
-  `TypeName: message` (the page shows `TemplateError: ...`). Blocks of one accordion share a namespace, in
-  page order; each accordion starts from a fresh copy of the setup namespace.
-* `snippet:` rules render the conversation each format snippet of the page describes (the `text` blocks
-  outside examples: messages, the system message, instructions, tools, tool calls, parallel calls) and
-  look for the snippet, with the line breaks the page adds between messages removed.
-* format rules check what the page states but no example prints: markers are single tokens, only
-  `<|return|>` is special, the assistant mask covers exactly each assistant turn from its first
-  `<|channel|>` through `<|return|>`/`<|call|>`, prompts are prefixes of the rendered conversation, text
-  survives encode/decode, and the response template parses what the chat template renders.
-
-The page ships inside the package (`beam_sft/template/spec/beam-harmony-format.md`), so the suite works installed.
+`page:` rules run the page's examples verbatim, `snippet:` rules look for its format snippets in renders, and
+format rules check what the page states but no example prints; the page ships inside the package.
+See docs/template.md#checking-a-tokenizer-beam-sft-check-template.
 """
 
 from __future__ import annotations
@@ -118,17 +105,14 @@ def _code_blocks(text: str) -> Iterator[tuple[int, str, str, str | None, str]]:
         elif _ACCORDION_CLOSE.match(line):
             accordion = None
         elif m := _FENCE_OPEN.match(line):
-            indent, lang, start = m.group("indent"), m.group("lang"), i
-            body = []
-            i += 1
-            while i < len(lines) and lines[i].strip() != "```":
-                content = lines[i]
-                assert content.startswith(indent) or not content.strip(), \
-                    f"spec line {i + 1}: code line is indented less than its fence"
-                body.append(content[len(indent) :])
-                i += 1
+            indent, start = m.group("indent"), i
+            i = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), len(lines))
+            body = lines[start + 1 : i]
+            short = next((n for n, code in enumerate(body, start + 2) if code.strip() and not code.startswith(indent)),
+                         0)
+            assert not short, f"spec line {short}: code line is indented less than its fence"
             assert i < len(lines), f"spec line {start + 1}: code block is never closed"
-            yield start + 1, lang, "\n".join(body), accordion, heading
+            yield start + 1, m.group("lang"), "\n".join(code[len(indent) :] for code in body), accordion, heading
         i += 1
 
 
@@ -147,15 +131,11 @@ def parse_spec(text: str) -> SpecPage:
     assert setup is not None, "spec page has no setup block (a python block using BEAM_MODEL_ID)"
     page = SpecPage(setup=setup, snippets=snippets)
     for title, blocks in blocks_of.items():
-        pairs = []
-        for k, (line, lang, body) in enumerate(blocks):
-            if lang != "python":
-                continue
-            assert k + 1 < len(blocks) and blocks[k + 1][1] == "text", \
+        pairs = [(line, body, k) for k, (line, lang, body) in enumerate(blocks, start=1) if lang == "python"]
+        for index, (line, code, k) in enumerate(pairs, start=1):
+            assert k < len(blocks) and blocks[k][1] == "text", \
                 f"spec line {line}: python block in accordion {title!r} is not followed by a text block"
-            pairs.append((line, body, blocks[k + 1][2]))
-        for index, (line, code, expected) in enumerate(pairs, start=1):
-            page.examples.append(PageExample(title, index, len(pairs), code, expected, line))
+            page.examples.append(PageExample(title, index, len(pairs), code, blocks[k][2], line))
     assert page.examples, "spec page has no accordion examples"
     return page
 
@@ -175,13 +155,6 @@ def _run_block(code: str, namespace: dict[str, Any], filename: str) -> str:
     return out.getvalue()
 
 
-def _fresh_namespace(setup_ns: dict[str, Any]) -> dict[str, Any]:
-    # Examples mutate the inputs they build on (e.g. history[1][...] = ...); data gets copied, the
-    # tokenizer, modules and functions are shared.
-    return {k: copy.deepcopy(v) if isinstance(v, (list, dict)) and not k.startswith("__") else v
-            for k, v in setup_ns.items()}
-
-
 def run_page_examples(model_id: str, page: SpecPage | None = None) -> list[RuleResult]:
     """Run every page example against `model_id` (a tokenizer dir or hub id), one result per example."""
     page = page or load_spec()
@@ -195,7 +168,10 @@ def run_page_examples(model_id: str, page: SpecPage | None = None) -> list[RuleR
     namespace: dict[str, Any] = {}
     for ex in page.examples:
         if ex.index == 1:
-            namespace = _fresh_namespace(setup_ns)
+            # Examples mutate the inputs they build on (e.g. history[1][...] = ...); data gets copied, the
+            # tokenizer, modules and functions are shared.
+            namespace = {k: copy.deepcopy(v) if isinstance(v, (list, dict)) and not k.startswith("__") else v
+                         for k, v in setup_ns.items()}
         actual = _run_block(ex.code, namespace, f"<spec line {ex.line}>")
         expected = ex.expected + "\n"
         reason = "" if actual == expected else _first_difference(expected, actual)
@@ -214,19 +190,10 @@ def _first_difference(expected: str, actual: str) -> str:
     return "outputs differ in trailing whitespace"
 
 
-GET_WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"},
-                           "days": {"type": "integer", "description": "Forecast length in days"}},
-            "required": ["city"],
-        },
-    },
-}
+GET_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {
+        "type": "integer", "description": "Forecast length in days"}}, "required": ["city"]}}}
 
 
 def _call(city: str, **arguments) -> dict:
@@ -263,11 +230,8 @@ CONVERSATIONS: dict[str, tuple[list[dict], list[dict] | None]] = {
     "odd-text": ([{"role": "system", "content": ODD_TEXT}, {"role": "user", "content": ODD_TEXT}, ODD_ANSWER], None),
 }
 
-_MESSAGE_RE = re.compile(
-    r"<\|start\|>(?P<header>(?:(?!<\|start\|>).)*?)(?P<body><\|channel\|>|<\|message\|>)(?:(?!<\|start\|>).)*?"
-    r"(?P<stop><\|end\|>|<\|call\|>|<\|return\|>)",
-    re.DOTALL,
-)
+_MESSAGE_RE = re.compile(r"<\|start\|>(?P<header>(?:(?!<\|start\|>).)*?)(?P<body><\|channel\|>|<\|message\|>)"
+                         r"(?:(?!<\|start\|>).)*?(?P<stop><\|end\|>|<\|call\|>|<\|return\|>)", re.DOTALL)
 
 
 def expected_assistant_spans(text: str) -> list[tuple[int, int]]:
@@ -297,11 +261,8 @@ FORMAT_RULES: dict[str, FormatRule] = {}
 
 
 def rule(name: str) -> Callable[[FormatRule], FormatRule]:
-    def register(func: FormatRule) -> FormatRule:
-        FORMAT_RULES[name] = func
-        return func
-
-    return register
+    """Register a format rule: it returns an optional note, or raises RuleFailure."""
+    return lambda func: FORMAT_RULES.setdefault(name, func)
 
 
 def _render(tokenizer, messages, tools=None, **kwargs) -> str:
@@ -327,23 +288,20 @@ def _markers_single_token(tokenizer) -> str | None:
 def _only_return_special(tokenizer) -> str | None:
     decoder = tokenizer.backend_tokenizer.get_added_tokens_decoder() if hasattr(tokenizer, "backend_tokenizer") else {}
     flags = {tok.content: tok.special for tok in decoder.values()}
-    for marker in MARKERS:
+    for marker in (m for m in MARKERS if m in flags):
         want = marker == EOS_TOKEN
-        if marker in flags:
-            _require(flags[marker] == want, f"{marker} has special={flags[marker]}, the page says {want}")
+        _require(flags[marker] == want, f"{marker} has special={flags[marker]}, the page says {want}")
     text = "".join(f"{m}t{i}" for i, m in enumerate(MARKERS))
     kept = tokenizer.decode(_ids(tokenizer, text), skip_special_tokens=True)
     want_text = text.replace(EOS_TOKEN, "")
     _require(kept == want_text,
              f"decode(skip_special_tokens=True) gives {kept!r}, expected {want_text!r} (only {EOS_TOKEN} dropped)")
-    return None
 
 
 @rule("eos-is-return")
 def _eos_is_return(tokenizer) -> str | None:
     _require(tokenizer.eos_token == EOS_TOKEN, f"eos_token is {tokenizer.eos_token!r}, not {EOS_TOKEN}")
     _require(tokenizer.eos_token_id == _ids(tokenizer, EOS_TOKEN)[0], "eos_token_id is not the id of <|return|>")
-    return None
 
 
 @rule("pad-token")
@@ -367,7 +325,6 @@ def _templates_installed(tokenizer) -> str | None:
         load_response_template(response_template)
     except ValueError as err:
         raise RuleFailure(f"response_template does not load: {err}") from err
-    return None
 
 
 @rule("round-trip")
@@ -425,7 +382,6 @@ def _mask_stop_tokens(tokenizer) -> str | None:
                 seen.add(stop_ids[tid])
                 _require(m == 1, f"{name}: {stop_ids[tid]} at token {pos} is outside the assistant mask")
     _require(seen == set(stop_ids.values()), f"fixtures rendered only {sorted(seen)}")
-    return None
 
 
 def _prompt_and_full(tokenizer, history, turn, tools) -> tuple[str, str]:
@@ -447,7 +403,6 @@ def _prefix_check(tokenizer, history, turn, tools, label) -> None:
 def _prefix_answer(tokenizer) -> str | None:
     _prefix_check(tokenizer, [USER], ANSWER, None, "answer")
     _prefix_check(tokenizer, [USER, ANSWER, {"role": "user", "content": "And 3 + 3?"}], ANSWER, None, "second turn")
-    return None
 
 
 @rule("prefix-tool-call")
@@ -456,7 +411,6 @@ def _prefix_tool_call(tokenizer) -> str | None:
     _prefix_check(tokenizer, [ask], CALL_LONDON, [GET_WEATHER], "tool call")
     _prefix_check(tokenizer, [ask], PARALLEL_CALLS, [GET_WEATHER], "parallel calls")
     _prefix_check(tokenizer, [ask, CALL_LONDON, LONDON_RESULT], AFTER_TOOL, [GET_WEATHER], "answer after tool result")
-    return None
 
 
 def _generated(tokenizer, history, turn, tools) -> tuple[str, str]:
@@ -505,7 +459,6 @@ def _parse_decoded_ids(tokenizer) -> str | None:
         new_text = tokenizer.decode(full_ids[len(prompt_ids) :], skip_special_tokens=True)
         parsed = tokenizer.parse_response(new_text, prefix=prompt_ids, tools=tools)
         _check_parsed(parsed, turn, f"{label} (skip_special_tokens=True)")
-    return None
 
 
 def _stream_pieces(tokenizer, ids: list[int]) -> list[str]:
@@ -532,7 +485,6 @@ def _parse_stream(tokenizer) -> str | None:
             parser.feed(piece)
         message, _ = parser.finalize()
         _check_parsed(message, turn, f"{label} (streamed)")
-    return None
 
 
 def run_format_rules(tokenizer) -> list[RuleResult]:

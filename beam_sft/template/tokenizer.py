@@ -1,27 +1,14 @@
 """The bundled Beam tokenizer: loading, saving, the installed templates, and the hashes caches key on.
 
-What the format needs from a tokenizer (see the spec page, "Messages"):
-
-* the seven markers are single tokens; only `<|return|>` is special and it is the EOS token, so
-  `decode(..., skip_special_tokens=True)` keeps the other six and the response parser still sees message
-  boundaries;
-* the chat template (`beam_sft/template/chat_template.jinja`) and the response template
-  (`beam_sft/template/response_template.json`) are installed;
-* a pad token exists and is not `<|return|>`: collators that mask padding by id would otherwise also mask
-  the EOS the model must learn to emit. Where the tokenizer has none we add a special `<|pad|>`.
-
-Usage:
-
-    from beam_sft.template.tokenizer import load_tokenizer
-    tok = load_tokenizer()                       # data/tokenizer, the small bundled byte-level BPE
-
-`beam_sft.model.beamify.beamify` makes any other fast tokenizer (and its model) meet these properties.
+`load_tokenizer()` loads data/tokenizer; `beam_sft.model.beamify.beamify` gives any other fast tokenizer the
+same properties. See docs/template.md#the-bundled-tokenizer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from json.decoder import WHITESPACE
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +19,8 @@ from beam_sft.storage import short_hash, write_text_atomic
 from beam_sft.template.bundled import bundled
 
 EOS_TOKEN = RETURN
-# Distinct from EOS on purpose (see module docstring); special so decode(skip_special_tokens=True) drops it.
+# Distinct from EOS on purpose (docs/template.md#the-bundled-tokenizer); special so decode(skip_special_tokens=True)
+# drops it.
 PAD_TOKEN = "<|pad|>"
 PLAIN_MARKERS: tuple[str, ...] = tuple(m for m in MARKERS if m != EOS_TOKEN)
 
@@ -53,10 +41,8 @@ def stop_token_ids(tokenizer) -> tuple[int, int]:
     for marker in STOP_MARKERS:
         encoded = tokenizer.encode(marker, add_special_tokens=False)
         if len(encoded) != 1:
-            raise FatalError(
-                f"{marker} encodes to {len(encoded)} tokens with this tokenizer; Beam markers must be single "
-                "tokens (run beamify on it, or use --beamify)"
-            )
+            raise FatalError(f"{marker} encodes to {len(encoded)} tokens with this tokenizer; Beam markers must be "
+                             "single tokens (run beamify on it, or use --beamify)")
         ids.append(encoded[0])
     return ids[0], ids[1]
 
@@ -101,11 +87,9 @@ def backend_state(tokenizer) -> tuple[str, str]:
 
 def _pipeline(backend) -> list:
     """Everything a caller can swap in place on a backend without changing its size."""
-    parts = [backend.get_vocab_size(with_added_tokens=True), backend.model.__class__.__name__]
-    for step in (backend.normalizer, backend.pre_tokenizer, backend.post_processor, backend.decoder):
-        parts.append(step.__getstate__() if step is not None else None)
-    parts.extend((backend.truncation, backend.padding))
-    return parts
+    steps = (backend.normalizer, backend.pre_tokenizer, backend.post_processor, backend.decoder)
+    return [backend.get_vocab_size(with_added_tokens=True), backend.model.__class__.__name__,
+            *(step.__getstate__() if step is not None else None for step in steps), backend.truncation, backend.padding]
 
 
 def _backend_digest(backend):
@@ -129,15 +113,11 @@ _VOCAB_HASHES: dict[int, tuple[Any, list, Any]] = {}
 def template_hash(tokenizer) -> str:
     """A hash of the tokenizer's chat template(s)."""
     known = _precomputed(tokenizer, "template_hash")
-    if known is not None:
-        return known
-    return short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
+    return known if known is not None else short_hash(json.dumps(tokenizer.chat_template, sort_keys=True))
 
 
 def read_templates(template_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
     """Return (chat template source, response template dict) read from `template_dir` (default: the package's)."""
-    from beam_sft.errors import FatalError
-
     directory = Path(template_dir) if template_dir is not None else TEMPLATES_DIR
     chat_path = directory / CHAT_TEMPLATE_FILE
     response_path = directory / RESPONSE_TEMPLATE_FILE
@@ -186,15 +166,11 @@ def save_tokenizer(tokenizer, save_dir: str | Path) -> list[Path]:
 
 def load_tokenizer(path: str | Path | None = None, **kwargs):
     """Load a tokenizer as AutoTokenizer does (default: the bundled `data/tokenizer`)."""
-    from beam_sft.errors import FatalError
-
     if path is None:
         path = DEFAULT_TOKENIZER_DIR
         if not (path / "tokenizer_config.json").is_file():
-            raise FatalError(
-                f"bundled tokenizer not found at {path}; run `python scripts/build_tokenizer.py` in the repo, "
-                "or pass a tokenizer path"
-            )
+            raise FatalError(f"bundled tokenizer not found at {path}; run `python scripts/build_tokenizer.py` in the "
+                             "repo, or pass a tokenizer path")
     named = plain_class(path)
     if named is not None:
         # The class AutoTokenizer would pick, without importing AutoTokenizer's model registry (and torch
@@ -251,12 +227,8 @@ def _added_tokens_kwargs(directory: Path) -> dict[str, Any]:
         return {}
     from tokenizers import AddedToken
 
-    decoder = {}
-    for entry in entries:
-        entry = dict(entry)
-        token_id = entry.pop("id")
-        decoder[token_id] = AddedToken(**entry)
-    return {"added_tokens_decoder": decoder}
+    # The key is evaluated first, so `id` is gone from the entry by the time AddedToken sees it.
+    return {"added_tokens_decoder": {entry.pop("id"): AddedToken(**entry) for entry in map(dict, entries)}}
 
 
 def _head_value(path: Path, key: str, chunk: int = 1 << 20) -> Any:
@@ -293,6 +265,4 @@ def _head_value(path: Path, key: str, chunk: int = 1 << 20) -> Any:
 
 
 def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \t\n\r":
-        pos += 1
-    return pos
+    return WHITESPACE.match(text, pos).end()

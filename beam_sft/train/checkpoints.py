@@ -1,22 +1,12 @@
 """Checkpoints that count only when complete: a commit marker written last, resume from the newest complete one.
 
-transformers writes `checkpoint-N/` in place (weights first, `trainer_state.json` last) and resumes from the
-highest N without looking inside, so a kill inside a save leaves a directory that `--resume_from_checkpoint last`
-then fails on. Renaming a temporary directory into place would fix that on one machine, but transformers twice
-tried it and withdrew it because it broke multi-node runs on shared storage (a rename races with the other nodes'
-writes, and under `save_on_each_node` each node renames its own copy). Here nothing is renamed: every rank writes
-into `checkpoint-N/` as transformers does, every node flushes what it wrote, all ranks agree that every write
-succeeded, and only then does the saving process of each storage (`args.should_save`: world rank 0, or each
-node's local rank 0 with `save_on_each_node`) write `beam_checkpoint.json`, the commit marker, atomically. A
-directory without it, or whose files no longer match it, is never resumed (torchtitan's `.metadata` rule).
-
-The marker lists every file of the checkpoint with its size, so a checkpoint damaged after the fact (a file
-truncated or removed) is found out at resume time too.
+See docs/training.md#when-a-job-fails.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import re
@@ -175,19 +165,14 @@ def state_bytes(model, optimizer=None) -> int:
             continue
         seen.add(key)
         total += tensor.numel() * tensor.element_size()
-    if optimizer is not None:
-        for state in getattr(optimizer, "state", {}).values():
-            for value in state.values():
-                if hasattr(value, "element_size"):
-                    total += value.numel() * value.element_size()
-    return total
+    states = getattr(optimizer, "state", {}).values() if optimizer is not None else ()
+    return total + sum(value.numel() * value.element_size() for state in states for value in state.values()
+                       if hasattr(value, "element_size"))
 
 
 def is_disk_full(err: BaseException, directory: Path, needed: int) -> bool:
     """A save that failed for lack of space: ENOSPC (or a quota), or any failed write with less free space left
     than a checkpoint needs (torch.save says only "unexpected pos ..." when the disk fills under it)."""
-    import errno
-
     if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(err).lower()

@@ -75,22 +75,6 @@ def eval_inputs(script_args) -> list | None:
     return sources
 
 
-def source_names(inputs) -> str:
-    """The inputs as a log line names them."""
-    from beam_sft.records.files import source_label
-
-    return inputs if isinstance(inputs, str) else ", ".join(source_label(s) for s in inputs)
-
-
-def prepared_mixture_note(inputs) -> str | None:
-    """One line naming a mixture's entries and shares (None for plain inputs)."""
-    plans = getattr(inputs, "plans", None)
-    if not plans:
-        return None
-    return ", ".join(f"{p.entry.path}{'' if p.entry.data_files is None else ':' + str(p.entry.data_files)} "
-                     f"({p.taken}/{p.rows})" for p in plans)
-
-
 def streamed_note(inputs) -> str | None:
     """One line naming a streamed mixture's entries and shares (None for plain inputs)."""
     plans = getattr(inputs, "plans", None)
@@ -106,28 +90,10 @@ def streamed_note(inputs) -> str | None:
         for label, p, w in zip(inputs.labels(), plans, weights, strict=True))
 
 
-def _note_eval_sources(prepared, stats: dict[str, Any]) -> None:
-    """Which rows of the eval split each mixture source holds (beam_sft.train.source_eval), into the stats."""
-    if prepared.manifest.get("eval_sources") and prepared.eval is not None:
-        stats["data"]["eval_sources"] = prepared.manifest["eval_sources"]
-        logger.info("data: eval rows per source: %s", ", ".join(
-            f"{s['label']} {s['rows']}" for s in prepared.manifest["eval_sources"]))
-
-
-def training_datasets(
-    dataset_name,
-    tokenizer,
-    settings: DataSettings,
-    *,
-    eval_dataset_name=None,
-    cache_dir: str | None = None,
-    num_proc: int | None = None,
-    output_dir: str | None = None,
-    is_main_process: bool = True,
-    streaming: bool = False,
-    world_size: int = 1,
-    shuffle_buffer: int | None = None,
-) -> tuple[Any, Any, dict[str, Any]]:
+def training_datasets(dataset_name, tokenizer, settings: DataSettings, *, eval_dataset_name=None,
+                      cache_dir: str | None = None, num_proc: int | None = None, output_dir: str | None = None,
+                      is_main_process: bool = True, streaming: bool = False, world_size: int = 1,
+                      shuffle_buffer: int | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """The data phase of `scripts/train.py`: (train, eval or None, stats), logged and checked; stats is what
     `output_dir/data_stats.json` holds (per split, and `data`: the whole input's counts).
 
@@ -137,6 +103,7 @@ def training_datasets(
     `eval_dataset_name`: a path or id (its "test" split), or `eval_inputs`' sources.
     """
     from beam_sft.dataset.reasoning_stats import notes
+    from beam_sft.records.files import source_label
     from beam_sft.storage import atomic_output, write_json_atomic
 
     if streaming:
@@ -146,11 +113,14 @@ def training_datasets(
         if eval_dataset_name:
             eval_ds = stream_training_data(eval_dataset_name, tokenizer, replace(settings, split="test",
                                            max_records=None), world_size=world_size, rejects_dir=output_dir)
-        logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)",
-                    streamed_note(dataset_name) or source_names(dataset_name), train.n_shards)
+        names = streamed_note(dataset_name) or (dataset_name if isinstance(dataset_name, str)
+                                                else ", ".join(source_label(s) for s in dataset_name))
+        logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)", names, train.n_shards)
         return train, eval_ds, {}
-    if counts_mixture := prepared_mixture_note(dataset_name):
-        logger.info("data: mixture of %s", counts_mixture)
+    if plans := getattr(dataset_name, "plans", None):
+        logger.info("data: mixture of %s", ", ".join(
+            f"{p.entry.path}{'' if p.entry.data_files is None else ':' + str(p.entry.data_files)} ({p.taken}/{p.rows})"
+            for p in plans))
     eval_list = [eval_dataset_name] if isinstance(eval_dataset_name, str) else eval_dataset_name
     prepared = prepare_data(dataset_name, tokenizer, settings, eval_inputs=eval_list or None, cache_dir=cache_dir,
                             num_proc=num_proc, record_dir=output_dir)
@@ -187,7 +157,10 @@ def training_datasets(
                 for _, line in zip(range(5), f, strict=False):
                     logger.warning("rejected: %s", line.decode().rstrip())
     stats = {**prepared.stats, "data": {"path": prepared.path, "action": prepared.action, **counts}}
-    _note_eval_sources(prepared, stats)
+    if prepared.manifest.get("eval_sources") and prepared.eval is not None:  # for beam_sft.train.source_eval
+        stats["data"]["eval_sources"] = prepared.manifest["eval_sources"]
+        logger.info("data: eval rows per source: %s", ", ".join(
+            f"{s['label']} {s['rows']}" for s in prepared.manifest["eval_sources"]))
     if is_main_process and output_dir is not None:
         write_json_atomic(os.path.join(output_dir, "data_stats.json"), stats)
     return prepared.train, prepared.eval, stats

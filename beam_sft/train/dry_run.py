@@ -1,12 +1,6 @@
 """`--dry_run`: everything a training run checks and counts before its first step, then a plan; no training.
 
-Options are already validated by the parser (`beam_sft/train/options.py`). Here: the run's own checks
-(`run.check_arguments`), the tokenizer and its template checks, the model's config (a checkpoint's weights are
-not loaded: parameters are counted on the meta device, LoRA injected there too), the data phase (`prepare_data`,
-cached as a real run would cache it, nothing written to output_dir; a prepared directory's manifest is read),
-TRL's packing of the rows, the packing probe (on a reduced random copy of a checkpoint's architecture), and the
-arithmetic of the trainer's steps. The memory figure is an estimate (`estimate_memory`, formula in
-docs/training.md), not a measurement.
+See docs/training.md#the-dry-run---dry_run (the memory figure is an estimate; its formula is there).
 """
 
 from __future__ import annotations
@@ -147,12 +141,6 @@ def estimate_memory(config, total: int, trainable: int, dtype: str, training_arg
     return {**parts, "total": sum(parts.values())}
 
 
-def dtype_name(model_args, embedded) -> str:
-    if embedded is not None:
-        return str(next(embedded.parameters()).dtype).removeprefix("torch.")
-    return model_args.dtype if model_args.dtype in BYTES else "float32"
-
-
 def probe(config, embedded, training_args, model_args) -> str:
     """The packing probe's verdict line, or why it did not run."""
     if not packing_is_padding_free(training_args):
@@ -198,7 +186,8 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
         longest = training_args.max_length if training_args.packing else max(len(x) for x in train["input_ids"])
         _data_lines(plan, stats, train, eval_ds, rows, training_args)
     _batch_lines(plan, rows, training_args, world_size, stats.get("train", {}))
-    dtype = dtype_name(model_args, embedded)
+    dtype = (str(next(embedded.parameters()).dtype).removeprefix("torch.") if embedded is not None
+             else model_args.dtype if model_args.dtype in BYTES else "float32")
     memory = estimate_memory(config, total, trainable, dtype, training_args, longest)
     plan.facts.update(memory_bytes=memory["total"], parameters=total, trainable=trainable)
     plan.add("memory (estimate)", f"{size_text(memory['total'])} per process: " + ", ".join(

@@ -1,23 +1,12 @@
 """The `beam-sft eval` metrics during training: `--eval_beam_steps N` and `--eval_beam_on_evaluate`.
 
-A `TrainerCallback` generates the first assistant turn of each record of a fixed held-out sample (the eval
-split's records, converted once before training on the main process and broadcast to the other ranks) with
-`beam_sft.eval.run.evaluate_trainer`, the code `--eval_beam` runs after training, and logs the overall metrics
-through the trainer (`Trainer.log`: the log history, TensorBoard, W&B, trackio) as `eval_beam/<metric>`:
-
-* every N optimizer steps and at the last (`--eval_beam_steps N`);
-* at each evaluation (`--eval_beam_on_evaluate`, on whenever `metric_for_best_model` names an `eval_beam/`
-  metric): the metrics are also added to the evaluation's metrics dict, which the Trainer hands its callbacks
-  by reference and then to `_determine_best_metric`, so best-checkpoint selection and early stopping
-  (`--early_stopping_patience`, added after this callback so it sees them) can use a Beam metric.
-
-Over several processes each rank generates its share and every rank gets the same metrics (see
-`evaluate_trainer`); under FSDP the ranks generate in lockstep on the sharded model. DeepSpeed: a warning.
+See docs/training.md#watching-beam-metrics-during-training.
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 
 from transformers import TrainerCallback
 
@@ -70,8 +59,6 @@ class BeamEvalCallback(TrainerCallback):
 def held_out_records(trainer, script_args, settings) -> list[dict]:
     """The eval split's Beam records, read once on the main process and broadcast, so every rank has them
     (each generates a share). Warns, once, when the split is empty: no Beam metric will be logged."""
-    import tempfile
-
     from accelerate.utils import broadcast_object_list
 
     from beam_sft.dataset.prepare import eval_records

@@ -1,25 +1,22 @@
 """What a long job does when something goes wrong: preemption, a non-finite loss, a lost rank, the end of a job.
 
-* **Preemption** (`Preemption`): SIGTERM, or a signal named in `preemption_signals` (SIGUSR1 for Slurm's
-  `--signal`), only sets a flag. At every step end all ranks agree on it (one all-reduce of one number: a
-  signal that reached one process stops them all at the same step, NeMo's rule), the trainer writes a complete
-  checkpoint and stops, and the job exits with `EXIT_PREEMPTED` (75, sysexits' EX_TEMPFAIL: run it again).
-* **Non-finite loss or gradient** (`NonFiniteGuard`): checked on every rank before each optimizer step (the
-  micro-batches' losses and the gradient norm the trainer computes anyway), agreed across ranks. `stop` raises
-  `NonFiniteError` (exit 65, EX_DATAERR) naming the step and the records of the batch, before the optimizer
-  step, so no checkpoint holds the damage; `skip` drops that step's gradients on every rank (the optimizer
-  skips parameters without a gradient) up to `nonfinite_max_skips` steps in a row.
-* **The job's outcome** (`write_status`): `output_dir/run_status.json`, written by rank 0 at the end of every
-  run, is what `beam-sft train` under a launcher (whose own exit status is 1 for any worker failure) returns.
+Signals save and stop at the next step end agreed by all ranks (exit 75); a non-finite step stops (65) or is
+skipped; rank 0 writes `output_dir/run_status.json`. See docs/training.md#when-a-job-fails.
 """
 
 from __future__ import annotations
 
+import gc
+import importlib
+import json
 import logging
 import math
+import os
 import signal
+import socket
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from beam_sft.errors import FatalError, UsageError
@@ -83,7 +80,7 @@ def make_preemption_callback(signals: list[signal.Signals]):
     from transformers import TrainerCallback
 
     class Preemption(TrainerCallback):
-        """Save and stop at the next step boundary once any rank got one of `signals`."""
+        """Save and stop at the next step boundary once any rank got one of `signals` (NeMo's rule)."""
 
         def __init__(self) -> None:
             self.received: int | None = None
@@ -156,7 +153,7 @@ class NonFiniteGuard:
         if self.policy == "skip" and self.in_a_row < self.max_skips:
             self.skipped += 1
             self.in_a_row += 1
-            for param in trainer.model.parameters():
+            for param in trainer.model.parameters():  # the optimizer skips parameters without a gradient
                 param.grad = None
             if trainer.is_world_process_zero():
                 logger.warning("step %d: non-finite %s; step skipped (%d in a row, %d in all; records: %s)",
@@ -190,8 +187,6 @@ def write_status(output_dir: str, status: str, exit_code: int, **details) -> Non
 
 def read_status(output_dir: str, since: float) -> dict | None:
     """The status a run that started at `since` wrote, if any."""
-    import json
-
     path = Path(output_dir) / STATUS_FILE
     try:
         status = json.loads(path.read_text(encoding="utf-8"))
@@ -204,8 +199,6 @@ def destroy_process_group() -> None:
     """Tear the process group down in order: what holds it (DDP's reducer) first, then the group, so no rank
     is left in a process-group destructor at interpreter exit (seen: a finished rank blocked 8 minutes in
     ~ProcessGroupGloo, called from the reducer's dealloc after main returned)."""
-    import gc
-
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -227,15 +220,20 @@ def make_step_timeout_callback(seconds: int):
     class StepTimeout(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             global _PEERS
-            import os
-            import socket
-
             _PEERS = gather_objects((socket.gethostname(), os.getpid()))
 
         def on_step_end(self, args, state, control, **kwargs):
-            if seconds > 0 and not getattr(self, "done", False):
-                self.done = True
-                _set_timeout(seconds)
+            if seconds <= 0 or getattr(self, "done", False):
+                return
+            self.done = True
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            try:
+                dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+            except (AttributeError, RuntimeError, ValueError) as err:  # a backend that cannot: ddp_timeout stays
+                logger.warning("step_timeout not applied (%s): collectives keep ddp_timeout", err)
 
     return StepTimeout()
 
@@ -243,48 +241,26 @@ def make_step_timeout_callback(seconds: int):
 _PEERS: list = []  # (hostname, pid) of each rank, once training began
 
 
-def _set_timeout(seconds: int) -> None:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    try:
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
-    except (AttributeError, RuntimeError, ValueError) as err:  # a backend that cannot change it keeps ddp_timeout
-        logger.warning("step_timeout not applied (%s): collectives keep ddp_timeout", err)
-
-
 def lost_ranks() -> str:
     """The ranks this machine can tell are gone (their process no longer exists), in words."""
-    import os
-    import socket
-
     if not _PEERS:
         return "another rank"
     here = socket.gethostname()
-    gone = []
-    for rank, (host, pid) in enumerate(_PEERS):
-        if host != here:
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            gone.append(f"rank {rank} (pid {pid}, gone)")
-        except PermissionError:
-            pass
-        else:
-            if _is_zombie(pid):  # dead, not yet reaped by the launcher (torchrun polls its workers)
-                gone.append(f"rank {rank} (pid {pid}, gone)")
+    gone = [f"rank {rank} (pid {pid}, gone)" for rank, (host, pid) in enumerate(_PEERS) if host == here and _gone(pid)]
     if gone:
         return ", ".join(gone)
     others = sorted({host for host, _ in _PEERS if host != here})
     return f"a rank on {', '.join(others)}" if others else "another rank"
 
 
-def _is_zombie(pid: int) -> bool:
+def _gone(pid: int) -> bool:
     try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # dead, not yet reaped by the launcher (torchrun polls its workers): a zombie
         with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
             return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except (OSError, IndexError):
@@ -297,13 +273,9 @@ def isolate_restart_store() -> bool:
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and torch >= 2.4 no longer prefixes the workers' keys by attempt, so
     the restarted ranks read the dead ranks' gloo addresses and fail in connectFullMesh ("Connection refused").
     Must run before the process group is created (before TrainingArguments are parsed). True when applied."""
-    import os
-
     count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
     if count == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return False
-    import importlib
-
     from torch.distributed import PrefixStore
 
     rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not the function

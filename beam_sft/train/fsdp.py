@@ -1,22 +1,6 @@
 """FSDP2 in `scripts/train.py`: sharding on CPU (gloo) for tests, a sharding report, a whole final model.
 
-* CPU FSDP2. accelerate 1.15 applies its FSDP plugin only over a multi-accelerator distributed type; over
-  several CPU processes (`MULTI_CPU`, gloo) it drops the plugin without a word and trains DDP. torch's FSDP2
-  (`fully_shard`) itself runs on a CPU mesh over gloo, so `allow_fsdp_on_cpu()` makes accelerate take the
-  same branch it takes on GPUs: distributed type FSDP, the plugin from the launcher's settings (e.g.
-  configs/accelerate/fsdp2.yaml), and from there accelerate's and the Trainer's own FSDP2 code (wrapping,
-  sharded checkpoints, resume). It is opt-in (`BEAM_SFT_FSDP_ON_CPU=1`) and meant for tests and CI: CPU FSDP
-  is slow and saves no memory a real job needs. Without the opt-in a CPU launch that asked for FSDP is
-  warned that it is training DDP.
-* `ShardingReport`: at the start of training every rank writes `fsdp_sharding.rank<r>.json` (how many
-  parameters are DTensors, local vs full element counts, each parameter's full and local shape and
-  placement), so a run shows that it sharded.
-* `save_final_model`: under FSDP the Trainer's `save_model` writes weights only when the plugin's
-  `state_dict_type` is FULL_STATE_DICT; with SHARDED_STATE_DICT (what configs/accelerate/fsdp2.yaml uses, so
-  checkpoints stay sharded and fast) the output directory gets no model at all. The final save here always
-  gathers the full state dict to rank 0 and writes a `from_pretrained`-loadable model (safetensors,
-  config, generation config, training_args.bin), or the LoRA adapter for a peft model, whatever the
-  checkpoints use.
+See docs/fsdp.md.
 """
 
 from __future__ import annotations
@@ -32,17 +16,12 @@ logger = logging.getLogger(__name__)
 CPU_FSDP_ENV = "BEAM_SFT_FSDP_ON_CPU"
 
 
-def fsdp_requested() -> bool:
-    """Whether the launcher asked for FSDP (accelerate launch with distributed_type FSDP sets this)."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-
-
 def allow_fsdp_on_cpu() -> bool:
     """Let accelerate apply an FSDP plugin over CPU processes (gloo) when `BEAM_SFT_FSDP_ON_CPU=1`.
 
     Returns whether the opt-in is active. Call before the Trainer (hence the Accelerator) is built. Idempotent.
     """
-    if not fsdp_requested():
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":  # set by accelerate launch for FSDP
         return False
     if os.environ.get(CPU_FSDP_ENV, "") not in ("1", "true", "True"):
         import torch

@@ -1,17 +1,7 @@
 """LoRA on a beamified base: the rows of the tokens beamify added must train, or the markers never learn.
 
-A LoRA run trains adapters only; embedding rows stay frozen. For a model whose vocabulary beamify grew
-(`model.config.beam_sft["new_token_ids"]`), frozen marker rows mean the model can never tell `<|return|>` from
-`<|start|>` better than at initialisation (measured: with the shipped configs, the spread of the seven
-marker logits stayed exactly 0.0 under mean init). TRL makes rows trainable only for tokens its own
-`clone_chat_template` added, so this does it for beamify's: PEFT's `trainable_token_indices` on the input
-embeddings, which PEFT ties to the output projection on a tied model; on an untied model the output rows
-are listed too. A few thousand parameters, saved in the adapter and merged by `merge_and_unload`
-(`beam-sft export --merge`, `scripts/merge_lora.py`).
-
-Refused, with the fix named, on any tied model and before training (`--dry_run` too, on the meta device):
-`modules_to_save` holding the output projection (two full copies of the matrix, the tie silently broken:
-61.5 M trainable parameters on SmolLM2-135M instead of ~4 k).
+PEFT's `trainable_token_indices` for beamify's new ids (tie-aware); `modules_to_save` holding the output
+projection of a tied model is refused. See docs/real-model.md.
 """
 
 from __future__ import annotations
@@ -25,10 +15,7 @@ logger = logging.getLogger(__name__)
 
 
 def _module_name(model, module) -> str | None:
-    for name, candidate in model.named_modules():
-        if candidate is module:
-            return name.rsplit(".", 1)[-1]
-    return None
+    return next((name.rsplit(".", 1)[-1] for name, candidate in model.named_modules() if candidate is module), None)
 
 
 def _tied(model) -> bool:

@@ -1,12 +1,7 @@
 """Parsing `beam-sft train` / `scripts/train.py` options: TRL's parser, with every config error as one line.
 
-The options are the dataclasses of `beam_sft/train/config.py` plus TRL's `ModelConfig`, set from a YAML file
-(`--config`: a path or a shipped config's name) and the command line, the command line winning. What TRL's
-parser lets through is refused here as a `UsageError` (exit 2) naming the key or value, with the nearest valid
-one: an unknown YAML key or flag, a value outside a field's `choices` (argparse checks those only on the
-command line, never on YAML-set defaults), a dataclass's own validation (`eval_strategy: step`), a renamed
-option (`beam_sft.dataset.arguments.RENAMED`). `beam-sft prepare` parses with the same class: one YAML file
-serves both commands, each passing over the keys only the other one takes (`other_keys`).
+What TRL's parser lets through (an unknown key, a YAML value outside `choices`, a renamed option) is a
+`UsageError` naming the nearest valid one; `beam-sft prepare` parses with the same class. See docs/cli.md.
 """
 
 from __future__ import annotations

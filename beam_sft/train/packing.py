@@ -1,35 +1,15 @@
 """Exact padding-free packing, proven on the model that trains, or no packing.
 
-Padding-free packing (TRL's `bfd`) concatenates records into one row and restarts `position_ids` at each record.
-Records stay separate only if the model turns those restarts into a block-diagonal attention mask. transformers
-5.24 does that in `create_causal_mask` / `create_sliding_window_causal_mask` when the model passes
-`position_ids` to them (Llama, Qwen2, Qwen3, Mistral, ...), but `GptOssModel.forward` does not: its masks are
-plain causal over the whole row, so every packed record attends to the records packed before it.
-
-`ensure_exact_packing(model, args)` finds out instead of trusting a model list:
-
-1. Probe: a few random sequences (longer than the sliding window, where the model has one, so the window is
-   exercised), each run alone and packed into one row exactly as TRL's padding-free collator builds it, no grad.
-   A control row whose positions do not restart shows what a leak looks like on this model.
-2. If the packed logits differ from the alone ones, install a forward pre-hook on the decoder stack that builds
-   the masks from the restarting `position_ids` itself, with transformers' own mask functions (so they are in
-   the format the model's attention implementation expects, and sliding layers keep their window, counted from
-   each record's start), and hands them to the model: one 4D mask, or a {layer type: mask} mapping for models
-   with several layer types (they accept a prepared mapping; gpt-oss alternates sliding and full layers).
-3. Probe again. Still leaking (an attention implementation that ignores explicit masks, a model that rejects
-   the mapping): refuse with a message naming the model type and attention implementation.
-
-A model whose parameters cannot run a forward pass yet (ZeRO-3 partitioned at load time, meta tensors) gets
-the explicit masks unprobed (path "explicit_masks_unprobed"; `refuse` mode stops instead): they are what
-transformers builds natively where it honours `position_ids`, and the tests prove them per architecture.
-
-Every outcome is logged; the result (`PackingReport`) is returned for the caller to record.
+`ensure_exact_packing` probes the model for cross-record attention in a packed row, installs explicit
+block-diagonal masks where it leaks (gpt-oss), and refuses if it still does.
+See docs/training.md#gpt-oss-shaped-models-exact-packing-moe-lora-router-loss.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from beam_sft.errors import UsageError
 
@@ -85,16 +65,6 @@ def _layer_types(config) -> list[str]:
                                       else "full_attention"]
 
 
-def _sliding_window(config) -> int | None:
-    window = getattr(config, "sliding_window", None)
-    return int(window) if window and "sliding_attention" in _layer_types(config) else None
-
-
-def is_packed(position_ids) -> bool:
-    """Whether a row holds several records (its positions restart somewhere)."""
-    return bool((position_ids[..., 1:] - position_ids[..., :-1] != 1).any())
-
-
 def packed_masks(config, position_ids, dtype, device):
     """The attention mask(s) transformers would build for this packed row if the model passed `position_ids`.
 
@@ -133,7 +103,7 @@ def install_packed_mask_hook(model):
         given = ("attention_mask", "cache", "past_key_values")
         if position_ids is None or kwargs.get("use_cache") or any(kwargs.get(name) is not None for name in given):
             return None
-        if not is_packed(position_ids):  # last: it reads the tensor
+        if not (position_ids[..., 1:] - position_ids[..., :-1] != 1).any():  # one record; last: it reads the tensor
             return None
         embeds = kwargs.get("inputs_embeds")
         dtype, device = ((embeds.dtype, embeds.device) if embeds is not None
@@ -147,9 +117,9 @@ def install_packed_mask_hook(model):
 
 
 def _probe_lengths(config) -> list[int]:
-    window = _sliding_window(config)
+    window = getattr(config, "sliding_window", None) if "sliding_attention" in _layer_types(config) else None
     # Longer than the window (so a mask that forgets the window shows), capped to keep the probe cheap.
-    base = min(window + 9, 320) if window else 40
+    base = min(int(window) + 9, 320) if window else 40
     return [base, base // 2 + 3, base + 5]
 
 
@@ -165,11 +135,7 @@ def _token_nll(model, batch):
 
 def _per_record(nll, lengths):
     """Split a packed row's next-token NLLs per record (the last position of a record predicts the next one)."""
-    out, start = [], 0
-    for n in lengths:
-        out.append(nll[start : start + n - 1])
-        start += n
-    return out
+    return [nll[start : start + n - 1] for start, n in zip([0, *accumulate(lengths)], lengths, strict=False)]
 
 
 def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float, float, float, list[int]]:
@@ -177,9 +143,7 @@ def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float
 
     leak: packed row vs each record alone; control: a packed row whose positions do not restart (what a leak
     looks like on this model); tolerance: the larger of a dtype floor and 4x the model's own noise, measured
-    as the same record alone vs alone with right padding (same tokens, other kernel shapes). A mean, not a
-    max: in bf16 a few tokens can switch experts on rounding alone, while a leak moves nearly every token.
-    """
+    as the same record alone vs alone with right padding (same tokens, other kernel shapes)."""
     import torch
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
@@ -222,11 +186,6 @@ def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float
     return mean_gap(packed_nll), mean_gap(control_nll), tolerance, lengths
 
 
-def probeable(model) -> bool:
-    """Whether a plain forward pass can run: no ZeRO-3-partitioned (`ds_id`) or meta parameters."""
-    return not any(hasattr(p, "ds_id") or p.is_meta for p in model.parameters())
-
-
 def _exact(leak: float, control: float, tolerance: float) -> bool:
     return leak <= tolerance and leak <= CONTROL_SHARE * control
 
@@ -256,8 +215,8 @@ def ensure_exact_packing(model, args, mode: str = "auto") -> PackingReport | Non
         logger.warning("packing: isolation probe skipped (packing_check=skip): packed records may attend to each other")
         return None
 
-    if not probeable(model):
-        # ZeRO-3 loads partitioned parameters (and meta tensors have no values): no forward outside the engine.
+    if any(hasattr(p, "ds_id") or p.is_meta for p in model.parameters()):
+        # ZeRO-3 loads partitioned parameters (`ds_id`; meta tensors have no values): no forward outside the engine.
         # The explicit masks are what transformers builds natively where it honours position_ids, so they
         # are safe to install unverified; the tests prove them on each supported architecture.
         if mode == "refuse":

@@ -32,7 +32,7 @@ def check_arguments(script_args, training_args) -> None:
     """Refuse what cannot run, before loading anything."""
     import torch
 
-    from beam_sft.train.eval_callback import beam_eval_wanted
+    from beam_sft.train.eval_callback import beam_at_evaluate, beam_eval_wanted, beam_metric_named
 
     mixture = bool(getattr(script_args, "datasets", None))
     if script_args.dataset_name is None and not mixture:
@@ -54,20 +54,7 @@ def check_arguments(script_args, training_args) -> None:
         raise UsageError(f"--eval_beam_steps must be a positive number of steps, not {script_args.eval_beam_steps}")
     if script_args.shuffle_buffer and not script_args.streaming:
         raise UsageError("--shuffle_buffer applies to --streaming (prepared data is shuffled by the trainer)")
-    check_evaluation_options(script_args, training_args, held_out)
-    if script_args.streaming and training_args.max_steps <= 0:
-        raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
-    faults.parse_signals(training_args.preemption_signals)  # a misspelt signal refused now, not at the first step
-    if training_args.nonfinite_max_skips < 0 or training_args.step_timeout < 0:
-        raise UsageError("nonfinite_max_skips and step_timeout must be >= 0")
-    if training_args.bf16 and not torch.cuda.is_available():
-        logger.warning("bf16 requested without a GPU: training runs in bf16 autocast on CPU")
-
-
-def check_evaluation_options(script_args, training_args, held_out) -> None:
-    """Beam metrics at evaluation and early stopping need evaluations (and a metric) to happen at all."""
-    from beam_sft.train.eval_callback import beam_at_evaluate, beam_metric_named
-
+    # Beam metrics at evaluation and early stopping need evaluations (and a metric) to happen at all.
     evaluates = training_args.eval_strategy != "no"
     if beam_at_evaluate(script_args, training_args) and not evaluates:
         name = ("eval_beam_on_evaluate" if script_args.eval_beam_on_evaluate
@@ -80,6 +67,13 @@ def check_evaluation_options(script_args, training_args, held_out) -> None:
     if patience is not None and (patience < 1 or not evaluates or not training_args.metric_for_best_model):
         raise UsageError("early_stopping_patience must be a positive number of evaluations and needs "
                          "eval_strategy (steps or epoch) and metric_for_best_model")
+    if script_args.streaming and training_args.max_steps <= 0:
+        raise UsageError("--streaming needs --max_steps: a stream has no length to count epochs in")
+    faults.parse_signals(training_args.preemption_signals)  # a misspelt signal refused now, not at the first step
+    if training_args.nonfinite_max_skips < 0 or training_args.step_timeout < 0:
+        raise UsageError("nonfinite_max_skips and step_timeout must be >= 0")
+    if training_args.bf16 and not torch.cuda.is_available():
+        logger.warning("bf16 requested without a GPU: training runs in bf16 autocast on CPU")
 
 
 def resume_checkpoint(training_args):
@@ -176,7 +170,9 @@ def train(trainer, resume) -> None:
 
 def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args, model_args,
                   callbacks=None):
-    """`BeamSFTTrainer` with LoRA (when asked), its loss path, and packing made exact (probed) before training."""
+    """`BeamSFTTrainer` with LoRA (when asked), its loss path, packing made exact (probed) before training, and
+    the records of a batch named for the non-finite check."""
+    from beam_sft.dataset.origins import row_origins
     from beam_sft.model.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report
     from beam_sft.train.new_tokens import check_new_rows_trainable, make_new_rows_trainable
@@ -206,21 +202,14 @@ def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, tr
     packing = ensure_exact_packing(trainer.model, training_args, training_args.packing_check)
     if packing is not None and training_args.process_index == 0:
         write_json_atomic(Path(training_args.output_dir) / "packing_probe.json", asdict(packing))
-    return trainer
-
-
-def name_rows(trainer, train_dataset) -> None:
-    """Let the non-finite check name a batch's records (`source:line`) from the prepared data's row origins.
-    TRL's own passes over a tokenized dataset (truncation, the fully-masked filter) keep its rows and order
-    when they keep its length; packing does not, and then rows are named by number."""
-    from beam_sft.dataset.origins import row_origins
-
+    # A non-finite step names its records (`source:line`) from the prepared data's row origins. TRL's own passes
+    # over a tokenized dataset keep its rows and order when they keep its length; packing does not (rows by number).
     trained = trainer.train_dataset
-    if getattr(trainer.args, "packing", False) or not hasattr(trained, "__len__") or not hasattr(train_dataset, "__len__"):
-        return
-    origins = row_origins(train_dataset) if len(trained) == len(train_dataset) else None
-    if origins is not None:
-        trainer.guard.describe_rows = origins.describe
+    if not training_args.packing and hasattr(trained, "__len__") and hasattr(train_dataset, "__len__"):
+        origins = row_origins(train_dataset) if len(trained) == len(train_dataset) else None
+        if origins is not None:
+            trainer.guard.describe_rows = origins.describe
+    return trainer
 
 
 def save(trainer, tokenizer, output_dir: str) -> None:
@@ -241,13 +230,6 @@ def save(trainer, tokenizer, output_dir: str) -> None:
         f"trained {trainer.state.global_step} steps; tokens seen {trainer._total_train_tokens}, supervised "
         f"{trainer._supervised_tokens} (this process's session); saved to {output_dir}"
     )
-
-
-def eval_beam(trainer, tokenizer, records) -> None:
-    """`--eval_beam true`: generate and score the eval split's records as `beam-sft eval` does."""
-    from beam_sft.eval.run import evaluate_trainer
-
-    evaluate_trainer(trainer, tokenizer, records)
 
 
 def push(trainer, training_args) -> None:

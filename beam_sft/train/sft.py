@@ -1,7 +1,6 @@
 """The training job of `beam-sft train` and `scripts/train.py`: parse -> model -> data -> trainer -> train -> save.
 
-`main` is TRL's `sft.py` main with Beam's steps (`beam_sft/train/run.py`): the template checks, the data phase
-(`beam_sft/train/data_phase.py`), the servable save, and the hub push after it.
+`main` is TRL's `sft.py` main with Beam's steps (`beam_sft/train/run.py`, `beam_sft/train/data_phase.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ def main(script_args, training_args, model_args, callbacks=None):
         print(dry_run(script_args, training_args, model_args, world_size=int(os.environ.get("WORLD_SIZE", "1"))))
         return None
     from beam_sft.dataset.arguments import data_settings
+    from beam_sft.eval.run import evaluate_trainer
     from beam_sft.model.load import check_tokenizer, load_model_and_tokenizer
     from beam_sft.train import run
     from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
@@ -52,15 +52,14 @@ def main(script_args, training_args, model_args, callbacks=None):
     # Trainer, training, saving
     trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
                                 model_args, callbacks)
-    run.name_rows(trainer, train_dataset)  # a non-finite step names its records by source file and line
     add_source_eval(trainer, script_args, eval_dataset, data_stats)  # eval_<source>_loss next to eval_loss
     # Beam metrics: the held-out records read once (an empty split is warned about now, not after training)
     records = held_out_records(trainer, script_args, settings) if beam_eval_wanted(script_args, training_args) else []
     add_beam_eval(trainer, tokenizer, script_args, training_args, records)  # during training; early stopping
     run.train(trainer, run.resume_checkpoint(training_args))  # faults: beam_sft/train/faults.py
     run.save(trainer, tokenizer, training_args.output_dir)
-    if script_args.eval_beam:
-        run.eval_beam(trainer, tokenizer, records)
+    if script_args.eval_beam:  # generate and score the eval split's records as `beam-sft eval` does
+        evaluate_trainer(trainer, tokenizer, records)
     run.push(trainer, training_args)
     run.finish(trainer)
     return trainer

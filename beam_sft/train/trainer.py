@@ -1,16 +1,11 @@
-"""The trainer of `scripts/train.py`.
-
-* `BeamSFTTrainer` is TRL's `SFTTrainer` that also logs how many supervised (loss-bearing) tokens it has
-  trained on, next to TRL's `num_tokens` (every token seen), and keeps the evaluations in progress
-  (`evaluation_calls`) for the per-source eval loss (`beam_sft.train.source_eval`).
-* Its faults (`beam_sft/train/checkpoints.py`, `beam_sft/train/faults.py`): a checkpoint is committed only once
-  every rank wrote it (and rotation waits for that), a full disk is one error that keeps the previous
-  checkpoint, every step is checked for a non-finite loss or gradient before the optimizer step, each training
-  batch carries the dataset rows it came from (to name the records of a bad step), and a resumed run that has
-  already reached max_steps trains no further step.
+"""The trainer of `scripts/train.py`: TRL's `SFTTrainer`, logging supervised tokens, with the fault handling of
+`beam_sft/train/checkpoints.py` and `beam_sft/train/faults.py` (committed checkpoints, a full disk, non-finite
+steps naming their records, no step past max_steps on resume). See docs/training.md#when-a-job-fails.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 from beam_sft.train.checkpoints import save_guarded
 from beam_sft.train.faults import NonFiniteGuard
@@ -30,8 +25,8 @@ class _RowIndexed:
 
     def __getitems__(self, indices):
         rows = self.dataset[[int(i) for i in indices]]  # one Arrow read for the batch
-        names = list(rows)
-        return [{**{name: rows[name][j] for name in names}, "beam_row": int(i)} for j, i in enumerate(indices)]
+        return [{**{name: column[j] for name, column in rows.items()}, "beam_row": int(i)}
+                for j, i in enumerate(indices)]
 
 
 class _RowsCollator:
@@ -51,7 +46,7 @@ class _RowsCollator:
 
 
 class _Faults:
-    """The trainer's side of beam_sft/train/faults.py and checkpoints.py (see the module docstring)."""
+    """The trainer's side of beam_sft/train/faults.py and checkpoints.py."""
 
     def _init_faults(self, guard) -> None:
         self.guard = guard if guard is not None else NonFiniteGuard()
@@ -140,8 +135,6 @@ class _EvaluationCalls:
         the same step."""
         if not self.evaluation_calls or not self.evaluation_calls[-1][0].startswith("eval_"):
             return
-        from collections import defaultdict
-
         label = self.evaluation_calls[-1][0].removeprefix("eval_")
         self._metrics["eval"] = defaultdict(list, {f"{label}_{k}": v for k, v in self._metrics["eval"].items()})
 
@@ -162,12 +155,8 @@ def make_trainer_class():
 
     class BeamSFTTrainer(_EvaluationCalls, _Faults, SFTTrainer):
         """SFTTrainer that counts supervised tokens (labels != -100 after the shift) across processes.
-
-        `plain_loss=True` computes the loss from the model's own logits (`cross_entropy`, summed and divided
-        by the same token count TRL uses) instead of TRL's chunked fused LM head, which on CPU runs about
-        3x slower for a small model with a large vocabulary. Same value, checked by tests/test_train.py.
-        MoE models: the router (load-balancing) loss is added once, as in TRL's path, and logged as `aux_loss`.
-        """
+        `plain_loss`: the same loss from the model's logits (`cross_entropy` over TRL's token count, the router
+        loss added once) instead of TRL's chunked fused LM head, about 3x slower on CPU for a small model."""
 
         def __init__(self, *args, plain_loss: bool = False, guard=None, **kwargs):
             super().__init__(*args, **kwargs)
@@ -216,10 +205,8 @@ def make_trainer_class():
             n_correct = self.accelerator.gather_for_metrics(correct.reshape(1)).sum()
             self._metrics[mode]["mean_token_accuracy"].append((n_correct / n_valid).item() if n_valid > 0 else 0.0)
             if mode == "train":
-                if "attention_mask" in inputs:
-                    local_tokens = inputs["attention_mask"].sum()
-                else:
-                    local_tokens = torch_as_tensor(inputs["input_ids"].numel())
+                mask = inputs.get("attention_mask")
+                local_tokens = mask.sum() if mask is not None else torch_as_tensor(inputs["input_ids"].numel())
                 self._total_train_tokens += int(self.accelerator.gather_for_metrics(local_tokens.reshape(1)).sum())
             self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
             return loss

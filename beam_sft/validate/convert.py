@@ -1,25 +1,7 @@
 """The one per-record conversion: a raw record (or a Beam record) → a validated Beam record, or `RecordError`.
 
-Every reader of training data ends here: `convert-dataset`, the data phase, `inspect` and `eval`. In order:
-
-* ``format="beam"``: the record is a Beam record (as `convert-dataset` writes it); what Arrow storage did to
-  it is undone (`beam_sft.records.files.normalize_record`), then `beam_sft.validate.rules.validate` checks it;
-* otherwise the converter (`convert_raw`: `detect` picks one of `FORMATS` under ``"auto"``), then `validate`.
-
-`try_convert` is the barrier every loop uses: a record that makes any of this raise something other than
-`RecordError` (a bug in beam-sft) becomes an ``internal_error`` reject, so one record never stops a run.
-With ``BEAM_SFT_DEBUG=1`` the exception propagates instead, with its traceback.
-
-    from beam_sft.validate.convert import convert_record
-    beam = convert_record({"messages": [...]}, format="openai")
-
-    # with datasets: `to_row` gives every row the same keys, and `beam_features()` stores arguments, tools
-    # and template kwargs as Json, so heterogeneous records don't become null-padded structs.
-    from beam_sft.validate.convert import to_row
-    from beam_sft.records.files import beam_features
-    ds = ds.map(lambda r: to_row(convert_record(r, "sharegpt")), remove_columns=ds.column_names,
-                features=beam_features())
-"""
+Every reader of training data ends here; `try_convert` turns an unexpected exception into an ``internal_error``
+reject, so one record never stops a run. See docs/conversion.md."""
 
 from __future__ import annotations
 
@@ -67,19 +49,8 @@ def _looks_harmony_json(msgs: list) -> bool:
 
 
 def detect(rec: Any) -> str | None:
-    """The format name of one raw record, or None when it fits none.
-
-    * a string, or ``text`` holding Harmony markers → ``harmony``;
-    * ``messages`` with Harmony fields (``channel``, ``recipient``, ``system_content`` parts) → ``harmony``;
-    * ``conversations``, or ``messages`` whose turns use ``from``/``value`` → ``sharegpt``;
-    * ``messages`` / ``history`` with ``role`` turns, or a bare list of such turns → ``openai``;
-    * a bare list of ``from``/``value`` turns → ``sharegpt``;
-    * ``chat`` (a string) → ``glaive``; ``query`` and ``answers`` → ``xlam``.
-
-    Hermes / Qwen tags are found by the OpenAI and ShareGPT converters while they convert (a record that has
-    them is reported as ``hermes`` by `convert_raw`): telling them apart here would mean searching every
-    text of every record before the OpenAI fast path.
-    """
+    """The format name of one raw record by its outer shape, or None when it fits none. Hermes / Qwen tags are
+    found by the OpenAI and ShareGPT converters while they convert (`convert_raw` reports ``hermes``)."""
     if isinstance(rec, str):
         return "harmony" if "<|" in rec else None
     if isinstance(rec, list):

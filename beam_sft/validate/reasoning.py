@@ -1,10 +1,6 @@
-"""The missing-reasoning policy's words, shared by every command that takes it (one option, one meaning).
-
-`convert`, `inspect`, `prepare` and training all take ``--missing_reasoning mask|keep|reject``
-(`beam_sft.validate.rules.Options`); this module holds its help text, the one warning `keep` gives, and the
-hint printed when most of a dataset's assistant turns have no reasoning. Why `mask` is the default, with the
-measured effect of `keep`: docs/reasoning.md.
-"""
+"""The missing-reasoning policy's words (its help text, the warning `keep` gives, the hint when most turns have no
+reasoning), shared by every command that takes ``--missing_reasoning``: one option, one meaning.
+Why `mask` is the default: docs/reasoning.md."""
 
 from __future__ import annotations
 

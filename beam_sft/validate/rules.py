@@ -1,47 +1,6 @@
 """Check and normalize a converted record so that it renders with the Beam template, or reject it with one reason.
 
-Every format's converter ends here (`beam_sft.formats.convert_record`). In order:
-
-1. **Empty** conversation → ``empty_conversation``; a role outside system/developer/user/assistant/tool →
-   ``unknown_role``.
-2. **Late instructions**: the template renders only the system/developer messages at the start, so one after
-   another role would vanish. Default: reject (``late_system``); ``Options(late_system="move")`` moves it up
-   to the other instructions instead (a later instruction then governs earlier turns, so it is opt-in).
-3. **Consecutive assistant messages** are merged (reasoning joined with a blank line, content likewise, calls
-   kept), and counted. An assistant message after tool calls whose results never came → ``call_without_result``.
-4. **Content and tool calls in one message**: the content moves into the reasoning, after it and a blank line —
-   the rule the Beam template applies itself (templates/DECISIONS.md) — and is counted.
-5. **Tool results** are paired with the calls right before them: by ``tool_call_id`` where ids exist, by
-   position otherwise, then put in call order (Beam matches results by position) and named from their call.
-   A result with no call → ``tool_result_without_call``; a call whose result is missing while the
-   conversation goes on → ``call_without_result``; two calls with one id in a message → ``duplicate_call_id``.
-   Calls that end the conversation need no results (a trajectory cut at the call trains the call itself).
-6. **Text**: tool-call or result markup still in a text (``<tool_call>``, ``<tool_response>``, ``<tools>``,
-   ``<functioncall>``, ``FUNCTION RESPONSE:``, a ```` ```tool_call ```` fence) that is not quoted in prose →
-   ``tool_markup_in_text`` (the rule: `beam_sft.records.markup`); any Harmony marker (``<|start|>``, ``<|end|>``, …) in any text, tool name, argument or schema →
-   ``harmony_marker_in_text``; ``</rfl:parameter>`` inside an argument value →
-   ``parameter_close_tag_in_argument``; arguments that are not an object → ``arguments_not_object``; an
-   argument name the XML attribute can't hold (``"``, ``<``, ``>``), or an argument nested deeper than
-   ``MAX_JSON_DEPTH`` → ``bad_arguments_json``; a call or result id that isn't a string → ``bad_content``.
-7. **Turns**: no assistant message → ``no_assistant_turn``; an assistant message with neither content nor calls
-   → ``bad_content`` (it would train an empty answer). A loss weight (``weight`` 0/1, or its alias ``train``
-   true/false, written back as ``weight``) on a non-assistant message, or any other value → ``bad_weight``.
-   An assistant message without reasoning gets ``weight: 0`` by default (``missing_reasoning="mask"``: the
-   whole turn becomes context, since Beam never writes an empty analysis), is trained with an empty analysis
-   (``"keep"``) or rejected (``"reject"`` → ``missing_reasoning``). A record left with no trained turn →
-   ``nothing_to_train``.
-8. ``chat_template_kwargs.reasoning_effort`` must be a Beam label or an int, ``model_identity`` a string, and
-   nothing may nest deeper than ``MAX_JSON_DEPTH`` → ``bad_template_kwargs``; ``tools`` must be a list of
-   function schemas (name a string, parameters an object, description a string) that JSON can write, nested
-   at most ``MAX_JSON_DEPTH`` → ``bad_tool_schema``.
-9. Finally, when ``Options.render_check`` is set, the record is rendered; any failure → ``render_failed``.
-   Everything above mirrors what the template raises for, so this is a safety net.
-
-Any JSON value is accepted as input: whatever its types, the outcome is a record or a `RecordError`.
-Message indexes in errors refer to the record as the caller gave it (converters pass a map from Beam
-messages back to their source messages, ``_src``; ``_no_markup`` says they already searched every text for
-tool markup and found none).
-"""
+Every format's converter ends here. The checks, in order: docs/conversion.md#validation-in-order."""
 
 from __future__ import annotations
 
@@ -65,8 +24,7 @@ from beam_sft.records.types import BeamRecord, Message, ToolCall, wrong_type
 LATE_SYSTEM_CHOICES = ("reject", "move")
 # Counter keys for the foreign call-syntax instructions a converter removed: stripped_tool_prompt:<pattern name>.
 STRIPPED_PREFIX = "stripped_tool_prompt:"
-# mask (default): a turn without reasoning gets weight 0, context not target; keep: trained with an empty
-# analysis (teaches Beam to skip its reasoning: docs/reasoning.md); reject: the record is rejected.
+# What a turn without reasoning becomes (docs/decisions.md, "Missing reasoning").
 MISSING_REASONING_CHOICES = ("mask", "keep", "reject")
 
 
@@ -336,8 +294,8 @@ def validate(rec: Any, options: Options | None = None, counters: dict | None = N
     ``moved_system``, ``missing_reasoning`` (kept without reasoning), ``masked_missing_reasoning`` (given
     weight 0 by the ``mask`` policy), ``masked_weight`` (weight 0 in the input), and
     ``stripped_tool_prompt:<pattern>`` for the call-syntax instructions the converter removed from the prompt
-    (its ``_stripped``; `beam_sft.formats.toolmarkup`).
-    """
+    (its ``_stripped``; `beam_sft.formats.toolmarkup`). Message indexes in errors refer to the source record
+    through the converter's ``_src`` map; ``_no_markup`` says it already searched every text for tool markup."""
     opts = options or DEFAULT_OPTIONS
     if type(rec) is not dict:
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
@@ -507,8 +465,7 @@ def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -
 
     With a tokenizer, its own template is used (``apply_chat_template(..., tokenize=False)``); otherwise the
     template shipped in `beam_sft.template` (or `chat_template`) is rendered directly, which needs no
-    tokenizer files and is several times faster.
-    """
+    tokenizer files and is several times faster."""
     if tokenizer is not None:
         def render_with_tokenizer(rec: BeamRecord) -> str:
             return tokenizer.apply_chat_template(rec["messages"], tools=rec.get("tools"), tokenize=False,

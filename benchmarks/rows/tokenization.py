@@ -1,4 +1,4 @@
-"""Row: masked tokenization, ours vs TRL's per-example preparation vs the floors; then build_prepared scaling."""
+"""Row: masked tokenization, ours vs TRL's per-example preparation vs the floors; then PrepareRun.build scaling."""
 
 from __future__ import annotations
 
@@ -121,12 +121,12 @@ def _time_paths(paths: dict, n: int) -> tuple[dict, dict, dict]:
 
 
 def _prepare_scaling(tokenizer, records: list[dict], num_procs: list[int]) -> dict:
-    """`build_prepared` (the data pipeline's pool: convert + tokenize + label + write) at each num_proc, records
+    """`PrepareRun.build` (the data pipeline's pool: convert + tokenize + label + write) at each num_proc, records
     as Beam JSONL."""
     import tempfile
     from pathlib import Path
 
-    from beam_sft.dataset.prepare import build_prepared
+    from beam_sft.dataset.prepare import PrepareRun
     from beam_sft.dataset.settings import DataSettings
 
     n = len(records)
@@ -137,8 +137,9 @@ def _prepare_scaling(tokenizer, records: list[dict], num_procs: list[int]) -> di
         for p in num_procs:
             _log(f"masked tokenization: build_prepared num_proc={p}")
             cpu_before = _cpu_seconds()
-            _, seconds = _timed(build_prepared, [str(src)], tokenizer, DataSettings(format="beam", max_length=None,
-                                dedup=False), Path(work) / f"p{p}", num_proc=p, fingerprint="bench")
+            run = PrepareRun([str(src)], tokenizer, DataSettings(format="beam", max_length=None, dedup=False),
+                             Path(work) / f"p{p}", num_proc=p, fingerprint="bench")
+            _, seconds = _timed(run.build)
             scaling[str(p)] = n / seconds
             # CPU seconds of this process and its (joined) workers: on a shared machine wall-clock scaling
             # measures the neighbours too, while conversations per CPU-second show the parallel overhead alone.
@@ -153,7 +154,7 @@ def _prepare_scaling(tokenizer, records: list[dict], num_procs: list[int]) -> di
 
 
 def bench_masked_tokenization(tokenizer, records: list[dict], num_procs: list[int], batch_size: int) -> dict:
-    """Ours vs TRL's per-example preparation vs the floor, in this process; then `build_prepared` scaling."""
+    """Ours vs TRL's per-example preparation vs the floor, in this process; then `PrepareRun.build` scaling."""
     from beam_sft.render.encoder import MaskedEncoder
 
     n = len(records)

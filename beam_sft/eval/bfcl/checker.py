@@ -1,23 +1,5 @@
-"""BFCL v4's data and BFCL's own checker, without BFCL's model handlers.
-
-`bfcl-eval` (2026.3.23) pins numpy==1.26.4 and two dozen API clients, and its `constants.model_config` imports
-every model handler (and so those clients) at import time. beam-sft installs it with `pip install --no-deps
-bfcl-eval==2026.3.23` (the Makefile does) plus the few pure packages its checker path imports (the `bfcl` extra),
-and puts a one-entry stand-in for `bfcl_eval.constants.model_config` in `sys.modules` before importing it. The
-checker reads that mapping for one thing only: whether a model's function names had their dots replaced by
-underscores (`convert_func_name`): yes in the `beam` style (beam-sft sends names as BFCL sends them to every
-OpenAI-style and open-weights FC model, dots as underscores, `convert_to_tool`), no in the `prompt` style (BFCL's
-own prompt, names as written), as BFCL's own configs answer for such models.
-
-Everything that decides a score is BFCL's: its data loader (language hints included), `convert_to_tool`, the
-entry-level runners `_evaluate_single_ast_entry` / `_evaluate_single_relevance_entry` (and through them
-`ast_checker`, `is_function_calling_format_output`, `is_empty_output`, the error types), its prompting decoder
-(`default_decode_ast_prompting`) and its summary arithmetic (`calculate_weighted_accuracy` /
-`calculate_unweighted_accuracy`). beam-sft only turns a generation into the decoded calls BFCL's handlers would
-hand its runners.
-
-BFCL writes result folders under `BFCL_PROJECT_ROOT` at import time; beam-sft points it at a folder of its cache
-(`~/.cache/beam_sft/bfcl`) unless the caller set it.
+"""BFCL v4's data and BFCL's own checker, imported without BFCL's model handlers (whose pins clash with ours):
+everything that decides a score is BFCL's. See docs/evaluation.md#bfcl-v4 for how it is imported.
 """
 
 from __future__ import annotations
@@ -51,9 +33,7 @@ def expects_no_call(category: str) -> bool:
     return category in NO_CALL
 
 
-# The model names beam-sft gives BFCL's runners, by style: function calling (names sent with dots as
-# underscores, as BFCL sends them to OpenAI-style and open-weights FC models) or a prompt that lists the functions
-# unchanged (BFCL's own prompting, and the JSON-list prompt: names as written, so BFCL keeps the dots).
+# The model names beam-sft gives BFCL's runners, by style: only "beam" sends names with dots as underscores.
 MODEL_NAMES = {"beam": "beam-sft-fc", "prompt": "beam-sft-prompt", "json": "beam-sft-json"}
 
 
@@ -183,10 +163,8 @@ def check(entry: Entry, decoded: list[dict[str, Any]] | None, error: str = "", r
 
 
 def summary(scores: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """BFCL's summary columns over the categories that ran, with BFCL's own arithmetic: non-live AST (the
-    unweighted mean of simple, multiple, parallel, parallel_multiple; simple the unweighted mean of its three
-    languages), live AST (weighted by count), irrelevance (unweighted mean of the two), relevance. A column none
-    of whose categories ran is None (BFCL shows N/A); a missing category inside a column is left out of it."""
+    """BFCL's summary columns over the categories that ran, with BFCL's own arithmetic (docs/evaluation.md): None
+    for a column none of whose categories ran (BFCL shows N/A); a missing category is left out of its column."""
     h = bfcl().helper
 
     def acc(names: Sequence[str]) -> list[dict]:

@@ -1,17 +1,5 @@
-"""Is BFCL in the training data? Question text and function names of training records against BFCL v4.
-
-A record's question side (its system, developer and user messages) overlaps a BFCL question when, after
-lower-casing and keeping only letters and digits, it contains one of BFCL's questions whole (a question of at least
-`MIN_WORDS` words), or shares a run of `NGRAM` words with one (the 13-gram test of the GPT-3 paper's contamination
-study). A function name overlaps when a tool the record declares or calls has a BFCL function's name (as written or
-with dots as underscores, case ignored). Question overlaps mean the benchmark's prompts were trained; name
-overlaps alone are reported, not failed on: `get_weather` is a common name, not a leaked answer.
-
-The index holds hashes (8 bytes each: about 60k question n-grams for the 13 categories) and the records stream
-through the one per-record conversion, so memory stays flat however large the data is.
-
-    from beam_sft.eval.bfcl.contamination import BfclIndex, scan
-    report = scan(items, BfclIndex.build())     # items: (beam_sft.records.files.Item, format) pairs
+"""Is BFCL in the training data? Question text and function names of training records against BFCL v4,
+through hashes, so memory stays flat however large the data is. See docs/evaluation.md#is-bfcl-in-the-training-data.
 """
 
 from __future__ import annotations

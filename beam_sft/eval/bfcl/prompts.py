@@ -1,13 +1,5 @@
-"""A BFCL entry as a prompt, and a generation as the calls BFCL's checker reads, in three styles (STYLES; each
-described in docs/evaluation.md#bfcl-v4):
-
-* `beam`: the entry's functions as the record's tools, the way BFCL hands them to every OpenAI-style model
-  (`convert_to_tool`, dots in names as underscores); the output parsed with the response template (or by the
-  server's parsers), each tool call as `{name: arguments}`, BFCL's FC-handler shape;
-* `prompt`: BFCL's own prompting of a model with no tool format (its system prompt, the model's own chat template,
-  BFCL's decoder `default_decode_ast_prompting`): the leaderboard's zero-shot row for such a model;
-* `json`: the functions as JSON in a system message asking for a JSON call list in `<tool_call>` tags (APIGen's
-  format), read from the tags; names as written, as in `prompt`.
+"""A BFCL entry as a prompt, and a generation as the calls BFCL's checker reads, in three styles (STYLES:
+`beam`, BFCL's own `prompt`, and `json`), each described in docs/evaluation.md#bfcl-v4.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
 """Generate BFCL entries with any `beam-sft eval` backend, decode, score with BFCL's checker; write and re-score
-the per-entry outputs.
-
-    from beam_sft.eval.bfcl.run import evaluate_bfcl
-    result = evaluate_bfcl(backend, tokenizer, ["simple_python", "irrelevance"], EvalOptions(max_records=50))
-    result.summary()["bfcl"]["simple_python"]["accuracy"]
-
-Each outputs line (`Scored.to_json`) holds what BFCL's checker was given: `rescore(path)` runs the checker again on
-it and gives the same figures. What `well_formed` means in each style: docs/evaluation.md#bfcl-v4.
+the per-entry outputs (`rescore` gives the same figures). See docs/evaluation.md#bfcl-v4.
 """
 
 from __future__ import annotations
@@ -135,12 +128,9 @@ def _score_text(turn: BfclTurn, generation, tokenizer) -> Scored:
         shaped = not malformed
     else:
         decoded, why = prompts.decode_prompt(text, turn.entry.category)
-        shaped = (decoded is not None and bool(bfcl_format(decoded))) or not text.strip("`\n ").startswith("[")
+        shaped = (decoded is not None and bool(checker.bfcl().utils.is_function_calling_format_output(decoded))
+                  or not text.strip("`\n ").startswith("["))
     return _verdict(turn, generation, decoded, why, text, generation.stop is not None and shaped)
-
-
-def bfcl_format(decoded: Any) -> bool:
-    return checker.bfcl().utils.is_function_calling_format_output(decoded)
 
 
 def _score_beam(turn: BfclTurn, generation, tokenizer) -> Scored:
