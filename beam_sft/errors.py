@@ -43,6 +43,15 @@ class Reason(StrEnum):
     TOOL_MARKUP_IN_TEXT = "tool_markup_in_text"
     BAD_TOOL_CALL = "bad_tool_call"
     DUPLICATE = "duplicate"
+    # what eval scores as a failure, checked at conversion (docs/conversion.md#calls-checked-against-their-tools)
+    UNDECLARED_TOOL = "undeclared_tool"
+    NO_TOOLS_DECLARED = "no_tools_declared"
+    ARGUMENTS_BREAK_SCHEMA = "arguments_break_schema"
+    TURN_WITHOUT_TEXT = "turn_without_text"
+    ASSISTANT_FIRST = "assistant_first"
+    # prompt/completion and Alpaca records (beam_sft.formats.prompt_completion, beam_sft.formats.alpaca)
+    EMPTY_COMPLETION = "empty_completion"
+    COMPLETION_NOT_ASSISTANT = "completion_not_assistant"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -70,28 +79,27 @@ class RecordError(ValueError):
     """
 
     def __init__(self, code: Reason | str, message: str, *, message_index: int | None = None,
-                 source: str | None = None, line: int | None = None) -> None:
+                 source: str | None = None, line: int | None = None, by_line: bool = True) -> None:
         self.code = Reason(code)
         self.message = message
         self.message_index = message_index
         self.source = source
         self.line = line
+        self.by_line = by_line  # False: `line` is a 0-based index (a JSON array's record, a row)
         super().__init__(str(self))
 
-    def with_provenance(self, source: str | None, line: int | None) -> RecordError:
-        self.source, self.line = source, line
+    def with_provenance(self, source: str | None, line: int | None, by_line: bool = True) -> RecordError:
+        self.source, self.line, self.by_line = source, line, by_line
         self.args = (str(self),)
         return self
 
     def __str__(self) -> str:
-        where = ""
-        if self.source is not None:
-            where = f"{self.source}:{self.line}: " if self.line is not None else f"{self.source}: "
+        place = f"{where(self.source, self.line, self.by_line)}: " if self.source is not None else ""
         at = f"messages[{self.message_index}]: " if self.message_index is not None else ""
-        return f"{where}[{self.code.value}] {at}{self.message}"
+        return f"{place}[{self.code.value}] {at}{self.message}"
 
     def to_dict(self) -> dict[str, Any]:
-        return reject_entry(self, self.source, self.line)
+        return reject_entry(self, self.source, self.line, self.by_line)
 
 
 def reject_entry(err: RecordError, source: str | None, position: int | None, by_line: bool = True) -> dict[str, Any]:
@@ -100,6 +108,21 @@ def reject_entry(err: RecordError, source: str | None, position: int | None, by_
     file and list is made of these."""
     return {"source": source, ("line" if by_line else "index"): position, "reason": err.code.value,
             "message_index": err.message_index, "message": err.message}
+
+
+def where(source: str | None, position: int | None, by_line: bool = True) -> str:
+    """A record's place as every message writes it: `file:LINE` for a JSONL line (1-based), `file[INDEX]` for a
+    record of a JSON array, a Parquet file or a dataset (0-based), so an index never reads as a line number."""
+    if position is None:
+        return str(source)
+    return f"{source}:{position}" if by_line else f"{source}[{position}]"
+
+
+def reject_where(entry: dict[str, Any]) -> str:
+    """`where` of a rejects-file entry (`reject_entry`), from its ``line`` or its ``index``."""
+    if "line" in entry:
+        return where(entry.get("source"), entry["line"])
+    return where(entry.get("source"), entry.get("index"), by_line=False)
 
 
 # Outputs complete, but some records were rejected as `internal_error` (a bug): not 0, not 1 (docs/formats.md).

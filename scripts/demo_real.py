@@ -25,6 +25,8 @@ python scripts/demo_real.py --augment irrelevance=0.3 --augment distractors=2 # 
 ```
 
 The training data is checked against BFCL v4 after step 3 (`beam-sft contamination`, OUTPUT_DIR/contamination.json).
+Each step's output is also written to OUTPUT_DIR/logs/STEP.log; a step that fails stops the demo with one line
+naming the step and that log (exit status 1).
 
 Threads: torch gets as many threads as the machine has idle cores at the start (`--threads` overrides): two
 threads on two cores that another process also uses run 3-4x slower than one (docs/real-model.md).
@@ -33,6 +35,8 @@ threads on two cores that another process also uses run 3-4x slower than one (do
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -53,6 +57,53 @@ EXTRA = "train.extra.jsonl"  # training-only records that ask or decline (on by 
 # beam_sft/augment/distractors.py, the same transform as `beam-sft augment --transform distractors=K`.
 GOALS = {"well_formed": 0.9, "has_reasoning": 0.95, "stopped": 0.9, "tool_name_accuracy": 0.8,
          "tool_args_valid": 0.8, "marker_leak": 0.0}
+
+
+class StepFailed(Exception):
+    """A step that did not finish: `main` prints one line naming it, why and its log, and exits 1."""
+
+    def __init__(self, label: str, log: Path, detail: str) -> None:
+        super().__init__(f"demo-real stopped at step {label}: {detail}; its log: {log}")
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the console stream and the step's log at once."""
+
+    def __init__(self, console, log) -> None:
+        self.console, self.log = console, log
+
+    def write(self, text: str) -> int:
+        self.console.write(text)
+        self.log.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.console.flush()
+        self.log.flush()
+
+    def isatty(self) -> bool:
+        return self.console.isatty()
+
+
+@contextlib.contextmanager
+def step(out: Path, name: str, label: str):
+    """Run a step with what it prints also in OUTPUT_DIR/logs/NAME.log; its failure (an exception, a non-zero exit
+    status raised as SystemExit) becomes `StepFailed`, so the demo stops there instead of at a later step's missing
+    file."""
+    log = out / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") as handle:
+        try:
+            with contextlib.redirect_stdout(_Tee(sys.stdout, handle)), \
+                    contextlib.redirect_stderr(_Tee(sys.stderr, handle)):
+                yield log
+        except (Exception, SystemExit) as err:  # whatever ends the step ends the demo there, named
+            detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            if isinstance(err, SystemExit) and isinstance(err.code, int):
+                detail = f"exit status {err.code}"
+            elif not isinstance(err, SystemExit):
+                detail = f"{type(err).__name__}: {detail}"
+            raise StepFailed(label, log, detail) from err
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -201,7 +252,8 @@ def evaluate(model: Path, out: Path, max_new_tokens: int, name: str) -> dict:
     argv = [str(model), "--data", str(REAL / "heldout.jsonl"), "--dataset_format", "beam", "--batch-size", "4",
             "--max-new-tokens", str(max_new_tokens), "--json", str(result), "--report", str(out / f"{name}.html")]
     print(f"== 5. beam-sft eval {' '.join(argv)}", flush=True)
-    eval_main(argv)
+    if (status := eval_main(argv)) != 0:
+        raise SystemExit(f"beam-sft eval exited with status {status}")
     return json.loads(result.read_text())
 
 
@@ -211,7 +263,8 @@ def contamination(data_dir: Path, out: Path) -> dict:
 
     argv = [*(str(p) for p in sorted(data_dir.glob("*.jsonl"))), "--json", str(out / "contamination.json"), "--quiet"]
     print(f"== 3b. beam-sft contamination {' '.join(argv)}", flush=True)
-    contamination_main(argv)
+    if (status := contamination_main(argv)) != 0:
+        raise SystemExit(f"beam-sft contamination exited with status {status}")
     return json.loads((out / "contamination.json").read_text())
 
 
@@ -311,8 +364,18 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(args.threads or idle_threads())
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return run(args, out)
+    except StepFailed as failed:
+        print(failed, file=sys.stderr, flush=True)
+        return 1
+
+
+def run(args, out: Path) -> int:
+    """The steps, each inside `step` (its log, its failure named)."""
     start = time.monotonic()
-    base = beam_base(out, args.init)
+    with step(out, "beamify", "1-2 (beamify the base model)"):
+        base = beam_base(out, args.init)
     model_dir = out / "model"
     if args.serve_only:
         offline = out / "eval.json"
@@ -321,26 +384,33 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if served(model_dir, out, args.max_new_tokens, json.loads(offline.read_text()), args.bfcl,
                            args.bfcl_max_records) else 1
     if args.zero_shot:
-        figures = evaluate(base, out, args.max_new_tokens, "eval-zero-shot")
+        with step(out, "eval-zero-shot", "5 (beam-sft eval of the untrained base)"):
+            figures = evaluate(base, out, args.max_new_tokens, "eval-zero-shot")
         if args.bfcl:
             from build_base_model import cached_build
 
-            bfcl(cached_build("smollm2"), out, args.bfcl, args.bfcl_max_records, args.max_new_tokens, "bfcl-base",
-                 style="prompt")
+            with step(out, "bfcl-base", "6 (beam-sft eval --bfcl of the plain base)"):
+                bfcl(cached_build("smollm2"), out, args.bfcl, args.bfcl_max_records, args.max_new_tokens,
+                     "bfcl-base", style="prompt")
     else:
         if not args.skip_train:
-            dataset = data(out, args.extra, args.distractors, args.augment)
-            contamination(dataset, out)
-            if args.peft:
-                from beam_sft.model.export import export
+            with step(out, "data", "3 (convert-dataset and the real records)"):
+                dataset = data(out, args.extra, args.distractors, args.augment)
+            with step(out, "contamination", "3b (beam-sft contamination)"):
+                contamination(dataset, out)
+            with step(out, "train", "4 (scripts/train.py)"):
+                if args.peft:
+                    from beam_sft.model.export import export
 
-                train(str(REPO / "configs" / "demo_real_lora.yaml"), base, dataset, out / "lora", args.train_args)
-                export(str(out / "lora"), model_dir, merge=True)
-            else:
-                train(str(REPO / "configs" / "demo_real.yaml"), base, dataset, model_dir, args.train_args)
-        figures = evaluate(model_dir, out, args.max_new_tokens, "eval")
+                    train(str(REPO / "configs" / "demo_real_lora.yaml"), base, dataset, out / "lora", args.train_args)
+                    export(str(out / "lora"), model_dir, merge=True)
+                else:
+                    train(str(REPO / "configs" / "demo_real.yaml"), base, dataset, model_dir, args.train_args)
+        with step(out, "eval", "5 (beam-sft eval on the held-out records)"):
+            figures = evaluate(model_dir, out, args.max_new_tokens, "eval")
         if args.bfcl:
-            bfcl(model_dir, out, args.bfcl, args.bfcl_max_records, args.max_new_tokens, "bfcl")
+            with step(out, "bfcl", "6 (beam-sft eval --bfcl)"):
+                bfcl(model_dir, out, args.bfcl, args.bfcl_max_records, args.max_new_tokens, "bfcl")
     print(f"demo-real done in {time.monotonic() - start:.0f} s; held-out figures vs goals:")
     missed = check(figures)
     serve_ok = (served(model_dir, out, args.max_new_tokens, figures, args.bfcl, args.bfcl_max_records)

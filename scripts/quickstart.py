@@ -57,6 +57,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def convert(data_dir: Path) -> Path:
     from beam_sft.cli.convert import main as convert_main
+    from beam_sft.errors import reject_where
 
     data_dir.mkdir(parents=True, exist_ok=True)
     out = data_dir / "train.jsonl"
@@ -68,9 +69,9 @@ def convert(data_dir: Path) -> Path:
         raise SystemExit(f"convert-dataset failed with status {status}")
     rejects = [json.loads(line) for line in (data_dir / "rejects.jsonl").read_text().splitlines() if line]
     print(f"   {len(rejects)} rejected records (see {data_dir / 'rejects.jsonl'}):")
-    for reject in rejects:
-        where = reject.get("line", reject.get("index"))
-        print(f"   - {Path(reject['source']).name}:{where} [{reject['reason']}] {reject['message'][:90]}")
+    for reject in rejects:  # a JSONL line as name:LINE, a JSON array's record as name[INDEX]
+        where = reject_where({**reject, "source": Path(reject["source"]).name})
+        print(f"   - {where} [{reject['reason']}] {reject['message'][:90]}")
     return out
 
 

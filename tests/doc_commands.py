@@ -238,10 +238,10 @@ def _train_problem(args: list[str], command: Command) -> str | None:
 
     parser = make_parser(prog="train.py")
     if command.inline or command.elided or _has_placeholder(args):
-        known = {f"--{name}" for name in parser.option_names()} | {"--config", "--help", "-h"}
+        known = {f"--{name}" for name in parser.option_names()} | {"--config", "--help", "-h", "--help-all"}
         unknown = [a.split("=", 1)[0] for a in args if a.startswith("--") and a.split("=", 1)[0] not in known]
         return f"unknown option(s) {unknown}" if unknown else None
-    if "--help" in args or "-h" in args:
+    if {"--help", "-h", "--help-all"} & set(args):
         return None
     import torch
 

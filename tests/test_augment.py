@@ -361,7 +361,8 @@ def test_parse_spec():
 def test_the_summary_states_the_invariant(tmp_path, capsys):
     assert main([str(REAL), "-o", str(tmp_path / "o.jsonl"), "--transform", "irrelevance=0.5", "-q"]) == 0
     head = capsys.readouterr().out.splitlines()[0]
-    assert re.match(r"augment: 148 records in = 148 written from the input \+ 0 rejected; \d+ added; \d+ records "
+    # 2 of data/real's records call against their tool's schema (docs/data.md#calls-checked-against-their-tools)
+    assert re.match(r"augment: 148 records in = 146 written from the input \+ 2 rejected; \d+ added; \d+ records "
                     r"written to ", head)
 
 
@@ -373,5 +374,6 @@ def test_demo_real_augments_the_real_training_records(tmp_path):
     data = demo.data(tmp_path, extra=False, augment_specs=["irrelevance=0.3"])
     assert sorted(p.name for p in data.glob("real.*")) == ["real.augmented.jsonl"]
     stats = json.loads((tmp_path / "augment.stats.json").read_text())
-    assert stats["records_in"] == stats["records_kept"] == 148 and stats["added"] > 0
+    # 2 records call against their tool's schema (docs/data.md#calls-checked-against-their-tools)
+    assert stats["records_in"] == 148 and stats["records_kept"] == 146 and stats["added"] > 0
     assert len((data / "real.augmented.jsonl").read_text().splitlines()) == stats["records_written"]

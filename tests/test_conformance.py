@@ -298,8 +298,8 @@ def test_check_template_fails_on_a_template_that_drops_return(tmp_path, capsys):
 def test_check_template_only_and_bad_tokenizer(tmp_path, capsys):
     assert check_template.main([str(DEFAULT_TOKENIZER_DIR), "--only", "markers-*"]) == 0
     assert capsys.readouterr().out.splitlines() == ["PASS markers-single-token: 7 markers"]
-    assert check_template.main([str(tmp_path / "missing")]) == 1
-    assert "cannot load tokenizer" in capsys.readouterr().err
+    assert check_template.main([str(tmp_path / "missing")]) == 2  # a mistyped path is a usage error, named
+    assert f"error: TOKENIZER '{tmp_path / 'missing'}': no such directory" in capsys.readouterr().err
 
 
 @needs_templates

@@ -63,7 +63,9 @@ def test_convert_dataset_rejects_the_same_records_for_the_same_reasons(tmp_path)
     for i, path in enumerate(SAMPLES + REALDATA):
         out, rejects = tmp_path / "out.jsonl", tmp_path / "rejects.jsonl"
         # (convert_records is the per-record stage: no deduplication, which is the data phase's and the CLI's)
-        assert main([path, "-o", str(out), "--rejects", str(rejects), "-q", "--dedup", "false"]) == 0
+        code = main([path, "-o", str(out), "--rejects", str(rejects), "-q", "--dedup", "false",
+                     "--max_reject_share", "1"])
+        assert code == (0 if out.read_bytes() else 2), path  # exit 2: a run that writes nothing (outputs kept)
         (tmp_path / f"work{i}").mkdir()
         phase = convert_records(path, tmp_path / f"work{i}")
         cli = [orjson.loads(line) for line in rejects.read_bytes().splitlines()]

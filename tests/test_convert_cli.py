@@ -77,7 +77,8 @@ def test_real_data_every_file_accounted_for(tmp_path, capsys):
     out, rej, stats = tmp_path / "real.parquet", tmp_path / "rej.jsonl", tmp_path / "s.json"
     for policy in ("keep", "mask"):
         code, _, err = run([REALDATA / "openai", REALDATA / "sharegpt", REALDATA / "harmony", "-o", out,
-                            "--rejects", rej, "--stats", stats, "-q", "--missing_reasoning", policy], capsys)
+                            "--rejects", rej, "--stats", stats, "-q", "--missing_reasoning", policy,
+                            "--max_reject_share", "1.0"], capsys)  # most real records lack reasoning
         assert code == 0, err
         st = json.loads(stats.read_text())
         rejects = read_jsonl(rej)

@@ -84,7 +84,8 @@ def test_without_assistant_only_loss_every_token_is_a_label(tok, tmp_path):
 def test_rejects_file_is_complete_for_hostile_input(tok, tmp_path):
     path, n_lines = _hostile_file(tmp_path)
     prepared = prepare_data([str(path), str(SAMPLES / "sharegpt.json")], tok,
-                            DataSettings(max_length=128, truncation_policy="drop"), cache_dir=tmp_path / "c")
+                            DataSettings(max_length=128, truncation_policy="drop", max_reject_share=1.0),
+                            cache_dir=tmp_path / "c")  # drops 72% on purpose: the default share would refuse it
     counts = prepared.manifest["counts"]
     rejects = _rejects(prepared.path)
     n_sharegpt = len(json.loads((SAMPLES / "sharegpt.json").read_text()))

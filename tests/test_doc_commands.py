@@ -47,10 +47,10 @@ STALE = [
     ("python scripts/train.py --config configs/quickstart.yaml --use_peft --lora_modules_to_save embed_tokens lm_head",
      "tied to 'embed_tokens'"),
     (("accelerate launch --config_file configs/accelerate/cpu_ddp.yaml scripts/train.py --config configs/quickstart.yaml"
-     " --max_step 3"), "did you mean 'max_steps'"),
+     " --max_step 3"), "did you mean '--max_steps'"),
     ("beam-sft train --config quickstart --num_epochs 2", "unknown option"),
-    ("beam-sft eval outputs/model --bfcl-categories simple_python", "unrecognized arguments"),
-    ("convert-dataset in.jsonl -o out.jsonl --fromat openai", "unrecognized arguments"),
+    ("beam-sft eval outputs/model --bfcl-categories simple_python", "unknown option '--bfcl-categories'"),
+    ("convert-dataset in.jsonl -o out.jsonl --fromat openai", "unknown option '--fromat'"),
     ("python scripts/demo_real.py --peft --distractor 2", "full name"),
     ("python scripts/no_such_script.py --help", "no such script"),
     ("make demo-reall", "no make target"),

@@ -27,7 +27,7 @@ from beam_sft.formats.harmony import parse_text
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
 from beam_sft.validate.convert import convert_record, detect
-from beam_sft.validate.rules import make_render_check
+from beam_sft.validate.rules import Options, make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata" / "harmony"
 RENDER = make_render_check()
@@ -42,8 +42,10 @@ DEVELOPER = ("<|start|>developer<|message|># Instructions\n\nAnswer in French.\n
              "} // namespace functions<|end|>")
 
 
-def conv(rec):
-    out = convert_record(rec, "harmony")
+def conv(rec, checks: str = "reject"):
+    """`checks="keep"`: a completion without its prompt, or calls without the tools' declarations (what
+    `beam_sft.validate.calls` rejects by default), converted all the same."""
+    out = convert_record(rec, "harmony", Options(tool_call_checks=checks))
     RENDER(out)
     return out
 
@@ -98,7 +100,8 @@ def test_preamble_becomes_reasoning_and_completion_without_start():
             "<|start|>assistant<|channel|>commentary<|message|>I'll generate the file.<|end|>"
             "<|start|>assistant<|channel|>commentary to=functions.gen <|constrain|>json<|message|>"
             '{"path": "a.html"}<|call|>')
-    out = conv(text)
+    assert rejected(text).code is Reason.ASSISTANT_FIRST  # a completion alone has no prompt to train it on
+    out = conv(text, "keep")
     assert out["messages"] == [{"role": "assistant", "reasoning_content": "Plan.\n\nI'll generate the file.",
                                 "tool_calls": [{"type": "function", "function": {
                                     "name": "gen", "arguments": {"path": "a.html"}}}]}]
@@ -112,7 +115,7 @@ def test_parallel_calls_and_results_by_position():
             "<|start|>functions.w to=assistant<|channel|>commentary<|message|>2<|end|>"
             "<|start|>assistant<|channel|>analysis<|message|>ok<|end|>"
             "<|start|>assistant<|channel|>final<|message|>1, 2<|return|>")
-    m = conv(text)["messages"]
+    m = conv(text, "keep")["messages"]
     assert [c["function"]["arguments"] for c in m[1]["tool_calls"]] == [{"c": "A"}, {"c": "B"}]
     assert [t["content"] for t in m[2:4]] == ["1", "2"]
 
@@ -334,8 +337,15 @@ def test_real_harmony_files_convert_or_reject_with_reason():
             assert err.message
             results[where] = err.code.value
     assert len(results) == 23 + 19 + 2
-    assert results["test_does_not_drop_if_ongoing_analysis.txt:0"] == "ok"
-    assert results["test_streamable_parser.txt:0"] == "ok"
+    # a tool call with no tool declared (the test renders a call alone), a completion without its prompt
+    assert results["test_does_not_drop_if_ongoing_analysis.txt:0"] == "no_tools_declared"
+    assert results["test_streamable_parser.txt:0"] == "assistant_first"
+    # the format guide's examples of a model's output alone; its 14th calls get_weather, declaring
+    # get_current_weather
+    examples = {int(k.rsplit(":", 1)[1]): v for k, v in results.items()
+                if k.startswith("openai_harmony_format_md_examples.jsonl:")}
+    assert {k for k, v in examples.items() if v == "assistant_first"} == {3, 6, 8, 11, 15}
+    assert examples[14] == "undeclared_tool"
     assert results["test_tool_response_parsing.txt:0"] == "truncated_message"
     assert results["test_simple_tool_call.txt:0"] == "unknown_format"  # token ids, not text
     assert results["gpt_oss_rft_notebook_cell37_output.txt:0"] == "ok"
@@ -349,10 +359,11 @@ def test_real_gpt_oss_output_and_tool_call_without_channel_on_result():
     assert [x["role"] for x in m] == ["user", "assistant"]
     assert m[1]["reasoning_content"] and m[1]["content"].startswith("```python")
     assert out["chat_template_kwargs"] == {"reasoning_effort": "low"}
-    out = conv((REALDATA / "openai_harmony_test-data" / "test_does_not_drop_if_ongoing_analysis.txt").read_text())
+    out = conv((REALDATA / "openai_harmony_test-data" / "test_does_not_drop_if_ongoing_analysis.txt").read_text(),
+               "keep")
     assert out["messages"][1]["tool_calls"][0]["function"] == {"name": "lookup_weather",
                                                                "arguments": {"location": "San Francisco"}}
     assert out["messages"][2] == {"role": "tool", "name": "lookup_weather",
                                   "content": '{"temperature": 20, "description": "sunny"}'}
-    out = conv((REALDATA / "openai_harmony_test-data" / "test_streamable_parser.txt").read_text())
+    out = conv((REALDATA / "openai_harmony_test-data" / "test_streamable_parser.txt").read_text(), "keep")
     assert out["messages"][0]["tool_calls"][0]["function"]["name"] == "browser.search"

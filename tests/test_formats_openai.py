@@ -105,7 +105,7 @@ def test_content_with_tool_calls_is_folded_into_reasoning_and_counted():
          "tool_calls": [call("w", "{}", "1")]},
         {"role": "tool", "tool_call_id": "1", "content": "sunny"},
         {"role": "assistant", "content": "Sunny.", "reasoning_content": "say it"},
-    ]}
+    ], "tools": [{"type": "function", "function": {"name": "w"}}]}
     counters: dict = {}
     from beam_sft.validate.convert import convert_raw
     from beam_sft.validate.rules import validate
@@ -215,9 +215,15 @@ def test_real_legacy_function_calls_and_swe_agent_trajectory():
     assert not rejects and len(ok) == 96
     assert sum(1 for _, r in ok if r["messages"][-1].get("tool_calls")) == 41
     assert all("tools" in r for _, r in ok)
+    # the trajectory declares no tools: its calls are what eval scores as unknown tools
     ok, rejects = _convert_file(REALDATA / "swe_agent_function_calling_simple.traj")
-    assert not rejects
-    msgs = ok[0][1]["messages"]
+    assert not ok and [(err.code, err.message_index) for _, err in rejects] == [(Reason.NO_TOOLS_DECLARED, 2)]
+    from beam_sft.validate.rules import Options
+
+    item = next(iter_items(expand_inputs([str(REALDATA / "swe_agent_function_calling_simple.traj")])))
+    kept = convert_record(parse_line(item.payload) if item.raw else item.payload, "auto",
+                          Options(missing_reasoning="keep", tool_call_checks="keep"))
+    msgs = kept["messages"]
     calls = [m for m in msgs if m.get("tool_calls")]
     assert len(calls) == 5
     # the agent's thought (its content next to the call) is kept as reasoning
@@ -236,8 +242,12 @@ def test_real_llamafactory_v1_reasoning_tool_use_keeps_parallel_calls():
 
 def test_real_ollama_bare_message_list_is_one_conversation():
     ok, rejects = _convert_file(REALDATA / "ollama_tools_messages.json")
-    assert not rejects and len(ok) == 1
-    msgs = ok[0][1]["messages"]
+    # ollama's example declares its tool in the request, not in the messages: a call to no declared tool
+    assert not ok and [(err.code, err.message_index) for _, err in rejects] == [(Reason.NO_TOOLS_DECLARED, 2)]
+    from beam_sft.validate.rules import Options
+
+    item = next(iter_items(expand_inputs([str(REALDATA / "ollama_tools_messages.json")])))
+    msgs = convert_record(item.payload, "auto", Options(missing_reasoning="keep", tool_call_checks="keep"))["messages"]
     assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"location": "Paris, France", "format": "celsius"}
     assert msgs[3] == {"role": "tool", "name": "get_current_weather",
                        "tool_call_id": "89a1e453-0bce-4de3-a456-c54bed09c520", "content": "22"}
@@ -250,11 +260,12 @@ def test_registry_works_inside_datasets_map(tmp_path):
     from beam_sft.records.files import beam_features
     from beam_sft.validate.convert import FORMATS, to_row, try_convert
 
-    assert set(FORMATS) == {"openai", "sharegpt", "harmony", "hermes", "glaive", "xlam"}
+    assert set(FORMATS) == {"openai", "sharegpt", "harmony", "hermes", "glaive", "xlam", "prompt_completion",
+                            "alpaca"}
     rows = [{"messages": [{"role": "user", "content": "q"},
                           {"role": "assistant", "reasoning": "r", "tool_calls": [call("f", json.dumps(args))]}],
              "tools": tools}
-            for args, tools in [({"a": 1}, None), ({"b": {"c": [1]}}, [{"name": "f", "parameters": {}}])]]
+            for args, tools in [({"a": 1}, [{"name": "f"}]), ({"b": {"c": [1]}}, [{"name": "f", "parameters": {}}])]]
     rows.append({"messages": [{"role": "user", "content": "no answer"}]})
     ds = datasets.Dataset.from_list([{"raw": json.dumps(r)} for r in rows])
     kept = ds.filter(lambda r: try_convert(json.loads(r["raw"]), "openai")[2] is None)
@@ -263,7 +274,7 @@ def test_registry_works_inside_datasets_map(tmp_path):
     assert len(out) == 2
     assert [row["messages"][1]["tool_calls"][0]["function"]["arguments"] for row in out] == [{"a": 1},
                                                                                            {"b": {"c": [1]}}]
-    assert out[0]["tools"] is None and out[1]["tools"][0]["function"]["name"] == "f"
+    assert [row["tools"][0]["function"]["name"] for row in out] == ["f", "f"]
     for row in out:
         RENDER(row)
 
@@ -296,7 +307,7 @@ def test_the_missing_reasoning_policy_on_openai_rows():
     bare = {"role": "assistant", "content": "b"}
     called = {"role": "assistant", "content": None, "tool_calls": [call("f", "{}", "1")]}
     result = {"role": "tool", "tool_call_id": "1", "content": "x"}
-    rec = {"messages": [q, bare, q, called, result, q, reasoned]}
+    rec = {"messages": [q, bare, q, called, result, q, reasoned], "tools": [{"name": "f"}]}
     counts: dict = {}
     out = convert(copy.deepcopy(rec), "openai", Options(missing_reasoning="mask"), counts)[0]
     assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 0, None]

@@ -84,7 +84,7 @@ def test_parallel_calls_as_a_list_and_result_roles(result_role):
         {"from": result_role, "value": "1"},
         {"from": result_role, "value": {"t": 2}},
         {"from": "gpt", "value": "<think>r</think>1 and 2"},
-    ]}
+    ], "tools": [{"name": "w"}]}
     m = conv(rec)["messages"]
     assert [c["function"]["arguments"] for c in m[1]["tool_calls"]] == [{"city": "A"}, {"city": "B"}]
     assert [(t["name"], t["content"]) for t in m[2:4]] == [("w", "1"), ("w", '{"t":2}')]
@@ -137,11 +137,15 @@ def test_real_files_convert_or_reject_with_reason(path):
     assert len(ok) + len(rejects) == n_in > 0
 
 
-def test_real_glaive_zh_malformed_tail_records_are_the_only_rejections():
+def test_real_glaive_zh_malformed_tail_records_and_calls_against_their_schema_are_the_only_rejections():
     ok, rejects = _convert_file(REALDATA / "llamafactory_glaive_toolcall_zh_demo.json")
+    # 5: calculate_area's dimensions without the schema's required radius (a rectangle); 21: search_books called
+    # with an author only, where the schema requires keywords
     assert [(i, e.code, e.message_index) for i, e in rejects] == [
+        (5, Reason.ARGUMENTS_BREAK_SCHEMA, 1), (21, Reason.ARGUMENTS_BREAK_SCHEMA, 5),
         (60, Reason.TOOL_RESULT_WITHOUT_CALL, 2), (61, Reason.TOOL_RESULT_WITHOUT_CALL, 2)]
-    assert len(ok) == 60
+    assert "lacks the required 'radius'" in rejects[0][1].message
+    assert len(ok) == 58
 
 
 def test_real_glaive_en_calls_and_empty_tool_lists():

@@ -41,10 +41,11 @@ from beam_sft.validate.rules import make_render_check
 @pytest.fixture(autouse=True)
 def _keep_turns_without_reasoning(monkeypatch):
     """The oracle checks what the Harmony converter reads back; the missing-reasoning policy (default `mask`)
-    has its own tests (test_validate.py, test_reasoning_policy.py), so here turns without reasoning are kept."""
+    has its own tests (test_validate.py, test_reasoning_policy.py), so here turns without reasoning are kept; so
+    are calls whose generated arguments do not fit their generated schema (tests/test_tool_call_checks.py)."""
     from beam_sft.validate import rules
 
-    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep"))
+    monkeypatch.setattr(rules, "DEFAULT_OPTIONS", rules.Options(missing_reasoning="keep", tool_call_checks="keep"))
 
 N_CONVERSATIONS = 150
 _WORDS = ("the", "weather", "in", "Oslo", "is", "cold", "café", "naïve", "東京", "数据", "Привет", "🙂", "42",

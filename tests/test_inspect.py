@@ -79,18 +79,21 @@ TOOL_RECORD = {
 
 
 def test_load_records_loses_nothing():
-    # The zh file ends with two records whose tool result has no call: rejected, with a reason.
+    # The zh file ends with two records whose tool result has no call, and two records call against their tool's
+    # schema: rejected, with a reason.
     path = str(REALDATA / "sharegpt" / "llamafactory_glaive_toolcall_zh_demo.json")
     loaded = load_records(path, missing_reasoning="keep")
     assert loaded.total == 62
     assert len(loaded.records) + len(loaded.rejects) == loaded.total
-    assert [r["index"] for r in loaded.rejects] == [60, 61]
-    assert {r["reason"] for r in loaded.rejects} == {Reason.TOOL_RESULT_WITHOUT_CALL.value}
-    assert loaded.index_of(60) is None and loaded.index_of(59) == 59
+    assert [(r["index"], r["reason"]) for r in loaded.rejects] == [
+        (5, Reason.ARGUMENTS_BREAK_SCHEMA.value), (21, Reason.ARGUMENTS_BREAK_SCHEMA.value),
+        (60, Reason.TOOL_RESULT_WITHOUT_CALL.value), (61, Reason.TOOL_RESULT_WITHOUT_CALL.value)]
+    assert loaded.index_of(60) is None and loaded.index_of(59) == 57
     # As training sees it (the default `mask`): this data has no reasoning, so nothing in it trains.
     masked = load_records(path)
     assert masked.total == 62 and not masked.records
     assert {r["reason"] for r in masked.rejects} == {Reason.TOOL_RESULT_WITHOUT_CALL.value,
+                                                      Reason.ARGUMENTS_BREAK_SCHEMA.value,
                                                       Reason.NOTHING_TO_TRAIN.value}
 
 
@@ -318,7 +321,8 @@ def test_cli_rejected_index_is_explained(capsys):
     loaded = load_records(str(SAMPLES / "openai.jsonl"))
     position = loaded.rejects[0]["position"]
     assert cli_main(["inspect", str(SAMPLES / "openai.jsonl"), "--index", str(position)]) == 0
-    assert f"record {position}: rejected [{loaded.rejects[0]['reason']}]" in capsys.readouterr().err
+    where = f"{SAMPLES / 'openai.jsonl'}:{loaded.rejects[0]['line']}"  # a JSONL record: its file and line
+    assert f"record {position} ({where}): rejected [{loaded.rejects[0]['reason']}]" in capsys.readouterr().err
 
 
 def test_cli_stats_and_html(tmp_path, capsys):
@@ -435,7 +439,7 @@ def _run_notebook(tmp_path, dataset: Path, max_length: int, records: str):
 def test_notebook_runs_on_the_bundled_samples(tmp_path):
     # The samples directory: every bundled file, each through the converters.
     loaded = load_records(str(SAMPLES))
-    assert loaded.total > 100 and {Path(s.rsplit(":", 1)[0]).name for s in loaded.sources} == {
+    assert loaded.total > 100 and {Path(re.sub(r"(:\d+|\[\d+\])$", "", s)).name for s in loaded.sources} == {
         "openai.jsonl",
         "sharegpt.json",
         "harmony.jsonl",

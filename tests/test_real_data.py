@@ -161,3 +161,25 @@ def test_demo_real_distractors_keep_every_record_and_no_heldout_tool(tmp_path):
         added = [len(a.get("tools") or []) - len(b.get("tools") or []) for b, a in zip(before, after, strict=True)]
         assert set(added) <= {0, 2} and added.count(2) > len(after) // 2
         assert not _tools(after) & _tools(_records("heldout.jsonl"))
+
+
+def test_two_training_records_call_against_their_schema_and_nothing_else_breaks_the_call_checks():
+    """The rules eval scores by, checked at conversion (docs/data.md#calls-checked-against-their-tools): of data/real,
+    two training records are rejected, each for a real mismatch, and the held-out and extra records pass."""
+    from beam_sft.records.files import read_items
+    from beam_sft.validate.convert import convert_item
+    from beam_sft.validate.rules import Options
+
+    new = {"undeclared_tool", "no_tools_declared", "arguments_break_schema", "turn_without_text", "assistant_first"}
+    found = {}
+    for name in ("heldout.jsonl", "train.raw.jsonl", "train.jsonl", "train.extra.raw.jsonl", "train.extra.jsonl"):
+        rejects = (convert_item(item, "auto", Options(missing_reasoning="keep"))[2]
+                   for item in read_items([str(REAL / name)]))
+        found[name] = [(r["line"], r["reason"], r["message"]) for r in rejects if r and r["reason"] in new]
+    for name in ("train.raw.jsonl", "train.jsonl"):
+        (line1, reason1, message1), (line2, reason2, message2) = found.pop(name)
+        assert (line1, reason1, line2, reason2) == (34, "arguments_break_schema", 49, "arguments_break_schema")
+        # ToolAlpaca's optional countyCode, made required by the xLAM mapping data/real was built with; API-Bank's
+        # health_data, a string where the schema says array
+        assert "lacks the required 'countyCode'" in message1 and "health_data is a string" in message2
+    assert not any(found.values()), found

@@ -45,7 +45,9 @@ def test_prepare_applies_the_policy_and_counts_turns(tmp_path, capsys, policy, k
                                                       masked):
     src = _write(tmp_path / "in.jsonl", _rows())
     out = tmp_path / "prepared"
-    assert cli_main(["prepare", str(src), "-o", str(out), "-q", "--missing_reasoning", policy]) == 0
+    # most of these five records are rejected on purpose: --max_reject_share 1.0 lets the run pass
+    assert cli_main(["prepare", str(src), "-o", str(out), "-q", "--missing_reasoning", policy,
+                     "--max_reject_share", "1.0"]) == 0
     err = capsys.readouterr().err
     manifest = json.loads((out / "beam_sft_manifest.json").read_text())
     counts = manifest["counts"]
@@ -54,8 +56,10 @@ def test_prepare_applies_the_policy_and_counts_turns(tmp_path, capsys, policy, k
     assert counts["reasoning"]["without_reasoning"] == without and counts["reasoning"]["masked_turns"] == masked
     assert counts["reasoning"]["assistant_turns"] == turns
     assert "missing reasoning" in err and ("Beam never writes an empty analysis message" in err) == (policy == "keep")
-    # 5 of 8 turns have no reasoning (a record rejected as nothing_to_train counts as one turn): the hint
-    assert ("beam-sft backfill" in err) == (policy in ("mask", "keep"))
+    # 5 of the input's 8 turns have no reasoning, the rejected records' counted too (converted again as `keep`
+    # would): the coverage says so, and the hint comes whatever the policy
+    assert "3/8 (37.5%) of the input's assistant turns" in err
+    assert "note: 5/8 assistant turns (62%) have no reasoning" in err
 
 
 def test_policies_are_part_of_the_cache_fingerprint(tok):

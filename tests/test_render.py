@@ -59,11 +59,13 @@ def converted(path: Path) -> list[dict]:
     """Beam records from a raw file, through the readers and converters (rejected records are left out).
     Turns without reasoning are kept, so records without any stay in (`test_identical_on_real_samples` masks
     turns itself)."""
-    from beam_sft.report.masks import load_records
+    from beam_sft.records.files import read_items
+    from beam_sft.validate.convert import convert_item
+    from beam_sft.validate.rules import Options
 
-    loaded = load_records(str(path), missing_reasoning="keep")
-    assert len(loaded.records) + len(loaded.rejects) == loaded.total
-    return loaded.records
+    # calls to tools a record does not declare (ollama's, SWE-agent's) render all the same: kept here
+    keep = Options(missing_reasoning="keep", tool_call_checks="keep")
+    return [rec for rec, _, _ in (convert_item(item, "auto", keep) for item in read_items([str(path)])) if rec]
 
 
 # ---------- the fast path on the bundled tokenizer ----------

@@ -105,7 +105,7 @@ def test_the_prepare_command_shards_and_merges(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr("beam_sft.dataset.prepare.CHUNK_ROWS", 9)  # several chunks from the small samples
     inputs = _inputs(tmp_path)
-    common = ["--max_length", "200", "-q"]
+    common = ["--max_length", "200", "-q", "--max_reject_share", "1.0"]  # built to drop: duplicates, bad lines
     assert main([*inputs, "-o", str(tmp_path / "one"), *common]) == 0
     for i in range(2):
         assert main([*inputs, "-o", str(tmp_path / f"s{i}"), "--shard", f"{i}/2", *common]) == 0

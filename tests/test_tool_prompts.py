@@ -249,7 +249,11 @@ def test_hermes_few_shot_glaive_like_preambles(k):
     example = orjson.loads((DATA / "realdata" / "hermes" / "NousResearch_Hermes-Function-Calling__few_shot.json")
                            .read_bytes())[k]["example"]
     system = example.split("SYSTEM: ", 1)[1].split("\nUSER:", 1)[0]
-    out, counts = converted(hermes_row(system.replace("calculate_distance", "get_stock_fundamentals", 1)))
+    row = hermes_row(system.replace("calculate_distance", "get_stock_fundamentals", 1))
+    # the call fits the schema it now names (a call against its schema is rejected: test_tool_call_checks.py)
+    row["conversations"][2]["value"] = README_CALL.replace("{'symbol': 'TSLA'}",
+                                                           "{'origin': 'a', 'destination': 'b', 'mode': 'car'}")
+    out, counts = converted(row)
     assert out["messages"][0]["role"] == "user"
     assert counts == {"glaive_preamble": 1, "tool_list": 1}
 
@@ -385,7 +389,7 @@ def test_a_json_call_list_in_an_openai_assistant_message_is_calls():
 def test_a_json_call_turn_keeps_its_reasoning_field_and_validate_ignores_a_foreign_stripped_key():
     rec = {"conversations": [{"from": "human", "value": "q"},
                              {"from": "gpt", "reasoning_content": "Call f.",
-                              "value": '[{"function": {"name": "f", "arguments": {}}}]'}]}
+                              "value": '[{"function": {"name": "f", "arguments": {}}}]'}], "tools": [{"name": "f"}]}
     assert convert_record(rec)["messages"][1] == {"role": "assistant", "reasoning_content": "Call f.", "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": {}}}]}
     counters: dict = {}

@@ -40,7 +40,7 @@ def run_cli(argv, capsys) -> tuple[int, list[str]]:
     ("truncation_policy: turns\n", [], "truncation_policy: 'turns' is not one of turn, drop, keep_start"),
     ("- a list\n", [], "must be a YAML mapping"),
     ("seed: 0\n", ["--loss_path", "fuse"], "invalid choice: 'fuse'"),
-    ("seed: 0\n", ["--learning_rat", "3"], "unknown option '--learning_rat' (did you mean 'learning_rate'?)"),
+    ("seed: 0\n", ["--learning_rat", "3"], "unknown option '--learning_rat' (did you mean '--learning_rate'?)"),
     ("seed: 0\n", ["--num_train_epochs", "abc"], "invalid float value: 'abc'"),
 ])
 def test_config_errors_are_one_line_with_exit_2(tmp_path, capsys, yaml_text, argv, expected):

@@ -41,6 +41,10 @@ def T(content="res", cid=None, name=None):
     return m
 
 
+# Declarations of the tools the calls below name (a call to an undeclared tool is rejected: test_tool_call_checks.py).
+TOOLS = [{"type": "function", "function": {"name": name}} for name in ("f", "g", "w")]
+
+
 def code_of(messages, **kw) -> tuple[Reason, int | None]:
     opts = Options(**{k: v for k, v in kw.items() if k in ("late_system", "missing_reasoning", "render_check")})
     rec = {"messages": messages, **{k: v for k, v in kw.items() if k in ("tools", "chat_template_kwargs")}}
@@ -95,19 +99,19 @@ def test_missing_reasoning_policies_on_single_and_multi_turn_records():
     multi = [U(), A(reasoning=""), U(), A(None, reasoning="", calls=[C()]), T(), A()]
     # mask (the default): every turn without reasoning becomes weight 0, the rest stay trained
     counters: dict = {}
-    out = ok(copy.deepcopy(multi), counters)
+    out = ok(copy.deepcopy(multi), counters, tools=TOOLS)
     assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 0, None]
     assert counters == {"masked_missing_reasoning": 2}
     assert code_of([U(), A(reasoning="")]) == (Reason.NOTHING_TO_TRAIN, None)
     assert code_of([U(), A(reasoning=""), U(), A(reasoning="")]) == (Reason.NOTHING_TO_TRAIN, None)
     # keep: trained with an empty analysis, counted
     counters = {}
-    out = ok(copy.deepcopy(multi), counters, missing_reasoning="keep")
+    out = ok(copy.deepcopy(multi), counters, missing_reasoning="keep", tools=TOOLS)
     assert all("weight" not in m for m in out["messages"]) and counters == {"missing_reasoning": 2}
     assert ok([U(), A(reasoning="")], missing_reasoning="keep")["messages"][1]["reasoning_content"] == ""
     # reject: the first turn without reasoning names the record's reason
     assert code_of([U(), A(reasoning="")], missing_reasoning="reject") == (Reason.MISSING_REASONING, 1)
-    assert code_of(copy.deepcopy(multi), missing_reasoning="reject") == (Reason.MISSING_REASONING, 1)
+    assert code_of(copy.deepcopy(multi), missing_reasoning="reject", tools=TOOLS) == (Reason.MISSING_REASONING, 1)
     assert ok([U(), A(), U(), A()], missing_reasoning="reject")["messages"][3]["reasoning_content"] == "r"
 
 
@@ -140,7 +144,7 @@ def test_consecutive_assistant_messages_merge_and_results_are_reordered_and_name
     counters: dict = {}
     msgs = [U(), A("", "think"), A("I'll call.", "", calls=[C("f", {"a": 1}, "1"), C("g", {"b": 2}, "2")]),
             T("G", cid="2"), T("F", cid="1"), A("done", "r")]
-    out = ok(msgs, counters)
+    out = ok(msgs, counters, tools=TOOLS)
     m = out["messages"]
     assert m[1] == {"role": "assistant", "reasoning_content": "think\n\nI'll call.",
                     "tool_calls": [C("f", {"a": 1}, "1"), C("g", {"b": 2}, "2")]}
@@ -150,7 +154,7 @@ def test_consecutive_assistant_messages_merge_and_results_are_reordered_and_name
 
 
 def test_trailing_call_without_result_is_kept():
-    out = ok([U(), A(None, calls=[C("f", {"x": 1})])])
+    out = ok([U(), A(None, calls=[C("f", {"x": 1})])], tools=TOOLS)
     assert out["messages"][-1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
 
 
@@ -178,7 +182,7 @@ def test_render_check_through_the_bundled_tokenizer_matches_the_template():
     from beam_sft.template.tokenizer import load_tokenizer
 
     rec = {"messages": [U("weather?"), A(None, "tool", calls=[C("w", {"city": "Oslo"}, "1")]), T("cold", "1"),
-                        A("Cold.", "say")], "chat_template_kwargs": {"reasoning_effort": "low"}}
+                        A("Cold.", "say")], "chat_template_kwargs": {"reasoning_effort": "low"}, "tools": TOOLS}
     out = validate(copy.deepcopy(rec))
     assert make_render_check(tokenizer=load_tokenizer())(out) == make_render_check()(out)
 
@@ -211,7 +215,7 @@ def test_anything_accepted_renders(turns):
 
 def test_beam_records_from_elsewhere_reasoning_fields_and_missing_content():
     out = ok([U(), {"role": "assistant", "thinking": "t", "content": "a"},
-              U(), {"role": "assistant", "reasoning": "r2", "tool_calls": [C("f", {"x": 1})]}])
+              U(), {"role": "assistant", "reasoning": "r2", "tool_calls": [C("f", {"x": 1})]}], tools=TOOLS)
     assert out["messages"][1] == {"role": "assistant", "reasoning_content": "t", "content": "a"}
     assert out["messages"][3] == {"role": "assistant", "reasoning_content": "r2", "tool_calls": [C("f", {"x": 1})]}
 

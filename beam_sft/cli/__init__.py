@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import functools
 import importlib
 import itertools
 import os
+import re
 import sys
+from pathlib import Path
 
 # name -> module under beam_sft.cli (the name, "-" spelled "_"); order is the order of --help.
 COMMANDS = {name: name.replace("-", "_") for name in (
@@ -21,8 +24,59 @@ COMMANDS = {name: name.replace("-", "_") for name in (
 RENAMED_IN = {"eval": {"split": "--dataset_test_split NAME"}}
 
 
+def nearest(word: str, candidates) -> str:
+    """` (did you mean 'x'?)` with the candidate nearest to `word`, or ""."""
+    near = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with the error table's messages: one line, exit status 2, no usage dump, the nearest
+    option or choice named (with its dashes), and the command's --help. Abbreviated options are refused: `--max_record`
+    would silently set --max_records."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.seen: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.seen = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        print(f"error: {self.explain(message)}", file=sys.stderr)
+        sys.exit(2)
+
+    def command_parser(self) -> argparse.ArgumentParser:
+        """The subcommand's parser that the arguments named (argparse reports unknown ones from the top)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                name = next((a for a in self.seen if a in action.choices), None)
+                return action.choices[name] if name else self
+        return self
+
+    def explain(self, message: str) -> str:
+        parser = self.command_parser()
+        see = f"see {parser.prog} --help"
+        if found := re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message):
+            choices = re.findall(r"'([^']*)'", found.group(3))
+            return (f"{found.group(1).split('/')[0]} {found.group(2)!r} is not one of {', '.join(choices)}"
+                    f"{nearest(found.group(2), choices)}")
+        if found := re.match(r"unrecognized arguments: (.*)$", message):
+            first = found.group(1).split()[0]
+            if not first.startswith("-"):
+                return (f"unexpected argument {first!r}: a second value where one is taken (quote a value with "
+                        f"spaces; a glob or a directory names several files); {see}")
+            options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+            return f"unknown option {first.split('=', 1)[0]!r}{nearest(first.split('=', 1)[0], options)}; {see}"
+        if found := re.match(r"the following arguments are required: (.*)$", message):
+            return f"{parser.prog} needs {found.group(1)}; {see}"
+        return f"{message}; {see}"
+
+
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="beam-sft", description="Fine-tuning toolkit for Beam Harmony chat data.",
+    parser = ArgumentParser(prog="beam-sft", description="Fine-tuning toolkit for Beam Harmony chat data.",
                                      epilog="Set BEAM_SFT_DEBUG=1 to see tracebacks.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
@@ -46,7 +100,11 @@ def run_guarded(func, args) -> int:
             if str(err):  # a rank other than 0 of a preempted job has nothing to add
                 print(f"{getattr(err, 'prefix', 'error')}: {err}", file=sys.stderr)
             return err.exit_code
-        print(f"error: {type(err).__name__}: {err} (set BEAM_SFT_DEBUG=1 for the traceback)", file=sys.stderr)
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if "huggingface.co" in str(err):  # transformers' answer to a local path that does not exist
+            text += (" (a model or tokenizer path that does not exist is looked up as a hub id: check the paths "
+                     f"given{'; HF_HUB_OFFLINE=1 forbids downloading' if _offline() else ''})")
+        print(f"error: {type(err).__name__}: {text} (set BEAM_SFT_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
 
 
@@ -72,7 +130,7 @@ def command_main(module: str, register, name: str):
     it registers under `beam-sft` and the same error table; run at once when `module` (the caller's `__name__`) is
     the program: `python -m beam_sft.cli.NAME`."""
     def main(argv: list[str] | None = None) -> int:
-        parser = argparse.ArgumentParser(prog="beam-sft")
+        parser = ArgumentParser(prog="beam-sft")
         register(parser.add_subparsers())
         args = parse_checked(parser, name, [name, *(argv if argv is not None else sys.argv[1:])])
         return args if isinstance(args, int) else run_guarded(args.func, args)
@@ -92,6 +150,51 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     return run_guarded(args.func, args)
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in ("config.json", "tokenizer_config.json", "adapter_config.json"):
+        try:
+            if isinstance(try_to_load_from_cache(repo_id, name), str):
+                return True
+        except Exception:  # noqa: BLE001, S112  (an id the cache cannot hold is simply not there)
+            continue
+    return False
+
+
+def check_local(source: str, option: str, hint: str) -> None:
+    """Refuse a model, adapter or tokenizer argument that names no local directory, before anything loads it, in
+    one line naming the option, what is near it and `hint` (what to pass): transformers would answer a mistyped
+    path with its hub client's "couldn't connect to huggingface.co". A hub id passes when it is in the local cache
+    or downloading is allowed; offline, the message says that HF_HUB_OFFLINE is why."""
+    from beam_sft.errors import UsageError
+
+    path = Path(source).expanduser()
+    if path.exists():
+        return
+    near = ""
+    local_parent = path.parent != Path(".") and path.parent.is_dir()
+    if local_parent:
+        siblings = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
+        if found := difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6):
+            near = f" (did you mean {str(path.parent / found[0])!r}?)"
+        elif siblings:
+            near = f" ({path.parent} holds {', '.join(siblings[:5])}{', ...' if len(siblings) > 5 else ''})"
+    hub_like = _HUB_ID.match(source) is not None and not local_parent
+    if hub_like and (_cached(source) or not _offline()):
+        return
+    offline = (", and as a hub id it is not in the local cache while HF_HUB_OFFLINE=1 forbids downloading it "
+               "(unset HF_HUB_OFFLINE to download it)") if hub_like else ""
+    raise UsageError(f"{option} {source!r}: no such directory{near}{offline}; {hint}")
 
 
 def add_command(subparsers, name: str, func, help: str, description: str, epilog: str | None = None):

@@ -47,23 +47,24 @@ def _records(sources: list, args: argparse.Namespace, options):
         yield item, record, reject
 
 
-def _collect(sources: list, args: argparse.Namespace, augmenter) -> None:
-    """First pass: the pool of tools distractors and irrelevance draw from."""
-    with progress_bar("collecting tools", args.quiet) as bar:
+def _collect(sources: list, args: argparse.Namespace, augmenter, total: int | None) -> int:
+    """First pass: the pool of tools distractors and irrelevance draw from; returns the records read."""
+    with progress_bar("collecting tools", args.quiet, total=total) as bar:
         for _, record, _ in _records(sources, args, augmenter.options):
             if record is not None:
                 augmenter.collect(record)
             bar.update()
+        return bar.n
 
 
-def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict) -> RunCounts:
+def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict, total: int | None) -> RunCounts:
     """Second pass: every input record converted, transformed and written, with its additions after it."""
     import orjson
 
     from beam_sft.validate.convert import to_row
 
     counts = RunCounts()
-    with progress_bar("augmenting", args.quiet) as bar:
+    with progress_bar("augmenting", args.quiet, total=total) as bar:
         for position, (item, record, reject) in enumerate(_records(sources, args, augmenter.options)):
             counts.records_in += 1
             bar.update()
@@ -87,6 +88,7 @@ def _augment(sources: list, args: argparse.Namespace, augmenter, sinks: dict) ->
 def run(args: argparse.Namespace) -> int:
     from beam_sft.augment.pipeline import Augmenter, parse_specs
     from beam_sft.cli import sources_besides
+    from beam_sft.eval.turns import held_out_total
     from beam_sft.records.files import JsonlSink, open_writer
     from beam_sft.storage import write_json_atomic
 
@@ -95,12 +97,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--pool-size must be at least 1 and --max_records at least 0")
     sources = sources_besides(args.inputs, args.output, split=args.dataset_train_split)
     augmenter = Augmenter(specs, seed=args.seed, pool_size=args.pool_size)
+    # the bars' totals (and so their ETAs): counted where cheap, else the first pass's count for the second
+    total = None if args.quiet else held_out_total(sources, max_records=args.max_records)
     if augmenter.needs_pool:
-        _collect(sources, args, augmenter)
+        total = _collect(sources, args, augmenter, total)
     sinks = {"output": open_writer(args.output),
              **{key: JsonlSink(getattr(args, key)) for key in ("rejects", "provenance") if getattr(args, key)}}
     with committed(*sinks.values()):
-        counts = _augment(sources, args, augmenter, sinks)
+        counts = _augment(sources, args, augmenter, sinks, total)
         if counts.records_in != counts.kept + sum(counts.rejected.values()):
             raise FatalError(f"bookkeeping error: {counts.records_in} in != {counts.kept} kept + "
                              f"{sum(counts.rejected.values())} rejected")

@@ -86,6 +86,9 @@ def make_teacher(args: argparse.Namespace):
         return TransformersTeacher(args.model, max_tokens=max_tokens, batch_size=args.batch_size, stop=STOP)
     if not args.base_url:
         raise UsageError("--base-url is required with --backend openai (e.g. http://127.0.0.1:8000/v1)")
+    if not args.base_url.startswith(("http://", "https://")):
+        raise UsageError(f"--base-url {args.base_url!r} is not an http(s) URL; give the server's API root, e.g. "
+                         "http://127.0.0.1:8000/v1")
     return OpenAITeacher(args.base_url, args.model, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
                          max_tokens=max_tokens, temperature=args.temperature, stop=STOP)
 
@@ -145,9 +148,19 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         write_json_atomic(args.stats, {"teacher": teacher.id, "mode": args.mode, **stats.to_dict()})
     if stats.failed:
-        print(f"warning: {sum(stats.failed.values())} turn(s) got no answer after {args.retries} retries; run the "
-              "same command again to ask for them (finished turns come from the cache)", file=sys.stderr)
+        print(failure_warning(args, stats), file=sys.stderr)
     return 0
+
+
+def failure_warning(args: argparse.Namespace, stats) -> str:
+    """The line for turns the teacher never answered: how many and why, and when no call reached the server at all,
+    that --base-url is where to look."""
+    why = ", ".join(f"{kind} {n}" for kind, n in sorted(stats.failed.items()))
+    unreachable = args.backend == "openai" and not stats.filled and set(stats.failed) <= {"connection"}
+    where = (f"no request reached the teacher at --base-url {args.base_url}: start its server (docs/reasoning.md) "
+             "or fix --base-url, then " if unreachable else "")
+    return (f"warning: {sum(stats.failed.values())} turn(s) got no answer after {args.retries} retries ({why}); "
+            f"{where}run the same command again to ask for them (finished turns come from the cache)")
 
 
 REVIEW_CONTEXT = 3  # messages shown before a filled turn

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from beam_sft.cli import add_command, command_main
+from beam_sft.cli import add_command, check_local, command_main
 
 
 def register(subparsers) -> None:
@@ -35,6 +35,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from beam_sft.model.beamify import beamify_directory, describe
 
+    check_local(args.base, "BASE", "pass a base model directory (scripts/build_base_model.py builds one) or a cached hub id")
     print(f"beamifying {args.base} -> {args.output} ...", file=sys.stderr)
     report = beamify_directory(args.base, args.output, init=args.init, dtype=args.dtype)
     if args.json:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 import sys
 
-from beam_sft.cli import add_command, command_main
+from beam_sft.cli import add_command, check_local, command_main
 
 
 def register(subparsers) -> None:
@@ -36,6 +36,7 @@ def run(args) -> int:
     from beam_sft.errors import FatalError, UsageError
     from beam_sft.template import conformance
 
+    check_local(args.tokenizer, "TOKENIZER", "pass a tokenizer directory (the bundled one: data/tokenizer)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     except (OSError, ValueError) as err:

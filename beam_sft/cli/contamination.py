@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from beam_sft.cli import add_command, command_main, data_option
+from beam_sft.cli import add_command, command_main, data_option, nearest
 
 
 def register(subparsers) -> None:
@@ -58,19 +58,25 @@ def run(args) -> int:
     from beam_sft.errors import UsageError
     from beam_sft.eval.bfcl.checker import parse_categories
     from beam_sft.eval.bfcl.contamination import BfclIndex, scan
+    from beam_sft.eval.turns import held_out_total
     from beam_sft.storage import write_json_atomic
+    from beam_sft.validate.convert import INPUT_FORMATS
 
     if bool(args.inputs) == (args.config is not None):
         raise UsageError("give INPUT files or --config FILE (one of them)")
+    if args.dataset_format not in INPUT_FORMATS:
+        raise UsageError(f"--dataset_format {args.dataset_format!r} is not one of {', '.join(INPUT_FORMATS)}"
+                         f"{nearest(args.dataset_format, INPUT_FORMATS)}")
     index = BfclIndex.build(parse_categories(args.bfcl))
-    items = tqdm(_items(args), desc="Checking", unit="rec", disable=args.quiet)
+    total = held_out_total(args.inputs, args.dataset_train_split) if args.inputs else None
+    items = tqdm(_items(args), desc="Checking", unit=" rec", total=total, disable=args.quiet)
     report = scan(items, index)
     overlaps = report["records_with_question_overlap"]
     print(f"{report['records']} records ({report['rejected']} rejected) against BFCL v4 "
           f"({len(report['bfcl_categories'])} categories): {overlaps} with a question overlap, "
           f"{report['records_with_a_bfcl_function_name']} declaring or calling a BFCL function name", file=sys.stderr)
     for hit in report["question_overlaps"][:10]:
-        print(f"  question: {hit['source']}:{hit['position']} message {hit['message_index']} ~ {hit['bfcl_id']} "
+        print(f"  question: {hit['where']} message {hit['message_index']} ~ {hit['bfcl_id']} "
               f"({hit['match']})", file=sys.stderr)
     for name, n in list(report["function_names"].items())[:10]:
         print(f"  name: {name} ({n['records']} records, {n['bfcl_entries']} BFCL entries)", file=sys.stderr)

@@ -8,7 +8,9 @@ xLAM datasets into Beam records.
     beam-sft convert my/hub-dataset --dataset_train_split train -o /tmp/beam_ds     # a save_to_disk directory
 
 Every input record is written or rejected (--rejects says why); the output appears when the run finishes. What
-the summary counts, and exit status 3 (records rejected as internal_error, a bug to report): docs/formats.md.
+the summary counts, and exit status 3 (records rejected as internal_error, a bug to report): docs/formats.md. The
+summary ends with the rejects by reason and what keeps each; a run that writes nothing, or rejects more than
+--max_reject_share of its input, exits with status 2 after writing everything (docs/prepare.md#what-was-dropped).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class Stats(Counts):
         self.messages = self.assistant_turns = self.with_reasoning = self.tool_calls = self.parallel_call_turns = 0
         self.records_with_tools = 0
         self.efforts, self.policy, self.stripped_tool_prompt = Counter(), Counter(), Counter()
+        # the assistant turns of the records rejected for want of reasoning (the input's coverage counts them),
+        # and the key sets of the records no converter reads (beam_sft.dataset.drops)
+        self.rejected_assistant_turns = self.rejected_without_reasoning = 0
+        self.unknown_format_keys = Counter()
 
     def add_ok(self, rec: dict, fmt: str, counters: dict) -> None:
         self.records_in += 1
@@ -76,6 +82,19 @@ class Stats(Counts):
         self.records_in += 1
         self.rejected[code] += 1
 
+    def add_rejected_turns(self, rec: dict) -> None:
+        """A record rejected for want of reasoning, as `keep` converts it: its turns count in the coverage."""
+        from beam_sft.dataset.reasoning_stats import reasoning_counts
+
+        counts = reasoning_counts([rec])
+        self.rejected_assistant_turns += counts["assistant_turns"]
+        self.rejected_without_reasoning += counts["without_reasoning"]
+
+    def drop_counts(self) -> dict[str, Any]:
+        """The counts `beam_sft.dataset.drops` reads."""
+        return {"records_in": self.records_in, "records_kept": self.records_out, "rejected": dict(self.rejected),
+                "unknown_format_keys": dict(self.unknown_format_keys)}
+
     def take_back(self, payload: bytes, fmt: str) -> None:
         """Undo `add_ok` of a written record found to be a duplicate (its JSON line, as written), and count it
         as a `duplicate` reject. The conversion counters (policy, detected) stay: the conversion happened."""
@@ -94,14 +113,22 @@ class Stats(Counts):
         d = {k: (dict(v.most_common()) if isinstance(v, Counter) else v) for k, v in vars(self).items()}
         d["rejected_total"] = sum(self.rejected.values())
         d["reasoning_coverage"] = round(self.with_reasoning / self.assistant_turns, 4) if self.assistant_turns else None
+        turns = self.assistant_turns + self.rejected_assistant_turns
+        with_reasoning = self.with_reasoning + self.rejected_assistant_turns - self.rejected_without_reasoning
+        d["input_reasoning_coverage"] = round(with_reasoning / turns, 4) if turns else None
         return d
 
     def table(self) -> str:
         def counts(c: Counter) -> str:
             return ", ".join(f"{k} {v}" for k, v in c.most_common()) or "-"
 
+        from beam_sft.dataset.reasoning_stats import input_coverage
+
         rej = sum(self.rejected.values())
-        cov = f"{100 * self.with_reasoning / self.assistant_turns:.1f}%" if self.assistant_turns else "-"
+        reasoning = {"assistant_turns": self.assistant_turns,
+                     "without_reasoning": self.assistant_turns - self.with_reasoning,
+                     "rejected_assistant_turns": self.rejected_assistant_turns,
+                     "rejected_without_reasoning": self.rejected_without_reasoning}
         rows = [
             ("records in", self.records_in),
             ("records out", self.records_out),
@@ -111,7 +138,7 @@ class Stats(Counts):
             ("messages", self.messages),
             ("roles", counts(self.roles)),
             ("assistant turns", self.assistant_turns),
-            ("reasoning coverage", f"{self.with_reasoning}/{self.assistant_turns} ({cov})"),
+            ("reasoning coverage", input_coverage(reasoning)),
             ("tool calls", f"{self.tool_calls} ({self.parallel_call_turns} parallel-call turns)"),
             ("records with tools", self.records_with_tools),
             ("reasoning effort", counts(self.efforts)),
@@ -132,13 +159,17 @@ class Stats(Counts):
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(fmt: str, late_system: str, missing_reasoning: str, render: str, chat_template: str | None):
+def _init_worker(fmt: str, late_system: str, missing_reasoning: str, render: str, chat_template: str | None,
+                 tool_call_checks: str = "reject"):
     from beam_sft.validate.rules import Options, make_render_check
 
     _WORKER["fmt"] = fmt
-    _WORKER["opts"] = Options(late_system=late_system, missing_reasoning=missing_reasoning)
+    _WORKER["opts"] = Options(late_system=late_system, missing_reasoning=missing_reasoning,
+                              tool_call_checks=tool_call_checks)
+    _WORKER["opts_keep"] = Options(late_system=late_system, missing_reasoning="keep", tool_call_checks=tool_call_checks)
     _WORKER["render_mode"] = render
     _WORKER["opts_render"] = Options(late_system=late_system, missing_reasoning=missing_reasoning,
+                                     tool_call_checks=tool_call_checks,
                                      render_check=make_render_check(chat_template=chat_template)
                                      if render != "none" else None)
 
@@ -149,6 +180,7 @@ def process_chunk(start: int, prov: list, chunk: list[tuple[Any, bool, tuple | N
     number of the chunk's first record, picks the render-check sample, the same with any --dataset_num_proc."""
     import orjson
 
+    from beam_sft.dataset.reasoning_stats import REASONING_REJECTS
     from beam_sft.errors import RecordError
     from beam_sft.records.dedup import record_key
     from beam_sft.records.files import parse_line
@@ -178,6 +210,9 @@ def process_chunk(start: int, prov: list, chunk: list[tuple[Any, bool, tuple | N
         result, used, err = try_convert(rec, name, rendering if render else plain, counters, raw=raw)
         if err is not None:
             stats.add_reject(err.code.value)
+            if err.code.value in REASONING_REJECTS and (again := try_convert(rec, name, _WORKER["opts_keep"], {},
+                                                                               raw=raw))[2] is None:
+                stats.add_rejected_turns(again[0])
             out.append((False, (err.code.value, err.message_index, err.message), None))
             continue
         # The on-disk row shape (README, "Beam records on disk"): all three keys on every row, so that
@@ -216,6 +251,9 @@ def _check_args(args: argparse.Namespace) -> str | None:
         raise UsageError("--dataset_num_proc must be at least 1")
     if args.max_records is not None and args.max_records < 0:
         raise UsageError("--max_records must be >= 0")
+    if not 0 <= args.max_reject_share <= 1:  # as DataSettings.check says it
+        raise UsageError(f"--max_reject_share {args.max_reject_share}: a share of the input records, 0 to 1 (1.0 "
+                         "accepts any share)")
     if args.max_record_bytes is not None and args.max_record_bytes < 1:
         raise UsageError("--max-record-bytes must be positive")
     if not args.chat_template:
@@ -229,13 +267,14 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from beam_sft.cli import committed, progress_bar, sources_besides
+    from beam_sft.dataset.drops import DroppedTooMuch, drop_lines, format_keys, verdict
     from beam_sft.dataset.pipeline import ordered_map
     from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, Reason, RecordError, reject_entry
     from beam_sft.records.dedup import Seen
     from beam_sft.records.files import JsonlSink, iter_items, open_writer
     from beam_sft.storage import write_json_atomic
 
-    INTERNAL = Reason.INTERNAL_ERROR.value
+    INTERNAL, UNKNOWN = Reason.INTERNAL_ERROR.value, Reason.UNKNOWN_FORMAT.value
     chat_template = _check_args(args)
     sources = sources_besides(args.inputs, args.output, split=args.dataset_train_split, options=source_options(args))
     writer = open_writer(args.output)
@@ -243,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
     total = Stats()
     first_internal: list[str] = []  # where the first internal errors happened, for the warning
     per_source: dict[str, Counter] = {}
-    init_args = (args.dataset_format, args.late_system, args.missing_reasoning, args.render_check, chat_template)
+    init_args = (args.dataset_format, args.late_system, args.missing_reasoning, args.render_check, chat_template,
+                 args.tool_call_checks)
     seen = Seen() if args.dedup else None  # first occurrences, in input order
     with progress_bar("converting", args.quiet) as bar, committed(writer, rejects):
         chunks = _chunks(iter_items(sources, max_bytes=args.max_record_bytes, limit=args.max_records), CHUNK)
@@ -260,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
                 if ok:
                     writer.write_raw(payload)
                     continue
+                if payload[0] == UNKNOWN and (keys := format_keys(payload[2])):
+                    total.unknown_format_keys[keys] += 1
                 if payload[0] == INTERNAL and len(first_internal) < 3:
                     where = f"{source}:{pos}" if by_line else f"{source}[{pos}]"
                     first_internal.append(f"{where}: {payload[2]}")
@@ -276,6 +318,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"convert-dataset: wrote {total.records_out} records to {args.output}", file=sys.stderr)
     print(total.table(), file=sys.stderr)
     _reasoning_notes(total)
+    print("\n".join(drop_lines(total.drop_counts(), args.rejects)), file=sys.stderr)
     if args.stats:
         write_json_atomic(args.stats, {"inputs": [s.name for s in sources], "output": args.output,
                                        "format": args.dataset_format, **total.to_dict()})
@@ -284,8 +327,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {n_internal} record(s) hit an unexpected error in the converter and were rejected as "
               f"{INTERNAL} (a bug in beam-sft; please report it). First: {'; '.join(first_internal)}. "
               f"Exit status {EXIT_INTERNAL_ERRORS}.", file=sys.stderr)
-        return EXIT_INTERNAL_ERRORS
-    return 0
+    # after the outputs and rejects are written: nothing is lost, but the run is not taken for a success
+    if (line := verdict(total.drop_counts(), args.max_reject_share, _names(sources))) is not None:
+        raise DroppedTooMuch(line, total.drop_counts())
+    return EXIT_INTERNAL_ERRORS if n_internal else 0
+
+
+def _names(sources) -> str:
+    names = [s.name for s in sources]
+    return ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "") or "the input"
 
 
 def _reasoning_notes(total: Stats) -> None:
@@ -320,7 +370,9 @@ def _report_detection(per_source: dict[str, Counter]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.cli import add_source_arguments, boolean, data_option
+    from beam_sft.dataset.settings import DataSettings
     from beam_sft.validate import reasoning
+    from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES
     from beam_sft.validate.convert import FORMAT_NAMES
     from beam_sft.validate.rules import LATE_SYSTEM_CHOICES, MISSING_REASONING_CHOICES
 
@@ -344,10 +396,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "message up to the first instructions (default: reject)")
     data_option(parser, "missing_reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
                 help=reasoning.HELP)
+    data_option(parser, "tool_call_checks", choices=TOOL_CALL_CHECKS_CHOICES, default="reject",
+                help="a record eval would score as a failure (a call to an undeclared tool, or with no tools "
+                     "declared; arguments against the tool's schema; a turn without text; a conversation the "
+                     "assistant opens): reject it with its own reason, or keep it (default: reject)")
     data_option(parser, "dedup", type=boolean, nargs="?", const=True, default=True, metavar="BOOL",
                 help="reject exact duplicates: a validated record equal to an earlier one (in any input, whatever "
                      "its format) is rejected as `duplicate`, the first kept; `--dedup false` writes them too "
                      "(default: true)")
+    data_option(parser, "max_reject_share", type=float, default=DataSettings.max_reject_share, metavar="X",
+                help="the share (0-1) of the input records the run may reject and still succeed: more, or nothing "
+                     "written, exits with status 2 after writing the output and rejects; 1.0 accepts any share "
+                     "(default: %(default)s)")
     parser.add_argument("--max-record-bytes", type=int, metavar="N",
                         help="reject records larger than N bytes of JSON (default: no limit)")
     parser.add_argument("--render-check", choices=RENDER_CHECK_CHOICES, default="all",
@@ -369,10 +429,10 @@ def register(subparsers) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`convert-dataset`: the command under its own name."""
-    from beam_sft.cli import parse_checked, run_guarded
+    from beam_sft.cli import ArgumentParser, parse_checked, run_guarded
 
-    parser = argparse.ArgumentParser(prog="convert-dataset", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="convert-dataset", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parse_checked(parser, "convert", sys.argv[1:] if argv is None else argv)
     return args if isinstance(args, int) else run_guarded(run, args)

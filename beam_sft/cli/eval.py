@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import sys
 
-from beam_sft.cli import add_command, command_main, data_option
+from beam_sft.cli import add_command, command_main, data_option, nearest
 
 
 def register(subparsers) -> None:
@@ -108,22 +108,33 @@ def run(args) -> int:
     from beam_sft.validate.convert import FORMAT_NAMES
 
     if args.dataset_format not in (*FORMAT_NAMES, "beam"):
-        raise UsageError(f"unknown --dataset_format {args.dataset_format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}")
+        raise UsageError(f"unknown --dataset_format {args.dataset_format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}"
+                         f"{nearest(args.dataset_format, (*FORMAT_NAMES, 'beam'))}")
     for name in ("max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     if args.max_records is not None and args.max_records < 1:
         raise UsageError("--max_records must be >= 1")
     if args.min_well_formed is not None and not 0 <= args.min_well_formed <= 1:
-        raise UsageError("--min-well-formed is a fraction between 0 and 1")
+        raise UsageError(f"--min-well-formed {args.min_well_formed}: a fraction between 0 and 1 (0.9: 90% well formed)")
     if sum(x is not None for x in (args.data, args.bfcl, args.rescore)) != 1:
         raise UsageError("give one of --data (held-out records), --bfcl CATEGORIES or --rescore PATH.jsonl")
     if args.rescore is not None:
+        from pathlib import Path
+
         from beam_sft.eval.bfcl.run import rescore
+
+        if not Path(args.rescore).is_file():
+            raise UsageError(f"--rescore {args.rescore!r}: no such file; pass the --outputs file of an earlier "
+                             "`beam-sft eval MODEL --bfcl ... --outputs PATH.jsonl` run")
 
         return _bfcl_results(args, rescore(args.rescore))
     if args.bfcl is None and (args.outputs or args.bfcl_style != "beam"):
         raise UsageError("--outputs and --bfcl-style go with --bfcl")
+    if args.data is not None:  # a missing --data file is said before a model is loaded for it
+        from beam_sft.records.files import data_sources
+
+        data_sources([args.data], args.dataset_test_split)
     backend, tokenizer = _backend(args)
     if args.bfcl is not None:
         return _bfcl(args, backend, tokenizer)
@@ -133,11 +144,19 @@ def run(args) -> int:
 def _backend(args):
     """(backend, tokenizer) for MODEL, or for the server with --backend openai; a model scored in its own format
     (--bfcl-style prompt or json) stops at its EOS instead of Beam's stop tokens."""
+    from beam_sft.cli import check_local
     from beam_sft.errors import UsageError
     from beam_sft.eval.backends import TransformersBackend, VLLMBackend, eos_stops
-    from beam_sft.eval.run import load_eval_tokenizer, load_model, resolve_adapter
+    from beam_sft.eval.run import SAVED_MODEL_HINT, load_eval_tokenizer, load_model, resolve_adapter
 
     beam = args.bfcl_style == "beam"
+    for option, value, hint in (
+            ("--tokenizer_name_or_path", args.tokenizer_name_or_path,
+             "pass a tokenizer directory with both Beam templates (a saved model directory has one)"),
+            ("--adapter", args.adapter, "pass the directory scripts/train.py --use_peft saved"),
+            ("MODEL", None if args.backend == "openai" else args.model, SAVED_MODEL_HINT)):
+        if value is not None:
+            check_local(value, option, hint)
     if args.backend == "openai":
         from beam_sft.eval.openai_backend import backend_from_args
 
@@ -148,7 +167,8 @@ def _backend(args):
         args.model = args.served_model or args.model
         return backend, tokenizer
     if args.model is None:
-        raise UsageError("MODEL is required (a model directory or hub id)")
+        raise UsageError("MODEL is required: the directory scripts/train.py saved (beam-sft eval "
+                         "outputs/quickstart/model --data held_out.jsonl), or a hub id")
     args.model, args.adapter = resolve_adapter(args.model, args.adapter)
     if args.backend == "vllm":
         tokenizer, source = load_eval_tokenizer(args.model, tokenizer=args.tokenizer_name_or_path, adapter=args.adapter,
@@ -217,18 +237,19 @@ def _write(args, summary: dict, page) -> None:
 
 
 def _held_out(args, backend, tokenizer) -> int:
+    from beam_sft.errors import reject_where
     from beam_sft.eval.metrics import METRICS
     from beam_sft.eval.report import report_html, summary_table
     from beam_sft.eval.run import EvalOptions, evaluate
-    from beam_sft.eval.turns import read_held_out
+    from beam_sft.eval.turns import held_out_total, read_held_out
 
     records = read_held_out(args.data, args.dataset_format, args.dataset_test_split, args.max_records)
+    total = held_out_total(args.data, args.dataset_test_split, args.max_records)
     result = evaluate(backend, tokenizer, records, EvalOptions(
-        turns=args.turns, progress=not args.quiet, chunk_size=max(64, 8 * args.batch_size), total=args.max_records))
+        turns=args.turns, progress=not args.quiet, chunk_size=max(64, 8 * args.batch_size), total=total))
     print(summary_table(result), file=sys.stderr)
     for reject in result.rejects[:5]:
-        print(f"rejected: {reject.get('source')}:{reject.get('line', reject.get('index'))} "
-              f"[{reject.get('reason')}] {reject.get('message')}", file=sys.stderr)
+        print(f"rejected: {reject_where(reject)} [{reject.get('reason')}] {reject.get('message')}", file=sys.stderr)
     if result.rejected > 5:
         print(f"... and {result.rejected - 5} more rejected records", file=sys.stderr)
     summary = result.summary()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from beam_sft.cli import add_command, command_main
+from beam_sft.cli import add_command, check_local, command_main
 
 
 def register(subparsers) -> None:
@@ -40,6 +40,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from beam_sft.model.export import export, serve_commands
 
+    check_local(args.checkpoint, "CHECKPOINT", "pass the directory scripts/train.py saved (its --output_dir, or a "
+                "checkpoint-N directory in it)")
     print(f"exporting {args.checkpoint} -> {args.output} ...", file=sys.stderr)
     report = export(args.checkpoint, args.output, adapter=args.adapter, merge=args.merge, dtype=args.dtype)
     merged = f" + {report['adapter']} merged" if report["adapter"] else ""

@@ -16,8 +16,15 @@ from __future__ import annotations
 import os
 import sys
 
-from beam_sft.cli import add_command, command_main, data_option
-from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, RecordError, UsageError, internal_error
+from beam_sft.cli import add_command, check_local, command_main, data_option, nearest
+from beam_sft.errors import (
+    EXIT_INTERNAL_ERRORS,
+    Reason,
+    RecordError,
+    UsageError,
+    internal_error,
+    reject_where,
+)
 
 
 def register(subparsers) -> None:
@@ -64,11 +71,15 @@ def run(args) -> int:
     from beam_sft.validate.convert import INPUT_FORMATS
 
     if args.dataset_format not in INPUT_FORMATS:
-        raise UsageError(f"unknown --dataset_format {args.dataset_format!r}; choose from {', '.join(INPUT_FORMATS)}")
+        raise UsageError(f"unknown --dataset_format {args.dataset_format!r}; choose from {', '.join(INPUT_FORMATS)}"
+                         f"{nearest(args.dataset_format, INPUT_FORMATS)}")
     if args.n < 0:
         raise UsageError("-n must be >= 0")
     if args.max_length is not None and args.max_length < 1:
         raise UsageError("--max_length must be >= 1")
+    if args.tokenizer_name_or_path is not None:
+        check_local(args.tokenizer_name_or_path, "--tokenizer_name_or_path",
+                    "pass a tokenizer directory, or leave the option out for the bundled data/tokenizer")
     try:
         tokenizer = load_tokenizer(args.tokenizer_name_or_path)
     except (OSError, ValueError) as err:
@@ -118,7 +129,8 @@ def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
         k = loaded.index_of(position)
         if k is None:
             reject = next(r for r in loaded.rejects if r["position"] == position)
-            print(f"record {position}: rejected [{reject['reason']}] {reject['message']}", file=sys.stderr)
+            print(f"record {position} ({reject_where(reject)}): rejected [{reject['reason']}] {reject['message']}",
+                  file=sys.stderr)
             continue
         try:
             view = inspect_record(tokenizer, loaded.records[k], max_length=args.max_length, encoder=encoder,
@@ -146,6 +158,11 @@ def _dataset_stats(args, tokenizer, encoder):
     from beam_sft.dataset.pipeline import convert_records
     from beam_sft.report.stats import dataset_stats
 
+    # The datasets library's own Map/Filter/Saving bars are noise beside ours ("reading"): its switch, read when
+    # it is imported (importing it here only to silence it would cost a second).
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
         converted = convert_records(args.dataset, work, format=args.dataset_format, split=args.dataset_train_split,
                                     missing_reasoning=args.missing_reasoning, progress=sys.stderr.isatty())

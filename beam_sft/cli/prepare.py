@@ -11,7 +11,8 @@
 The data options are training's (one name each, in a `--config` YAML or on the command line); the data is
 INPUT arguments, or dataset_name, or a `datasets:` mixture. DIR holds `input_ids` + `labels` (a `save_to_disk`
 dataset), `rejects.jsonl` and `beam_sft_manifest.json`, checked by training against its own tokenizer and
-settings. Exit status: 0 finished (rejections included), 3 some records hit an internal_error, 2 usage error,
+settings. Exit status: 0 finished (rejections included), 3 some records hit an internal_error, 2 usage error or a
+run that kept no training record or dropped more than --max_reject_share of its input (DIR written all the same),
 1 fatal error; BEAM_SFT_DEBUG=1 for tracebacks. See docs/training.md and docs/cli.md#beam-sft-prepare.
 """
 
@@ -25,8 +26,11 @@ import sys
 from dataclasses import asdict, replace
 
 
-def _print_summary(manifest: dict) -> None:
-    """The summary table, then the missing-reasoning notes (`beam_sft.dataset.reasoning_stats.notes`)."""
+def _print_summary(manifest: dict, rejects: str) -> None:
+    """The summary table, the missing-reasoning notes (`beam_sft.dataset.reasoning_stats.notes`), then the drops
+    by reason and what keeps them (`beam_sft.dataset.drops`; `rejects`: the file that lists them)."""
+    from beam_sft.dataset.drops import drop_lines
+    from beam_sft.dataset.prepare import drop_counts
     from beam_sft.dataset.reasoning_stats import notes
     from beam_sft.dataset.reasoning_stats import summary_rows as reasoning_rows
 
@@ -54,6 +58,7 @@ def _print_summary(manifest: dict) -> None:
     print("\n".join(f"  {k:<{width}}  {v}" for k, v in rows), file=sys.stderr)
     for note in notes(counts.get("reasoning"), manifest.get("missing_reasoning"), counts["rejected"]):
         print(note, file=sys.stderr)
+    print("\n".join(drop_lines(drop_counts(manifest), rejects)), file=sys.stderr)
 
 
 def _tokenizer(name: str | None, settings):
@@ -115,6 +120,7 @@ def parse(argv: list[str]):
 def run(data, options, names: list[str], base=".") -> int:
     """Prepare (or shard, or merge) and report; the exit status."""
     from beam_sft.dataset.arguments import data_settings
+    from beam_sft.dataset.drops import DroppedTooMuch
     from beam_sft.dataset.prepare import SHARD_MANIFEST, PrepareRun, train_identity
     from beam_sft.dataset.settings import MANIFEST, fingerprint, read_manifest, source_identity
     from beam_sft.errors import UsageError
@@ -153,7 +159,7 @@ def run(data, options, names: list[str], base=".") -> int:
     if existing is not None and quick is not None and existing.get("inputs_fingerprint") == quick and not options.force:
         print(f"prepare: {options.output} is up to date (same files, tokenizer and settings; --force rebuilds it)",
               file=sys.stderr)
-        return _report(options, out, existing)
+        return _report(options, out, existing, settings.max_reject_share)
     tokenizer = _tokenizer(data.tokenizer_name_or_path, settings)
     _quiet(options)
     prepare = PrepareRun(inputs, tokenizer, settings, out, eval_inputs, identity,
@@ -166,15 +172,14 @@ def run(data, options, names: list[str], base=".") -> int:
               file=sys.stderr)
         print(options.output)
         return 0
-    if options.merge:
-        manifest = prepare.merge(options.merge)
-        print(f"prepare: merged {len(options.merge)} shards: {manifest['counts']['records_kept']} tokenized records "
-              f"in {options.output} ({manifest['seconds']:.1f} s)", file=sys.stderr)
-    else:
-        manifest = prepare.build()
-        print(f"prepare: wrote {manifest['counts']['records_kept']} tokenized records to {options.output} "
-              f"({manifest['seconds']:.1f} s)", file=sys.stderr)
-    return _report(options, out, manifest)
+    try:
+        manifest = prepare.merge(options.merge) if options.merge else prepare.build()
+    except DroppedTooMuch as err:  # the directory is written: reported below, then refused by _report
+        manifest = err.manifest
+    done = f"merged {len(options.merge)} shards: {manifest['counts']['records_kept']} tokenized records in" \
+        if options.merge else f"wrote {manifest['counts']['records_kept']} tokenized records to"
+    print(f"prepare: {done} {options.output} ({manifest['seconds']:.1f} s)", file=sys.stderr)
+    return _report(options, out, manifest, settings.max_reject_share)
 
 
 def _quick_fingerprint(identity, settings, tokenizer_name: str | None) -> str | None:
@@ -187,7 +192,8 @@ def _quick_fingerprint(identity, settings, tokenizer_name: str | None) -> str | 
     files = tokenizer_files_hash(tokenizer_name)
     if files is None:
         return None
-    return short_hash(json.dumps([DATA_VERSION, RENDER_VERSION, identity, asdict(settings), files], sort_keys=True,
+    decides = {k: v for k, v in asdict(settings).items() if k != "max_reject_share"}  # checked on every run
+    return short_hash(json.dumps([DATA_VERSION, RENDER_VERSION, identity, decides, files], sort_keys=True,
                                  default=str))
 
 
@@ -212,8 +218,11 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def _report(options, out: str, manifest: dict) -> int:
-    """--rejects, --stats, the summary on stderr, the directory on stdout; the exit status."""
+def _report(options, out: str, manifest: dict, max_reject_share: float) -> int:
+    """--rejects, --stats, the summary on stderr, the directory on stdout; the exit status. A run that keeps no
+    training record, or drops more than `max_reject_share` of its input, is refused here (`DroppedTooMuch`, exit
+    status 2), after its directory and rejects are written."""
+    from beam_sft.dataset.prepare import check_drops
     from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason
     from beam_sft.records.files import REJECTS
     from beam_sft.storage import atomic_output, write_json_atomic
@@ -223,11 +232,12 @@ def _report(options, out: str, manifest: dict) -> int:
             shutil.copyfile(os.path.join(out, REJECTS), tmp)
     if options.stats:
         write_json_atomic(options.stats, manifest)
-    _print_summary(manifest)
+    _print_summary(manifest, os.path.join(options.output, REJECTS))
     internal = manifest["counts"]["rejected"].get(Reason.INTERNAL_ERROR.value)
     if internal:
         print(f"WARNING: {internal} records hit an unexpected error (internal_error): a converter bug; they are "
               f"in {os.path.join(options.output, REJECTS)}. Exit status {EXIT_INTERNAL_ERRORS}.", file=sys.stderr)
+    check_drops(manifest, max_reject_share)
     print(options.output)
     return EXIT_INTERNAL_ERRORS if internal else 0
 

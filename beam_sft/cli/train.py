@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import textwrap
 
 from beam_sft.errors import UsageError
 
@@ -117,10 +119,89 @@ def main(argv: list[str] | None = None) -> int:
     return run_guarded(lambda _: _run(argv), None)
 
 
+HELP_WIDTH, HELP_INDENT = 110, 37
+# The short `--help`: the options a first run and the docs use, in the order a command line is written. The data
+# settings are all listed (from DataArguments); each of these is (option, what it does).
+LAUNCH_HELP = (
+    ("--num_processes N", "processes (GPUs) to train on: the run goes through `accelerate launch`"),
+    ("--config_file NAME|YAML", ("an accelerate config: a shipped one (cpu_ddp, multi_gpu, fsdp2, deepspeed_zero3, "
+                                 "multi_node) or a path")),
+    ("--num_machines, --machine_rank, --main_process_ip, --main_process_port", "several nodes (docs/training.md)"),
+    ("--mixed_precision, --rdzv_backend, --max_restarts, --monitor_interval", "passed on to accelerate launch"),
+)
+MODEL_HELP = (
+    ("--model_name_or_path PATH", "the checkpoint to fine-tune (default: the embedded tiny random model)"),
+    ("--beamify true", "a base without the Beam template and markers: install them while training"),
+    ("--use_peft true", "train LoRA adapters (--lora_r, --lora_alpha, --lora_target_modules)"),
+    ("--load_in_4bit true", "QLoRA: 4-bit base weights (CUDA and bitsandbytes)"),
+)
+TRAINING_HELP = (
+    ("--output_dir DIR", "where the model, checkpoints, data_stats.json and rejects.jsonl go"),
+    ("--num_train_epochs N", "passes over the data"),
+    ("--max_steps N", "optimizer steps instead of epochs"),
+    ("--learning_rate LR", "the peak learning rate"),
+    ("--per_device_train_batch_size N", "rows per process and step"),
+    ("--gradient_accumulation_steps N", "steps whose gradients add up before each update"),
+    ("--max_length N", "the sequence budget in tokens (longer records: --truncation_policy)"),
+    ("--packing true", "several records per row, up to max_length tokens"),
+    ("--eval_strategy steps|epoch", "evaluate the eval split (--eval_split_size) on a schedule"),
+    ("--eval_beam true", "after training, score the eval split as `beam-sft eval` does"),
+    ("--save_strategy, --save_steps", "when checkpoints are written"),
+    ("--resume_from_checkpoint last", "go on from output_dir's newest complete checkpoint"),
+    ("--seed N", "the run's seed (data order, eval split, the embedded model)"),
+    ("--report_to none|tensorboard|wandb", "where the metrics are logged"),
+)
+
+
+def short_help() -> str:
+    """`beam-sft train --help`: beam-sft's own options first (config, data, model, launch, the dry run, the common
+    training knobs); the full list of TRL / transformers options is `--help-all`, named on the last line."""
+    from dataclasses import fields
+
+    from beam_sft.dataset.arguments import PREPARE_ONLY, DataArguments
+    from beam_sft.train.sft import DESCRIPTION
+
+    def block(title: str, rows) -> list[str]:
+        out = [f"{title}:"]
+        for name, text in rows:
+            wrapped = textwrap.wrap(text, HELP_WIDTH - HELP_INDENT, break_on_hyphens=False) or [""]
+            out += [f"  {name}"] if len(name) > HELP_INDENT - 3 else []
+            out += [f"  {name if len(name) <= HELP_INDENT - 3 and i == 0 else '':<{HELP_INDENT - 2}}{line}"
+                    for i, line in enumerate(wrapped)]
+        return out
+
+    data = [(f"--{f.name}", _first_sentence(f.metadata.get("help", ""))) for f in fields(DataArguments)
+            if f.name not in PREPARE_ONLY]
+    lines = ["usage: beam-sft train [--config YAML|NAME] [OPTIONS] [LAUNCH OPTIONS]", "", DESCRIPTION,
+             "Options are TRL-style (--name value); a YAML --config sets any of them, the command line wins.", "",
+             *block("config", [("--config YAML|NAME", ("a YAML file of options, or a shipped config's name "
+                                                       "(quickstart, beam_full, beam_lora, ...)"))]), "",
+             *block("data (also in beam-sft prepare; docs/data.md)", data), "",
+             *block("model", MODEL_HELP), "",
+             *block("training (TRL's SFTConfig; docs/training.md)", TRAINING_HELP), "",
+             *block("launch (to accelerate launch)", LAUNCH_HELP), "",
+             *block("checks", [("--dry_run true", ("check and count everything, print the plan (steps, tokens, "
+                                                   "memory); train nothing"))]), "",
+             "All options, TRL's and transformers' included: beam-sft train --help-all"]
+    return "\n".join(lines)
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.\s", text)
+    return text if end is None else text[:end.start() + 1]
+
+
 def _run(argv: list[str]) -> int:
     from beam_sft.train.sft import main as train_main
     from beam_sft.train.sft import make_parser
 
+    if "--help-all" in argv or "--help_all" in argv:
+        make_parser(prog="beam-sft train").print_help()
+        return 0
+    if "-h" in argv or "--help" in argv:
+        print(short_help())
+        return 0
     launch_args, train_args = split_launch_args(argv)
     launch_args = resolve_launch_config(launch_args)
     script_args, training_args, model_args = make_parser(prog="beam-sft train").parse_args_and_config(train_args)

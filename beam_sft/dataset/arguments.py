@@ -12,6 +12,7 @@ from trl.scripts.utils import DatasetConfig
 from beam_sft.dataset.examples import TRUNCATION_POLICIES
 from beam_sft.dataset.settings import DataSettings
 from beam_sft.validate import reasoning
+from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES
 from beam_sft.validate.convert import INPUT_FORMATS
 from beam_sft.validate.rules import MISSING_REASONING_CHOICES
 
@@ -89,10 +90,20 @@ class DataArguments:
         "(trained with an empty analysis: teaches Beam to skip reasoning, docs/reasoning.md) or "
         "'reject' the record. Same option as `beam-sft convert --missing_reasoning`."),
         "choices": list(MISSING_REASONING_CHOICES)})
+    tool_call_checks: str = field(default="reject", metadata={"help": (
+        "A record that breaks a rule eval scores by (a call to a tool it does not declare, or with no "
+        "tools declared; arguments against the tool's schema; a turn without text; a conversation the "
+        "assistant opens): 'reject' it (default, with its own reason) or 'keep' it "
+        "(docs/data.md#calls-checked-against-their-tools). Same option as `beam-sft convert`."),
+        "choices": list(TOOL_CALL_CHECKS_CHOICES)})
     dedup: bool = field(default=True, metadata={"help": (
         "Reject exact duplicates (validated Beam records equal to an earlier one, whatever format "
         "each came in; an eval record equal to a training one), counted as `duplicate`, the first "
         "kept. `--dedup false` keeps them. Not applied with --streaming.")})
+    max_reject_share: float = field(default=0.5, metadata={"help": (
+        "The share (0-1) of the input records a run may drop (rejected, or too long for max_length) and "
+        "still succeed: more, or nothing written, exits non-zero after writing its outputs and rejects "
+        "(docs/prepare.md#what-was-dropped); 1.0 accepts any share.")})
     truncation_policy: str = field(default="turn", metadata={"help": (
         "Records longer than max_length: 'turn' cuts back to the last whole assistant turn "
         "(drops the record if none fits), 'drop' drops them, 'keep_start' cuts at max_length."),
@@ -112,6 +123,8 @@ def data_settings(data_args: DataArguments, run_args) -> DataSettings:
         split=data_args.dataset_train_split, max_records=data_args.max_records,
         eval_split_size=data_args.eval_split_size, seed=run_args.seed,
         missing_reasoning=data_args.missing_reasoning, dedup=data_args.dedup,
+        tool_call_checks=data_args.tool_call_checks,
+        max_reject_share=data_args.max_reject_share,
     )
     settings.check()
     return settings

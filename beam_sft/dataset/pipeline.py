@@ -20,6 +20,7 @@ import orjson
 
 from beam_sft.dataset.examples import Counts, fit_example, label_batch
 from beam_sft.dataset.origins import origins_batch, origins_schema, shard_origins_path
+from beam_sft.dataset.reasoning_stats import REASONING_REJECTS
 from beam_sft.errors import RecordError, UsageError, internal_error, reject_entry
 from beam_sft.storage import arrow_array
 
@@ -58,6 +59,7 @@ class Job:
     stop_ids: list[int]
     missing_reasoning: Any = "mask"  # a policy, or one per source (a mixture)
     dedup: bool = False  # exact deduplication (beam_sft.records.dedup): keys and per-row counts sent back
+    tool_call_checks: str = "reject"  # the validator's policy for records eval would score as failures
 
     @classmethod
     def of(cls, tokenizer, settings) -> Job:
@@ -66,7 +68,7 @@ class Job:
 
         return cls(tokenizer, settings.format, settings.max_length, settings.truncation_policy,
                    settings.assistant_only_loss, list(stop_token_ids(tokenizer)), settings.missing_reasoning,
-                   settings.dedup)
+                   settings.dedup, settings.tool_call_checks)
 
 
 @dataclass
@@ -125,6 +127,9 @@ class Result(Counts):
     rows: list[Row] = field(default_factory=list)
     # With Task.groups: the mixture entry of each row written to the eval shard, in shard order.
     eval_sources: list[int] = field(default_factory=list)
+    # The fewest tokens of a record the truncation policy dropped (None: none dropped): the max_length that
+    # keeps at least one, for the message of a run that keeps none (beam_sft.dataset.drops).
+    shortest_dropped: int | None = None
 
     def reject(self, reason: str, entry: str, row: Row | None = None) -> None:
         """Count a reject and keep its JSON entry (`row`, with dedup: the record it came from)."""
@@ -134,14 +139,20 @@ class Result(Counts):
             row.reject = len(self.rejects) - 1
 
     def counts(self) -> dict[str, Any]:
-        return {k: v for k, v in super().counts().items() if k != "index"}
+        return {k: v for k, v in super().counts().items() if k not in ("index", "shortest_dropped")}
 
     def add(self, other: Result) -> None:
         """Add another result's counts (a run's totals: its chunks' results, in input order)."""
         super().add(other)
+        self.dropped(other.shortest_dropped)
         self.eval_sources.extend(other.eval_sources)
         for split, counts in other.stats.items():
             self.stats.setdefault(split, Counter()).update(counts)
+
+    def dropped(self, length: int | None) -> None:
+        """A record of `length` tokens was dropped as too long (None: nothing)."""
+        if length is not None and (self.shortest_dropped is None or length < self.shortest_dropped):
+            self.shortest_dropped = length
 
     def to_json(self) -> dict[str, Any]:
         """The result as JSON (a `beam-sft prepare --shard` run keeps one per chunk for the merge to replay);
@@ -151,6 +162,7 @@ class Result(Counts):
                 "stats": {k: dict(v) for k, v in self.stats.items()},
                 "shards": {k: os.path.basename(v) for k, v in self.shards.items()},
                 "reasoning": dict(self.reasoning), "eval_sources": self.eval_sources,
+                "shortest_dropped": self.shortest_dropped,
                 "rows": [[r.key, r.src, r.pos, r.by_line, list(r.reasoning), r.split, r.shard_row, r.reject, r.index,
                           r.stats] for r in self.rows]}
 
@@ -160,7 +172,7 @@ class Result(Counts):
                 for key, src, pos, by_line, reasoning, split, shard_row, reject, index, stats in data["rows"]]
         return cls(data["index"], data["records_in"], data["n_records"], Counter(data["rejected"]), data["rejects"],
                    {k: Counter(v) for k, v in data["stats"].items()}, dict(data["shards"]),
-                   Counter(data["reasoning"]), rows, data["eval_sources"])
+                   Counter(data["reasoning"]), rows, data["eval_sources"], data.get("shortest_dropped"))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -261,7 +273,7 @@ def open_stream(path: str):
 
 
 def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_reasoning: Any = "mask", *,
-                  as_dicts: bool = False, dedup: bool = False) -> dict[str, Any]:
+                  as_dicts: bool = False, dedup: bool = False, tool_call_checks: str = "reject") -> dict[str, Any]:
     """Raw rows (`RAW_COLUMNS`) -> `record` (None for a reject), `reason` and `reject` (its JSON entry), and
     the kept records' `reasoning_stats.reasoning_counts` as `reasoning`.
 
@@ -276,10 +288,11 @@ def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_re
     from beam_sft.validate.rules import Options
 
     per_source = not isinstance(missing_reasoning, str)
-    options = {policy: Options(missing_reasoning=policy) for policy in
+    options = {policy: Options(missing_reasoning=policy, tool_call_checks=tool_call_checks) for policy in
                (set(missing_reasoning) if per_source else [missing_reasoning])}
     out: dict[str, list] = {"record": [], "reason": [], "reject": [], "key": []}
     kept = []
+    rejected_reasoning: Counter = Counter()  # the assistant turns of the records rejected for want of reasoning
     # Records handed on as dicts: their serialisation check writes the sorted JSON the dedup key hashes.
     sort = orjson.OPT_SORT_KEYS if dedup and as_dicts else None
     for src, pos, by_line, payload, error in zip(*(batch[k] for k in RAW_COLUMNS), strict=True):
@@ -303,12 +316,30 @@ def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_re
                 out["reason"].append(None)
                 out["reject"].append(None)
                 continue
+        if reject.code.value in REASONING_REJECTS:
+            rejected_reasoning.update(_reasoning_of_reject(payload, fmt if isinstance(fmt, str) else fmt[src]))
         out["record"].append(None)
         out["key"].append(None)
         out["reason"].append(reject.code.value)
         out["reject"].append(orjson.dumps(reject_entry(reject, names[src], pos, by_line)).decode())
     out["reasoning"] = {} if dedup else reasoning_counts(kept)
+    out["rejected_reasoning"] = rejected_reasoning
     return out
+
+
+def _reasoning_of_reject(payload, fmt: str) -> dict[str, int]:
+    """`rejected_assistant_turns` and `rejected_without_reasoning` of a record rejected for want of reasoning,
+    converted again as `keep` would: the input's reasoning coverage counts its turns too (`reasoning_stats`)."""
+    from beam_sft.dataset.reasoning_stats import reasoning_counts
+    from beam_sft.validate.convert import try_convert
+    from beam_sft.validate.rules import Options
+
+    rec, _, err = try_convert(payload, fmt, Options(missing_reasoning="keep"), raw=True)
+    if err is not None:
+        return {}
+    counts = reasoning_counts([rec])
+    return {"rejected_assistant_turns": counts["assistant_turns"],
+            "rejected_without_reasoning": counts["without_reasoning"]}
 
 
 def tokenize_batch(batch: dict[str, list], job: Job, names: list[str]) -> dict[str, list]:
@@ -318,7 +349,7 @@ def tokenize_batch(batch: dict[str, list], job: Job, names: list[str]) -> dict[s
     labels of the kept rows."""
     from beam_sft.render.encoder import encode_each, get_encoder
 
-    keys = ("input_ids", "mask", "keep", "truncated", "dropped", "assistant_turns_cut")
+    keys = ("input_ids", "mask", "keep", "truncated", "dropped", "assistant_turns_cut", "length")
     out: dict[str, list] = {k: [] for k in (*keys, "reason", "reject")}
     # JSON text from a converted chunk file, or dicts straight from `convert_batch(as_dicts=True)`.
     records = [text if type(text) is dict else orjson.loads(text) for text in batch["record"]]
@@ -326,14 +357,14 @@ def tokenize_batch(batch: dict[str, list], job: Job, names: list[str]) -> dict[s
     for src, pos, by_line, enc in zip(batch["src"], batch["pos"], batch["by_line"], encoded, strict=True):
         if isinstance(enc, RecordError):
             example = {"input_ids": [], "mask": [], "keep": False, "truncated": 0, "dropped": 0,
-                       "assistant_turns_cut": 0}
+                       "assistant_turns_cut": 0, "length": 0}
             out["reason"].append(enc.code.value)
             out["reject"].append(orjson.dumps(reject_entry(enc, names[src], pos, by_line)).decode())
         else:
             where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"
             ids, mask, example = fit_example(enc["input_ids"], enc["assistant_masks"], max_length=job.max_length,
                                              policy=job.policy, where=where)
-            example.update(input_ids=ids, mask=mask, keep=not example["dropped"])
+            example.update(input_ids=ids, mask=mask, keep=not example["dropped"], length=len(enc["input_ids"]))
             out["reason"].append(None)
             out["reject"].append(None)
         for k in keys:
@@ -371,8 +402,9 @@ def _converted_batches(task: Task, job: Job, result: Result) -> Iterator[dict[st
             cols = part.to_pydict()
             # Tokenized right here: the records need not go through JSON text again.
             out = convert_batch(cols, task.formats or job.fmt, task.names, task.policies or job.missing_reasoning,
-                                as_dicts=task.tokenize, dedup=job.dedup)
+                                as_dicts=task.tokenize, dedup=job.dedup, tool_call_checks=job.tool_call_checks)
             result.reasoning.update(out["reasoning"])
+            result.reasoning.update(out["rejected_reasoning"])
             result.records_in += len(cols["src"])
             for reason, reject in zip(out["reason"], out["reject"], strict=True):
                 if reason is not None:
@@ -524,6 +556,8 @@ def _tokenize_present(cols, present: list[int], rows: list, row: int, output: _C
             result.reject(done["reason"][j], done["reject"][j], rows[j])
             continue
         output.tokenized(rows[j], split, done, j)
+        if done["dropped"][j]:
+            result.dropped(done["length"][j])
         if done["keep"][j]:
             ids, masks, kept_rows, origins = kept[split]
             ids.append(done["input_ids"][j])

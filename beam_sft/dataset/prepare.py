@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from beam_sft.dataset.drops import DroppedTooMuch, drop_lines, format_keys, verdict
 from beam_sft.dataset.mixture import Mixture
 from beam_sft.dataset.origins import OriginsWriter
 from beam_sft.dataset.pipeline import (
@@ -37,6 +38,7 @@ from beam_sft.dataset.pipeline import (
     token_counts,
 )
 from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
+from beam_sft.dataset.reasoning_stats import REJECTED_KEYS, input_coverage
 from beam_sft.dataset.settings import (
     DATA_VERSION,
     EVAL_DIR,
@@ -243,6 +245,7 @@ class PrepareRun:
     writers: dict[str, _SplitWriter] = field(default_factory=dict)
     counts: Result = field(default_factory=lambda: Result(-1))
     by_source: dict[str, Counter] = field(default_factory=dict)  # source name -> rejects by reason
+    unknown_keys: Counter = field(default_factory=Counter)  # the key sets of the records no converter reads
 
     @property
     def draws_eval(self) -> bool:
@@ -278,10 +281,9 @@ class PrepareRun:
         self.settings.check()
         with self._session(["train", "eval"] if self.eval_inputs or self.draws_eval else ["train"]):
             self._first_pass()
-            self._check_some_training()
-            if self.draws_eval:
+            if self.draws_eval and self._some_training():
                 self._eval_pass()
-            return self._finish()
+            return self._checked(self._finish())
 
     def shard(self, shard: tuple[int, int]) -> dict[str, Any]:
         """Shard I of N (chunks I, I + N, ...) into the shard directory at `out_dir`; returns its manifest."""
@@ -326,8 +328,7 @@ class PrepareRun:
                     chunk.n_records = result.n_records
                     self.chunks.append(chunk)
                     self._take(result, bar, chunk.names)
-            self._check_some_training()
-            return self._finish()
+            return self._checked(self._finish())
 
     def _shard_result(self, shard: Path, i: int) -> tuple[Result, _Chunk]:
         """Chunk i's result as a shard run kept it, its Arrow files copied into this run's split directories."""
@@ -489,15 +490,21 @@ class PrepareRun:
             entry = orjson.loads(text)
             self.rejects.write(entry)
             self.by_source.setdefault(entry["source"], Counter())[entry["reason"]] += 1
+            if entry["reason"] == Reason.UNKNOWN_FORMAT.value and (keys := format_keys(entry.get("message"))):
+                self.unknown_keys[keys] += 1
         for name, shard in result.shards.items():
             self.writers[name].add(shard, names)
         bar.update(result.records_in or sum(c["records_in"] for c in result.stats.values()))
 
-    def _check_some_training(self) -> None:
-        if not any(c.n_records for c in self.chunks if not c.is_eval):
-            raise UsageError(f"no usable training records in {', '.join(_input_names(self.inputs))}: "
-                             f"{self.counts.records_in} read, {sum(self.counts.rejected.values())} rejected "
-                             f"({dict(self.counts.rejected)})")
+    def _some_training(self) -> bool:
+        return any(c.n_records for c in self.chunks if c is not None and not c.is_eval)
+
+    def _checked(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """`manifest`, after `check_drops`: a run that keeps no training record fails here, its directory and
+        rejects written (nothing lost). The callers (`prepare_data`, `beam-sft prepare`) hold the run to
+        `max_reject_share`, on cached data too."""
+        check_drops(manifest, None)
+        return manifest
 
     def _checked_stats(self) -> dict[str, dict[str, int]]:
         """PrepStats per split, after checking that every record in is kept, rejected or dropped."""
@@ -505,8 +512,6 @@ class PrepareRun:
 
         stats = {name: PrepStats(**{k: sums[k] for k in PrepStats().to_dict()}).to_dict()
                  for name, sums in self.counts.stats.items()}
-        if stats["train"]["records_kept"] == 0:
-            raise FatalError(f"the train split is empty after truncation ({stats['train']}); raise max_length")
         dropped = sum(s["dropped_too_long"] for s in stats.values())
         kept_total = sum(s["records_kept"] for s in stats.values())
         rejected_total = sum(self.counts.rejected.values())
@@ -562,7 +567,9 @@ class PrepareRun:
                 **{key: sum(s[key] for s in stats.values()) for key in (
                     "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
                     "supervised_call")},
-                "reasoning": {key: counts.reasoning[key] for key in REASONING_KEYS},
+                "reasoning": {key: counts.reasoning[key] for key in (*REASONING_KEYS, *REJECTED_KEYS)},
+                "unknown_format_keys": dict(self.unknown_keys.most_common(5)),
+                "shortest_dropped": counts.shortest_dropped,
             },
             "missing_reasoning": settings.missing_reasoning,
             "splits": stats,
@@ -593,6 +600,25 @@ class PrepareRun:
                 ranges.append([row, row + 1])
             out[group]["rows"] += 1
         return out
+
+
+def drop_counts(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The counts `beam_sft.dataset.drops` reads, from a prepared directory's manifest (none kept when the train
+    split is empty: an eval split alone trains nothing)."""
+    counts = manifest.get("counts") or {}
+    train = (manifest.get("splits") or {}).get("train") or {}
+    return {**counts, "max_length": manifest.get("max_length"),
+            "records_kept": counts.get("records_kept", 0) if train.get("records_kept", 1) else 0}
+
+
+def check_drops(manifest: dict[str, Any], threshold: float | None) -> None:
+    """Raise `DroppedTooMuch` (after the run: its directory and rejects are written) for a prepared directory that
+    holds no training record, or whose run dropped more than `threshold` of its input."""
+    names = manifest.get("inputs") or []
+    what = ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
+    line = verdict(drop_counts(manifest), threshold, what or "the input", noun="training records")
+    if line is not None:
+        raise DroppedTooMuch(line, drop_counts(manifest), manifest)
 
 
 def _shard_set(shard_dirs: Sequence[str | os.PathLike], fingerprint: str | None) -> tuple[list[Path], int]:
@@ -682,6 +708,18 @@ def _use_prepared(path: str, tokenizer, settings: DataSettings, eval_inputs) -> 
     return prepared
 
 
+def _log_drops(manifest: dict[str, Any] | None, path: str | os.PathLike) -> None:
+    """The input's reasoning coverage, and the drops by reason with what keeps them (`beam_sft.dataset.drops`), in
+    the training log."""
+    if not manifest:
+        return
+    if reasoning := (manifest.get("counts") or {}).get("reasoning"):
+        logger.info("data: reasoning coverage %s", input_coverage(reasoning))
+    lines = drop_lines(drop_counts(manifest), rejects=str(Path(path) / REJECTS))
+    for line in lines:
+        (logger.warning if len(lines) > 1 else logger.info)(line)
+
+
 def _main_process_first(state, build_if_missing) -> None:
     """`build_if_missing` on the main process first; then on each node's local main process (a cache that is
     not on shared storage); a failure on the main process stops every rank, none hangs."""
@@ -727,6 +765,9 @@ def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings,
     if (not isinstance(inputs, Mixture) and len(inputs) == 1 and isinstance(inputs[0], str)
             and read_manifest(inputs[0]) is not None):
         prepared = _use_prepared(inputs[0], tokenizer, settings, eval_inputs)
+        if state.is_main_process:
+            _log_drops(prepared.manifest, inputs[0])
+        check_drops(prepared.manifest, None)  # its share was `beam-sft prepare`'s to check; an empty one cannot train
         _record_action(record_dir, state.process_index, "loaded", str(inputs[0]), prepared.manifest["tokenizer"])
         return prepared
 
@@ -748,8 +789,12 @@ def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings,
         nonlocal action
         if read_manifest(path) is None:
             logger.info("preparing data into %s", path)
-            PrepareRun(inputs, tokenizer, settings, path, eval_inputs, identity, fp, num_proc=num_proc,
-                       progress=progress).build()
+            try:
+                PrepareRun(inputs, tokenizer, settings, path, eval_inputs, identity, fp, num_proc=num_proc,
+                           progress=progress).build()
+            except DroppedTooMuch as err:
+                _log_drops(err.manifest, path)
+                raise
             action = "tokenized"
         else:
             logger.info("loading prepared data from cache %s", path)
@@ -757,5 +802,9 @@ def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings,
     _main_process_first(state, build_if_missing)
     prepared = load_prepared(path)
     prepared.action = action
+    if state.is_main_process:
+        _log_drops(prepared.manifest, path)
+    # cached data too: the threshold is no part of the fingerprint
+    check_drops(prepared.manifest, settings.max_reject_share)
     _record_action(record_dir, state.process_index, action, str(path), fp)
     return prepared

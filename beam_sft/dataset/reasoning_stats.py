@@ -1,7 +1,10 @@
 """How many assistant turns of converted records have no reasoning, and how many are masked (weight 0).
 
 Counted on the validated record dicts (a validated assistant message always has a `reasoning_content` string,
-and only assistant messages carry a `weight`), a few dict lookups per message.
+and only assistant messages carry a `weight`), a few dict lookups per message. The records rejected for want of
+reasoning (`REASONING_REJECTS`) are counted too, converted again as `keep` would (`REJECTED_KEYS`): the
+coverage a run reports is the input's, not only the kept records' (a run that rejects a third of its records
+as nothing_to_train must not say 100%).
 """
 
 from __future__ import annotations
@@ -9,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from beam_sft.errors import Reason
+
 KEYS = ("assistant_turns", "without_reasoning", "masked_turns")
+REJECTED_KEYS = ("rejected_assistant_turns", "rejected_without_reasoning")
+REASONING_REJECTS = frozenset((Reason.NOTHING_TO_TRAIN.value, Reason.MISSING_REASONING.value))
 
 
 def reasoning_counts(records: Iterable[dict[str, Any]]) -> dict[str, int]:
@@ -26,12 +33,29 @@ def reasoning_counts(records: Iterable[dict[str, Any]]) -> dict[str, int]:
     return dict(zip(KEYS, (turns, without, masked), strict=True))
 
 
+def coverage(with_reasoning: int, turns: int) -> str:
+    return f"{with_reasoning}/{turns} ({100 * with_reasoning / turns:.1f}%)" if turns else f"{with_reasoning}/0 (-)"
+
+
+def input_coverage(counts: dict[str, Any]) -> str:
+    """Reasoning coverage over the input's assistant turns: the kept records' and those of the records rejected
+    for want of reasoning. The kept records' own coverage follows, when it differs."""
+    turns, missing = counts.get("assistant_turns", 0), counts.get("without_reasoning", 0)
+    all_turns = turns + counts.get("rejected_assistant_turns", 0)
+    all_missing = missing + counts.get("rejected_without_reasoning", 0)
+    text = f"{coverage(all_turns - all_missing, all_turns)} of the input's assistant turns"
+    if all_turns != turns:
+        text += f"; {coverage(turns - missing, turns)} of the kept records'"
+    return text
+
+
 def summary_rows(counts: dict[str, Any], policy: str | None) -> list[tuple[str, object]]:
     """Rows for a prepare / train summary table (nothing when the counts are absent: older manifests)."""
     if not counts:
         return []
     turns, missing, masked = (counts.get(k, 0) for k in KEYS)
     return [("assistant turns", f"{turns} ({missing} without reasoning, {masked} masked: weight 0)"),
+            ("reasoning coverage", input_coverage(counts)),
             ("missing reasoning", policy or "-")]
 
 
@@ -41,8 +65,13 @@ def notes(counts: dict[str, Any], policy: str | None, rejected: dict[str, int]) 
 
     if not counts:
         return []
-    untrained = rejected.get("nothing_to_train", 0)  # each had at least one turn, none with reasoning
-    out = [majority_hint(counts["assistant_turns"] + untrained, counts["without_reasoning"] + untrained)]
+    if "rejected_assistant_turns" in counts:
+        turns = counts["assistant_turns"] + counts["rejected_assistant_turns"]
+        missing = counts["without_reasoning"] + counts["rejected_without_reasoning"]
+    else:  # an older manifest: each nothing_to_train reject had at least one turn, none with reasoning
+        untrained = rejected.get("nothing_to_train", 0)
+        turns, missing = counts["assistant_turns"] + untrained, counts["without_reasoning"] + untrained
+    out = [majority_hint(turns, missing)]
     if policy == "keep":
         out.insert(0, keep_warning(counts["without_reasoning"] - counts["masked_turns"]))
     return [note for note in out if note]

@@ -41,6 +41,8 @@ class DataSettings:
     seed: int = 0
     missing_reasoning: str = "mask"  # beam_sft.validate.rules.MISSING_REASONING_CHOICES
     dedup: bool = True  # exact duplicates rejected (beam_sft.records.dedup); train -> eval too
+    tool_call_checks: str = "reject"  # beam_sft.validate.calls.TOOL_CALL_CHECKS_CHOICES
+    max_reject_share: float = 0.5  # beam_sft.dataset.drops: a run dropping more fails; not in the fingerprint
 
     def check(self) -> None:
         from beam_sft.dataset.examples import TRUNCATION_POLICIES
@@ -49,6 +51,11 @@ class DataSettings:
         if self.missing_reasoning not in MISSING_REASONING_CHOICES:
             raise UsageError(f"unknown missing_reasoning {self.missing_reasoning!r}; choose one of "
                              f"{', '.join(MISSING_REASONING_CHOICES)}")
+        from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES
+
+        if self.tool_call_checks not in TOOL_CALL_CHECKS_CHOICES:
+            raise UsageError(f"unknown tool_call_checks {self.tool_call_checks!r}; choose one of "
+                             f"{', '.join(TOOL_CALL_CHECKS_CHOICES)}")
         if self.format not in INPUT_FORMATS:
             raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(INPUT_FORMATS)}")
         if self.truncation_policy not in TRUNCATION_POLICIES:
@@ -60,6 +67,9 @@ class DataSettings:
             raise UsageError("max_records must be >= 0")
         if self.eval_split_size < 0:
             raise UsageError("eval_split_size must be >= 0")
+        if not 0 <= self.max_reject_share <= 1:
+            raise UsageError(f"--max_reject_share {self.max_reject_share}: a share of the input records, 0 to 1 "
+                             "(1.0 accepts any share)")
 
 
 # Local files up to this size are also identified by a hash of their bytes (cheap; catches an edit that keeps
@@ -155,6 +165,7 @@ def fingerprint(identity: Any, tokenizer, settings: DataSettings, extra: Any = N
              "settings": asdict(settings), **run_fields(tokenizer, settings), "extra": extra}
     if not settings.eval_split_size:
         parts["settings"].pop("seed")  # the seed only matters to the eval split
+    parts["settings"].pop("max_reject_share")  # checked on every run, cached or not: the data is the same
     return short_hash(json.dumps(parts, sort_keys=True, default=str))
 
 

@@ -29,8 +29,9 @@ def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | N
             yield raw_row(item, index)
 
 
-def _converted(batch: dict[str, list], fmt, names: list[str], missing_reasoning) -> dict[str, list]:
-    out = convert_batch(batch, fmt, names, missing_reasoning)
+def _converted(batch: dict[str, list], fmt, names: list[str], missing_reasoning, tool_call_checks: str = "reject"
+               ) -> dict[str, list]:
+    out = convert_batch(batch, fmt, names, missing_reasoning, tool_call_checks=tool_call_checks)
     return {"record": out["record"], "reason": out["reason"], "reject": out["reject"]}
 
 
@@ -102,7 +103,8 @@ def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataS
             raise UsageError("shuffle_buffer must be at least 1")
         raw = raw.shuffle(seed=settings.seed, buffer_size=shuffle_buffer)
     converted = raw.map(_converted, batched=True, batch_size=BATCH_ROWS, remove_columns=["payload", "error"],
-                        fn_kwargs={"fmt": fmt, "names": list(names), "missing_reasoning": policy})
+                        fn_kwargs={"fmt": fmt, "names": list(names), "missing_reasoning": policy,
+                                   "tool_call_checks": settings.tool_call_checks})
     converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=BATCH_ROWS)
     converted = converted.select_columns(["src", "pos", "by_line", "record"])
     tokenized = converted.map(

@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from beam_sft.errors import reject_where
 from beam_sft.eval.metrics import METRICS, EvalResult, Tally, sorted_by_effort
 from beam_sft.records.messages import HARMONY_MARKERS
 
@@ -101,7 +102,7 @@ def report_html(result: EvalResult, *, title: str = "beam-sft eval") -> str:
             + message_html("parse", _json_html(r.parsed)) + message_html("reference", _json_html(t.reference))
         )
     if result.rejects:
-        rows = [[f"{r.get('source')}:{r.get('line', r.get('index'))}", r.get("reason"), r.get("message")]
+        rows = [[reject_where(r), r.get("reason"), r.get("message")]
                 for r in result.rejects]
         parts.append(f"<h2>Rejected records: {result.rejected}</h2>{html_table([['record', 'reason', 'message'], *rows])}")
     return html_document(title, "\n".join(parts))

@@ -76,13 +76,14 @@ def evaluate(backend, tokenizer, records: Iterable[tuple[dict | None, dict | Non
     if opts.turns not in TURN_CHOICES:
         raise UsageError(f"--turns must be one of {', '.join(TURN_CHOICES)}, not {opts.turns!r}")
     result = EvalResult(backend=getattr(backend, "name", type(backend).__name__))
-    bar = tqdm(total=opts.total, desc="Evaluating", unit="rec", disable=not opts.progress)
+    bar = tqdm(total=opts.total, desc="Evaluating", unit=" rec", disable=not opts.progress)
+    read = [0]  # records read so far: the bar counts them once their chunk is generated, so its ETA is real
 
     def accepted() -> Iterator[list[Turn]]:
         """Each record's turns to generate; a rejected record counted (and kept, up to `keep`) instead."""
         for entry in records:
             record, reject, fmt = entry if len(entry) == 3 else (entry[0], None, entry[1])
-            bar.update(1)
+            read[0] += 1
             try:
                 turns = record_turns(tokenizer, record, result.records, fmt, opts.turns) if reject is None else []
             except RecordError as err:
@@ -108,6 +109,8 @@ def evaluate(backend, tokenizer, records: Iterable[tuple[dict | None, dict | Non
             result.add(scored, opts.keep)
             if opts.on_result is not None:
                 opts.on_result(scored)
+        bar.update(read[0] - bar.n)
+    bar.update(read[0] - bar.n)
     bar.close()
     return result
 
@@ -125,11 +128,16 @@ def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
     return base, model
 
 
+SAVED_MODEL_HINT = "pass the directory scripts/train.py saved (its --output_dir, e.g. outputs/quickstart/model)"
+
+
 def _loaded(what: str, source: str, load: Callable[[str], Any]) -> Any:
     try:
         return load(source)
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load the {what} {source!r}: {err}") from err
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        hint = "" if Path(source).exists() else f" (not a local directory; {SAVED_MODEL_HINT})"
+        raise UsageError(f"cannot load the {what} {source!r}: {first}{hint}") from err
 
 
 def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: str | None = None, beam: bool = True):
@@ -164,10 +172,20 @@ def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None 
     tok, _ = load_eval_tokenizer(model, tokenizer=tokenizer, adapter=adapter, beam=beam)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
-    lm = _loaded("model", model, lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype))
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers' own "Loading weights" bar: library noise before ours
+    try:
+        lm = _loaded("model", model, lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     if adapter is not None:
         from peft import PeftModel
 
+        if lm.get_input_embeddings().num_embeddings < len(tok):  # a --beamify LoRA run: its rows are in the adapter
+            lm.resize_token_embeddings(len(tok))
         lm = _loaded("LoRA adapter", adapter, lambda path: PeftModel.from_pretrained(lm, path).merge_and_unload())
     if len(tok) > lm.get_input_embeddings().weight.shape[0]:
         raise UsageError(f"the tokenizer has {len(tok)} tokens but the model only {lm.get_input_embeddings().weight.shape[0]} "

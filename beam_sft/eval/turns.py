@@ -6,6 +6,7 @@ tokenizer's chat template (with the record's `tools` and `chat_template_kwargs`)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,38 @@ def read_held_out(
                 source_format = "unknown"
         record, _, reject = convert_item(item, fmt, options)
         yield record, reject, source_format
+
+
+# A JSON array, CSV or text file is parsed once more just to count its records only below this size.
+COUNT_PARSED_BELOW = 64 << 20
+
+
+def held_out_total(path: str | Sequence, split: str = "test", max_records: int | None = None) -> int | None:
+    """How many rows `read_held_out` (or any reader of `data_sources(path)`) will yield, for a progress bar's total
+    and ETA, when that is cheap to know: JSONL lines (counted, not parsed), a Parquet file's row count, the records
+    of a small JSON/CSV/text file; `max_records` caps it. None (or `max_records`) for a hub or saved dataset, or a
+    large JSON array. `path`: INPUT specs or `Source`s."""
+    from beam_sft.errors import BeamSFTError
+    from beam_sft.records.files import data_sources, iter_items
+
+    try:
+        sources = data_sources([path] if isinstance(path, str) else list(path), split)
+    except (BeamSFTError, OSError):  # read_held_out says what is wrong with the input
+        return max_records
+    total = 0
+    for src in sources:
+        if src.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            total += pq.ParquetFile(src.name).metadata.num_rows
+        elif src.kind == "jsonl" or (src.kind in ("json", "csv", "text")
+                                     and os.path.getsize(src.name) < COUNT_PARSED_BELOW):
+            total += sum(1 for _ in iter_items([src]))
+        else:
+            return max_records
+        if max_records is not None and total >= max_records:
+            return max_records
+    return total
 
 
 @dataclass

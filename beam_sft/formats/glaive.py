@@ -12,7 +12,7 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import record_object
 from beam_sft.formats.toolmarkup import call_from_value, loads_lenient, strip_tool_prompt
 from beam_sft.records.messages import normalize_tools, record
-from beam_sft.records.types import BeamRecord, Message, ToolCall, wrong_type
+from beam_sft.records.types import BeamRecord, Message, ToolCall, json_type, wrong_type
 
 _ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
 _EOT = "<|endoftext|>"
@@ -68,7 +68,7 @@ def convert(rec: Any) -> BeamRecord:
     if system is None:
         system = ""
     if type(system) is not str:
-        raise RecordError(Reason.BAD_CONTENT, f"'system' is a {type(system).__name__}, not a string")
+        raise RecordError(Reason.BAD_CONTENT, f"'system' is {json_type(system)}, not a string")
     funcs, instructions = _functions(system.strip().removeprefix("SYSTEM:"))
     stripped: dict = {"tool_list": 1} if funcs else {}
     instructions = strip_tool_prompt(instructions, stripped).strip()

@@ -14,7 +14,7 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
 from beam_sft.records.messages import function_tool, parse_arguments, record
-from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, wrong_type
+from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, json_type, wrong_type
 
 DEFAULT_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 _EFFORTS = {"low", "medium", "high"}
@@ -83,7 +83,7 @@ def _parse_header(header: str, k: int) -> tuple[str, str | None, str | None]:
 def parse_text(text: str) -> list[HMsg]:
     """Rendered Harmony text → messages, strictly (what is rejected: docs/formats.md)."""
     if not isinstance(text, str):
-        raise RecordError(Reason.BAD_HARMONY, f"text is a {type(text).__name__}, not a string")
+        raise RecordError(Reason.BAD_HARMONY, f"text is {json_type(text)}, not a string")
     head = text.lstrip()
     if head.startswith("<|channel|>"):
         text = "<|start|>assistant" + head
@@ -273,7 +273,7 @@ def _developer(m: HMsg, tools: list[ToolSpec]) -> str:
                 continue
             instructions = p.get("instructions")
             if instructions is not None and type(instructions) is not str:
-                raise RecordError(Reason.BAD_CONTENT, f"developer instructions are a {type(instructions).__name__}, "
+                raise RecordError(Reason.BAD_CONTENT, f"developer instructions are {json_type(instructions)}, "
                                   "not a string", message_index=m.index)
             if instructions:
                 texts.append(instructions)
@@ -388,7 +388,7 @@ def convert(rec: Any) -> BeamRecord:
     if isinstance(rec, str):
         return assemble(parse_text(rec))
     if not isinstance(rec, dict):
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
     text = rec.get("text")
     if isinstance(text, str):
         return assemble(parse_text(text))

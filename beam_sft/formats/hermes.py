@@ -8,7 +8,7 @@ from typing import Any
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import openai, sharegpt
-from beam_sft.records.types import BeamRecord
+from beam_sft.records.types import BeamRecord, json_type
 
 
 def is_sharegpt(rec: dict) -> bool:
@@ -24,7 +24,7 @@ def convert(rec: Any) -> BeamRecord:
     if isinstance(rec, list):
         rec = {"conversations": rec} if rec and type(rec[0]) is dict and "from" in rec[0] else {"messages": rec}
     if not isinstance(rec, dict):
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
     beam = sharegpt.convert(rec) if is_sharegpt(rec) else openai.convert(rec)
     beam["_format"] = "hermes"
     return beam

@@ -21,7 +21,7 @@ from beam_sft.records.messages import (
     tool_call,
     tool_content,
 )
-from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, wrong_type
+from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, json_type, wrong_type
 
 _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _MEDIA_KEYS = ("images", "videos", "audios")
@@ -166,19 +166,20 @@ def _keep_weight(m: dict, beam: Message) -> None:
             beam[key] = m[key]
 
 
-def convert_messages(msgs: Any, tools: list[ToolSpec] | None
+def convert_messages(msgs: Any, tools: list[ToolSpec] | None, no_text: list[int] | None = None
                      ) -> tuple[list[Message], list[ToolSpec] | None, list[int] | None]:
     """Messages → Beam messages, the record's tools, and (when a message became several) the map from Beam
-    message index to input message index, for error messages."""
+    message index to input message index, for error messages. `no_text`, when given, gets the index of each user,
+    system or developer message without content (absent or null)."""
     if type(msgs) is not list:
-        raise RecordError(Reason.BAD_CONTENT, f"messages is a {type(msgs).__name__}, not a list")
+        raise RecordError(Reason.BAD_CONTENT, f"messages is {json_type(msgs)}, not a list")
     out: list[Message] = []
     append = out.append
     pending = 0  # calls of the last assistant message not yet answered, for v1 result lists
     splits: dict[int, int] = {}  # input index -> extra Beam messages it became
     for i, m in enumerate(msgs):
         if type(m) is not dict:
-            raise RecordError(Reason.BAD_CONTENT, f"message is a {type(m).__name__}, not an object", message_index=i)
+            raise RecordError(Reason.BAD_CONTENT, f"message is {json_type(m)}, not an object", message_index=i)
         role = m.get("role")
         content = m.get("content")
         if role == "assistant":
@@ -188,6 +189,8 @@ def convert_messages(msgs: Any, tools: list[ToolSpec] | None
             pending = len(message.get("tool_calls", ()))
         elif role == "user" or role == "system" or role == "developer":
             if type(content) is not str:
+                if content is None and no_text is not None:
+                    no_text.append(i)
                 if role != "user" and _has_part(content, ("tools",)):
                     tools, content = _v1_tools_part(content, tools)
                 content = text_of(content, message_index=i)
@@ -238,7 +241,7 @@ def record_object(rec: Any, key: str | None = None) -> dict:
     if key is not None and isinstance(rec, list):
         rec = {key: rec}
     if not isinstance(rec, dict):
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
     reject_unsupported_record(rec)
     return rec
 
@@ -254,8 +257,12 @@ def convert(rec: Any) -> BeamRecord:
     tools = normalize_tools(rec.get("tools"))
     if tools is None and rec.get("functions"):
         tools = normalize_tools(rec["functions"])
-    messages, tools, src = convert_messages(msgs, tools)
-    return finish(rec, messages, tools, src)
+    no_text: list[int] = []
+    messages, tools, src = convert_messages(msgs, tools, no_text)
+    beam = finish(rec, messages, tools, src)
+    if no_text:
+        beam["_no_text"] = no_text[0]  # rules.py rejects it by policy
+    return beam
 
 
 def finish(rec: dict, messages: list[Message], tools: list[ToolSpec] | None, src: list | None) -> BeamRecord:

@@ -11,7 +11,7 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import finish, message_reasoning, record_object
 from beam_sft.formats.toolmarkup import json_calls, result_wrapper
 from beam_sft.records.messages import normalize_tools, openai_tool_calls, split_think, text_of, tool_content
-from beam_sft.records.types import BeamRecord, Message, ToolCall
+from beam_sft.records.types import BeamRecord, Message, ToolCall, json_type
 
 USER_ROLES = frozenset(("human", "user", "prompter", "usr"))
 ASSISTANT_ROLES = frozenset(("gpt", "assistant", "model", "chatgpt", "bing", "bard", "claude", "bot", "ai"))
@@ -21,7 +21,7 @@ RESULT_ROLES = frozenset(("observation", "tool", "function_response", "tool_resp
 
 def _turn(m: Any, i: int) -> tuple[str, Any, dict]:
     if not isinstance(m, dict):
-        raise RecordError(Reason.BAD_CONTENT, f"turn is a {type(m).__name__}, not an object", message_index=i)
+        raise RecordError(Reason.BAD_CONTENT, f"turn is {json_type(m)}, not an object", message_index=i)
     role = m.get("from", m.get("role"))
     value = m["value"] if "value" in m else m.get("content")
     if not isinstance(role, str):
@@ -45,15 +45,18 @@ def convert(rec: Any) -> BeamRecord:
     if conv is None:
         raise RecordError(Reason.UNKNOWN_FORMAT, "no 'conversations' list")
     if not isinstance(conv, list):
-        raise RecordError(Reason.BAD_CONTENT, f"conversations is a {type(conv).__name__}, not a list")
+        raise RecordError(Reason.BAD_CONTENT, f"conversations is {json_type(conv)}, not a list")
     out: list[Message] = []
     system = rec.get("system")
     if system:
         if not isinstance(system, str):
             raise RecordError(Reason.BAD_CONTENT, "record-level 'system' is not a string")
         out.append({"role": "system", "content": system})
+    no_text = None  # the first turn with neither 'value' nor 'content': rules.py rejects it by policy
     for i, m in enumerate(conv):
         role, value, m = _turn(m, i)
+        if value is None and no_text is None and role not in CALL_ROLES:
+            no_text = i
         if role in USER_ROLES:
             out.append({"role": "user", "content": text_of(value, message_index=i)})
         elif role in ASSISTANT_ROLES:
@@ -90,4 +93,7 @@ def convert(rec: Any) -> BeamRecord:
             raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=i)
     src = [None, *range(len(conv))] if system else None
     # errors name turns of `conversations`, which a record-level system prompt is not part of
-    return finish(rec, out, normalize_tools(rec.get("tools")), src)
+    beam = finish(rec, out, normalize_tools(rec.get("tools")), src)
+    if no_text is not None:
+        beam["_no_text"] = no_text
+    return beam

@@ -15,7 +15,7 @@ import orjson
 from beam_sft.errors import Reason, RecordError
 from beam_sft.records.markup import code_spans, may_have_markup, structural
 from beam_sft.records.messages import normalize_tools, tool_call
-from beam_sft.records.types import Message, ToolCall, ToolSpec
+from beam_sft.records.types import Message, ToolCall, ToolSpec, json_type
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
@@ -35,7 +35,7 @@ def _plain(value: Any, depth: int = 0) -> Any:
         out = {}
         for k, v in value.items():
             if type(k) is not str:
-                raise ValueError(f"a key is a {type(k).__name__}, not a string")
+                raise ValueError(f"a key is {json_type(k)}, not a string")
             out[k] = _plain(v, depth + 1)
         return out
     raise ValueError(f"a {t.__name__} is not a JSON value")
@@ -107,7 +107,7 @@ def call_from_value(item: Any, body: str, i: int | None, what: str = "<tool_call
     """A parsed call body (``{"name", "arguments"}`` in any order, or OpenAI's ``{"function": {...}}``) → a Beam
     call; `arguments` may be an object or a JSON string. Anything else is `bad_tool_call`."""
     if type(item) is not dict:
-        raise RecordError(Reason.BAD_TOOL_CALL, f"{what} holds a {type(item).__name__}, not a "
+        raise RecordError(Reason.BAD_TOOL_CALL, f"{what} holds {json_type(item)}, not a "
                           "{name, arguments} object", message_index=i)
     fn = item.get("function") if type(item.get("function")) is dict else item
     name = fn.get("name")

@@ -13,7 +13,7 @@ from beam_sft.formats.openai import record_object
 from beam_sft.formats.toolmarkup import loads_lenient
 from beam_sft.records.messages import openai_tool_call, record, text_of, tool_content
 from beam_sft.records.schema_types import parameters_schema
-from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, wrong_type
+from beam_sft.records.types import BeamRecord, Message, ToolCall, ToolSpec, json_type, wrong_type
 
 _SUFFIX = "Generate API Request:"
 
@@ -35,11 +35,11 @@ def _tools(raw: Any) -> list[ToolSpec] | None:
     if type(raw) is dict:
         raw = [raw]
     if type(raw) is not list:
-        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(raw).__name__}, not a list")
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is {json_type(raw)}, not a list")
     out = []
     for k, tool in enumerate(raw):
         if type(tool) is not dict:
-            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{k}] is a {type(tool).__name__}, not an object")
+            raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{k}] is {json_type(tool)}, not an object")
         fn = tool["function"] if tool.get("type") == "function" and type(tool.get("function")) is dict else tool
         name = fn.get("name")
         if type(name) is not str or not name:
@@ -113,7 +113,7 @@ def convert(rec: Any) -> BeamRecord:
     elif type(query) is list:
         messages = _history(query)
     else:
-        raise RecordError(Reason.BAD_CONTENT, f"query is a {type(query).__name__}, not a string or messages")
+        raise RecordError(Reason.BAD_CONTENT, f"query is {json_type(query)}, not a string or messages")
     tools = _tools(_json_field(rec, "tools"))
     calls = _calls(_json_field(rec, "answers"), None, "answers")
     if not calls:

@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 # configs/models/tiny: the checkout's, or the copy an installed wheel carries (beam_sft/template/bundled.py).
 TINY_MODEL_DIR = bundled("configs/models/tiny")
+# Where LoRA on the embedded model keeps its base, inside output_dir (`save_embedded_base`).
+EMBEDDED_BASE_DIR = "base_model"
 
 
 def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int = 0):
@@ -64,6 +66,7 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import get_quantization_config
 
+    refuse_quantization(script_args, model_args)
     if model_args.model_name_or_path is None:
         model, tokenizer = embedded_model(script_args, training_args)
         return model, tokenizer, True
@@ -71,12 +74,11 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name_or_path or model_args.model_name_or_path,
                                               revision=model_args.model_revision,
                                               trust_remote_code=training_args.trust_remote_code)
+    refuse_without_template(tokenizer, script_args, model_args)  # before the weights are read, not after
     quantization_config = get_quantization_config(model_args)
     if script_args.mxfp4_dequantize:
         from beam_sft.model.moe import mxfp4_dequantize_config
 
-        if quantization_config is not None:
-            raise UsageError("mxfp4_dequantize cannot be combined with load_in_4bit / load_in_8bit")
         quantization_config = mxfp4_dequantize_config()
     dtype = model_args.dtype
     init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
@@ -90,10 +92,61 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
     model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **init_kwargs)
     if script_args.beamify:
         beamify(tokenizer, model, init=script_args.beamify_init)
-    elif not tokenizer.chat_template or getattr(tokenizer, "response_template", None) is None:
-        raise UsageError(f"{model_args.model_name_or_path} has no Beam chat template / response template; pass "
-                         "--beamify to install them (and the markers) on this tokenizer")
     return model, tokenizer, False
+
+
+def refuse_without_template(tokenizer, script_args, model_args) -> None:
+    """A checkpoint whose tokenizer lacks the Beam templates trains only with --beamify: refused in one line."""
+    if script_args.beamify or model_args.model_name_or_path is None:
+        return
+    if not tokenizer.chat_template or getattr(tokenizer, "response_template", None) is None:
+        source = script_args.tokenizer_name_or_path or model_args.model_name_or_path
+        raise UsageError(f"{source}: the tokenizer has no Beam chat template / response template; add --beamify true "
+                         "to install them (and the markers) while training, or run `beam-sft beamify` on it first "
+                         "(`beam-sft check-template` shows what it lacks)")
+
+
+def refuse_quantization(script_args, model_args) -> None:
+    """--load_in_4bit / --load_in_8bit that would be ignored (the embedded model) or fail at load time (no CUDA,
+    no bitsandbytes): refused in one line before anything is loaded."""
+    import importlib.util
+
+    import torch
+
+    flags = [f"--{name}" for name in ("load_in_4bit", "load_in_8bit") if getattr(model_args, name, False)]
+    if not flags:
+        return
+    given = " ".join(f"{flag} true" for flag in flags)
+    if script_args.mxfp4_dequantize:
+        raise UsageError(f"{given} cannot be combined with --mxfp4_dequantize (it loads the weights dequantized): "
+                         "drop one of them")
+    if model_args.model_name_or_path is None:
+        raise UsageError(f"{given}: the embedded tiny model is built in full precision and never quantized; drop "
+                         f"{' and '.join(flags)}, or give a checkpoint with --model_name_or_path")
+    if not torch.cuda.is_available():
+        raise UsageError(f"{given} needs a CUDA GPU (bitsandbytes' k-bit weights) and this machine has none: drop "
+                         f"{' and '.join(flags)} (LoRA in full precision: --use_peft true)")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UsageError(f"{given} needs the bitsandbytes package, which is not installed: pip install bitsandbytes, "
+                         f"or drop {' and '.join(flags)}")
+
+
+def save_embedded_base(model, tokenizer, output_dir: str, *, write: bool) -> Path:
+    """LoRA on the embedded model: its random base exists nowhere else, so it is saved as output_dir/base_model and
+    named (absolute path) by every adapter_config.json the run writes; `beam-sft eval output_dir` loads both.
+    `write`: this process saves it (the main one); every process names it."""
+    from beam_sft.storage import atomic_output
+    from beam_sft.template.tokenizer import save_tokenizer
+
+    base = Path(output_dir).resolve() / EMBEDDED_BASE_DIR
+    if write:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_output(base, directory=True) as tmp:
+            model.save_pretrained(tmp)
+            save_tokenizer(tokenizer, tmp)
+    # peft's get_peft_model takes base_model_name_or_path from here.
+    model.name_or_path = model.config._name_or_path = str(base)
+    return base
 
 
 def run_template_check(tokenizer) -> None:
@@ -112,11 +165,12 @@ def run_template_check(tokenizer) -> None:
 
 
 def check_tokenizer(tokenizer, *, conformance: bool, assistant_only_loss: bool) -> None:
-    """The checks before training: the check-template suite (logged, never fatal) and, when only assistant
-    turns train, that the template trains both stop tokens (fatal)."""
+    """The checks before training: when only assistant turns train, that the template trains both stop tokens
+    (fatal, one line), then the check-template suite (logged, never fatal). The fatal check goes first: its one
+    line is the one that matters, not the last of the suite's report."""
     from beam_sft.dataset.examples import check_stop_tokens_trained
 
-    if conformance:
-        run_template_check(tokenizer)
     if assistant_only_loss:
         check_stop_tokens_trained(tokenizer)
+    if conformance:
+        run_template_check(tokenizer)

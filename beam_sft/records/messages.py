@@ -11,7 +11,15 @@ import orjson
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.records.schema_types import is_xlam_map, parameters_schema, standardize
-from beam_sft.records.types import BeamRecord, FunctionSpec, Message, ToolCall, ToolSpec, wrong_type
+from beam_sft.records.types import (
+    BeamRecord,
+    FunctionSpec,
+    Message,
+    ToolCall,
+    ToolSpec,
+    json_type,
+    wrong_type,
+)
 
 # The seven markers of the format, plus the other special tokens of the gpt-oss family that a text must not
 # carry either: any of them inside a message would be tokenized as structure, not text.
@@ -82,7 +90,7 @@ def checked_tools(tools: Any) -> tuple[list[ToolSpec], bytes]:
     """A record's tool list, normalized (`normalize_tool`) and checked (`tools_json`), with its JSON; a list seen
     before costs one serialization and one lookup."""
     if type(tools) is not list:
-        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(tools).__name__}, not a list")
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is {json_type(tools)}, not a list")
     blob = tools_json(tools)
     if _TOOLS_CHECKED.get(blob) is not True:  # not known to be in shape: normalize (raises for a bad schema)
         tools = [normalize_tool(t, index=k) for k, t in enumerate(tools)]
@@ -135,7 +143,7 @@ def text_of(content: Any, *, message_index: int | None = None, what: str = "cont
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise RecordError(Reason.BAD_CONTENT, f"{what} is a {type(content).__name__}, expected a string or a list "
+        raise RecordError(Reason.BAD_CONTENT, f"{what} is {json_type(content)}, expected a string or a list "
                           "of parts", message_index=message_index)
     out = []
     for k, part in enumerate(content):
@@ -188,9 +196,9 @@ def parse_arguments(raw: Any, *, message_index: int | None = None, name: str = "
         if isinstance(value, dict):
             return value
         hint = " (a JSON string inside a JSON string: double-encoded)" if isinstance(value, str) else ""
-        raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} decode to a "
-                          f"{type(value).__name__}, not an object{hint}", message_index=message_index)
-    raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a {type(raw).__name__}, "
+        raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} decode to "
+                          f"{json_type(value)}, not an object{hint}", message_index=message_index)
+    raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are {json_type(raw)}, "
                       "not an object", message_index=message_index)
 
 
@@ -254,7 +262,7 @@ def normalize_tool(tool: Any, *, index: int = 0) -> ToolSpec:
             if (params is None or type(params) is dict) and (desc is None or type(desc) is str):
                 return tool
     if not isinstance(tool, dict):
-        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] is a {type(tool).__name__}, not an object")
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] is {json_type(tool)}, not an object")
     fn = tool.get("function") if tool.get("type", "function") == "function" and "function" in tool else tool
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] has no function name")
@@ -283,7 +291,7 @@ def normalize_tools(tools: Any) -> list[ToolSpec] | None:
     if isinstance(tools, dict):
         tools = [tools]
     if not isinstance(tools, list):
-        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is a {type(tools).__name__}, not a list")
+        raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools is {json_type(tools)}, not a list")
     if not tools:
         return None
     return [_standard_types(normalize_tool(t, index=i)) for i, t in enumerate(tools)]

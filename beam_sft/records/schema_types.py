@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from beam_sft.errors import Reason, RecordError
+from beam_sft.records.types import json_type as type_words
 from beam_sft.records.types import wrong_type
 
 _SCHEMA_KEYWORDS = frozenset(("type", "properties", "additionalProperties", "required", "anyOf", "oneOf", "allOf",
@@ -140,7 +141,7 @@ def is_xlam_map(params: Any) -> bool:
 def parameters_schema(params: Any, name: str = "?", index: int = 0) -> dict:
     """A tool's ``parameters`` as JSON Schema: xLAM's flat map (``{"p": {"type": "str, optional", "description",
     "default", "required"?}}``) is converted (a default or ``optional`` → not required, unless ``required:
-    true``); a schema that is one already only gets its type names mapped (`standardize`)."""
+    true``; in a map that marks any parameter ``required``, an unmarked one is not required); a schema that is one already only gets its type names mapped (`standardize`)."""
     if params is None:
         return {"type": "object", "properties": {}}
     if type(params) is not dict:
@@ -149,6 +150,8 @@ def parameters_schema(params: Any, name: str = "?", index: int = 0) -> dict:
         return standardize(params)
     props: dict = {}
     required: list[str] = []
+    # a map that marks parameters `required` (ToolAlpaca, API-Bank) marks them all: the others are optional
+    marked = any(type(spec) is dict and "required" in spec for spec in params.values())
     for pname, spec in params.items():
         if type(spec) is not dict:
             raise wrong_type(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): parameter {pname!r}", spec, "an object")
@@ -159,7 +162,7 @@ def parameters_schema(params: Any, name: str = "?", index: int = 0) -> dict:
             frag, optional = json_type(ptype)
         else:
             raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{index}] ({name}): type of parameter {pname!r} "
-                              f"is a {type(ptype).__name__}, not a string")
+                              f"is {type_words(ptype)}, not a string")
         prop = dict(frag)
         desc = spec.get("description")
         if type(desc) is str and desc:
@@ -170,7 +173,7 @@ def parameters_schema(params: Any, name: str = "?", index: int = 0) -> dict:
             if key in spec and key not in prop:
                 prop[key] = spec[key]
         flag = spec.get("required")
-        if flag is True or (flag is None and not optional and "default" not in spec):
+        if flag is True or (flag is None and not marked and not optional and "default" not in spec):
             required.append(pname)
         props[pname] = prop
     schema: dict = {"type": "object", "properties": props}

@@ -49,13 +49,24 @@ class Message(TypedDict, total=False):
 
 class BeamRecord(TypedDict):
     """A Beam record. A converter's result may also carry notes for `beam_sft.validate.rules.validate`
-    (``_src``, ``_no_markup``, ``_stripped``, ``_format``), which it removes."""
+    (``_src``, ``_no_markup``, ``_stripped``, ``_no_text``, ``_format``), which it removes."""
 
     messages: list[Message]
     tools: NotRequired[list[ToolSpec]]
     chat_template_kwargs: NotRequired[dict[str, Any]]
 
 
+_JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", dict: "an object",
+               list: "a list", type(None): "null"}
+
+
+def json_type(value: Any) -> str:
+    """What a value is, in JSON's words and with its article: "an integer", "an object", "null"."""
+    name = _JSON_TYPES.get(type(value))
+    return name if name is not None else f"a {type(value).__name__}"
+
+
 def wrong_type(reason: Reason, what: str, value: Any, expected: str, message_index: int | None = None) -> RecordError:
-    """The error for a value of the wrong JSON type: "<what> is a <its type>, not <expected>"."""
-    return RecordError(reason, f"{what} is a {type(value).__name__}, not {expected}", message_index=message_index)
+    """The error for a value of the wrong JSON type: "<what> is <its type>, not <expected>" ("content is an
+    integer, not a string or a list of parts")."""
+    return RecordError(reason, f"{what} is {json_type(value)}, not {expected}", message_index=message_index)

@@ -13,7 +13,7 @@ from itertools import groupby
 from operator import attrgetter
 
 from beam_sft.dataset.examples import truncate
-from beam_sft.errors import FatalError
+from beam_sft.errors import FatalError, where
 from beam_sft.render.encoder import MaskedEncoder
 from beam_sft.template.tokenizer import stop_token_ids
 
@@ -66,7 +66,7 @@ def load_records(path: str, *, format: str = "auto", limit: int | None = None, s
             continue
         records.append(record)
         positions.append(position)
-        sources.append(f"{item.source}:{item.position}")
+        sources.append(where(item.source, item.position, item.by_line))
     return Loaded(records, positions, sources, rejects, total)
 
 

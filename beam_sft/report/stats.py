@@ -149,10 +149,19 @@ def stats_rows(stats: DatasetStats) -> list[tuple[str, str]]:
     return rows
 
 
+def drop_counts(stats: DatasetStats) -> dict:
+    """The counts `beam_sft.dataset.drops` reads: what training would drop of these records, by reason."""
+    return {"records_in": stats.records + stats.rejected, "records_kept": stats.records - len(stats.dropped),
+            "rejected": dict(stats.rejected_reasons), "dropped_too_long": len(stats.dropped)}
+
+
 def stats_table(stats: DatasetStats, *, histogram: bool = True) -> str:
+    from beam_sft.dataset.drops import drop_lines
+
     rows = stats_rows(stats)
     width = max(len(k) for k, _ in rows)
     out = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    out += drop_lines(drop_counts(stats), rejects_hint=None)
     if histogram and stats.lengths:
         out.append("length histogram (tokens before truncation):")
         hist = stats.histogram()

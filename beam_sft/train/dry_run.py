@@ -5,12 +5,22 @@ See docs/training.md#the-dry-run---dry_run (the memory figure is an estimate; it
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from beam_sft.model.beamify import beamify
-from beam_sft.model.load import check_tokenizer, embedded_model
+from beam_sft.model.load import (
+    EMBEDDED_BASE_DIR,
+    check_tokenizer,
+    embedded_model,
+    refuse_quantization,
+    refuse_without_template,
+    run_template_check,
+)
 from beam_sft.model.moe import build_peft_config
 from beam_sft.train import run
 from beam_sft.train.checkpoints import free_bytes, size_text
@@ -51,6 +61,7 @@ def tokenizer_and_config(script_args, training_args, model_args):
     kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code}
     tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name_or_path or model_args.model_name_or_path,
                                               **kwargs)
+    refuse_without_template(tokenizer, script_args, model_args)
     config = AutoConfig.from_pretrained(model_args.model_name_or_path, **kwargs)
     if script_args.beamify:
         beamify(tokenizer)
@@ -155,19 +166,64 @@ def probe(config, embedded, training_args, model_args) -> str:
 
 
 def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan:
-    """Check the run and return its plan; trains nothing, writes nothing to output_dir."""
+    """Check the run and return its plan; trains nothing, writes nothing to output_dir. Every refusal comes
+    first, as one line (a UsageError / FatalError) before any report: the template suite's report follows them."""
+    with quiet_libraries():
+        return _dry_run(script_args, training_args, model_args, world_size)
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """No progress bars of datasets / transformers / huggingface_hub (`Saving the dataset (0/0 shards)`, `Map`):
+    the dry run's output is its plan, and the bars say nothing about it."""
+    import datasets
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    was = (datasets.is_progress_bar_enabled(), hf_logging.is_progress_bar_enabled(),
+           not hub_utils.are_progress_bars_disabled())
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    hub_utils.disable_progress_bars()
+    try:
+        with warnings.catch_warnings():  # the libraries' deprecation notes about their own internals
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft|trl)\.")
+            yield
+    finally:
+        for on, enable in zip(was, (datasets.enable_progress_bars, hf_logging.enable_progress_bar,
+                                    hub_utils.enable_progress_bars), strict=True):
+            if on:
+                enable()
+
+
+def refusals(script_args, training_args, model_args):
+    """What the real run refuses, checked in its order but before anything is reported: (tokenizer, config,
+    embedded model or None, (total, trainable) parameters)."""
+    run.check_arguments(script_args, training_args)
+    refuse_quantization(script_args, model_args)
+    if training_args.resume_from_checkpoint is not None:
+        run.resume_checkpoint(training_args)  # a path that cannot be resumed: refused now, not at the first step
+    tokenizer, config, embedded = tokenizer_and_config(script_args, training_args, model_args)
+    check_tokenizer(tokenizer, conformance=False, assistant_only_loss=training_args.assistant_only_loss)
+    counts = parameter_counts(config, script_args, model_args)
+    return tokenizer, config, embedded, counts
+
+
+def _dry_run(script_args, training_args, model_args, world_size: int) -> Plan:
     from beam_sft.dataset.arguments import data_settings
     from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
 
-    run.check_arguments(script_args, training_args)
-    tokenizer, config, embedded = tokenizer_and_config(script_args, training_args, model_args)
-    check_tokenizer(tokenizer, conformance=script_args.check_template and embedded is None,
-                    assistant_only_loss=training_args.assistant_only_loss)
+    tokenizer, config, embedded, (total, trainable) = refusals(script_args, training_args, model_args)
+    if script_args.check_template and embedded is None:
+        run_template_check(tokenizer)  # logged, never fatal: after every refusal
     plan = Plan()
     plan.add("model", model_args.model_name_or_path or "embedded tiny model (random init)")
+    if embedded is not None and model_args.use_peft:
+        plan.add("LoRA base", f"the embedded model exists nowhere else: saved with the adapter as "
+                 f"{Path(training_args.output_dir) / EMBEDDED_BASE_DIR} (adapter_config.json names it; "
+                 f"`beam-sft eval {training_args.output_dir}` loads both)")
     plan.add("dataset", f"{script_args.dataset_name} (format {script_args.dataset_format})" if script_args.dataset_name
              else f"mixture of {len(script_args.datasets)} sources (--config datasets:)")
-    total, trainable = parameter_counts(config, script_args, model_args)
     plan.add("parameters", f"{total:,} ({trainable:,} trainable)")
     settings = data_settings(script_args, training_args)
     if script_args.streaming:

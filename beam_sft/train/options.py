@@ -25,9 +25,10 @@ logger = logging.getLogger(__name__)
 PATH_FIELDS = ("dataset_name", "eval_dataset_name", "tokenizer_name_or_path", "tiny_model_config")
 
 
-def _nearest(word: str, candidates) -> str:
+def _nearest(word: str, candidates, prefix: str = "") -> str:
+    """` (did you mean 'x'?)`, the nearest candidate spelled with `prefix` (`--` for a command-line option)."""
     near = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {near[0]!r}?)" if near else ""
+    return f" (did you mean {prefix + near[0]!r}?)" if near else ""
 
 
 class BeamTrlParser(TrlParser):
@@ -44,6 +45,8 @@ class BeamTrlParser(TrlParser):
         found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if found:
             message += _nearest(found.group(1), re.findall(r"'([^']*)'", found.group(2)))
+        elif found := re.match(r"the following arguments are required: (.*)$", message):
+            message = f"{self.prog} needs {found.group(1)}; see {self.prog} --help"
         raise UsageError(message)
 
     def option_names(self) -> set[str]:
@@ -68,9 +71,11 @@ class BeamTrlParser(TrlParser):
         except ValueError as err:  # a dataclass's __post_init__ (enum values, incompatible options)
             raise UsageError(str(err).strip().splitlines()[0]) from None
         if remaining:
-            flag = next((s for s in remaining if s.startswith("-")), remaining[0])
+            if not remaining[0].startswith("-"):
+                raise UsageError(_stray_value(args, remaining[0]))
+            flag = remaining[0]
             name = flag.lstrip("-").split("=", 1)[0]
-            raise UsageError(f"unknown option {flag!r}{_nearest(name, self.option_names())}")
+            raise UsageError(f"unknown option {flag!r}{_nearest(name, self.option_names(), '--')}")
         for output in outputs:
             if is_dataclass(output):  # not the namespace of plain arguments (beam-sft prepare's INPUTs)
                 check_choices(output)
@@ -122,7 +127,24 @@ class BeamTrlParser(TrlParser):
                              f"{_nearest(str(value), choices)}")
 
 
+def _stray_value(args: list[str], value: str) -> str:
+    """The message for a value no option takes: most often a second value after a one-value option."""
+    before = args[:args.index(value)] if value in args else []
+    option = next((a for a in reversed(before) if a.startswith("--")), None)
+    if option is None:
+        return f"unexpected argument {value!r}: options are given as --name value"
+    if option.split("=", 1)[0] in ("--dataset_name", "--eval_dataset_name"):
+        return (f"{option} takes one dataset, and {value!r} is a second: for several files give a glob "
+                f"({option} 'data/*.jsonl') or a directory, or list them under `datasets:` in a --config YAML "
+                "(docs/data.md#mixtures-several-sources-in-shares)")
+    return f"{option} takes one value, and {value!r} is a second (quote a value with spaces)"
+
+
 def _pop_config(args: list[str]) -> tuple[str | None, list[str]]:
+    given = [a for a in args if a == "--config" or a.startswith("--config=")]
+    if len(given) > 1:
+        raise UsageError(f"--config is given {len(given)} times: one config per run; merge the YAML files into one, "
+                         "or set single options on the command line after it (--learning_rate 1e-4)")
     for i, arg in enumerate(args):
         if arg == "--config":
             if i + 1 >= len(args):

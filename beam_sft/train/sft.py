@@ -20,7 +20,7 @@ def main(script_args, training_args, model_args, callbacks=None):
         return None
     from beam_sft.dataset.arguments import data_settings
     from beam_sft.eval.run import evaluate_trainer
-    from beam_sft.model.load import check_tokenizer, load_model_and_tokenizer
+    from beam_sft.model.load import check_tokenizer, load_model_and_tokenizer, save_embedded_base
     from beam_sft.train import run
     from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
     from beam_sft.train.eval_callback import add_beam_eval, beam_eval_wanted, held_out_records
@@ -35,6 +35,8 @@ def main(script_args, training_args, model_args, callbacks=None):
     model, tokenizer, embedded = load_model_and_tokenizer(script_args, training_args, model_args)
     check_tokenizer(tokenizer, conformance=script_args.check_template and not embedded,
                     assistant_only_loss=training_args.assistant_only_loss)
+    if embedded and model_args.use_peft:  # an adapter needs a base that can be loaded back: saved beside it
+        save_embedded_base(model, tokenizer, training_args.output_dir, write=training_args.process_index == 0)
 
     # Data: converted, tokenized and counted once per job (or streamed)
     settings = data_settings(script_args, training_args)

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from beam_sft.errors import Reason, RecordError, internal_error, reject_entry
-from beam_sft.formats import glaive, harmony, hermes, openai, sharegpt, xlam
+from beam_sft.formats import alpaca, glaive, harmony, hermes, openai, prompt_completion, sharegpt, xlam
 from beam_sft.records.files import Item, normalize_record, parse_line
 from beam_sft.records.types import BeamRecord
 from beam_sft.validate.rules import Options, validate
@@ -26,8 +26,28 @@ FORMATS: dict[str, Converter] = {
     "hermes": hermes.convert,
     "glaive": glaive.convert,
     "xlam": xlam.convert,
+    "prompt_completion": prompt_completion.convert,
+    "alpaca": alpaca.convert,
 }
 FORMAT_NAMES = ("auto", *FORMATS)
+
+# One line per format: the outer shape its converter reads (printed when a run reads nothing, docs/formats.md).
+SHAPES: dict[str, str] = {
+    "openai": '{"messages": [{"role", "content", "tool_calls"?, "reasoning_content"?}...], "tools"?}',
+    "sharegpt": '{"conversations": [{"from", "value"}...], "system"?, "tools"?}',
+    "harmony": '{"text": "<|start|>...<|end|>"} or {"messages": [{"role", "channel"?, "recipient"?}...]}',
+    "hermes": 'openai or sharegpt turns with <tool_call>{"name", "arguments"}</tool_call> in the text',
+    "glaive": '{"system": "... {function JSON}", "chat": "USER: ... ASSISTANT: <functioncall> ..."}',
+    "xlam": '{"query", "tools", "answers": [{"name", "arguments"}...]}',
+    "prompt_completion": '{"prompt": [{"role", "content"}...], "completion": [{"role": "assistant", ...}...], '
+                         '"tools"?} or {"prompt": str, "completion": str}',
+    "alpaca": '{"instruction", "input"?, "output", "system"?, "history"?: [[user, assistant]...]}',
+}
+
+
+def format_shapes() -> list[str]:
+    """One line per format the converters read, naming its outer shape: ``name: shape``."""
+    return [f"{name}: {SHAPES[name]}" for name in FORMATS]
 
 _HARMONY_JSON_PART_TYPES = frozenset(("system_content", "developer_content"))
 
@@ -64,6 +84,10 @@ def detect(rec: Any) -> str | None:
         return "harmony"
     if "conversations" in rec:
         return "sharegpt"
+    if "prompt" in rec and "completion" in rec and "messages" not in rec:
+        return "prompt_completion"
+    if "instruction" in rec and "output" in rec:  # before `history`, which Alpaca rows use for earlier turns
+        return "alpaca"
     msgs = rec.get("messages")
     if msgs is None:
         msgs = rec.get("history")
@@ -174,4 +198,4 @@ def convert_item(item: Item, format: str = "auto", options: Options | None = Non
     return beam, name, None
 
 
-__all__ = ["INPUT_FORMATS", "convert", "convert_item", "convert_record", "try_convert"]
+__all__ = ["INPUT_FORMATS", "convert", "convert_item", "convert_record", "format_shapes", "try_convert"]

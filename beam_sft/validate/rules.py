@@ -19,13 +19,17 @@ from beam_sft.records.messages import (
     find_marker,
     nests_deeper,
 )
-from beam_sft.records.types import BeamRecord, Message, ToolCall, wrong_type
+from beam_sft.records.types import BeamRecord, Message, ToolCall, json_type, wrong_type
+from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES, check_calls, check_opening
 
 LATE_SYSTEM_CHOICES = ("reject", "move")
 # Counter keys for the foreign call-syntax instructions a converter removed: stripped_tool_prompt:<pattern name>.
 STRIPPED_PREFIX = "stripped_tool_prompt:"
 # What a turn without reasoning becomes (docs/decisions.md, "Missing reasoning").
 MISSING_REASONING_CHOICES = ("mask", "keep", "reject")
+# Counter keys for the records the checks of `beam_sft.validate.calls` found and `tool_call_checks="keep"` kept:
+# kept:<reason code>.
+KEPT_PREFIX = "kept:"
 
 
 @dataclass
@@ -33,12 +37,16 @@ class Options:
     late_system: str = "reject"
     missing_reasoning: str = "mask"
     render_check: Callable[[BeamRecord], Any] | None = None
+    tool_call_checks: str = "reject"  # TOOL_CALL_CHECKS_CHOICES: what becomes of a record `_checked_calls` faults
 
     def __post_init__(self):
         if self.late_system not in LATE_SYSTEM_CHOICES:
             raise ValueError(f"late_system must be one of {LATE_SYSTEM_CHOICES}, not {self.late_system!r}")
         if self.missing_reasoning not in MISSING_REASONING_CHOICES:
             raise ValueError(f"missing_reasoning must be one of {MISSING_REASONING_CHOICES}")
+        if self.tool_call_checks not in TOOL_CALL_CHECKS_CHOICES:
+            raise ValueError(f"tool_call_checks must be one of {TOOL_CALL_CHECKS_CHOICES}, "
+                             f"not {self.tool_call_checks!r}")
 
 
 DEFAULT_OPTIONS = Options()
@@ -59,7 +67,7 @@ def _check_text(text: Any, where: str, i: int) -> None:
     """A text field must be a string without Harmony markers. Hot callers test ``type(text) is not str or "<" in
     text`` first, so the common text costs no call."""
     if not isinstance(text, str):
-        raise RecordError(Reason.BAD_CONTENT, f"{where} is a {type(text).__name__}, not a string", message_index=i)
+        raise RecordError(Reason.BAD_CONTENT, f"{where} is {json_type(text)}, not a string", message_index=i)
     marker = find_marker(text)
     if marker:
         raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"{where} contains the Harmony marker {marker}",
@@ -219,7 +227,7 @@ def _check_kwargs(kwargs: Any) -> None:
         raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not an object")
     identity = kwargs.get("model_identity")
     if identity is not None and type(identity) is not str:
-        raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"model_identity is a {type(identity).__name__}, not a string")
+        raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"model_identity is {json_type(identity)}, not a string")
     if nests_deeper(kwargs):
         raise RecordError(Reason.BAD_TEMPLATE_KWARGS, f"chat_template_kwargs nest deeper than {MAX_JSON_DEPTH} levels")
     effort = kwargs.get("reasoning_effort")
@@ -298,10 +306,11 @@ def validate(rec: Any, options: Options | None = None, counters: dict | None = N
     through the converter's ``_src`` map; ``_no_markup`` says it already searched every text for tool markup."""
     opts = options or DEFAULT_OPTIONS
     if type(rec) is not dict:
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is a {type(rec).__name__}, not an object")
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
     src = rec.pop("_src", None)
     no_markup = rec.pop("_no_markup", False)  # the converter already searched every text for tool markup
     stripped = rec.pop("_stripped", None)  # foreign call-syntax instructions the converter removed, per pattern
+    no_text = rec.pop("_no_text", None)  # the source message of the first turn the source gave no text
     msgs = rec.get("messages")
     if type(msgs) is not list or not msgs:
         raise RecordError(Reason.EMPTY_CONVERSATION, "no messages")
@@ -321,6 +330,7 @@ def validate(rec: Any, options: Options | None = None, counters: dict | None = N
     if kwargs:
         _check_kwargs(kwargs)
         result["chat_template_kwargs"] = kwargs
+    _checked_calls(msgs, result.get("tools"), src, no_text, opts, counters)
     # after the checks above, so a broken record gets their reason
     if not any(m["role"] == "assistant" and m.get("weight") != 0 for m in out):
         raise nothing_to_train()
@@ -336,6 +346,25 @@ def validate(rec: Any, options: Options | None = None, counters: dict | None = N
             if type(name) is str and type(n) is int:  # a record from elsewhere may carry anything here
                 _bump(counters, f"{STRIPPED_PREFIX}{name}", n)
     return result
+
+
+def _checked_calls(msgs: list, tools: list | None, src: list[int] | None, no_text: Any, opts: Options,
+                   counters: dict | None) -> None:
+    """What eval scores as a failure, found in the data (`beam_sft.validate.calls`): a turn the source gave no
+    text, a conversation the assistant opens, a call to a tool the record does not declare or against its
+    schema. Rejected, or (``tool_call_checks="keep"``) kept and counted as ``kept:<reason>``."""
+    index = (lambda i: _idx(src, i)) if src is not None else int  # without a map, positions are the source's
+    try:
+        if no_text is not None:
+            raise RecordError(Reason.TURN_WITHOUT_TEXT, "the turn has no text (no 'value' or 'content'); it "
+                              "would train as an empty message", message_index=no_text if type(no_text) is int
+                              else None)
+        check_opening(msgs, index)
+        check_calls(msgs, tools, index)
+    except RecordError as err:
+        if opts.tool_call_checks == "reject":
+            raise
+        _bump(counters, f"{KEPT_PREFIX}{err.code.value}")
 
 
 def nothing_to_train() -> RecordError:

@@ -4,6 +4,7 @@ everything that decides a score is BFCL's. See docs/evaluation.md#bfcl-v4 for ho
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import random
@@ -17,8 +18,11 @@ from typing import Any
 from beam_sft.errors import UsageError
 
 BFCL_SPEC = "bfcl-eval==2026.3.23"
-INSTALL_HINT = (f"BFCL's checker is not installed: pip install --no-deps '{BFCL_SPEC}' 'beam-sft[bfcl]' (its own pins "
-                "clash with beam-sft's; `make install` does both)")
+# As docs/evaluation.md#bfcl-v4 gives it (a test compares the two): the extra with its packages, then bfcl-eval
+# alone, since `--no-deps` on the extra would skip the packages BFCL's checker imports.
+INSTALL_COMMAND = f"pip install -e '.[bfcl]' && pip install --no-deps '{BFCL_SPEC}'"
+INSTALL_HINT = (f"BFCL's checker is not installed: run `make install` in the beam-sft checkout, or {INSTALL_COMMAND} "
+                "(bfcl-eval's own pins clash with beam-sft's: docs/evaluation.md#bfcl-v4)")
 
 # The single-turn AST and relevance categories (`--bfcl all`), in BFCL's order. Multi-turn, memory, web search and
 # format-sensitivity need BFCL's executable backends or several turns; they are not offered.
@@ -76,7 +80,10 @@ def parse_categories(spec: str) -> list[str]:
     for name in names:
         for category in (CATEGORIES if name == "all" else (name,)):
             if category not in CATEGORIES:
-                raise UsageError(f"unknown BFCL category {category!r}; choose from all, {', '.join(CATEGORIES)}")
+                near = difflib.get_close_matches(category, CATEGORIES, n=1)
+                raise UsageError(f"unknown BFCL category {category!r}"
+                                 f"{f' (did you mean {near[0]!r}?)' if near else ''}; choose from all, "
+                                 f"{', '.join(CATEGORIES)}")
             if category not in out:
                 out.append(category)
     return out

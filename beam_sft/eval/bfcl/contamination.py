@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from beam_sft.errors import where
 from beam_sft.eval.bfcl import checker
 
 NGRAM = 13
@@ -111,7 +112,8 @@ def scan(items: Iterable[tuple[Any, str]], index: BfclIndex, *, keep: int = 50) 
         if hit is not None:
             overlapping += 1
             if len(overlaps) < keep:
-                overlaps.append({"source": item.source, "position": item.position, **hit})
+                overlaps.append({"source": item.source, "position": item.position,
+                                 "where": where(item.source, item.position, item.by_line), **hit})
         shared = _record_names(record) & index.names.keys()
         with_names += bool(shared)
         names.update(shared)
