@@ -75,14 +75,17 @@ class RecordError(ValueError):
     """A record that cannot become a Beam record.
 
     `code` is a `Reason`; `message_index` names the offending message in the record as the caller gave it;
-    `source` and `line` are filled in by the reader (file path and 1-based line, or 0-based row index).
+    `source` and `line` are filled in by the reader (file path and 1-based line, or 0-based row index);
+    `keys`: an `unknown_format` record's keys (its rejects entry carries them for the drop report).
     """
 
     def __init__(self, code: Reason | str, message: str, *, message_index: int | None = None,
-                 source: str | None = None, line: int | None = None, by_line: bool = True) -> None:
+                 source: str | None = None, line: int | None = None, by_line: bool = True,
+                 keys: list[str] | None = None) -> None:
         self.code = Reason(code)
         self.message = message
         self.message_index = message_index
+        self.keys = keys
         self.source = source
         self.line = line
         self.by_line = by_line  # False: `line` is a 0-based index (a JSON array's record, a row)
@@ -106,8 +109,11 @@ def reject_entry(err: RecordError, source: str | None, position: int | None, by_
     """One line of a rejects file: where the record came from (its file and 1-based ``line`` for JSONL, or
     0-based ``index`` otherwise), the reason code, the offending message and what is wrong. Every rejects
     file and list is made of these."""
-    return {"source": source, ("line" if by_line else "index"): position, "reason": err.code.value,
-            "message_index": err.message_index, "message": err.message}
+    entry = {"source": source, ("line" if by_line else "index"): position, "reason": err.code.value,
+             "message_index": err.message_index, "message": err.message}
+    if err.keys is not None:
+        entry["keys"] = err.keys
+    return entry
 
 
 def where(source: str | None, position: int | None, by_line: bool = True) -> str:

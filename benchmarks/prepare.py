@@ -45,6 +45,7 @@ import copy
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -245,6 +246,27 @@ def bench_trl(tokenizer, records: list[dict]) -> dict:
     mismatches = sum(a != b for a, b in zip(ours, outputs, strict=True))
     return {"trl": trl.__version__, "records": len(records), "tokens": tokens, "cpu_s": cpu,
             "records_per_s": len(records) / cpu, "tokens_per_s": tokens / cpu, "mismatches_vs_ours": mismatches}
+
+
+_TRL = """
+import json, sys
+import orjson
+from beam_sft.template.tokenizer import load_tokenizer
+from benchmarks.prepare import bench_trl
+records = [orjson.loads(line) for line in open(sys.argv[2], "rb")]
+print(json.dumps(bench_trl(load_tokenizer(sys.argv[1]), records)))
+"""
+
+
+def bench_trl_fresh(tokenizer_path: str, records: list[dict], work: Path) -> dict:
+    """`bench_trl` in a fresh process, as a TRL user's process is: after the encoder's rounds in this one, TRL's
+    call measured 15-25% slower (a process that has loaded and run our encoder is not TRL's)."""
+    src = work / "trl-records.jsonl"
+    write_jsonl(records, src)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", _TRL, tokenizer_path, str(src)], capture_output=True, text=True,
+                          env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def bench_trl_prepare(tokenizer, records: list[dict], work: Path) -> dict:
@@ -464,7 +486,6 @@ def _shard_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int],
 
 
 def _dedup_summary(runs: list[dict]) -> list[dict]:
-    import statistics
 
     out = []
     for size in sorted({r["size"] for r in runs}):
@@ -514,13 +535,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _side_by_side_rows(args, fig: dict, tok, pool: list[dict], start: int, sizes: list[int], tokenizer_path: str,
-                       n_encoder: int) -> int:
-    """The encoder and prepare rows, side by side: each repeat runs the encoder (in this process) and then every
-    prepare configuration (subprocesses), so that the ratio of prepare to the encoder is taken within a repeat,
-    where a slow spell of the machine hits both; the medians and the median ratio are reported. Returns the
-    next unused record number."""
+                       n_encoder: int, n_trl: int) -> int:
+    """The encoder, TRL's per-example call and prepare, side by side: each repeat runs the encoder and TRL (in
+    this process) and then every prepare configuration (subprocesses), so that the ratios to the encoder are
+    taken within a repeat, where a slow spell of the machine hits both; the medians and the median ratios are
+    reported. Returns the next unused record number."""
     variants = (("shared_tools", False), ("unique_tools", True)) if "encoder" in args.rows else ()
     encoder_runs: dict[str, list[dict]] = {name: [] for name, _ in variants}
+    trl_runs: list[dict] = []
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         work = Path(tmp)
@@ -540,6 +562,12 @@ def _side_by_side_rows(args, fig: dict, tok, pool: list[dict], start: int, sizes
                     records = derived(pool, n_encoder, start, unique_tools)
                 encoder_runs[name].append({"repeat": rep, **bench_encoder(tok, records)})
                 start += n_encoder
+            if "trl" in args.rows:
+                _log(f"TRL, per example (run {rep + 1}/{args.repeat})")
+                records = converted(iter_raw(pool, n_trl, start)) if args.workload == "raw" else \
+                    derived(pool, n_trl, start, False)
+                trl_runs.append({"repeat": rep, **bench_trl_fresh(tokenizer_path, records, work)})
+                start += n_trl
             # Each prepare run is a fresh process on records it has not seen: one file serves every repeat.
             for size in sizes if "prepare" in args.rows else ():
                 for procs in args.num_proc:
@@ -550,6 +578,12 @@ def _side_by_side_rows(args, fig: dict, tok, pool: list[dict], start: int, sizes
     for name, group in encoder_runs.items():
         group = sorted(group, key=lambda r: r["records_per_s"])
         fig[f"encoder_{name}"] = {**group[len(group) // 2], "rates": [round(r["records_per_s"]) for r in group]}
+    if trl_runs:
+        fig["trl"] = {**sorted(trl_runs, key=lambda r: r["records_per_s"])[len(trl_runs) // 2],
+                      "rates": sorted(round(r["records_per_s"]) for r in trl_runs)}
+        if encoder_runs.get("shared_tools"):
+            fig["encoder_vs_trl"] = {unit: _per_repeat_ratios(encoder_runs["shared_tools"], trl_runs, unit)
+                                     for unit in ("records_per_s", "tokens_per_s")}
     if runs:
         fig["prepare_runs"] = runs
         fig["prepare"] = _medians(runs)
@@ -558,9 +592,15 @@ def _side_by_side_rows(args, fig: dict, tok, pool: list[dict], start: int, sizes
     return start
 
 
+def _per_repeat_ratios(ours: list[dict], theirs: list[dict], unit: str) -> dict:
+    """`unit` of ours over theirs within each repeat; the median and every ratio."""
+    by_repeat = {r["repeat"]: r[unit] for r in theirs}
+    ratios = sorted(r[unit] / by_repeat[r["repeat"]] for r in ours if r["repeat"] in by_repeat)
+    return {"median": statistics.median(ratios), "ratios": [round(x, 2) for x in ratios]}
+
+
 def _ratios_to_encoder(runs: list[dict], encoder: list[dict]) -> dict[str, dict]:
     """Per size: one process's CPU rate over the encoder's rate of the same repeat; the median and every ratio."""
-    import statistics
 
     by_repeat = {r["repeat"]: r["records_per_s"] for r in encoder}
     out = {}
@@ -592,7 +632,6 @@ def _convert_rows(args, fig: dict, pool: list[dict], start: int, sizes: list[int
 def _medians(runs: list[dict]) -> list[dict]:
     """Per (size, --num-proc): the run with the median CPU rate, with every run's CPU and wall rates, and the
     wall-clock ratio to --num-proc 1 taken within each repeat (the median of those)."""
-    import statistics
 
     out = []
     for key in sorted({(r["size"], r["num_proc"]) for r in runs}):
@@ -635,10 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     if "setup" in args.rows:
         _log("setup")
         fig["setup"] = bench_setup(tokenizer_path)
-    if "trl" in args.rows:
-        _log("TRL, per example")
-        fig["trl"] = bench_trl(tok, derived(pool, n_trl, start, False))
-        start += n_trl
+    if "trl" in args.rows:  # TRL's per-example call runs beside the encoder (_side_by_side_rows)
         _log("TRL, dataset preparation")
         with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
             fig["trl_prepare"] = bench_trl_prepare(tok, derived(pool, n_trl, start, False), Path(tmp))
@@ -651,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
             start += n
             _log(f"breakdown: {n} records in this process")
             fig["breakdown"] = bench_breakdown(tok, src, Path(tmp))
-    start = _side_by_side_rows(args, fig, tok, raw_pool or pool, start, sizes, tokenizer_path, n_encoder)
+    start = _side_by_side_rows(args, fig, tok, raw_pool or pool, start, sizes, tokenizer_path, n_encoder, n_trl)
     start = _convert_rows(args, fig, pool, start, sizes)
     start = _dedup_rows(args, fig, pool, start, sizes, tokenizer_path)
     start = _shard_rows(args, fig, pool, start, sizes, tokenizer_path)
@@ -703,8 +739,14 @@ def summary(fig: dict) -> list[str]:
                      f"{u['tokens_per_s'] / 1e6:.2f} M tok/s (goal >= 2 M tok/s)")
     trl_prep = fig.get("trl_prepare")
     if trl:
-        lines.append(f"TRL per-example: {trl['records_per_s']:,.0f} rec/CPU-s, {trl['tokens_per_s'] / 1e6:.2f} M tok/s; "
-                     f"ids+masks differ from ours on {trl['mismatches_vs_ours']}/{trl['records']}")
+        lines.append(f"TRL per-example: {trl['records_per_s']:,.0f} rec/CPU-s (median of {trl.get('rates')}), "
+                     f"{trl['tokens_per_s'] / 1e6:.2f} M tok/s; ids+masks differ from ours on "
+                     f"{trl['mismatches_vs_ours']}/{trl['records']}")
+    if side := fig.get("encoder_vs_trl"):
+        by_rec, by_tok = side["records_per_s"], side["tokens_per_s"]
+        lines.append(f"encoder vs TRL per-example, within each repeat: {by_rec['median']:.2f}x by records (median of "
+                     f"{by_rec['ratios']}), {by_tok['median']:.2f}x by tokens (median of {by_tok['ratios']}; "
+                     "goal >= 9x on o200k)")
     if trl_prep:
         lines.append(f"TRL dataset preparation (load_dataset json + SFTTrainer._prepare_dataset): "
                      f"{trl_prep['records_per_s']:,.0f} rec/CPU-s ({trl_prep['load_cpu_s']:.1f} CPU-s of it loading)")

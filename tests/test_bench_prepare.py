@@ -31,6 +31,10 @@ def test_bench_prepare_smoke(tmp_path):
     assert len(fig["encoder_shared_tools"]["rates"]) == 2
     # the ratio to the encoder is taken within each repeat (encoder and prepare run side by side)
     assert len(fig["prepare_vs_encoder"]["120"]["ratios"]) == 2
+    # and TRL's per-example call beside the encoder in each repeat: one ratio per repeat, by records and tokens
+    assert len(fig["trl"]["rates"]) == 2 and fig["trl"]["records"] == 30
+    assert all(len(fig["encoder_vs_trl"][unit]["ratios"]) == 2 for unit in ("records_per_s", "tokens_per_s"))
+    assert any(line.startswith("encoder vs TRL per-example, within each repeat") for line in fig["summary"])
     b = fig["breakdown"]
     assert b["records"] == 60 and 0 < b["encode_s"] < b["cpu_s"] and 0 < b["convert_s"] < b["cpu_s"]
     assert any("same bytes in every run: True" in line for line in fig["summary"])

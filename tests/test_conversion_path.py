@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from beam_sft.dataset.settings import DataSettings
 from beam_sft.records.files import data_sources, normalize_record, read_items
 from beam_sft.validate.convert import INPUT_FORMATS, convert_item
 
@@ -34,7 +35,7 @@ def test_inspect_and_the_data_phase_reject_the_same_records_for_the_same_reasons
     from beam_sft.eval.turns import read_held_out
     from beam_sft.report.masks import load_records
 
-    phase = convert_records(path, tmp_path)
+    phase = convert_records(path, tmp_path, DataSettings())
     loaded = load_records(path)
     assert loaded.total == phase.records_in > 0
     phase_rejects = {_where(r): _why(r) for r in phase.iter_rejects()}
@@ -67,7 +68,7 @@ def test_convert_dataset_rejects_the_same_records_for_the_same_reasons(tmp_path)
                      "--max_reject_share", "1"])
         assert code == (0 if out.read_bytes() else 2), path  # exit 2: a run that writes nothing (outputs kept)
         (tmp_path / f"work{i}").mkdir()
-        phase = convert_records(path, tmp_path / f"work{i}")
+        phase = convert_records(path, tmp_path / f"work{i}", DataSettings())
         cli = [orjson.loads(line) for line in rejects.read_bytes().splitlines()]
         assert {_where(r): _why(r) for r in cli} == {_where(r): _why(r) for r in phase.iter_rejects()}, path
         # convert-dataset writes every row with all three keys; the records are the same
@@ -149,7 +150,7 @@ def test_a_record_that_cannot_be_stored_is_a_reject_not_a_crash(tmp_path, monkey
 
     monkeypatch.setattr(conversion, "try_convert", leaky)
     path = str(REPO / "data" / "samples" / "openai.jsonl")
-    converted = convert_records(path, tmp_path)
+    converted = convert_records(path, tmp_path, DataSettings())
     rejects = list(converted.iter_rejects())
     internal = [r for r in rejects if r["reason"] == "internal_error"]
     assert len(internal) == 1 and internal[0]["source"].endswith("openai.jsonl") and internal[0]["line"] == 2

@@ -13,7 +13,7 @@ from inmemory import prepare_dataset, read_rows, to_beam_records
 from beam_sft.dataset.examples import IGNORE_INDEX, EmptyMaskError
 from beam_sft.dataset.pipeline import convert_records
 from beam_sft.dataset.prepare import eval_records, load_prepared, prepare_data
-from beam_sft.dataset.settings import MANIFEST, REJECTS, DataSettings
+from beam_sft.dataset.settings import MANIFEST, REJECTS, DataSettings, PhaseOptions
 from beam_sft.errors import RecordError, UsageError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -203,7 +203,7 @@ def test_unexpected_exception_in_a_converter_is_an_internal_error_reject(tok, tm
         return real(rec, format, options, counters)
 
     monkeypatch.setattr(conversion, "convert", flaky)
-    conv = convert_records(OPENAI, tmp_path, format="auto")
+    conv = convert_records(OPENAI, tmp_path, DataSettings())
     internal = [r for r in conv.iter_rejects() if r["reason"] == "internal_error"]
     assert internal and all(r["message"] == "ZeroDivisionError: boom" and r["line"] for r in internal)
     assert conv.rejected["internal_error"] == len(internal)
@@ -233,7 +233,7 @@ def test_a_record_the_template_rejects_is_a_reject_not_a_stop(tok, tmp_path, mon
 
 
 def test_convert_records_gives_records_with_their_input_positions(tmp_path):
-    conv = convert_records([str(SAMPLES / "harmony.jsonl")], tmp_path, format="auto")
+    conv = convert_records([str(SAMPLES / "harmony.jsonl")], tmp_path, DataSettings())
     assert conv.names == [str(SAMPLES / "harmony.jsonl")]
     records = list(conv.iter_records())
     assert len(records) == len(conv) and all(r["messages"] for r in records)
@@ -250,7 +250,8 @@ def test_empty_mask_is_a_hard_error_naming_the_record(tok, tmp_path):
         prepare_data(OPENAI, tok2, DataSettings(max_length=512), cache_dir=tmp_path)
     # From a worker of the pool too: the same error, not a pool failure.
     with pytest.raises(EmptyMaskError, match=r"openai.jsonl:1: the chat template produced an empty assistant mask"):
-        prepare_data(OPENAI, tok2, DataSettings(max_length=512), cache_dir=tmp_path, num_proc=2)
+        prepare_data(OPENAI, tok2, DataSettings(max_length=512), cache_dir=tmp_path,
+                     options=PhaseOptions(num_proc=2))
 
 
 def test_eval_split_is_seeded_and_counted(tok, tmp_path):
@@ -284,10 +285,11 @@ def test_cache_reused_and_invalidated_by_tokenizer_template_max_length_and_data(
     data.write_bytes((SAMPLES / "openai.jsonl").read_bytes())
     cache = tmp_path / "cache"
     settings = DataSettings(max_length=512)
-    first = prepare_data(str(data), tok, settings, cache_dir=cache, record_dir=tmp_path / "rec")
+    record = PhaseOptions(output_dir=tmp_path / "rec")
+    first = prepare_data(str(data), tok, settings, cache_dir=cache, options=record)
     assert first.action == "tokenized"
     assert json.loads((tmp_path / "rec" / "data_phase.rank0.json").read_text())["action"] == "tokenized"
-    again = prepare_data(str(data), tok, settings, cache_dir=cache, record_dir=tmp_path / "rec")
+    again = prepare_data(str(data), tok, settings, cache_dir=cache, options=record)
     assert again.action == "loaded" and again.path == first.path
     assert json.loads((tmp_path / "rec" / "data_phase.rank0.json").read_text())["action"] == "loaded"
     assert again.train["input_ids"] == first.train["input_ids"]
@@ -425,7 +427,8 @@ def test_stream_shards_are_disjoint_and_cover_the_prepared_rows(tok, tmp_path):
     from beam_sft.dataset.stream import stream_training_data
 
     settings = DataSettings(max_length=200)
-    stream = stream_training_data(OPENAI, tok, settings, world_size=2, rejects_dir=tmp_path / "rej")
+    options = PhaseOptions(world_size=2, output_dir=tmp_path / "rej")
+    stream = stream_training_data(OPENAI, tok, settings, options)
     assert stream.n_shards == 2
     # What the Trainer's dataloader does on each of 2 ranks (accelerate shards a datasets.IterableDataset).
     parts = []

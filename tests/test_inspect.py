@@ -544,7 +544,7 @@ def test_cli_stats_read_through_the_data_phase_equal_the_in_memory_stats(tok):
 
     path = str(SAMPLES / "openai.jsonl")
     args = argparse.Namespace(dataset=path, dataset_format="auto", dataset_train_split="train", max_length=300,
-                              truncation_policy="turn", missing_reasoning="mask")
+                              truncation_policy="turn", missing_reasoning="mask", tool_call_checks="reject")
     stats, internal = _dataset_stats(args, tok, MaskedEncoder(tok))
     loaded = load_records(path)
     want = dataset_stats(tok, loaded.records, max_length=300, rejected=loaded.rejects)

@@ -13,7 +13,7 @@ import yaml
 
 from beam_sft.dataset.mixture import read_mixture, taken_counts
 from beam_sft.dataset.prepare import PrepareRun
-from beam_sft.dataset.settings import DataSettings
+from beam_sft.dataset.settings import DataSettings, PhaseOptions
 from beam_sft.errors import UsageError
 
 
@@ -195,8 +195,8 @@ def test_a_streamed_mixture_trains_each_source_in_its_format_and_shards_by_rank(
     entries = [{"path": files["A"], "fraction": 0.5}, {"path": files["C"], "fraction": 0.5, "format": "sharegpt"}]
     mixture = resolve(entries, seed=1, count=False)
     expected = len(list(mixture.streamed_items()))
-    stream = stream_training_data(resolve(entries, seed=1, count=False), tok, DataSettings(seed=1), world_size=2,
-                                  rejects_dir=tmp_path / "rej")
+    stream = stream_training_data(resolve(entries, seed=1, count=False), tok, DataSettings(seed=1),
+                                  PhaseOptions(world_size=2, output_dir=tmp_path / "rej"))
     parts = []
     for rank in (0, 1):
         loader = prepare_data_loader(DataLoader(stream, batch_size=None), num_processes=2, process_index=rank,

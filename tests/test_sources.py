@@ -16,7 +16,7 @@ import yaml
 
 from beam_sft.dataset.mixture import read_mixture
 from beam_sft.dataset.prepare import PrepareRun, prepare_data
-from beam_sft.dataset.settings import DataSettings, source_identity
+from beam_sft.dataset.settings import DataSettings, PhaseOptions, source_identity
 from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.files import Source, data_sources, iter_items, parse_columns
 
@@ -316,7 +316,8 @@ def test_stream_shuffle_buffer_is_seeded_and_keeps_every_record(tmp_path, tok):
     _write(data, [_chat("R", i) for i in range(40)])
 
     def order(seed: int, buffer: int | None) -> list[str]:
-        stream = stream_training_data(str(data), tok, DataSettings(seed=seed), shuffle_buffer=buffer)
+        options = PhaseOptions(shuffle_buffer=buffer)
+        stream = stream_training_data(str(data), tok, DataSettings(seed=seed), options)
         return [re.search(r"R-(\d+):", tok.decode(row["input_ids"])).group(1) for row in stream]
 
     plain = order(0, None)
@@ -327,7 +328,7 @@ def test_stream_shuffle_buffer_is_seeded_and_keeps_every_record(tmp_path, tok):
     # a buffer of N only moves a record up to N places early: memory is N records, not the input
     assert all(int(r) <= i + 8 for i, r in enumerate(one))
     with pytest.raises(UsageError, match="at least 1"):
-        stream_training_data(str(data), tok, DataSettings(), shuffle_buffer=-1)
+        stream_training_data(str(data), tok, DataSettings(), PhaseOptions(shuffle_buffer=-1))
 
 
 def test_hub_like_directories_are_streamed_never_served_from_a_stale_arrow_cache(tmp_path, tok):

@@ -1,7 +1,5 @@
 """`ask-missing=P`: for a share P of the records whose first call fills a required argument with a value the
-user wrote, a new record where the user did not write it and the assistant asks for it instead of guessing.
-See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment (what is eligible, the skip reasons).
-"""
+user wrote, a new record where the user did not and the assistant asks for it (docs/tool-calling.md)."""
 
 from __future__ import annotations
 
@@ -67,8 +65,7 @@ def written(value: str, text: str) -> bool:
 def _after_verb(text: str, start: int) -> bool:
     """Whether the phrase at `start` completes a verb ("I was born *on 1990-05-15*", "the subject is *"X"*"):
     without it the sentence would stop short."""
-    word = re.search(r"([\w']+)\s*$", text[:start])
-    if word is None:
+    if (word := re.search(r"([\w']+)\s*$", text[:start])) is None:
         return False
     w = word.group(1).lower()
     return w in COMPLEMENT_VERBS or w.rpartition("'")[2] in ("s", "m", "re")
@@ -81,8 +78,7 @@ def drop_phrase(text: str, value: str) -> str | None:
     escaped = re.escape(value)
     quoted = "|".join(f"{re.escape(a)}{escaped}{re.escape(b)}" for a, b in _QUOTES)
     for pattern in (rf"\s*{_PREP}?(?:{quoted}){_CLAUSE_END}", rf"\s*{_PREP}{before}{escaped}{after}{_CLAUSE_END}"):
-        found = list(re.finditer(pattern, text))
-        if not found:
+        if not (found := list(re.finditer(pattern, text))):
             continue
         if any(_after_verb(text, m.start()) for m in found):
             return None
@@ -116,12 +112,10 @@ class AskMissing(Transform):
 
     def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
         messages = record["messages"]
-        at = first_call(messages)
-        if at is None:
+        if (at := first_call(messages)) is None:
             raise Skip("no_tool_call")
         call = messages[at]["tool_calls"][0]["function"]
-        fn = declared(record).get(call["name"])
-        if fn is None:
+        if (fn := declared(record).get(call["name"])) is None:
             raise Skip("undeclared_call")
         params = fn.get("parameters") or {}
         required = [r for r in params.get("required") or () if type(r) is str and r in call["arguments"]]
@@ -151,11 +145,9 @@ class AskMissing(Transform):
 
     @staticmethod
     def _ask(record: BeamRecord, at: int, value: str, words: dict[str, str], rng: random.Random) -> BeamRecord:
-        """The record cut before its call at `at`, `value` dropped from the user's message, the target asking for
-        it (`words`: the tool, the parameter and how to ask for it)."""
+        """The record cut before its call at `at`, `value` dropped from the user's message, asking for it."""
         messages = record["messages"]
-        text = drop_phrase(messages[at - 1]["content"], value)
-        if text is None:
+        if (text := drop_phrase(messages[at - 1]["content"], value)) is None:
             raise Skip("no_removable_phrase")
         if len(text.split()) < 3:
             raise Skip("nothing_left")

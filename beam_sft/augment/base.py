@@ -1,7 +1,5 @@
-"""What a transform is: a callable `transform(record, rng) -> record` over a validated Beam record, which raises
-`Skip(reason)` when it does not apply and never changes the record it is given (it builds new dicts and lists);
-and the per-record random generator that makes a run reproducible.
-"""
+"""A transform: `transform(record, rng) -> record` over a validated Beam record, `Skip(reason)` when it does
+not apply, never changing its input; and the per-record generator that makes a run reproducible."""
 
 from __future__ import annotations
 
@@ -33,10 +31,8 @@ class Transform:
 
 
 def rng_for(seed: int, transform: str, position: int, member: int = 0) -> random.Random:
-    """The generator of one transform on one record: seeded from the run's seed, the transform, the record's
-    position in the input and its place among the records derived from it, never from what came before, so
-    a record's choices are the same whatever the other records are. (A string seed is hashed with SHA-512,
-    the same in every process.)"""
+    """The generator of one transform on one record, seeded from where the record is, never from what came
+    before: its choices are the same whatever the other records (a string seed: in every process too)."""
     return random.Random(f"{seed}/{transform}/{position}/{member}")
 
 

@@ -1,7 +1,5 @@
-"""`distractors=K`: each record with tools also declares up to K tools of other records, at random places, so
-a model stops learning that the one declared tool is the answer (held-out records declare several).
-See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment.
-"""
+"""`distractors=K`: each record with tools also declares up to K tools of other records, so a model stops
+learning that the one declared tool is the answer (held-out records declare several; docs/tool-calling.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ class Distractors(Transform):
     value_kind = "count"
 
     def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
-        tools = list(record.get("tools") or [])
-        if not tools:
+        if not (tools := list(record.get("tools") or [])):
             raise Skip("no_tools")
         if speaks_of_tools(record):
             raise Skip("speaks_of_tools")
@@ -39,9 +36,8 @@ class Distractors(Transform):
 
 
 def add_distractors(records: list[BeamRecord], k: int, seed: int = 0) -> tuple[list[BeamRecord], int]:
-    """`Distractors` over a list of records that is also the pool (the demo's data step): each record with tools
-    gains up to `k` tools of the other records; returns the records (unchanged ones as given) and how many
-    changed."""
+    """`Distractors` over a list of records that is also the pool (the demo's data step): the records and how
+    many changed."""
     pool = ToolPool(seed)
     for record in records:
         pool.add_record(record)

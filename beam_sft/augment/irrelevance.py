@@ -1,7 +1,5 @@
-"""`irrelevance=P`: for a share P of the records that call tools, a new record where no declared tool fits:
-the conversation cut before the first call, the tools that could serve it replaced, the target an answer that
-says none fits (BFCL's "irrelevance" category). See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment.
-"""
+"""`irrelevance=P`: for a share P of the records that call tools, a new record where no declared tool fits and
+the target says so (BFCL's "irrelevance" category; docs/tool-calling.md)."""
 
 from __future__ import annotations
 
@@ -61,8 +59,7 @@ class Irrelevance(Transform):
 
     def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
         messages = record["messages"]
-        at = first_call(messages)
-        if at is None:
+        if (at := first_call(messages)) is None:
             raise Skip("no_tool_call")
         sampled(rng, self.value)
         if at == 0 or messages[at - 1]["role"] != "user":
@@ -80,8 +77,7 @@ class Irrelevance(Transform):
         return {**record, "messages": [*prefix, target], "tools": tools}
 
     def _tools(self, record: BeamRecord, called: set[str], rng: random.Random) -> list[ToolSpec]:
-        """The declared tools that cannot serve the request, with up to `REPLACEMENTS` pool tools at random
-        places; Skip when none is left."""
+        """The declared tools that cannot serve the request and up to `REPLACEMENTS` pool tools, or Skip."""
         taken = set().union(*map(name_words, called)) | conversation_words(record)
         kept = [t for t in record.get("tools") or [] if tool_name(t) not in called
                 and not name_words(tool_name(t)) & taken and not general_purpose(t)]

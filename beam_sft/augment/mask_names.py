@@ -1,8 +1,5 @@
 """`mask-names=P`: for a share P of the records with tools, every declared function and its parameters get
-neutral names (Hammer's "function masking": `func_3fa1`, `arg_2`), so the model must read the descriptions to
-pick a tool and fill its arguments instead of matching names against the request.
-See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment (what is renamed, the skip reasons).
-"""
+neutral names (Hammer's "function masking"): the model must read the descriptions (docs/tool-calling.md)."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ class MaskNames(Transform):
     name = "mask-names"
 
     def __call__(self, record: BeamRecord, rng: random.Random) -> BeamRecord:
-        tools = record.get("tools") or []
-        if not tools:
+        if not (tools := record.get("tools") or []):
             raise Skip("no_tools")
         sampled(rng, self.value)
         names = [tool_name(t) for t in tools]
@@ -59,8 +55,7 @@ class MaskNames(Transform):
 
     @staticmethod
     def _check_calls(record: BeamRecord, names: set[str], params: dict | None = None) -> None:
-        """Every call names a declared tool; after renaming (`params` given) its argument keys are its
-        schema's."""
+        """Every call names a declared tool and (`params` given) only its schema's arguments."""
         for m in record["messages"]:
             for call in m.get("tool_calls") or ():
                 fn = call["function"]

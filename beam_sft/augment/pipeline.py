@@ -1,6 +1,4 @@
-"""The transforms of one run, from their specs on the command line to the records written, with their counts.
-See docs/tool-calling.md#teaching-when-and-which-tool-beam-sft-augment (the order, validation, the Python use).
-"""
+"""The transforms of one run, from their specs to the records written, with counts (docs/tool-calling.md)."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ KEEP = Options(missing_reasoning="keep")
 
 
 def parse_spec(text: str) -> tuple[str, float | int]:
-    """``NAME=VALUE`` -> (name, value), or `UsageError` in one line: an unknown name, a share outside [0, 1], a
-    count that is not a whole number from 1 to `MAX_DISTRACTORS`."""
+    """``NAME=VALUE`` -> (name, value), or a one-line `UsageError`."""
     name, sep, raw = text.partition("=")
     name = name.strip()
     if name not in TRANSFORMS:
@@ -59,8 +56,7 @@ def parse_specs(texts: list[str]) -> list[tuple[str, float | int]]:
 
 @dataclass
 class Counts:
-    """One transform's counts: records it was given, changed (rewrites) or added (additions), skipped by
-    reason; seen = changed + added + skipped."""
+    """One transform's counts: seen = changed (rewrites) + added (additions) + skipped by reason."""
 
     adds: bool
     seen: int = 0
@@ -75,8 +71,7 @@ class Counts:
 
 @dataclass
 class Output:
-    """A record to write: `added_by` the addition that made it (None: the input record), `rewrites` the rewrites
-    that changed it, `position` the input record it comes from."""
+    """A record to write, the addition that made it (None: an input record), the rewrites that changed it."""
 
     record: BeamRecord
     position: int

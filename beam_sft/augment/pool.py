@@ -1,6 +1,5 @@
-"""`ToolPool`: the tools of other records that distractors and irrelevance draw from, collected in a first pass:
-a bounded, seeded bottom-k sample by a keyed hash of each name, the same whatever order the records come in.
-"""
+"""`ToolPool`: the tools distractors and irrelevance draw from, a seeded bottom-k sample by a keyed hash of
+each name, the same whatever order the records come in."""
 
 from __future__ import annotations
 

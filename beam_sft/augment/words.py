@@ -1,7 +1,5 @@
-"""The words of tool names and conversations, and where a record's first call is: what every transform reads.
-A tool "could serve a request" when a word of its name (`NAME_VERBS` aside) occurs in the conversation or in a
-declared tool's name (docs/tool-calling.md).
-"""
+"""The words of tool names and conversations, and where a record's first call is: what every transform reads
+(when a tool "could serve a request": docs/tool-calling.md)."""
 
 from __future__ import annotations
 
@@ -79,8 +77,7 @@ def declared(record: BeamRecord) -> dict[str, FunctionSpec]:
 
 
 def short_description(text: Any, limit: int = 100) -> str:
-    """The first sentence (on its first line) of a description, cut at a word before `limit` characters with
-    "..." after it; "" for none."""
+    """The first sentence of a description, cut at a word before `limit` characters ("..."); "" for none."""
     if type(text) is not str or not text.strip():
         return ""
     line = text.strip().splitlines()[0]

@@ -1,7 +1,5 @@
-"""A resumable cache of teacher answers: an append-only JSONL file, one line per finished turn, keyed by (record
-hash, turn, teacher, prompt version) and flushed at once, so a killed run loses at most the turns in flight.
-See docs/reasoning.md#beam-sft-backfill-fill-the-reasoning-in-with-a-teacher.
-"""
+"""A resumable cache of teacher answers: one JSONL line per finished turn, flushed at once, so a killed run
+loses at most the turns in flight (docs/reasoning.md)."""
 
 from __future__ import annotations
 

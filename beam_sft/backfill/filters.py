@@ -1,7 +1,5 @@
-"""Checks on a teacher's reasoning before it goes into a record; each failure has a counted reason (FILTERS).
-What each catches, its thresholds and real examples: docs/reasoning.md#a-weak-local-teacher-what-the-filters-catch.
-The two checks that need no reference (`repetitive`, `truncated`) live in `beam_sft.eval.degenerate`.
-"""
+"""Checks on a teacher's reasoning before it goes into a record, each failure a counted reason (FILTERS; what
+each catches: docs/reasoning.md); `repetitive` and `truncated` live in `beam_sft.eval.degenerate`."""
 
 from __future__ import annotations
 
@@ -54,8 +52,7 @@ def longest_common_run(text: str, reference: str) -> int:
 
 
 def restates_reply(reasoning: str, reference: dict) -> bool:
-    """The reasoning copies the reference answer (tool calls are not checked: naming the arguments to pass
-    is what reasoning before a call does)."""
+    """The reasoning copies the reference answer (not calls: reasoning before one names its arguments)."""
     content = reference.get("content")
     if reference.get("tool_calls") or not isinstance(content, str):
         return False
@@ -78,9 +75,8 @@ def covered_trigrams(text: str, reference: str) -> float:
 
 
 def copies_example(reasoning: str) -> bool:
-    """A run of the prompt's worked examples' thoughts (a small teacher copies them into the wrong
-    domain: "I do not know today's term, and call it with base "Photoshop" ..."); real traces share at most
-    three words in a row with them."""
+    """A run of the prompt's worked examples' thoughts, which a small teacher copies into the wrong domain
+    (real traces share at most three words in a row with them)."""
     return any(longest_common_run(reasoning, example[3]) >= MIN_EXAMPLE_RUN for example in EXAMPLES)
 
 
@@ -117,9 +113,8 @@ def _argues_for(name: str, reasoning: str) -> bool:
 
 
 def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) -> str | None:
-    """A declared tool the reasoning names although the reference calls other tools (it argues for a
-    different action than the one trained). Only checked when the reference calls tools: reasoning before an
-    answer may well mention a tool it decides not to use."""
+    """A declared tool the reasoning argues for although the reference calls others (not checked before an
+    answer, whose reasoning may well mention a tool it decides not to use)."""
     calls = reference.get("tool_calls") or []
     if not calls or not tools:
         return None
@@ -139,8 +134,7 @@ def check(reasoning: str | None, reference: dict, tools: list[dict] | None, *, m
         return "empty"
     if find_marker(reasoning):
         return "harmony_marker"
-    reason = degenerate(reasoning, stopped)
-    if reason:
+    if reason := degenerate(reasoning, stopped):
         return reason  # "repetitive" or "truncated"
     checks = (("echoes_prompt", lambda: _PROMPT_ECHO_RE.search(reasoning)),
               ("narration", lambda: _NARRATION_RE.search(reasoning)),

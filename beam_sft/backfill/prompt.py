@@ -1,7 +1,5 @@
-"""What the teacher is asked, in mode `rationalize`: the reasoning that leads to a known reply (never changed).
-`PROMPT_VERSION` is part of every cache key: change it whenever the words below change, so a cache never mixes
-answers to different prompts. Why the prompt is shaped so (for small teachers): docs/reasoning.md.
-"""
+"""What the teacher is asked in mode `rationalize`: the reasoning to a known reply (docs/reasoning.md).
+`PROMPT_VERSION` is part of every cache key: change it whenever the words below change."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Fill the missing reasoning of a dataset's assistant turns with a teacher model, record by record and turn by
-turn, `concurrency` records at a time, in input order; records in = records out + rejected (conversion).
-See docs/reasoning.md#beam-sft-backfill-fill-the-reasoning-in-with-a-teacher.
-"""
+"""Fill the missing reasoning of a dataset's assistant turns with a teacher model, `concurrency` records at a
+time, in input order; records in = records out + rejected (docs/reasoning.md)."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ UNBOUNDED_GENERATION = 4096  # the generation bound when the reasoning has none
 
 
 def generation_bound(max_tokens: int | None, max_reasoning_tokens: int | None) -> int:
-    """The teacher's generation budget per turn: `max_tokens` when given, else the reasoning bound plus a
-    quarter and 32 tokens (why: docs/reasoning.md, Bounds)."""
+    """The teacher's generation budget per turn (why so: docs/reasoning.md, Bounds)."""
     if max_tokens:
         return max_tokens
     if not max_reasoning_tokens:
@@ -64,11 +61,6 @@ class Stats:
     requests: int = 0
     retried: int = 0
     samples: dict = field(default_factory=dict)  # filter -> the first SAMPLES answers it refused
-
-    def add_sample(self, reason: str, text: str | None) -> None:
-        kept = self.samples.setdefault(reason, [])
-        if len(kept) < SAMPLES:
-            kept.append(_clip(text or "", SAMPLE_CHARS))
 
     def add(self, counts: Counter) -> None:
         for key, value in counts.items():
@@ -115,8 +107,7 @@ def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> A
 
 def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Settings,
                 count_tokens: Callable[[str], int]) -> tuple[dict[str, Any], Counter, list]:
-    """The record with its missing reasoning filled (in place, turn by turn), what happened, counted, and
-    the answers the filters refused, as (filter, text)."""
+    """The record with its missing reasoning filled in place, its counts, and the refused (filter, text)."""
     counts: Counter = Counter()
     refused: list[tuple[str, str | None]] = []
     record_hash = record_key(record)
@@ -129,8 +120,7 @@ def fill_record(record: dict[str, Any], teacher, cache: TurnCache, settings: Set
             continue
         counts["turns_missing"] += 1
         key = turn_key(record_hash, index, teacher.id, PROMPT_VERSION)
-        entry = cache.entries.get(key)
-        if entry is not None:
+        if (entry := cache.entries.get(key)) is not None:
             counts["from_cache"] += 1
             if entry["status"] == "ok":  # filters added since it was asked apply to it too
                 reason = check(entry["reasoning"], message, record.get("tools"),
@@ -178,7 +168,9 @@ def backfill(records: Iterable[tuple[dict | None, dict | None]], teacher, cache:
         record, counts, refused = window.popleft().result()
         stats.add(counts)
         for reason, text in refused:
-            stats.add_sample(reason, text)
+            kept = stats.samples.setdefault(reason, [])
+            if len(kept) < SAMPLES:
+                kept.append(_clip(text or "", SAMPLE_CHARS))
         out.write(record)
         stats.records_out += 1
         out.progress(1)

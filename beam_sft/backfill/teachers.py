@@ -1,7 +1,5 @@
-"""Teacher models for `beam-sft backfill`: an OpenAI-compatible endpoint or a local transformers model. Both
-answer `complete(messages) -> Answer` (which says whether the teacher stopped on its own) and raise
-`TeacherError`, which says whether asking again may help.
-"""
+"""Teacher models for `beam-sft backfill`: an OpenAI-compatible endpoint or a local transformers model, each
+`complete(messages) -> Answer` or `TeacherError` (which says whether asking again may help)."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ CUT_REASONS = frozenset({"length", "content_filter"})
 
 
 def cut_at_stop(answer: Answer, stop: tuple[str, ...]) -> Answer:
-    """`answer` cut at the first of the stop sequences in it; the teacher then ended its text (it went on
-    to something else), whatever stopped the generation afterwards."""
+    """`answer` cut at its first stop sequence: the teacher ended its text there, whatever stopped it."""
     cuts = [k for k in (answer.text.find(s) for s in stop) if k >= 0] if isinstance(answer.text, str) else []
     return Answer(answer.text[:min(cuts)], True, answer.tokens) if cuts else answer
 
@@ -178,8 +175,7 @@ def pad_id(model, tokenizer) -> int:
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
-    """Every token id that ends the teacher's generation: its generation config's (one id or a list: a Beam
-    teacher ends on <|return|> or <|call|>) and its tokenizer's."""
+    """Every token id that ends the teacher's generation (a Beam teacher's: <|return|> and <|call|>)."""
     ids = getattr(model.generation_config, "eos_token_id", None)
     ids = [ids] if isinstance(ids, int) else list(ids or [])
     if tokenizer.eos_token_id is not None:
@@ -188,8 +184,7 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
 
 
 def _answer(tokenizer, ids: Any) -> str | None:
-    """The teacher's answer: parsed with its response template when it has one (a Beam teacher: the final
-    message, else its analysis), the decoded text otherwise."""
+    """The teacher's answer: parsed with its response template when it has one, the decoded text otherwise."""
     if getattr(tokenizer, "response_template", None) is not None:
         try:
             parsed = tokenizer.parse_response(tokenizer.decode(ids, skip_special_tokens=False))

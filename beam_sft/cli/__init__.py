@@ -1,6 +1,4 @@
-"""The `beam-sft` command: one module per subcommand (its `register(subparsers)` adds its parser and sets `func`;
-heavy imports wait inside the functions, so `beam-sft --help` stays fast), one error table (`run_guarded`).
-"""
+"""The `beam-sft` command: one module per subcommand (its `register(subparsers)`), one error table."""
 
 from __future__ import annotations
 
@@ -14,6 +12,8 @@ import os
 import re
 import sys
 from pathlib import Path
+
+from beam_sft.errors import BeamSFTError, UsageError
 
 # name -> module under beam_sft.cli (the name, "-" spelled "_"); order is the order of --help.
 COMMANDS = {name: name.replace("-", "_") for name in (
@@ -31,9 +31,8 @@ def nearest(word: str, candidates) -> str:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser with the error table's messages: one line, exit status 2, no usage dump, the nearest
-    option or choice named (with its dashes), and the command's --help. Abbreviated options are refused: `--max_record`
-    would silently set --max_records."""
+    """argparse's parser with the error table's one-line messages. Abbreviated options are refused:
+    `--max_record` would silently set --max_records."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
@@ -86,8 +85,6 @@ def make_parser() -> argparse.ArgumentParser:
 
 def run_guarded(func, args) -> int:
     """Run a command, turning known errors into the error table's one-line messages and exit codes."""
-    from beam_sft.errors import BeamSFTError
-
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:
@@ -109,10 +106,8 @@ def run_guarded(func, args) -> int:
 
 
 def check_renamed(command: str, argv: list[str]) -> None:
-    """Refuse a removed data option (`--limit 5`) in one line naming its new spelling (a UsageError: exit 2),
-    before the command parses or loads anything; `beam_sft.dataset.arguments.RENAMED`, for every command."""
+    """Refuse a removed data option (`--limit 5`) naming its new spelling, before anything is parsed."""
     from beam_sft.dataset.arguments import RENAMED, renamed
-    from beam_sft.errors import UsageError
 
     table = {**RENAMED, **RENAMED_IN.get(command, {})}
     for arg in itertools.takewhile(lambda a: a != "--", argv):
@@ -126,9 +121,7 @@ def parse_checked(parser: argparse.ArgumentParser, command: str, argv: list[str]
 
 
 def command_main(module: str, register, name: str):
-    """A subcommand module's `main(argv=None)`: the subcommand as its own program (tests, scripts), with the parser
-    it registers under `beam-sft` and the same error table; run at once when `module` (the caller's `__name__`) is
-    the program: `python -m beam_sft.cli.NAME`."""
+    """A subcommand module's `main(argv=None)`, run at once when `module` is `__main__`."""
     def main(argv: list[str] | None = None) -> int:
         parser = ArgumentParser(prog="beam-sft")
         register(parser.add_subparsers())
@@ -172,12 +165,8 @@ def _cached(repo_id: str) -> bool:
 
 
 def check_local(source: str, option: str, hint: str) -> None:
-    """Refuse a model, adapter or tokenizer argument that names no local directory, before anything loads it, in
-    one line naming the option, what is near it and `hint` (what to pass): transformers would answer a mistyped
-    path with its hub client's "couldn't connect to huggingface.co". A hub id passes when it is in the local cache
-    or downloading is allowed; offline, the message says that HF_HUB_OFFLINE is why."""
-    from beam_sft.errors import UsageError
-
+    """Refuse a model, adapter or tokenizer path that names no local directory (or usable hub id) in one line:
+    transformers would answer a mistyped path with "couldn't connect to huggingface.co"."""
     path = Path(source).expanduser()
     if path.exists():
         return
@@ -215,15 +204,13 @@ def boolean(text: str) -> bool:
 
 
 def data_option(parser, name: str, **kwargs) -> None:
-    """Add the data setting `name` with its one spelling everywhere (`DataArguments`' or SFTConfig's:
-    `--max_records`), its dash form (`--max-records`) accepted too, as TRL's parser does."""
+    """Add the data setting `--name`, its dash form (`--max-records`) accepted too, as TRL's parser does."""
     dashed = name.replace("_", "-")
     parser.add_argument(f"--{name}", *([f"--{dashed}"] if dashed != name else []), **kwargs)
 
 
 def add_rewrite_arguments(parser, own) -> None:
-    """The options of a command that rewrites records (augment, backfill): INPUT..., -o and --dataset_format, then
-    the command's `own(parser)`, then --rejects, --stats, --dataset_train_split, --max_records and -q."""
+    """The options of a command that rewrites records (augment, backfill), `own(parser)`'s among them."""
     from beam_sft.validate.convert import INPUT_FORMATS
 
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -249,8 +236,7 @@ def progress_bar(desc: str, quiet: bool, total: int | None = None):
 
 @contextlib.contextmanager
 def committed(*outputs):
-    """Commit every output (a writer or sink; None is skipped) when the block ends, abort them all if it raises,
-    so an interrupted command leaves no partial output behind."""
+    """Commit every output (None skipped) when the block ends, abort them all if it raises."""
     outputs = [o for o in outputs if o is not None]
     try:
         yield
@@ -264,7 +250,6 @@ def committed(*outputs):
 
 def sources_besides(inputs: list[str], output: str, **options) -> list:
     """The sources of INPUTs (`beam_sft.records.files.data_sources`), refusing an output that is one of them."""
-    from beam_sft.errors import UsageError
     from beam_sft.records.files import data_sources
 
     sources = data_sources(inputs, **options)
@@ -274,8 +259,7 @@ def sources_besides(inputs: list[str], output: str, **options) -> list:
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of a hub (or hub-like local) dataset and the column mapping, shared by the commands that
-    read INPUTs as the data phase does (`beam_sft.records.files.expand_inputs`)."""
+    """The options of a hub (or hub-like local) dataset and the column mapping."""
     group = parser.add_argument_group("hub datasets (an id, or a directory laid out like a hub repository)")
     data_option(group, "dataset_config", metavar="NAME", help="the subset (load_dataset's `name`)")
     data_option(group, "dataset_revision", metavar="REV", help="branch, tag or commit sha of the hub dataset")

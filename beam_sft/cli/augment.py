@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 from beam_sft.cli import add_command, add_rewrite_arguments, command_main, committed, progress_bar
-from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, UsageError
+from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, Reason, UsageError
 
 
 class RunCounts:
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     print(summary(stats))
     if args.stats:
         write_json_atomic(args.stats, stats)
+    print("\n".join(drop_report(stats, args.rejects)), file=sys.stderr)
     internal = counts.rejected["internal_error"] + sum(c.skipped["internal_error"] for c in augmenter.counts.values())
     if internal:
         print(f"warning: {internal} record(s) or transform(s) hit an unexpected error (a bug in beam-sft; please "
@@ -126,7 +127,6 @@ def summary(stats: dict[str, Any]) -> str:
     lines = [(f"augment: {stats['records_in']} records in = {stats['records_kept']} written from the input + "
               f"{stats['rejected']} rejected; {stats['added']} added; {stats['records_written']} records written "
               f"to {stats['output']}")]
-    lines += [f"  rejected {code}: {n}" for code, n in stats["rejected_by_reason"].items()]
     if (pool := stats["pool"]) is not None:
         lines.append(f"  tool pool: {pool['tools']} tools (at most {pool['size']}; {pool['refused']} refused)")
     for name, c in stats["transforms"].items():
@@ -134,6 +134,38 @@ def summary(stats: dict[str, Any]) -> str:
         skipped = ", ".join(f"{reason} {n}" for reason, n in c["skipped"].items()) or "-"
         lines.append(f"  {name}: {done} of {c['seen']}; skipped: {skipped}")
     return "\n".join(lines)
+
+
+def rejected_lines(by_reason: Counter, n_in: int, rejects: str | None) -> list[str]:
+    """The input records augment or backfill rejected (they convert with every check on), by reason."""
+    from beam_sft.dataset.drops import HOW_TO_KEEP, drop_lines
+
+    keep = {Reason.UNKNOWN_FORMAT.value: "name the format with --dataset_format, or fix the records",
+            **{code: HOW_TO_KEEP[code] for code in (Reason.LATE_SYSTEM.value, Reason.INTERNAL_ERROR.value)}}
+    return drop_lines({"records_in": n_in, "rejected": by_reason}, rejects,
+                      keep=lambda code: keep.get(code, "no switch: fix the records"))
+
+
+def _keep_untransformed(code: str) -> str:
+    if code.startswith("invalid_"):
+        return "none: the result fails validation (the record is written unchanged)"
+    if code == Reason.INTERNAL_ERROR.value:
+        return "none: a bug in beam-sft, please report it"
+    return "none: the transform does not fit such records (written unchanged; docs/tool-calling.md)"
+
+
+def drop_report(stats: dict[str, Any], rejects: str | None) -> list[str]:
+    """The input records rejected, then per transform the records it could not transform, by reason
+    (`not_sampled` is the share P at work, not a drop)."""
+    from beam_sft.dataset.drops import drop_lines
+
+    lines = rejected_lines(Counter(stats["rejected_by_reason"]), stats["records_in"], rejects)
+    for name, c in stats["transforms"].items():
+        if skipped := Counter({code: n for code, n in c["skipped"].items() if code != "not_sampled"}):
+            lines += drop_lines({"records_in": c["seen"], "rejected": skipped}, rejects_hint=None,
+                                keep=_keep_untransformed, head=f"{name} did not transform",
+                                noun="records it was given")
+    return lines
 
 
 def register(subparsers) -> None:

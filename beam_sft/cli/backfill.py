@@ -27,8 +27,7 @@ from beam_sft.errors import FatalError, UsageError
 
 
 def expected_records(inputs: list[str], limit: int | None) -> int | None:
-    """How many records the run will read, when that is cheap to know (--max_records, or .jsonl files: their non-empty
-    lines), so the progress bar can show an ETA; None otherwise (a JSON array, a hub id, a glob)."""
+    """The records the run will read, for the ETA: --max_records or the lines of .jsonl inputs, else None."""
     from pathlib import Path
 
     total = 0
@@ -44,8 +43,7 @@ def expected_records(inputs: list[str], limit: int | None) -> int | None:
 
 
 def _records(args: argparse.Namespace):
-    """(record, None) or (None, reject) per input row, converted (`beam_sft.validate.convert`, with its
-    `internal_error` barrier) with turns without reasoning kept."""
+    """(record, None) or (None, reject) per input row, converted with turns without reasoning kept."""
     from beam_sft.records.files import read_items
     from beam_sft.validate.convert import convert_item
     from beam_sft.validate.rules import Options
@@ -147,14 +145,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"=== filled turn {k} of {len(review)} ===\n{text}\n")
     if args.stats:
         write_json_atomic(args.stats, {"teacher": teacher.id, "mode": args.mode, **stats.to_dict()})
+    print("\n".join(drop_report(stats, args.rejects)), file=sys.stderr)
     if stats.failed:
         print(failure_warning(args, stats), file=sys.stderr)
     return 0
 
 
+# Filter -> what keeps the answers it refuses; the rest need a better teacher (docs/reasoning.md).
+KEEP_ANSWERS = {"too_long": "a larger --max-reasoning-tokens (0: no limit)",
+                "truncated": "a larger --max-tokens"}
+
+
+def drop_report(stats, rejects: str | None) -> list[str]:
+    """The input records rejected, then the turns whose teacher answer a filter refused, by filter."""
+    from beam_sft.cli.augment import rejected_lines
+    from beam_sft.dataset.drops import drop_lines
+
+    def keep(code: str) -> str:
+        return KEEP_ANSWERS.get(code, "no switch: a stronger teacher (--model); the turn trains without "
+                                      "reasoning (masked)")
+
+    return rejected_lines(stats.rejected, stats.records_in, rejects) + drop_lines(
+        {"records_in": stats.turns_missing, "rejected": stats.filtered}, rejects_hint=None, keep=keep,
+        head="refused by the filters", noun="turns without reasoning")
+
+
 def failure_warning(args: argparse.Namespace, stats) -> str:
-    """The line for turns the teacher never answered: how many and why, and when no call reached the server at all,
-    that --base-url is where to look."""
+    """The warning for turns the teacher never answered, naming --base-url when no request reached it."""
     why = ", ".join(f"{kind} {n}" for kind, n in sorted(stats.failed.items()))
     unreachable = args.backend == "openai" and not stats.filled and set(stats.failed) <= {"connection"}
     where = (f"no request reached the teacher at --base-url {args.base_url}: start its server (docs/reasoning.md) "
@@ -173,8 +190,7 @@ def _short(text: str) -> str:
 
 
 def review_texts(record: dict[str, Any], n: int) -> list[str]:
-    """Up to `n` turns of `record` that this run filled, each as text for a person to read: the last
-    messages before it, the teacher's reasoning, and the reference reply it leads to."""
+    """Up to `n` turns this run filled, as text to read: the messages before, the reasoning, the reply."""
     from beam_sft.backfill.prompt import reply_text
 
     texts = []

@@ -161,23 +161,23 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(fmt: str, late_system: str, missing_reasoning: str, render: str, chat_template: str | None,
                  tool_call_checks: str = "reject"):
+    from dataclasses import replace
+
     from beam_sft.validate.rules import Options, make_render_check
 
-    _WORKER["fmt"] = fmt
-    _WORKER["opts"] = Options(late_system=late_system, missing_reasoning=missing_reasoning,
-                              tool_call_checks=tool_call_checks)
-    _WORKER["opts_keep"] = Options(late_system=late_system, missing_reasoning="keep", tool_call_checks=tool_call_checks)
-    _WORKER["render_mode"] = render
-    _WORKER["opts_render"] = Options(late_system=late_system, missing_reasoning=missing_reasoning,
-                                     tool_call_checks=tool_call_checks,
-                                     render_check=make_render_check(chat_template=chat_template)
-                                     if render != "none" else None)
+    plain = Options(late_system=late_system, missing_reasoning=missing_reasoning,
+                    tool_call_checks=tool_call_checks)
+    render_check = make_render_check(chat_template=chat_template) if render != "none" else None
+    keep = replace(plain, missing_reasoning="keep")
+    _WORKER.update(fmt=fmt, render_mode=render, opts=plain, opts_keep=keep,
+                   opts_render=replace(plain, render_check=render_check))
 
 
 def process_chunk(start: int, prov: list, chunk: list[tuple[Any, bool, tuple | None]]) -> tuple[list, list, Stats]:
-    """Convert a chunk of (payload, raw, preset_error) → (prov, [(ok, json bytes | (code, index, message), meta)],
-    stats); `meta` of a written record: (its dedup key, the converter used), else None. `start`, the run-wide
-    number of the chunk's first record, picks the render-check sample, the same with any --dataset_num_proc."""
+    """Convert a chunk of (payload, raw, preset_error) → (prov, [(ok, json bytes | (code, index, message,
+    keys), meta)], stats); `meta` of a written record: (its dedup key, the converter used), else None.
+    `start`, the run-wide number of the chunk's first record, picks the render-check sample, the same with any
+    --dataset_num_proc."""
     import orjson
 
     from beam_sft.dataset.reasoning_stats import REASONING_REJECTS
@@ -213,7 +213,7 @@ def process_chunk(start: int, prov: list, chunk: list[tuple[Any, bool, tuple | N
             if err.code.value in REASONING_REJECTS and (again := try_convert(rec, name, _WORKER["opts_keep"], {},
                                                                                raw=raw))[2] is None:
                 stats.add_rejected_turns(again[0])
-            out.append((False, (err.code.value, err.message_index, err.message), None))
+            out.append((False, (err.code.value, err.message_index, err.message, err.keys), None))
             continue
         # The on-disk row shape (README, "Beam records on disk"): all three keys on every row, so that
         # `load_dataset("json")` infers one schema and TRL can spread `chat_template_kwargs` with **.
@@ -238,7 +238,8 @@ def _chunks(items, size: int):
             prov, work = [], []
         prov.append((item.source, item.position, item.by_line))
         err = item.error
-        work.append((item.payload, item.raw, (err.code.value, err.message_index, err.message) if err else None))
+        preset = (err.code.value, err.message_index, err.message, None) if err else None
+        work.append((item.payload, item.raw, preset))
     if work:
         yield start, prov, work
 
@@ -269,12 +270,12 @@ def run(args: argparse.Namespace) -> int:
     from beam_sft.cli import committed, progress_bar, sources_besides
     from beam_sft.dataset.drops import DroppedTooMuch, drop_lines, format_keys, verdict
     from beam_sft.dataset.pipeline import ordered_map
-    from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, Reason, RecordError, reject_entry
+    from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, Reason, RecordError, reject_entry, where
     from beam_sft.records.dedup import Seen
     from beam_sft.records.files import JsonlSink, iter_items, open_writer
     from beam_sft.storage import write_json_atomic
 
-    INTERNAL, UNKNOWN = Reason.INTERNAL_ERROR.value, Reason.UNKNOWN_FORMAT.value
+    INTERNAL = Reason.INTERNAL_ERROR.value
     chat_template = _check_args(args)
     sources = sources_besides(args.inputs, args.output, split=args.dataset_train_split, options=source_options(args))
     writer = open_writer(args.output)
@@ -296,18 +297,19 @@ def run(args: argparse.Namespace) -> int:
             for (source, pos, by_line), (ok, payload, meta) in zip(prov, results, strict=True):
                 if ok and seen is not None and (dup := seen.check(meta[0], source, pos, by_line)) is not None:
                     total.take_back(payload, meta[1])
-                    ok, payload = False, (dup.code.value, None, dup.message)
+                    ok, payload = False, (dup.code.value, None, dup.message, None)
                 if ok:
                     writer.write_raw(payload)
                     continue
-                if payload[0] == UNKNOWN and (keys := format_keys(payload[2])):
-                    total.unknown_format_keys[keys] += 1
-                if payload[0] == INTERNAL and len(first_internal) < 3:
-                    where = f"{source}:{pos}" if by_line else f"{source}[{pos}]"
-                    first_internal.append(f"{where}: {payload[2]}")
+                code, index, message, keys = payload
+                err = RecordError(code, message, message_index=index, keys=keys)
+                entry = reject_entry(err, source, pos, by_line)
+                if found := format_keys(entry):
+                    total.unknown_format_keys[found] += 1
+                if code == INTERNAL and len(first_internal) < 3:
+                    first_internal.append(f"{where(source, pos, by_line)}: {message}")
                 if rejects is not None:
-                    code, index, message = payload
-                    rejects.write(reject_entry(RecordError(code, message, message_index=index), source, pos, by_line))
+                    rejects.write(entry)
             bar.update(len(results))
         rejected = sum(total.rejected.values())
         if total.records_in != total.records_out + rejected:
@@ -372,7 +374,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from beam_sft.cli import add_source_arguments, boolean, data_option
     from beam_sft.dataset.settings import DataSettings
     from beam_sft.validate import reasoning
-    from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES
+    from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES, TOOL_CALL_CHECKS_HELP
     from beam_sft.validate.convert import FORMAT_NAMES
     from beam_sft.validate.rules import LATE_SYSTEM_CHOICES, MISSING_REASONING_CHOICES
 
@@ -397,9 +399,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data_option(parser, "missing_reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
                 help=reasoning.HELP)
     data_option(parser, "tool_call_checks", choices=TOOL_CALL_CHECKS_CHOICES, default="reject",
-                help="a record eval would score as a failure (a call to an undeclared tool, or with no tools "
-                     "declared; arguments against the tool's schema; a turn without text; a conversation the "
-                     "assistant opens): reject it with its own reason, or keep it (default: reject)")
+                help=TOOL_CALL_CHECKS_HELP)
     data_option(parser, "dedup", type=boolean, nargs="?", const=True, default=True, metavar="BOOL",
                 help="reject exact duplicates: a validated record equal to an earlier one (in any input, whatever "
                      "its format) is rejected as `duplicate`, the first kept; `--dedup false` writes them too "

@@ -24,10 +24,13 @@ scored with --bfcl-style prompt or json. Metrics, styles and categories: docs/ev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from pathlib import Path
 
-from beam_sft.cli import add_command, command_main, data_option, nearest
+from beam_sft.cli import add_command, check_local, command_main, data_option, nearest
+from beam_sft.errors import UsageError, reject_where
 
 
 def register(subparsers) -> None:
@@ -104,7 +107,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from beam_sft.errors import UsageError
     from beam_sft.validate.convert import FORMAT_NAMES
 
     if args.dataset_format not in (*FORMAT_NAMES, "beam"):
@@ -120,14 +122,11 @@ def run(args) -> int:
     if sum(x is not None for x in (args.data, args.bfcl, args.rescore)) != 1:
         raise UsageError("give one of --data (held-out records), --bfcl CATEGORIES or --rescore PATH.jsonl")
     if args.rescore is not None:
-        from pathlib import Path
-
         from beam_sft.eval.bfcl.run import rescore
 
         if not Path(args.rescore).is_file():
             raise UsageError(f"--rescore {args.rescore!r}: no such file; pass the --outputs file of an earlier "
                              "`beam-sft eval MODEL --bfcl ... --outputs PATH.jsonl` run")
-
         return _bfcl_results(args, rescore(args.rescore))
     if args.bfcl is None and (args.outputs or args.bfcl_style != "beam"):
         raise UsageError("--outputs and --bfcl-style go with --bfcl")
@@ -142,10 +141,7 @@ def run(args) -> int:
 
 
 def _backend(args):
-    """(backend, tokenizer) for MODEL, or for the server with --backend openai; a model scored in its own format
-    (--bfcl-style prompt or json) stops at its EOS instead of Beam's stop tokens."""
-    from beam_sft.cli import check_local
-    from beam_sft.errors import UsageError
+    """(backend, tokenizer); a model scored in its own format (--bfcl-style prompt, json) stops at its EOS."""
     from beam_sft.eval.backends import TransformersBackend, VLLMBackend, eos_stops
     from beam_sft.eval.run import SAVED_MODEL_HINT, load_eval_tokenizer, load_model, resolve_adapter
 
@@ -181,10 +177,7 @@ def _backend(args):
 
 
 def _bfcl(args, backend, tokenizer) -> int:
-    """--bfcl: the entries generated and scored; --outputs written line by line as they come, renamed into place
-    when the run ends."""
-    import contextlib
-
+    """--bfcl: the entries generated and scored; --outputs written line by line, renamed into place."""
     from beam_sft.eval.bfcl.checker import parse_categories
     from beam_sft.eval.bfcl.run import evaluate_bfcl
     from beam_sft.eval.run import EvalOptions
@@ -200,8 +193,7 @@ def _bfcl(args, backend, tokenizer) -> int:
             def write(scored) -> None:
                 handle.write(json.dumps(scored.to_json(), ensure_ascii=False) + "\n")
 
-        # chunks of a few batches: the bar moves every few minutes on a CPU, and each chunk is still sorted by
-        # length so its batches pad little
+        # chunks of a few batches: the bar moves every few minutes on a CPU, each chunk still sorted by length
         result = evaluate_bfcl(backend, tokenizer, categories, EvalOptions(
             style=args.bfcl_style, max_records=args.max_records, seed=args.seed,
             chunk_size=max(16, 4 * args.batch_size), progress=not args.quiet, on_result=write))
@@ -237,7 +229,6 @@ def _write(args, summary: dict, page) -> None:
 
 
 def _held_out(args, backend, tokenizer) -> int:
-    from beam_sft.errors import reject_where
     from beam_sft.eval.metrics import METRICS
     from beam_sft.eval.report import report_html, summary_table
     from beam_sft.eval.run import EvalOptions, evaluate

@@ -13,6 +13,7 @@ validation and truncation of training) and show every token as trained or not (c
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -30,6 +31,7 @@ from beam_sft.errors import (
 def register(subparsers) -> None:
     from beam_sft.dataset.examples import TRUNCATION_POLICIES
     from beam_sft.validate import reasoning
+    from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES, TOOL_CALL_CHECKS_HELP
     from beam_sft.validate.rules import MISSING_REASONING_CHOICES
 
     parser = add_command(
@@ -57,6 +59,8 @@ def register(subparsers) -> None:
                 help="split of a dataset directory or hub dataset (default: train)")
     data_option(parser, "missing_reasoning", choices=MISSING_REASONING_CHOICES, default=reasoning.DEFAULT,
                 help="as training: " + reasoning.HELP)
+    data_option(parser, "tool_call_checks", choices=TOOL_CALL_CHECKS_CHOICES, default="reject",
+                help=TOOL_CALL_CHECKS_HELP)
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                         help="ANSI colours: auto (when stdout is a terminal), always, never")
 
@@ -88,7 +92,7 @@ def run(args) -> int:
     # Only the records to show are read here; --stats reads the whole dataset through the data phase below.
     limit = max(args.index) + 1 if args.index else args.n
     loaded = load_records(args.dataset, format=args.dataset_format, limit=limit, split=args.dataset_train_split,
-                          missing_reasoning=args.missing_reasoning)
+                          missing_reasoning=args.missing_reasoning, tool_call_checks=args.tool_call_checks)
     for position in args.index or ():
         if position < 0 or position >= loaded.total:  # loaded.total < limit: the dataset ended first
             raise UsageError(f"--index {position}: the dataset has {loaded.total} records")
@@ -155,6 +159,7 @@ def _dataset_stats(args, tokenizer, encoder):
     positions of internal errors)."""
     import tempfile
 
+    from beam_sft.dataset.arguments import DataArguments, data_settings
     from beam_sft.dataset.pipeline import convert_records
     from beam_sft.report.stats import dataset_stats
 
@@ -164,8 +169,10 @@ def _dataset_stats(args, tokenizer, encoder):
     if "datasets" in sys.modules:
         sys.modules["datasets"].disable_progress_bars()
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
-        converted = convert_records(args.dataset, work, format=args.dataset_format, split=args.dataset_train_split,
-                                    missing_reasoning=args.missing_reasoning, progress=sys.stderr.isatty())
+        data = DataArguments(dataset_format=args.dataset_format, dataset_train_split=args.dataset_train_split,
+                             missing_reasoning=args.missing_reasoning, tool_call_checks=args.tool_call_checks)
+        settings = data_settings(data, argparse.Namespace(max_length=None, assistant_only_loss=True, seed=0))
+        converted = convert_records(args.dataset, work, settings, progress=sys.stderr.isatty())
         positions = converted.positions()
         stats = dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
                               labels=lambda i: f"record {positions[i]}", policy=args.truncation_policy)

@@ -1,6 +1,4 @@
-"""`beam-sft train`: fine-tune from an install, with the options and YAML of `scripts/train.py`; the launch options
-(`LAUNCH_OPTIONS`) go to `accelerate launch`. See docs/training.md#training-from-an-install-beam-sft-train.
-"""
+"""`beam-sft train`: `scripts/train.py` from an install, the launch options to `accelerate launch`."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ import re
 import sys
 import textwrap
 
+from beam_sft.cli import run_guarded
 from beam_sft.errors import UsageError
 
 # accelerate launch's options beam-sft train passes on (each takes a value).
@@ -83,9 +82,8 @@ def launched_world_size(launch: list[str]) -> int:
 
 
 def launch(launch_args: list[str], train_args: list[str], output_dir: str | None = None) -> int:
-    """`accelerate launch [launch_args] -m beam_sft.cli.train [train_args]`, in this process as accelerate does.
-    The launcher turns any worker's exit into 1; the status the workers wrote (output_dir/run_status.json:
-    preempted 75, non-finite 65, disk full 74) is the exit status instead, so a scheduler can requeue."""
+    """`accelerate launch [launch_args] -m beam_sft.cli.train [train_args]` in this process. The launcher
+    turns any worker's exit into 1: the status the workers wrote (run_status.json) is used, to requeue."""
     import subprocess
     import time
 
@@ -113,15 +111,12 @@ def launch(launch_args: list[str], train_args: list[str], output_dir: str | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_guarded
-
     argv = list(sys.argv[1:] if argv is None else argv)
     return run_guarded(lambda _: _run(argv), None)
 
 
 HELP_WIDTH, HELP_INDENT = 110, 37
-# The short `--help`: the options a first run and the docs use, in the order a command line is written. The data
-# settings are all listed (from DataArguments); each of these is (option, what it does).
+# The short `--help`'s (option, what it does) besides the data settings, in command-line order.
 LAUNCH_HELP = (
     ("--num_processes N", "processes (GPUs) to train on: the run goes through `accelerate launch`"),
     ("--config_file NAME|YAML", ("an accelerate config: a shipped one (cpu_ddp, multi_gpu, fsdp2, deepspeed_zero3, "
@@ -154,8 +149,7 @@ TRAINING_HELP = (
 
 
 def short_help() -> str:
-    """`beam-sft train --help`: beam-sft's own options first (config, data, model, launch, the dry run, the common
-    training knobs); the full list of TRL / transformers options is `--help-all`, named on the last line."""
+    """`beam-sft train --help`: beam-sft's own options and the common training knobs (all: `--help-all`)."""
     from dataclasses import fields
 
     from beam_sft.dataset.arguments import PREPARE_ONLY, DataArguments

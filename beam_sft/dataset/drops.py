@@ -9,8 +9,8 @@ Every command that drops records (`beam-sft convert`, `beam-sft prepare`, traini
 
 from __future__ import annotations
 
-import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from beam_sft.errors import Reason, UsageError
@@ -35,7 +35,6 @@ HOW_TO_KEEP = {
                     "--tool_call_checks keep (trains what eval scores as a failure: "
                     "docs/conversion.md#calls-checked-against-their-tools)"),
 }
-_KEYS = re.compile(r"\(keys: ([^)]*)\)")
 
 
 class DroppedTooMuch(UsageError):
@@ -48,10 +47,11 @@ class DroppedTooMuch(UsageError):
         self.manifest = manifest
 
 
-def format_keys(message: str | None) -> str | None:
-    """The input keys an `unknown_format` reject names (`record fits no known format (keys: a, b)`), else None."""
-    found = _KEYS.search(message or "")
-    return found.group(1) if found else None
+def format_keys(entry: dict[str, Any]) -> str | None:
+    """The input keys of an `unknown_format` reject entry (`beam_sft.errors.reject_entry`) as the report names
+    them (`a, b`), else None."""
+    keys = entry.get("keys") if entry.get("reason") == Reason.UNKNOWN_FORMAT.value else None
+    return ", ".join(keys) if keys else None
 
 
 def _share(n: int, total: int) -> str:
@@ -67,24 +67,26 @@ def drops(counts: dict[str, Any]) -> Counter:
 
 
 def drop_lines(counts: dict[str, Any], rejects: str | None = None,
-               rejects_hint: str | None = "--rejects PATH lists each one") -> list[str]:
+               rejects_hint: str | None = "--rejects PATH lists each one", keep: Callable[[str], str] | None = None,
+               head: str = "dropped", noun: str = "input records") -> list[str]:
     """The drops by reason: count, share of the input and what keeps them; for `unknown_format`, the shapes each
     converter reads and the keys the input had. One line when nothing was dropped. `rejects`: the file that
-    lists them, else `rejects_hint` says how to get one."""
+    lists them, else `rejects_hint` says how to get one. `keep`: reason -> what keeps it, for a command whose
+    switches are not training's (`HOW_TO_KEEP`); `head` and `noun` name what it drops (augment: a transform's
+    records, backfill: a filter's turns)."""
     from beam_sft.validate.convert import format_shapes
 
     n_in, by_reason = counts.get("records_in", 0), drops(counts)
     total = sum(by_reason.values())
     if not total:
-        return [f"dropped: nothing (all {n_in} input records kept)"]
+        return [f"{head}: nothing (all {n_in} {noun} kept)"]
     where = f" (each one, with its line and what is wrong: {rejects})" if rejects else \
         f" ({rejects_hint})" if rejects_hint else ""
-    lines = [f"dropped: {total} of {n_in} input records ({_share(total, n_in)}) by reason, and what keeps them"
-             + f"{where}:"]
+    lines = [f"{head}: {total} of {n_in} {noun} ({_share(total, n_in)}) by reason, and what keeps them{where}:"]
     width = max(len(code) for code in by_reason)
     for code, n in by_reason.most_common():
-        keep = HOW_TO_KEEP.get(code, "no switch: fix the records")
-        lines.append(f"  {code:<{width}}  {n:>6}  {_share(n, n_in):>6}  keep them: {keep}")
+        how = keep(code) if keep is not None else HOW_TO_KEEP.get(code, "no switch: fix the records")
+        lines.append(f"  {code:<{width}}  {n:>6}  {_share(n, n_in):>6}  keep them: {how}")
         if code == Reason.UNKNOWN_FORMAT.value:
             keys = Counter(counts.get("unknown_format_keys") or {})
             if keys:

@@ -21,7 +21,8 @@ import orjson
 from beam_sft.dataset.examples import Counts, fit_example, label_batch
 from beam_sft.dataset.origins import origins_batch, origins_schema, shard_origins_path
 from beam_sft.dataset.reasoning_stats import REASONING_REJECTS
-from beam_sft.errors import RecordError, UsageError, internal_error, reject_entry
+from beam_sft.dataset.settings import DataSettings
+from beam_sft.errors import RecordError, internal_error, reject_entry, where
 from beam_sft.storage import arrow_array
 
 RAW_BATCH = 2000  # rows per Arrow record batch while reading: a few MB in flight
@@ -275,13 +276,11 @@ def open_stream(path: str):
 def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_reasoning: Any = "mask", *,
                   as_dicts: bool = False, dedup: bool = False, tool_call_checks: str = "reject") -> dict[str, Any]:
     """Raw rows (`RAW_COLUMNS`) -> `record` (None for a reject), `reason` and `reject` (its JSON entry), and
-    the kept records' `reasoning_stats.reasoning_counts` as `reasoning`.
-
-    `fmt` and `missing_reasoning` (the validator's policy: mask | keep | reject) are one value, or one per
-    source (a mixture: lists indexed by `src`). `as_dicts`: the records as the converter returned them (still
-    checked to serialise), for a caller that tokenizes them right away, else their JSON text. `dedup`: `key`
-    holds each kept record's (`key`, reasoning counts) for deduplication (`beam_sft.records.dedup`), None for a
-    reject; the records' reasoning is then counted per row there, not in `reasoning`."""
+    the kept records' `reasoning_stats.reasoning_counts` as `reasoning`. `fmt` and `missing_reasoning` (mask
+    | keep | reject) are one value, or one per source (a mixture: lists indexed by `src`). `as_dicts`: the
+    records as the converter returned them (still checked to serialise), for a caller that tokenizes them
+    right away, else their JSON text. `dedup`: `key` holds each kept record's (`key`, reasoning counts) for
+    deduplication (`beam_sft.records.dedup`), None for a reject; their reasoning is counted per row there."""
     from beam_sft.dataset.reasoning_stats import reasoning_counts
     from beam_sft.records.dedup import record_key, text_key
     from beam_sft.validate.convert import try_convert
@@ -361,9 +360,8 @@ def tokenize_batch(batch: dict[str, list], job: Job, names: list[str]) -> dict[s
             out["reason"].append(enc.code.value)
             out["reject"].append(orjson.dumps(reject_entry(enc, names[src], pos, by_line)).decode())
         else:
-            where = f"{names[src]}:{pos}" if by_line else f"{names[src]}[{pos}]"
             ids, mask, example = fit_example(enc["input_ids"], enc["assistant_masks"], max_length=job.max_length,
-                                             policy=job.policy, where=where)
+                                             policy=job.policy, where=where(names[src], pos, by_line))
             example.update(input_ids=ids, mask=mask, keep=not example["dropped"], length=len(enc["input_ids"]))
             out["reason"].append(None)
             out["reject"].append(None)
@@ -782,23 +780,22 @@ class Converted:
             yield orjson.loads(text)
 
 
-def convert_records(inputs: Sequence[str] | str, work_dir: str | os.PathLike, *, format: str = "auto",
-                    split: str = "train", limit: int | None = None, missing_reasoning: str = "mask",
+def convert_records(inputs: Sequence[str] | str, work_dir: str | os.PathLike, settings: DataSettings, *,
                     progress: bool = False) -> Converted:
     """Raw source(s) -> their validated Beam records and rejects (`Converted`), by the pipeline's convert-only
-    task; `work_dir` holds the Arrow file: keep it while the records are read. records_in = len(records) +
-    sum(rejected.values()), always."""
+    task, as `settings` (format, split, max_records, missing_reasoning, tool_call_checks) say; `work_dir`
+    holds the Arrow file: keep it while the records are read. records_in = len(records) +
+    sum(rejected.values())."""
     from beam_sft.records.files import data_sources, iter_items
-    from beam_sft.validate.convert import INPUT_FORMATS
 
-    if format not in INPUT_FORMATS:
-        raise UsageError(f"unknown format {format!r}; choose one of {', '.join(INPUT_FORMATS)}")
-    sources = data_sources([inputs] if isinstance(inputs, str) else inputs, split)
+    settings.check()
+    sources = data_sources([inputs] if isinstance(inputs, str) else inputs, settings.split)
     names = [s.name for s in sources]
-    raw = next(read_chunks(names, iter_items(sources, limit=limit), os.path.join(work_dir, "raw"),
-                           progress=progress))
+    items = iter_items(sources, limit=settings.max_records)
+    raw = next(read_chunks(names, items, os.path.join(work_dir, "raw"), progress=progress))
     converted = os.path.join(os.fspath(work_dir), "converted.arrow")
-    result = run_task(Task(0, names, raw=raw, convert_to=converted, tokenize=False),
-                      Job(None, format, None, "turn", True, [], missing_reasoning))
+    job = Job(None, settings.format, None, "turn", True, [], settings.missing_reasoning,
+              tool_call_checks=settings.tool_call_checks)
+    result = run_task(Task(0, names, raw=raw, convert_to=converted, tokenize=False), job)
     os.unlink(raw)
     return Converted(converted, names, result)

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from beam_sft.dataset.settings import (
     MANIFEST,
     REJECTS,
     DataSettings,
+    PhaseOptions,
     check_manifest,
     default_cache_dir,
     fingerprint,
@@ -101,15 +102,13 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
     if not eval_dataset_name and settings.eval_split_size <= 0:
         return
     seen = Seen() if settings.dedup else None
-    train = convert_records(dataset_name, tempfile.mkdtemp(dir=work_dir), format=settings.format,
-                            split=settings.split, limit=settings.max_records,
-                            missing_reasoning=settings.missing_reasoning)
+    train = convert_records(dataset_name, tempfile.mkdtemp(dir=work_dir), settings)
     # the training records' keys (their copies are not eval records), and how many are first occurrences
     n_train = sum(1 for _ in _first_occurrences(train.iter_records(), seen))
     if eval_dataset_name:
-        yield from _first_occurrences(convert_records(
-            eval_dataset_name, tempfile.mkdtemp(dir=work_dir), format=settings.format, split="test",
-            missing_reasoning=settings.missing_reasoning).iter_records(), seen)
+        held = convert_records(eval_dataset_name, tempfile.mkdtemp(dir=work_dir),
+                               replace(settings, split="test", max_records=None))
+        yield from _first_occurrences(held.iter_records(), seen)
         return
     mask = _eval_mask(n_train, settings)
     again = Seen() if settings.dedup else None
@@ -226,7 +225,6 @@ class PrepareRun:
     writers, the rejects file, the chunks and the counts (a `Result` summed over the chunks' results, in input
     order). `build` writes a prepared directory, `shard` a shard directory, `merge` a prepared directory from
     shard directories: the same bytes a single run writes, whatever `num_proc` (None or 1: this process).
-
     `eval_inputs`: separate eval data (split "test"); else `settings.eval_split_size` holds out a seeded share
     of the converted records. `chunk_rows`: records per chunk (default `CHUNK_ROWS`)."""
 
@@ -490,7 +488,7 @@ class PrepareRun:
             entry = orjson.loads(text)
             self.rejects.write(entry)
             self.by_source.setdefault(entry["source"], Counter())[entry["reason"]] += 1
-            if entry["reason"] == Reason.UNKNOWN_FORMAT.value and (keys := format_keys(entry.get("message"))):
+            if keys := format_keys(entry):
                 self.unknown_keys[keys] += 1
         for name, shard in result.shards.items():
             self.writers[name].add(shard, names)
@@ -747,20 +745,20 @@ def _main_process_first(state, build_if_missing) -> None:
 
 def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings, *,
                  eval_inputs: Sequence[str] | None = None, cache_dir: str | os.PathLike | None = None,
-                 num_proc: int | None = None, record_dir: str | os.PathLike | None = None,
-                 progress: bool = False) -> Prepared:
+                 options: PhaseOptions | None = None) -> Prepared:
     """The data phase of a training job: raw data -> tokenized, memory-mapped datasets + counts, once per job.
-
     `inputs` is raw data (converted and tokenized here, cached under a fingerprint in `cache_dir`) or one
     prepared directory (checked against `tokenizer` and `settings`, then loaded as is; a positive
     `settings.eval_split_size` then holds out a seeded share of its rows). In a distributed job the main
     process builds the cache first; the other ranks load it (on other nodes too when `cache_dir` is shared;
-    otherwise each node's local main process builds it once). `record_dir` gets `data_phase.rank<N>.json`.
+    otherwise each node's local main process builds it once). `options.output_dir` gets
+    `data_phase.rank<N>.json`; `options.num_proc` and `options.progress` are the build's.
     """
     from accelerate import PartialState
 
     if isinstance(inputs, str):
         inputs = [inputs]
+    options = options or PhaseOptions()
     state = PartialState()
     if (not isinstance(inputs, Mixture) and len(inputs) == 1 and isinstance(inputs[0], str)
             and read_manifest(inputs[0]) is not None):
@@ -768,7 +766,8 @@ def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings,
         if state.is_main_process:
             _log_drops(prepared.manifest, inputs[0])
         check_drops(prepared.manifest, None)  # its share was `beam-sft prepare`'s to check; an empty one cannot train
-        _record_action(record_dir, state.process_index, "loaded", str(inputs[0]), prepared.manifest["tokenizer"])
+        _record_action(options.output_dir, state.process_index, "loaded", str(inputs[0]),
+                       prepared.manifest["tokenizer"])
         return prepared
 
     settings.check()
@@ -790,8 +789,8 @@ def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings,
         if read_manifest(path) is None:
             logger.info("preparing data into %s", path)
             try:
-                PrepareRun(inputs, tokenizer, settings, path, eval_inputs, identity, fp, num_proc=num_proc,
-                           progress=progress).build()
+                PrepareRun(inputs, tokenizer, settings, path, eval_inputs, identity, fp,
+                           num_proc=options.num_proc, progress=options.progress).build()
             except DroppedTooMuch as err:
                 _log_drops(err.manifest, path)
                 raise
@@ -806,5 +805,5 @@ def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings,
         _log_drops(prepared.manifest, path)
     # cached data too: the threshold is no part of the fingerprint
     check_drops(prepared.manifest, settings.max_reject_share)
-    _record_action(record_dir, state.process_index, action, str(path), fp)
+    _record_action(options.output_dir, state.process_index, action, str(path), fp)
     return prepared

@@ -22,7 +22,9 @@ from beam_sft.validate.convert import INPUT_FORMATS
 logger = logging.getLogger(__name__)
 
 # Part of every cache fingerprint and manifest: bump when what the data phase writes could change.
-DATA_VERSION = "2"  # 2: the manifest says which mixture source each eval row came from (eval_sources)
+# 2: the manifest says which mixture source each eval row came from (eval_sources); 3: it records
+# tool_call_checks, checked against the run's (a directory prepared before cannot say it: prepared again)
+DATA_VERSION = "3"
 MANIFEST = "beam_sft_manifest.json"
 EVAL_DIR = "eval"
 
@@ -46,21 +48,15 @@ class DataSettings:
 
     def check(self) -> None:
         from beam_sft.dataset.examples import TRUNCATION_POLICIES
+        from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES
         from beam_sft.validate.rules import MISSING_REASONING_CHOICES
 
-        if self.missing_reasoning not in MISSING_REASONING_CHOICES:
-            raise UsageError(f"unknown missing_reasoning {self.missing_reasoning!r}; choose one of "
-                             f"{', '.join(MISSING_REASONING_CHOICES)}")
-        from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES
-
-        if self.tool_call_checks not in TOOL_CALL_CHECKS_CHOICES:
-            raise UsageError(f"unknown tool_call_checks {self.tool_call_checks!r}; choose one of "
-                             f"{', '.join(TOOL_CALL_CHECKS_CHOICES)}")
-        if self.format not in INPUT_FORMATS:
-            raise UsageError(f"unknown format {self.format!r}; choose one of {', '.join(INPUT_FORMATS)}")
-        if self.truncation_policy not in TRUNCATION_POLICIES:
-            raise UsageError(f"unknown truncation policy {self.truncation_policy!r}; choose one of "
-                             f"{', '.join(TRUNCATION_POLICIES)}")
+        for what, value, choices in (("missing_reasoning", self.missing_reasoning, MISSING_REASONING_CHOICES),
+                                     ("tool_call_checks", self.tool_call_checks, TOOL_CALL_CHECKS_CHOICES),
+                                     ("format", self.format, INPUT_FORMATS),
+                                     ("truncation policy", self.truncation_policy, TRUNCATION_POLICIES)):
+            if value not in choices:
+                raise UsageError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
         if self.max_length is not None and self.max_length < 1:
             raise UsageError("max_length must be at least 1")
         if self.max_records is not None and self.max_records < 0:
@@ -70,6 +66,20 @@ class DataSettings:
         if not 0 <= self.max_reject_share <= 1:
             raise UsageError(f"--max_reject_share {self.max_reject_share}: a share of the input records, 0 to 1 "
                              "(1.0 accepts any share)")
+
+
+@dataclass(frozen=True)
+class PhaseOptions:
+    """How a data phase runs, not what it makes (no part of the fingerprint)."""
+
+    num_proc: int | None = None  # worker processes of a build (default: the usable cores, at most 32)
+    progress: bool = False
+    output_dir: str | os.PathLike | None = None  # data_phase.rank<N>.json; streaming: rejects.rank<N>.jsonl
+    world_size: int = 1  # streaming: ranks, each reading its own shards
+    shards_per_rank: int = 1
+    shuffle_buffer: int | None = None  # streaming: a seeded buffer of N raw records
+    streaming: bool = False  # training: stream the data (nothing cached) instead of preparing it
+    main_process: bool = True  # training: the rank that copies the rejects and writes data_stats.json
 
 
 # Local files up to this size are also identified by a hash of their bytes (cheap; catches an edit that keeps
@@ -155,7 +165,8 @@ def run_fields(tokenizer, settings: DataSettings) -> dict[str, Any]:
     """The manifest fields a prepared dataset must match to train with this tokenizer and these settings."""
     return {"tokenizer": vocab_hash(tokenizer), "chat_template": template_hash(tokenizer),
             "max_length": settings.max_length, "truncation_policy": settings.truncation_policy,
-            "assistant_only_loss": settings.assistant_only_loss}
+            "assistant_only_loss": settings.assistant_only_loss,
+            "tool_call_checks": settings.tool_call_checks}
 
 
 def fingerprint(identity: Any, tokenizer, settings: DataSettings, extra: Any = None) -> str:

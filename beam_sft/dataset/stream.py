@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
-from beam_sft.dataset.pipeline import BATCH_ROWS, Job, convert_batch, label_batch, raw_row, tokenize_batch
-from beam_sft.dataset.settings import DataSettings
+import orjson
+
+from beam_sft.dataset.drops import drop_lines, format_keys
+from beam_sft.dataset.pipeline import (
+    BATCH_ROWS,
+    RAW_COLUMNS,
+    Job,
+    convert_batch,
+    label_batch,
+    raw_row,
+    tokenize_batch,
+)
+from beam_sft.dataset.settings import DataSettings, PhaseOptions
 from beam_sft.errors import UsageError
 from beam_sft.records.files import data_sources
 
@@ -16,23 +29,35 @@ logger = logging.getLogger(__name__)
 
 def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | None, names: tuple, mixture=None):
     """Raw rows of the given shards: shard s holds input records s, s + n_shards, s + 2 n_shards, ... (of a
-    mixture: of its seeded sequence, the same on every rank)."""
+    mixture: of its seeded sequence, the same on every rank); between two markers for the drop report (`src`
+    -1 - shard[0]; `pos` -1 first, then the number of rows)."""
     from itertools import islice
 
     from beam_sft.records.files import iter_items
 
     index = {name: i for i, name in enumerate(names)}
     wanted = set(shard)
+    marker = {"src": -1 - shard[0], "pos": -1, "by_line": False, "payload": None, "error": None}
+    yield marker
+    rows = 0
     items = iter_items(list(sources), limit=limit) if mixture is None else islice(mixture.streamed_items(), limit)
     for i, item in enumerate(items):
         if i % n_shards in wanted:  # another rank's record is skipped before parsing, converting or tokenizing
+            rows += 1
             yield raw_row(item, index)
+    yield {**marker, "pos": rows}
 
 
 def _converted(batch: dict[str, list], fmt, names: list[str], missing_reasoning, tool_call_checks: str = "reject"
                ) -> dict[str, list]:
-    out = convert_batch(batch, fmt, names, missing_reasoning, tool_call_checks=tool_call_checks)
-    return {"record": out["record"], "reason": out["reason"], "reject": out["reject"]}
+    rows = [i for i, src in enumerate(batch["src"]) if src >= 0]  # the others are _stream_rows' markers
+    raw = {key: [batch[key][i] for i in rows] for key in RAW_COLUMNS}
+    out = convert_batch(raw, fmt, names, missing_reasoning, tool_call_checks=tool_call_checks)
+    columns = {key: [None] * len(batch["src"]) for key in ("record", "reason", "reject")}
+    for j, i in enumerate(rows):
+        for key, column in columns.items():
+            column[i] = out[key][j]
+    return columns
 
 
 def _tokenized(batch: dict[str, list], job: Job, names: list[str]) -> dict[str, list]:
@@ -41,45 +66,92 @@ def _tokenized(batch: dict[str, list], job: Job, names: list[str]) -> dict[str, 
     return {"input_ids": out["input_ids"], "labels": labels.to_pylist(), "keep": out["keep"], "reject": out["reject"]}
 
 
-class StreamRejects:
-    """Filter of a streamed dataset: keeps converted records, appends the rejected ones to a per-rank file (the
-    rank read when a batch arrives, so the same object serves every rank and its data workers)."""
+class StreamDrops:
+    """The filters of a streamed dataset, with its drop accounting. Rejects go to a per-rank file (the rank
+    read when a batch arrives, so the same object serves every rank and its data workers) and to the log; the
+    drops are said as `beam-sft prepare` says them once every row of the shards this process began has passed
+    (after each shard it reads: the counts so far). The first pass only: a stream is read again every epoch.
+    Each rank (and data worker) counts its own shards: there is no total over ranks."""
 
-    def __init__(self, directory: str | os.PathLike | None, column: str = "reject") -> None:
-        self.directory = None if directory is None else os.fspath(directory)
-        self.column = column
-        # A stream is read again every epoch; each reject is written once. Rejects are few: the set stays small.
-        self.seen: set[str] = set()
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory
+        self.seen: set[str] = set()  # each reject is written once; rejects are few: the set stays small
+        self.begun: set[int] = set()
+        self.ended: set[int] = set()
+        self.expected = self.reported = 0  # rows of the ended shards; of the last report
+        self.again = False  # a second pass began
+        self.counts: dict[str, Any] = {"records_in": 0, "records_kept": 0, "rejected": Counter(),
+                                       "dropped_too_long": 0, "unknown_format_keys": Counter()}
 
-    def __call__(self, batch: dict[str, list]) -> list[bool]:
-        lines = [text for text in batch[self.column] if text is not None and text not in self.seen]
+    def converted(self, batch: dict[str, list]) -> list[bool]:
+        """Filter: the converted records; counts the rows in, and takes `_stream_rows`' markers out."""
+        for src, pos in zip(batch["src"], batch["pos"], strict=True):
+            if src < 0 and pos < 0:
+                self.again |= -1 - src in self.begun
+                self.begun.add(-1 - src)
+            elif src < 0 and not self.again:
+                self.ended.add(-1 - src)
+                self.expected += pos
+        markers = [src < 0 for src in batch["src"]]
+        self._count("records_in", len(markers) - sum(markers))
+        return [keep and not marker for keep, marker in zip(self.tokenized(batch), markers, strict=True)]
+
+    def tokenized(self, batch: dict[str, list]) -> list[bool]:
+        """Filter: the rows without a reject."""
+        rejects = [text for text in batch["reject"] if text is not None]
+        for entry in map(orjson.loads, rejects if not self.again else ()):
+            self.counts["rejected"][entry["reason"]] += 1
+            if keys := format_keys(entry):
+                self.counts["unknown_format_keys"][keys] += 1
+        lines = [text for text in rejects if text not in self.seen]
         self.seen.update(lines)
         if lines and self.directory is not None:
-            rank = os.environ.get("RANK", "0")
             os.makedirs(self.directory, exist_ok=True)
-            with open(os.path.join(self.directory, f"rejects.rank{rank}.jsonl"), "a", encoding="utf-8") as f:
+            with open(self._rejects(), "a", encoding="utf-8") as f:
                 f.write("".join(line + "\n" for line in lines))
         for line in lines:
             logger.warning("rejected: %s", line)
-        return [text is None for text in batch[self.column]]
+        self._report()
+        return [text is None for text in batch["reject"]]
+
+    def keep(self, batch: dict[str, list]) -> list[bool]:
+        """Filter: the rows that fit (`keep`); the others are dropped by the truncation policy."""
+        self._count("records_kept", sum(batch["keep"]))
+        self._count("dropped_too_long", len(batch["keep"]) - sum(batch["keep"]))
+        self._report()
+        return batch["keep"]
+
+    def _count(self, key: str, n: int) -> None:
+        if not self.again:
+            self.counts[key] += n
+
+    def _rejects(self) -> str:
+        return os.path.join(self.directory, f"rejects.rank{os.environ.get('RANK', '0')}.jsonl")
+
+    def _report(self) -> None:
+        counts = self.counts
+        done = counts["records_kept"] + sum(counts["rejected"].values()) + counts["dropped_too_long"]
+        if self.again or self.ended != self.begun or done != self.expected or done == self.reported:
+            return
+        self.reported = done
+        lines = drop_lines(counts, rejects=self.directory and self._rejects(), rejects_hint=None)
+        log = logger.warning if len(lines) > 1 else logger.info
+        log("streamed (rank %s): %s", os.environ.get("RANK", "0"), "\n".join(lines))
 
 
-def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings, *, world_size: int = 1,
-                         shards_per_rank: int = 1, rejects_dir: str | os.PathLike | None = None,
-                         shuffle_buffer: int | None = None):
-    """Raw data -> a `datasets.IterableDataset` of `input_ids` + `labels`, converted and tokenized on the fly.
-
-    Nothing is written but rejects (`rejects_dir/rejects.rank<N>.jsonl`). The stream has `world_size *
-    shards_per_rank` shards, shard s holding every (world_size * shards_per_rank)-th record from s, so a split by
-    node gives each rank its own records before they are parsed. `shuffle_buffer` N: a seeded buffer of N raw
-    records. `inputs` may be a mixture resolved with `count=False`. See docs/training.md (Streaming).
-    """
+def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings,
+                         options: PhaseOptions | None = None):
+    """Raw data -> a `datasets.IterableDataset` of `input_ids` + `labels`, converted and tokenized on the fly;
+    nothing written but rejects (`StreamDrops`). Its `world_size * shards_per_rank` shards (`options`) each
+    hold every n-th record, so a split by node gives each rank its own records before they are parsed.
+    `inputs` may be a mixture resolved with `count=False`. See docs/training.md (Streaming)."""
     from datasets import Features, IterableDataset, List, Value
 
     from beam_sft.dataset.mixture import Mixture
 
     if isinstance(inputs, str):
         inputs = [inputs]
+    options = options or PhaseOptions()
     settings.check()
     if settings.eval_split_size:
         raise UsageError("streaming has no eval split (eval_split_size): pass eval_dataset_name, or prepare the data")
@@ -90,7 +162,7 @@ def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataS
     names = tuple(s.name for s in sources)
     fmt = mixture.formats(settings.format) if mixture else settings.format
     policy = mixture.policies(settings.missing_reasoning) if mixture else settings.missing_reasoning
-    n_shards = max(1, world_size) * max(1, shards_per_rank)
+    n_shards = max(1, options.world_size) * max(1, options.shards_per_rank)
     raw_features = Features({"src": Value("int32"), "pos": Value("int64"), "by_line": Value("bool"),
                              "payload": Value("large_binary"), "error": Value("string")})
     raw = IterableDataset.from_generator(
@@ -98,14 +170,15 @@ def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataS
         gen_kwargs={"shard": list(range(n_shards)), "sources": tuple(sources), "n_shards": n_shards,
                     "limit": settings.max_records, "names": names, "mixture": mixture},
     )
-    if shuffle_buffer:
-        if shuffle_buffer < 1:
+    if options.shuffle_buffer:
+        if options.shuffle_buffer < 1:
             raise UsageError("shuffle_buffer must be at least 1")
-        raw = raw.shuffle(seed=settings.seed, buffer_size=shuffle_buffer)
+        raw = raw.shuffle(seed=settings.seed, buffer_size=options.shuffle_buffer)
     converted = raw.map(_converted, batched=True, batch_size=BATCH_ROWS, remove_columns=["payload", "error"],
                         fn_kwargs={"fmt": fmt, "names": list(names), "missing_reasoning": policy,
                                    "tool_call_checks": settings.tool_call_checks})
-    converted = converted.filter(StreamRejects(rejects_dir), batched=True, batch_size=BATCH_ROWS)
+    drops = StreamDrops(None if options.output_dir is None else os.fspath(options.output_dir))
+    converted = converted.filter(drops.converted, batched=True, batch_size=BATCH_ROWS)
     converted = converted.select_columns(["src", "pos", "by_line", "record"])
     tokenized = converted.map(
         _tokenized, batched=True, batch_size=BATCH_ROWS, remove_columns=["src", "pos", "by_line", "record"],
@@ -113,6 +186,6 @@ def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataS
                            "reject": Value("string")}),
         fn_kwargs={"job": Job.of(tokenizer, settings), "names": list(names)},
     )
-    tokenized = tokenized.filter(StreamRejects(rejects_dir), batched=True, batch_size=BATCH_ROWS)
-    kept = tokenized.filter(lambda batch: batch["keep"], batched=True, batch_size=BATCH_ROWS)
+    tokenized = tokenized.filter(drops.tokenized, batched=True, batch_size=BATCH_ROWS)
+    kept = tokenized.filter(drops.keep, batched=True, batch_size=BATCH_ROWS)
     return kept.select_columns(["input_ids", "labels"])

@@ -28,8 +28,7 @@ class Generation:
 
 
 def generate_sorted(backend, turns: Sequence[Any]) -> tuple[list[tuple[Any, Generation]], float]:
-    """[(turn, generation)] with the turns sorted by prompt length (a batch pads little), and the seconds it took:
-    a backend that sends conversations to a server (`generate_turns`) gets the turns, the others their prompts."""
+    """([(turn, generation)] sorted by prompt length (a batch pads little), the seconds it took)."""
     if not turns:  # a chunk of records with no assistant turn to prompt
         return [], 0.0
     turns = sorted(turns, key=lambda t: len(t.prompt))
@@ -47,8 +46,7 @@ def stop_ids(tokenizer) -> dict[int, str]:
 
 
 def eos_stops(tokenizer) -> dict[int, str]:
-    """{token id: token} of a plain model's end tokens: the tokenizer's EOS (one id or a list), for models that do
-    not speak Beam (their chat template's end-of-turn token, e.g. ChatML's `<|im_end|>`, is their EOS)."""
+    """{token id: token} of the EOS (one id or a list) of a model that does not speak Beam."""
     ids = tokenizer.eos_token_id
     ids = [ids] if isinstance(ids, int) else list(ids or [])
     if not ids:
@@ -118,9 +116,8 @@ class TransformersBackend:
 
 
 class ShardedBackend:
-    """Another backend's generation split across the ranks of a `torch.distributed` group (rank r generates
-    prompts r, r + world, ...), gathered so every rank returns all of them in order. A short share is padded
-    with the first prompt: a sharded model's forwards are collectives, which the ranks must call in lockstep."""
+    """Another backend's generation split across the ranks of a `torch.distributed` group, gathered on every
+    rank. A short share is padded with the first prompt: a sharded model's forwards are collectives."""
 
     def __init__(self, backend, rank: int, world_size: int):
         self.backend, self.rank, self.world_size = backend, rank, world_size
@@ -143,8 +140,7 @@ class ShardedBackend:
 
 
 class VLLMBackend:
-    """vLLM (needs a CUDA GPU), with the same greedy decoding, bound, stop tokens, prompt token ids and decoding
-    tokenizer as `TransformersBackend`, so both feed the parser the same text. Not run here: docs/evaluation.md."""
+    """vLLM (needs a CUDA GPU), decoding as `TransformersBackend` does: the parser reads the same text."""
 
     name = "vllm"
 

@@ -1,7 +1,4 @@
-"""Degenerate reasoning, whoever wrote it: loops (`is_repetitive`) and text cut at its token bound. `beam-sft
-backfill` refuses a teacher's reasoning that is degenerate, and `beam-sft eval` counts a fine-tune's analysis that
-is (`degenerate_reasoning`): a model trained on looping traces learns to loop. See docs/reasoning.md.
-"""
+"""Looping or cut-off reasoning: refused by backfill, counted by eval (docs/reasoning.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Scoring a generated turn against its reference, and the tallies of an evaluation.
-
-`score_turn` computes each metric of `METRICS` on one parsed generation; `Tally` and `EvalResult` add them up
-overall, per source format and per reasoning effort. `is_well_formed` is the rule of a proper Beam turn, which
-training's callbacks use too.
-"""
+"""Scoring a generated turn against its reference (`score_turn`), and the tallies of an evaluation."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ if TYPE_CHECKING:
     from beam_sft.eval.turns import Turn
 
 
-# Which turns each metric is computed on (the denominator), for the table and the README; the key order is the
-# summary's (and `--json`'s). Every value is a fraction of the turns it applies to, or None.
+# Which turns each metric is computed on (the denominator); the key order is the summary's (and `--json`'s).
 APPLIES_TO = {
     "well_formed": "all turns",
     "stopped": "all turns",
@@ -47,10 +41,8 @@ _CLOSES = ("<|end|>", RETURN, CALL)
 
 
 def structure_error(text: str | None) -> str:
-    """What is wrong with the shape of a generated turn's raw text, or "" (also when there is no text): text
-    after a final answer, or after a call closed by `<|end|>` something other than a call. Both parse without
-    error (`parse_response` keeps the last final, vLLM's streaming parser joins them), so the parse alone cannot
-    tell. A missing closer at the very end is fine: servers may drop the stop token."""
+    """What is wrong with the shape of a generated turn's raw text, or "": text after a final answer, or after
+    a call closed by `<|end|>`, which parse without error (docs/evaluation.md)."""
     messages = (text or "").split(_START)
     for k, message in enumerate(messages):
         header, _, body = message.partition("<|message|>")
@@ -65,8 +57,7 @@ def structure_error(text: str | None) -> str:
 
 def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set[str] | None = None,
                    text: str | None = None) -> tuple[bool, str]:
-    """Whether a parsed generation is a proper Beam assistant turn, (ok, reason when not): the `well_formed`
-    rule of docs/evaluation.md (`tool_names`: the declared tools, when known; `text`: the raw generation)."""
+    """(ok, reason when not): the `well_formed` rule of docs/evaluation.md."""
     if not stopped:
         return False, "no stop token before max_new_tokens"
     if not parsed:
@@ -146,9 +137,8 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
 
 
 def schema_errors(value: Any, schema: Any, path: str = "arguments") -> list[str]:
-    """Why `value` does not validate against `schema` (empty when it does), for the keywords tool schemas use.
-    Unlike plain JSON Schema, an object schema that lists `properties` accepts no other keys unless
-    `additionalProperties` says so: an argument the tool does not declare is made up, not a valid call."""
+    """Why `value` does not validate against `schema` (empty when it does). Unlike JSON Schema, an object
+    schema with `properties` accepts no other keys unless `additionalProperties` says so."""
     if not isinstance(schema, dict) or not schema:
         return []
     errors: list[str] = []
@@ -225,10 +215,7 @@ def reasoning_of(parsed: dict[str, Any] | None) -> str:
     return thinking if isinstance(thinking, str) and thinking.strip() else ""
 
 
-# Did the fine-tune keep its reasoning? Besides has_reasoning and degenerate_reasoning: `empty_analysis`, the exact
-# output a model trained on turns without reasoning learns (`<|channel|>analysis<|message|><|end|>`,
-# docs/reasoning.md), which Beam never writes; and the analysis length in tokens, whose mean per turn the report
-# shows, so reasoning that shrank shows even when it is not empty.
+# `empty_analysis`: what a model trained on turns without reasoning learns (docs/reasoning.md).
 ANALYSIS_OPEN = "<|channel|>analysis<|message|>"
 
 
@@ -241,8 +228,7 @@ def empty_analysis(text: str) -> bool:
 
 
 def turn_empty_analysis(generation: Generation, parsed: dict[str, Any] | None) -> bool:
-    """`empty_analysis` of one generated turn: from its text, or, for a served turn (which comes back parsed by the
-    server, without its text: `beam_sft.eval.openai_backend`), an empty parsed `thinking`."""
+    """`empty_analysis` of one generated turn: from its text, or a served turn's empty parsed `thinking`."""
     if getattr(generation, "parsed", None) is not None:
         return not reasoning_of(parsed)
     return empty_analysis(generation.text)
@@ -257,9 +243,7 @@ def analysis_tokens(tokenizer, parsed: dict[str, Any] | None) -> int:
 
 
 def degenerate_reasoning(parsed: dict[str, Any] | None, stop: str | None) -> bool | None:
-    """The generated analysis loops (`beam_sft.eval.degenerate`, the checks `beam-sft backfill` applies to
-    a teacher's reasoning), or the generation ran into its bound while still in it (no stop token, and
-    neither an answer nor a call after it); None for a turn without reasoning."""
+    """The analysis loops (`beam_sft.eval.degenerate`), or was cut by the bound; None without reasoning."""
     thinking = reasoning_of(parsed)
     if not thinking:
         return None
@@ -269,9 +253,7 @@ def degenerate_reasoning(parsed: dict[str, Any] | None, stop: str | None) -> boo
 
 def score_turn(reference: dict[str, Any], parsed: dict[str, Any] | None, stop: str | None,
                tools: Sequence[dict] | None = None, text: str | None = None) -> tuple[dict[str, bool | None], str]:
-    """Every metric for one generated turn against its reference (each defined in docs/evaluation.md's table):
-    ({metric: True/False/None}, why not well-formed); None where the metric does not apply (APPLIES_TO). `text`
-    is the raw generation when known (offline, or a server that returned its token ids)."""
+    """({metric: True/False/None}, why not well-formed) for one generated turn (docs/evaluation.md)."""
     ref_calls = _calls(reference)
     expects_call = bool(ref_calls)
     gen_calls = _calls(parsed)
@@ -381,9 +363,7 @@ class EvalResult(Throughput):
                 self.failures.append(result)
 
     def summary(self) -> dict[str, Any]:
-        """What `--json` writes: the records and turns evaluated, each metric overall (a fraction of the turns
-        it applies to, None when it applies to none), then the same per source format and per reasoning
-        effort; plus rejected records, generated tokens and tokens/s."""
+        """What `--json` writes: the metrics overall, per source format and per reasoning effort."""
         return {**self.overall.to_dict(), "by_format": {k: v.to_dict() for k, v in sorted(self.by_format.items())},
                 "by_effort": {k: v.to_dict() for k, v in sorted_by_effort(self).items()}, "rejected": self.rejected,
                 "generation_tokens": self.generation_tokens, "tokens_per_second": self.tokens_per_second}

@@ -1,6 +1,4 @@
-"""`beam-sft eval --backend openai`: the same metrics on what a running OpenAI-compatible server returns, its
-parsers included. See docs/serving.md for what is sent, how the answer is read and how refusals count.
-"""
+"""`beam-sft eval --backend openai`: metrics on an OpenAI-compatible server's answers (docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ def _field(obj: Any, name: str) -> Any:
 
 
 def request_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Beam messages as chat-completions messages: reasoning sent back under both names servers read
-    (`reasoning_content`; vLLM keeps only `reasoning`), tool-call arguments as JSON strings, and call ids
-    made up where the record has none (the tool message that answers a call gets the same id, in order)."""
+    """Beam messages as chat-completions messages: reasoning under both names servers read (vLLM keeps only
+    `reasoning`), arguments as JSON strings, call ids made up where missing (docs/serving.md)."""
     out, pending = [], []
     for k, message in enumerate(messages):
         role = message.get("role")
@@ -83,9 +80,8 @@ def parsed_message(message: Any) -> dict[str, Any]:
 
 
 def refusal_text(err) -> str:
-    """What a refused request says: the client's message, plus the body's own words when the client left them
-    out (it keeps only an `error.message`; FastAPI servers, `transformers serve` among them, answer
-    `{"detail": ...}`, so a 422 reads just "Error code: 422")."""
+    """What a refused request says, with the body's `detail` the client leaves out (FastAPI servers such as
+    `transformers serve`: a 422 would read just "Error code: 422")."""
     message = f"{getattr(err, 'message', err)}"
     body = getattr(err, "body", None)
     detail = body.get("detail") if isinstance(body, dict) else body if isinstance(body, str) else None

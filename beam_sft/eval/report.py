@@ -78,8 +78,7 @@ def _json_html(value: Any) -> str:
 
 
 def report_html(result: EvalResult, *, title: str = "beam-sft eval") -> str:
-    """A self-contained page (the `beam-sft inspect --html` styles): the summary table, then every kept
-    failing turn with the prompt tail, the raw generation, the parse and the reference."""
+    """A self-contained page: the summary table, then every kept failing turn."""
     from beam_sft.report.pages import html_document
 
     tables = [f"<h2>{label}</h2>{html_table(_rows('metric', groups))}" for label, groups in (
@@ -102,7 +101,6 @@ def report_html(result: EvalResult, *, title: str = "beam-sft eval") -> str:
             + message_html("parse", _json_html(r.parsed)) + message_html("reference", _json_html(t.reference))
         )
     if result.rejects:
-        rows = [[reject_where(r), r.get("reason"), r.get("message")]
-                for r in result.rejects]
+        rows = [[reject_where(r), r.get("reason"), r.get("message")] for r in result.rejects]
         parts.append(f"<h2>Rejected records: {result.rejected}</h2>{html_table([['record', 'reason', 'message'], *rows])}")
     return html_document(title, "\n".join(parts))

@@ -1,7 +1,4 @@
-"""Did the fine-tune learn Beam? Generate held-out assistant turns and score their format, stops and tool calls.
-Streamed: records are read, generated and scored in chunks, so memory stays flat; only the kept failures are held.
-See docs/evaluation.md.
-"""
+"""Generate held-out assistant turns and score them, in chunks (memory stays flat). See docs/evaluation.md."""
 
 from __future__ import annotations
 
@@ -50,8 +47,7 @@ def raw_text(generation: Generation) -> str | None:
 
 @dataclass
 class EvalOptions:
-    """How `evaluate` and `evaluate_bfcl` (beam_sft.eval.bfcl.run) run: what is generated, how much at a time,
-    what is kept and who sees each scored turn (or BFCL entry)."""
+    """How `evaluate` and `evaluate_bfcl` (beam_sft.eval.bfcl.run) run."""
 
     turns: str = "first"  # held-out records: which assistant turns (TURN_CHOICES)
     style: str = "beam"  # BFCL: how an entry is prompted and decoded (beam_sft.eval.bfcl.prompts.STYLES)
@@ -66,8 +62,7 @@ class EvalOptions:
 
 def evaluate(backend, tokenizer, records: Iterable[tuple[dict | None, dict | None, str] | tuple[dict, str]],
              options: EvalOptions | None = None) -> EvalResult:
-    """Generate and score the chosen turns of `records` (`(record, format)` pairs, or `(record, reject, format)`
-    triples as `read_held_out` yields) with `backend`, `options.chunk_size` records at a time (`EvalOptions`)."""
+    """Generate and score the chosen turns of `records` (`(record, format)` or `read_held_out`'s triples)."""
     from tqdm.auto import tqdm
 
     opts = options or EvalOptions()
@@ -116,8 +111,7 @@ def evaluate(backend, tokenizer, records: Iterable[tuple[dict | None, dict | Non
 
 
 def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
-    """(base model, adapter): a MODEL directory that holds only a LoRA adapter (what scripts/train.py
-    --use_peft saves) is evaluated on the base model its adapter_config.json names."""
+    """(base model, adapter): a LoRA-only MODEL directory runs on the base its adapter config names."""
     config = Path(model) / "adapter_config.json"
     if adapter is not None or not config.is_file() or (Path(model) / "config.json").is_file():
         return model, adapter
@@ -141,9 +135,8 @@ def _loaded(what: str, source: str, load: Callable[[str], Any]) -> Any:
 
 
 def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: str | None = None, beam: bool = True):
-    """(tokenizer, where it came from): `tokenizer`, else the adapter directory when it holds one
-    (scripts/train.py saves it there), else the model's. It must carry both Beam templates, or with `beam=False`
-    (a model scored in its own format: `eval --bfcl-style prompt`) a chat template, and gets a pad token."""
+    """(tokenizer, where it came from): `tokenizer`, else the adapter directory's, else the model's; with both
+    Beam templates, or with `beam=False` (`eval --bfcl-style prompt`) a chat template and a pad token."""
     from transformers import AutoTokenizer
 
     source = tokenizer or (adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else model)
@@ -155,17 +148,14 @@ def load_eval_tokenizer(model: str, *, tokenizer: str | None = None, adapter: st
             tok.pad_token = tok.eos_token
         return tok, source
     if not tok.chat_template or getattr(tok, "response_template", None) is None:
-        raise UsageError(
-            f"{source}: the tokenizer lacks the Beam chat template or response_template "
-            "(save it with beam_sft.template.tokenizer.save_tokenizer, or beamify it)"
-        )
+        raise UsageError(f"{source}: the tokenizer lacks the Beam chat template or response_template "
+                         "(save it with beam_sft.template.tokenizer.save_tokenizer, or beamify it)")
     return tok, source
 
 
 def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None = None, device: str | None = None,
                beam: bool = True):
-    """(model, tokenizer) for evaluation: a saved directory or a hub id (the local cache when offline),
-    optionally with a LoRA adapter (peft) merged in; the tokenizer as `load_eval_tokenizer` finds it."""
+    """(model, tokenizer) for evaluation, a LoRA adapter (peft) merged in when given."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -194,9 +184,8 @@ def load_model(model: str, *, tokenizer: str | None = None, adapter: str | None 
 
 
 def evaluate_trainer(trainer, tokenizer, records: Sequence[dict]) -> dict[str, float] | None:
-    """`scripts/train.py --eval_beam` / `--eval_beam_steps`: the overall metrics of the model being trained on the
-    first turn of the eval records, as `eval_beam/<metric>`, logged through `trainer.log`. Every rank must call it
-    with the same `records` (docs/training.md#watching-beam-metrics-during-training); DeepSpeed: None."""
+    """`--eval_beam`: the overall `eval_beam/<metric>`s of the model being trained, through `trainer.log`.
+    Every rank must call it with the same `records` (docs/training.md); DeepSpeed: None."""
     from beam_sft.eval.backends import ShardedBackend
 
     accelerator = trainer.accelerator

@@ -1,8 +1,4 @@
-"""What an evaluation generates: records read and converted lazily, and their assistant turns as prompts.
-
-For each chosen assistant turn of each record, the prompt is the conversation up to that turn rendered by the
-tokenizer's chat template (with the record's `tools` and `chat_template_kwargs`).
-"""
+"""What an evaluation generates: records read and converted lazily, and their assistant turns as prompts."""
 
 from __future__ import annotations
 
@@ -11,25 +7,21 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from beam_sft.errors import Reason, RecordError, UsageError
+from beam_sft.errors import BeamSFTError, Reason, RecordError, UsageError
 
 TURN_CHOICES = ("first", "last", "all")
 DEFAULT_EFFORT = "default"
 
 
-def read_held_out(
-    path: str | Sequence[str], fmt: str = "auto", split: str = "test", max_records: int | None = None
-) -> Iterator[tuple[dict | None, dict | None, str]]:
-    """Read `path` lazily through the one per-record conversion: yields `(record, None, format)` for each Beam
-    record, `(None, reject, format)` for each rejected row, in input order; at most `max_records` rows. `format`
-    is `fmt` when given, else what `detect` says (a Beam record read under "auto" detects as "openai")."""
+def read_held_out(path: str | Sequence[str], fmt: str = "auto", split: str = "test",
+                  max_records: int | None = None) -> Iterator[tuple[dict | None, dict | None, str]]:
+    """`(record, None, format)` or `(None, reject, format)` for each row of `path`, converted lazily."""
     from beam_sft.records.files import parse_line, read_items
     from beam_sft.validate.convert import convert_item, detect
     from beam_sft.validate.rules import Options
 
-    # A reference turn needs no reasoning to be scored: the metrics compare the action and the answer, and the
-    # generated reasoning is judged on its own (has_reasoning, degenerate_reasoning). Under the training default
-    # (`mask`) a held-out tool-calling record without reasoning would be rejected as nothing_to_train.
+    # A reference turn needs no reasoning to be scored; under the training default (`mask`) a held-out
+    # tool-calling record without reasoning would be rejected as nothing_to_train.
     options = Options(missing_reasoning="keep")
     specs = [path] if isinstance(path, str) else list(path)
     for item in read_items(specs, split, limit=max_records):
@@ -48,11 +40,7 @@ COUNT_PARSED_BELOW = 64 << 20
 
 
 def held_out_total(path: str | Sequence, split: str = "test", max_records: int | None = None) -> int | None:
-    """How many rows `read_held_out` (or any reader of `data_sources(path)`) will yield, for a progress bar's total
-    and ETA, when that is cheap to know: JSONL lines (counted, not parsed), a Parquet file's row count, the records
-    of a small JSON/CSV/text file; `max_records` caps it. None (or `max_records`) for a hub or saved dataset, or a
-    large JSON array. `path`: INPUT specs or `Source`s."""
-    from beam_sft.errors import BeamSFTError
+    """How many rows a reader of `data_sources(path)` yields when cheap to know, else None/max_records."""
     from beam_sft.records.files import data_sources, iter_items
 
     try:
@@ -86,8 +74,7 @@ class Turn:
     format: str
     effort: str
     prompt: str = ""
-    # The conversation before the turn and the record's chat_template_kwargs, for backends that send
-    # conversations to a server instead of rendered prompts (beam_sft.eval.openai_backend).
+    # for backends that send conversations to a server instead of prompts (beam_sft.eval.openai_backend)
     messages: list[dict] = field(default_factory=list)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -112,8 +99,7 @@ def effort_label(record: dict[str, Any]) -> str:
 
 
 def record_turns(tokenizer, record: dict[str, Any], index: int, source_format: str, turns: str) -> list[Turn]:
-    """The record's chosen turns with their rendered prompts. A record the template cannot render raises
-    RecordError(render_failed), so the caller counts it as rejected."""
+    """The record's chosen turns with their rendered prompts; RecordError(render_failed) if it cannot."""
     tools = record.get("tools") or None
     kwargs = record.get("chat_template_kwargs") or {}
     out = []

@@ -14,11 +14,10 @@ from beam_sft.records.types import BeamRecord, Message, json_type, wrong_type
 
 
 def _text(rec: dict, key: str, required: bool = False) -> str:
-    value = rec.get(key)
-    if value is None:
+    if (value := rec.get(key)) is None:
         if required:
             raise RecordError(Reason.UNKNOWN_FORMAT, f"an Alpaca row needs {key!r} (keys: "
-                              f"{', '.join(sorted(rec)[:8])})")
+                              f"{', '.join(sorted(rec)[:8])})", keys=sorted(rec)[:8])
         return ""
     if type(value) is not str:
         raise wrong_type(Reason.BAD_CONTENT, f"{key!r}", value, "a string")
@@ -61,8 +60,7 @@ def convert(rec: Any) -> BeamRecord:
     if not prompt.strip():
         raise RecordError(Reason.BAD_CONTENT, "'instruction' and 'input' are empty: no prompt for the output")
     messages: list[Message] = []
-    system = _text(rec, "system")
-    if system:
+    if system := _text(rec, "system"):
         messages.append({"role": "system", "content": system})
     if rec.get("history") is not None:
         messages += _history(rec["history"])

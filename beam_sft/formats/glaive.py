@@ -1,6 +1,5 @@
-"""glaive-function-calling-v2 rows (a ``system`` string with the functions as JSON, a ``chat`` string of ``USER:`` /
-``ASSISTANT:`` / ``FUNCTION RESPONSE:`` turns with ``<functioncall>`` calls) → Beam records.
-See docs/formats.md#tool-calling-datasets-hermes--qwen-tags-glaive-v2-xlam."""
+"""glaive-function-calling-v2 rows (a ``system`` string with the functions as JSON, a ``chat`` string of
+``USER:`` / ``ASSISTANT:`` / ``FUNCTION RESPONSE:`` turns, ``<functioncall>`` calls) → Beam records."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import record_object
 from beam_sft.formats.toolmarkup import call_from_value, loads_lenient, strip_tool_prompt
 from beam_sft.records.messages import normalize_tools, record
-from beam_sft.records.types import BeamRecord, Message, ToolCall, json_type, wrong_type
+from beam_sft.records.types import BeamRecord, Message, ToolCall, wrong_type
 
 _ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
 _EOT = "<|endoftext|>"
@@ -51,8 +50,7 @@ def _call(body: str, i: int) -> ToolCall:
     try:
         value = loads_lenient(body)
     except ValueError as err:
-        m = _CALL_FALLBACK.match(body)
-        if not m:
+        if not (m := _CALL_FALLBACK.match(body)):
             raise RecordError(Reason.BAD_TOOL_CALL, f"<functioncall> body is {err}: {body[:80]!r}",
                               message_index=i) from None
         value = {"name": m.group(1), "arguments": m.group(2)}
@@ -65,11 +63,9 @@ def convert(rec: Any) -> BeamRecord:
     chat, system = rec.get("chat"), rec.get("system")
     if type(chat) is not str:
         raise wrong_type(Reason.BAD_CONTENT if "chat" in rec else Reason.UNKNOWN_FORMAT, "'chat'", chat, "a string")
-    if system is None:
-        system = ""
-    if type(system) is not str:
-        raise RecordError(Reason.BAD_CONTENT, f"'system' is {json_type(system)}, not a string")
-    funcs, instructions = _functions(system.strip().removeprefix("SYSTEM:"))
+    if system is not None and type(system) is not str:
+        raise wrong_type(Reason.BAD_CONTENT, "'system'", system, "a string")
+    funcs, instructions = _functions((system or "").strip().removeprefix("SYSTEM:"))
     stripped: dict = {"tool_list": 1} if funcs else {}
     instructions = strip_tool_prompt(instructions, stripped).strip()
     messages: list[Message] = [{"role": "system", "content": instructions}] if instructions else []

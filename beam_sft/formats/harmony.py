@@ -1,7 +1,5 @@
 """gpt-oss Harmony (rendered text or openai-harmony JSON) → Beam messages, read strictly: a cut-off or malformed
-message is rejected with its reason, never guessed at.
-
-See docs/formats.md#openai-sharegpt-and-harmony-records and docs/decisions.md."""
+message is rejected with its reason, never guessed at (docs/formats.md)."""
 
 from __future__ import annotations
 
@@ -106,16 +104,14 @@ def parse_text(text: str) -> list[HMsg]:
             raise RecordError(Reason.BAD_HARMONY, f"message header {header.strip()[:40]!r} has no <|message|>",
                               message_index=idx)
         author, recipient, channel = _parse_header(header, idx)
-        m = _TERM_RE.search(rest)
-        if m is None:
+        if (m := _TERM_RE.search(rest)) is None:
             body, term, tail = rest, None, ""
             if k != last:
                 raise RecordError(Reason.TRUNCATED_MESSAGE, "message has no terminator before the next <|start|>",
                                   message_index=idx)
         else:
             body, term, tail = rest[: m.start()], m.group(0), rest[m.end():]
-        bad = _BODY_MARKER_RE.search(body)
-        if bad:
+        if bad := _BODY_MARKER_RE.search(body):
             raise RecordError(Reason.BAD_HARMONY, f"{bad.group(0)} inside a message body", message_index=idx)
         if tail.strip():
             raise RecordError(Reason.BAD_HARMONY, f"text after {term} outside any message: {tail.strip()[:40]!r}",
@@ -232,8 +228,7 @@ def _system(m: HMsg, kwargs: dict, tools: list[ToolSpec]) -> None:
         for p in m.parts:
             if p.get("type") != "system_content":
                 continue
-            effort = p.get("reasoning_effort")
-            if effort is not None:
+            if (effort := p.get("reasoning_effort")) is not None:
                 _set_effort(str(effort), kwargs, m.index)
             identity = p.get("model_identity")
             if identity is not None and type(identity) is not str:
@@ -253,8 +248,7 @@ def _system(m: HMsg, kwargs: dict, tools: list[ToolSpec]) -> None:
                                   message_index=m.index)
         elif heading == "Tools":
             tools.extend(_tools_section(text, m.index))
-    found = _REASONING_RE.findall(m.body)
-    if found:
+    if found := _REASONING_RE.findall(m.body):
         _set_effort(found[-1], kwargs, m.index)
 
 
@@ -311,9 +305,7 @@ def _call(m: HMsg, recipient: str) -> ToolCall:
 
 
 def assemble(hmsgs: list[HMsg]) -> BeamRecord:
-    """Parsed Harmony messages → an unvalidated Beam record: analysis/commentary into reasoning, final into
-    content, messages to a tool into calls, tool authors into results, system/developer into kwargs, tools and
-    instructions."""
+    """Parsed Harmony messages → an unvalidated Beam record (the mapping: docs/decisions.md)."""
     out: list[Message] = []
     src: list[int] = []
     kwargs: dict = {}
@@ -335,8 +327,7 @@ def assemble(hmsgs: list[HMsg]) -> BeamRecord:
             _system(m, kwargs, tools)
             continue
         if author == "developer":
-            text = _developer(m, tools)
-            if text:
+            if text := _developer(m, tools):
                 add({"role": "system", "content": text})
             continue
         seen_other = True

@@ -1,14 +1,12 @@
-"""Hermes / Qwen tool-call tags in ShareGPT or OpenAI records: what ``--dataset_format hermes`` runs. The OpenAI and
-ShareGPT converters recognise the tags themselves; the parsing rules are in `beam_sft.formats.toolmarkup`.
-See docs/formats.md#tool-calling-datasets-hermes--qwen-tags-glaive-v2-xlam."""
+"""Hermes / Qwen tool-call tags in ShareGPT or OpenAI records (``--dataset_format hermes``); both converters
+lift the tags themselves, by `beam_sft.formats.toolmarkup` (docs/formats.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from beam_sft.errors import Reason, RecordError
 from beam_sft.formats import openai, sharegpt
-from beam_sft.records.types import BeamRecord, json_type
+from beam_sft.records.types import BeamRecord
 
 
 def is_sharegpt(rec: dict) -> bool:
@@ -23,8 +21,7 @@ def convert(rec: Any) -> BeamRecord:
     """One Hermes-tagged record (ShareGPT or OpenAI turns) → a Beam record (not yet validated)."""
     if isinstance(rec, list):
         rec = {"conversations": rec} if rec and type(rec[0]) is dict and "from" in rec[0] else {"messages": rec}
-    if not isinstance(rec, dict):
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
+    rec = openai.record_object(rec)
     beam = sharegpt.convert(rec) if is_sharegpt(rec) else openai.convert(rec)
     beam["_format"] = "hermes"
     return beam

@@ -1,7 +1,5 @@
 """OpenAI chat messages (also legacy ``functions``/``function_call``, LLaMA-Factory v1 parts, data-genie JSON calls)
-→ Beam messages. Pairing results with calls, merging assistant messages and folding content into the reasoning
-happen in `beam_sft.validate.rules`, shared by every format.
-See docs/formats.md#openai-sharegpt-and-harmony-records."""
+→ Beam messages; pairing and merging happen in `beam_sft.validate.rules` (docs/formats.md)."""
 
 from __future__ import annotations
 
@@ -45,8 +43,7 @@ def reject_unsupported_record(rec: dict) -> None:
 
 
 def record_kwargs(rec: dict) -> dict | None:
-    """The record's template kwargs (an object, or a JSON string of one; an empty value is none), with a
-    record-level ``reasoning_effort`` added."""
+    """The record's template kwargs (an object or its JSON), plus a record-level ``reasoning_effort``."""
     kwargs = rec.get("chat_template_kwargs")
     if type(kwargs) is str and kwargs.strip():
         try:
@@ -55,15 +52,13 @@ def record_kwargs(rec: dict) -> dict | None:
             raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not a JSON object") from None
     if kwargs and not isinstance(kwargs, dict):
         raise RecordError(Reason.BAD_TEMPLATE_KWARGS, "chat_template_kwargs is not an object")
-    effort = rec.get("reasoning_effort")
-    if effort is not None:
+    if (effort := rec.get("reasoning_effort")) is not None:
         kwargs = {**(kwargs or {}), "reasoning_effort": effort}
     return kwargs or None
 
 
 def message_reasoning(m: dict, i: int) -> str | None:
-    """The reasoning text of input message `m` (number `i`): its first non-empty `reasoning_content`, `reasoning`
-    or `thinking` field, as text (list parts joined), or None."""
+    """The first non-empty reasoning field of input message `m` (number `i`) as text, or None."""
     for key in _REASONING_KEYS:
         value = m.get(key)
         if value is None or value == "":
@@ -121,8 +116,7 @@ def _split_result_list(text: str, pending: int) -> list[str] | None:
 
 
 def _assistant_message(m: dict, content: Any, i: int) -> Message:
-    """One OpenAI assistant message → a Beam assistant message (reasoning from its fields or a <think> block,
-    calls from `tool_calls`, v1 parts or the legacy `function_call`)."""
+    """One OpenAI assistant message → a Beam assistant message (reasoning and calls from every shape)."""
     calls: list[ToolCall] = []
     if type(content) is str:
         text = content
@@ -137,14 +131,11 @@ def _assistant_message(m: dict, content: Any, i: int) -> Message:
         reasoning = message_reasoning(m, i)
     if not reasoning and text and "<" in text:
         reasoning, text = split_think(text, message_index=i)
-    raw_calls = m.get("tool_calls")
-    if raw_calls:
+    if raw_calls := m.get("tool_calls"):
         if type(raw_calls) is not list:
             raise RecordError(Reason.BAD_CONTENT, "tool_calls is not a list", message_index=i)
-        for c in raw_calls:
-            calls.append(openai_tool_call(c, message_index=i))
-    fc = m.get("function_call")
-    if fc:
+        calls += [openai_tool_call(c, message_index=i) for c in raw_calls]
+    if fc := m.get("function_call"):
         if type(fc) is not dict:
             raise RecordError(Reason.BAD_CONTENT, "function_call is not an object", message_index=i)
         calls.append(tool_call(fc.get("name"), fc.get("arguments"), message_index=i))
@@ -159,8 +150,7 @@ def _assistant_message(m: dict, content: Any, i: int) -> Message:
 
 
 def _keep_weight(m: dict, beam: Message) -> None:
-    """The OpenAI fine-tuning format's per-message ``weight`` (and axolotl's alias ``train``) is kept for the
-    validator, which checks it and writes ``weight``."""
+    """Keep the per-message ``weight`` (axolotl: ``train``) for the validator, which checks it."""
     for key in ("weight", "train"):
         if key in m:
             beam[key] = m[key]
@@ -168,9 +158,8 @@ def _keep_weight(m: dict, beam: Message) -> None:
 
 def convert_messages(msgs: Any, tools: list[ToolSpec] | None, no_text: list[int] | None = None
                      ) -> tuple[list[Message], list[ToolSpec] | None, list[int] | None]:
-    """Messages → Beam messages, the record's tools, and (when a message became several) the map from Beam
-    message index to input message index, for error messages. `no_text`, when given, gets the index of each user,
-    system or developer message without content (absent or null)."""
+    """Messages → Beam messages, the record's tools, and (when a message became several) the map from Beam to
+    input message index. `no_text` gets the index of each user, system or developer message without text."""
     if type(msgs) is not list:
         raise RecordError(Reason.BAD_CONTENT, f"messages is {json_type(msgs)}, not a list")
     out: list[Message] = []
@@ -236,8 +225,7 @@ def _v1_tools_part(content: list, tools: list[ToolSpec] | None) -> tuple[list[To
 
 
 def record_object(rec: Any, key: str | None = None) -> dict:
-    """The record as an object: a bare list of messages is one conversation (under `key`, when given); anything
-    else that is not an object, and record-level shapes no format converts, are rejected."""
+    """The record as an object (a bare list: the messages under `key`); shapes no format converts raise."""
     if key is not None and isinstance(rec, list):
         rec = {key: rec}
     if not isinstance(rec, dict):
@@ -249,8 +237,7 @@ def record_object(rec: Any, key: str | None = None) -> dict:
 def convert(rec: Any) -> BeamRecord:
     """One OpenAI-style record → a Beam record (not yet validated)."""
     rec = record_object(rec, "messages")
-    msgs = rec.get("messages")
-    if msgs is None:
+    if (msgs := rec.get("messages")) is None:
         msgs = rec.get("history")
     if msgs is None:
         raise RecordError(Reason.UNKNOWN_FORMAT, "no 'messages' list")
@@ -259,16 +246,14 @@ def convert(rec: Any) -> BeamRecord:
         tools = normalize_tools(rec["functions"])
     no_text: list[int] = []
     messages, tools, src = convert_messages(msgs, tools, no_text)
-    beam = finish(rec, messages, tools, src)
-    if no_text:
-        beam["_no_text"] = no_text[0]  # rules.py rejects it by policy
-    return beam
+    return finish(rec, messages, tools, src, no_text)
 
 
-def finish(rec: dict, messages: list[Message], tools: list[ToolSpec] | None, src: list | None) -> BeamRecord:
-    """The unvalidated Beam record of `rec`'s converted messages and tools: Hermes / Qwen tags lifted into calls, results and
-    tools, and the notes `validate` reads (`_src`: the source message of each message, for error indexes;
-    `_no_markup`: no text holds tool markup; `_format`: "hermes" when tags were lifted)."""
+def finish(rec: dict, messages: list[Message], tools: list[ToolSpec] | None, src: list | None,
+           no_text: list[int] | None = None) -> BeamRecord:
+    """The unvalidated Beam record: Hermes / Qwen tags lifted into calls, results and tools, and the notes
+    `validate` reads (`_src`: the source index of each message; `_no_markup`; `_format`; `_no_text`: the first
+    message without text, which rules.py rejects by policy)."""
     markup, hermes = scan(messages)
     stripped: dict = {}
     if hermes:  # Hermes / Qwen tags: calls, results and tools written as text
@@ -282,4 +267,6 @@ def finish(rec: dict, messages: list[Message], tools: list[ToolSpec] | None, src
             beam["_stripped"] = stripped  # counted by beam_sft.validate.rules as stripped_tool_prompt
     elif not markup:
         beam["_no_markup"] = True  # validate need not search again
+    if no_text:
+        beam["_no_text"] = no_text[0]
     return beam

@@ -45,8 +45,8 @@ def _check_completion(completion: list[Message], first: int) -> None:
 
 
 def convert(rec: Any) -> BeamRecord:
-    """One prompt/completion row → a Beam record (not yet validated). Message indexes in errors count the
-    prompt's messages, then the completion's."""
+    """One prompt/completion row → a Beam record; message indexes count the prompt's messages, then the
+    completion's."""
     rec = record_object(rec)
     if "prompt" not in rec or "completion" not in rec:
         raise RecordError(Reason.UNKNOWN_FORMAT, "a prompt/completion row needs 'prompt' and 'completion'")
@@ -59,7 +59,4 @@ def convert(rec: Any) -> BeamRecord:
         if m["role"] == "assistant" and m.get("weight") is None:
             m["weight"] = 0  # TRL's completion_only_loss: the prompt is context
     _check_completion(messages[first:], len(prompt))
-    beam = finish(rec, messages, tools, src)
-    if no_text:
-        beam["_no_text"] = no_text[0]  # rules.py rejects it by policy
-    return beam
+    return finish(rec, messages, tools, src, no_text)

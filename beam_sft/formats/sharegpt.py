@@ -1,7 +1,5 @@
-"""ShareGPT conversations (``{"from", "value"}`` or ``{"role", "content"}`` turns, as FastChat, LLaMA-Factory,
-glaive, Hermes and axolotl data write them) → Beam messages. A call turn becomes an assistant message of its own;
-`beam_sft.validate.rules` merges it with the turn before and pairs results with calls by position.
-See docs/formats.md#openai-sharegpt-and-harmony-records."""
+"""ShareGPT conversations (``{"from", "value"}`` or ``{"role", "content"}`` turns) → Beam messages; a call
+turn is an assistant message of its own, which `beam_sft.validate.rules` merges (docs/formats.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ def _turn(m: Any, i: int) -> tuple[str, Any, dict]:
 
 
 def _calls(value: Any, i: int) -> list[ToolCall]:
-    calls = openai_tool_calls(value, "function_call value", message_index=i)
-    if not calls:
+    if not (calls := openai_tool_calls(value, "function_call value", message_index=i)):
         raise RecordError(Reason.BAD_CONTENT, "function_call turn with no call", message_index=i)
     return calls
 
@@ -39,24 +36,22 @@ def _calls(value: Any, i: int) -> list[ToolCall]:
 def convert(rec: Any) -> BeamRecord:
     """One ShareGPT record → a Beam record (not yet validated)."""
     rec = record_object(rec, "conversations")
-    conv = rec.get("conversations")
-    if conv is None:
+    if (conv := rec.get("conversations")) is None:
         conv = rec.get("messages")
     if conv is None:
         raise RecordError(Reason.UNKNOWN_FORMAT, "no 'conversations' list")
     if not isinstance(conv, list):
         raise RecordError(Reason.BAD_CONTENT, f"conversations is {json_type(conv)}, not a list")
     out: list[Message] = []
-    system = rec.get("system")
-    if system:
+    if system := rec.get("system"):
         if not isinstance(system, str):
             raise RecordError(Reason.BAD_CONTENT, "record-level 'system' is not a string")
         out.append({"role": "system", "content": system})
-    no_text = None  # the first turn with neither 'value' nor 'content': rules.py rejects it by policy
+    no_text: list[int] = []  # the turns with neither 'value' nor 'content': rules.py rejects them by policy
     for i, m in enumerate(conv):
         role, value, m = _turn(m, i)
-        if value is None and no_text is None and role not in CALL_ROLES:
-            no_text = i
+        if value is None and role not in CALL_ROLES:
+            no_text.append(i)
         if role in USER_ROLES:
             out.append({"role": "user", "content": text_of(value, message_index=i)})
         elif role in ASSISTANT_ROLES:
@@ -93,7 +88,4 @@ def convert(rec: Any) -> BeamRecord:
             raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=i)
     src = [None, *range(len(conv))] if system else None
     # errors name turns of `conversations`, which a record-level system prompt is not part of
-    beam = finish(rec, out, normalize_tools(rec.get("tools")), src)
-    if no_text is not None:
-        beam["_no_text"] = no_text
-    return beam
+    return finish(rec, out, normalize_tools(rec.get("tools")), src, no_text)

@@ -1,7 +1,5 @@
-"""Tool-call markup inside text (Hermes / Qwen ``<tool_call>`` tags, their fences, data-genie JSON calls), shared by
-the OpenAI and ShareGPT converters: `lift` turns it into structure, `strip_tool_prompt` removes the dataset's own
-call-syntax instructions. Bodies may be JSON or Python literals (`loads_lenient`); every function raises only
-`RecordError`. See docs/tool-calling.md and docs/decisions.md ("Tool markup is never text")."""
+"""Tool-call markup inside text (Hermes / Qwen tags, their fences, data-genie JSON calls): `lift` turns it
+into structure, `strip_tool_prompt` removes the dataset's call-syntax instructions (docs/tool-calling.md)."""
 
 from __future__ import annotations
 
@@ -89,8 +87,7 @@ def _blocks(text: str, kind: str, i: int | None) -> tuple[list[str], str] | None
 
 
 def _calls_from_body(body: str, i: int | None) -> list[ToolCall]:
-    body = body.strip()
-    if not body:
+    if not (body := body.strip()):
         raise RecordError(Reason.BAD_TOOL_CALL, "empty <tool_call> block", message_index=i)
     try:
         value = loads_lenient(body)
@@ -104,8 +101,7 @@ def _calls_from_body(body: str, i: int | None) -> list[ToolCall]:
 
 
 def call_from_value(item: Any, body: str, i: int | None, what: str = "<tool_call>") -> ToolCall:
-    """A parsed call body (``{"name", "arguments"}`` in any order, or OpenAI's ``{"function": {...}}``) → a Beam
-    call; `arguments` may be an object or a JSON string. Anything else is `bad_tool_call`."""
+    """A parsed call body (``{"name", "arguments"}``, or OpenAI's ``{"function": {...}}``) → a Beam call."""
     if type(item) is not dict:
         raise RecordError(Reason.BAD_TOOL_CALL, f"{what} holds {json_type(item)}, not a "
                           "{name, arguments} object", message_index=i)
@@ -122,8 +118,7 @@ def call_from_value(item: Any, body: str, i: int | None, what: str = "<tool_call
 
 
 def _result(body: str) -> tuple[str, str | None]:
-    """One result body → (text, name): a ``{"name", "content"}`` wrapper is unwrapped, anything else is
-    the result text as written."""
+    """One result body → (text, name), a ``{"name", "content"}`` wrapper unwrapped."""
     body = body.strip()
     if body[:1] in ("{", "[") and ("name" in body or "content" in body):
         try:
@@ -205,8 +200,8 @@ def _bump(counts: dict | None, name: str, n: int = 1) -> None:
 
 
 def strip_tool_prompt(text: str, counts: dict | None = None) -> str:
-    """`text` without the known foreign call-syntax paragraphs (`PROMPT_PATTERNS`, the pydantic schema);
-    `counts` (pattern name → times removed) is updated. Whitespace is tidied only where something was removed."""
+    """`text` without the known call-syntax paragraphs, counted per pattern in `counts`; whitespace is tidied
+    only where something was removed."""
     if not any(h in text for h in _PROMPT_HINTS):
         return text
     removed = 0
@@ -228,8 +223,7 @@ def strip_tool_prompt(text: str, counts: dict | None = None) -> str:
 
 
 def _tools_from_body(body: str) -> list:
-    body = body.strip()
-    if not body:
+    if not (body := body.strip()):
         return []
     try:
         value = loads_lenient(body)
@@ -296,8 +290,7 @@ def result_wrapper(text: str) -> tuple[str, str | None, str | None] | None:
             return None
         content, name, cid = value["content"], value.get("name"), value.get("tool_call_id")
     else:
-        m = _RESULT_WRAPPER.match(body)
-        if not m:
+        if not (m := _RESULT_WRAPPER.match(body)):
             return None
         cid, name, raw = m.group(1), m.group(2), m.group(3).strip()
         try:
@@ -318,19 +311,10 @@ def _has_tags(text: str) -> bool:
 
 
 def scan(messages: list[Message]) -> tuple[bool, bool]:
-    """(may hold any tool markup, may hold tags to lift) for converted messages: one search over all texts.
-
-    A converter that finds neither tells `beam_sft.validate.rules` so (``_no_markup``), which then skips its own
-    search: the common record pays for one pass, not two."""
-    parts = []
-    for m in messages:
-        text = m.get("content")
-        if type(text) is str:
-            parts.append(text)
-        text = m.get("reasoning_content")
-        if type(text) is str:
-            parts.append(text)
-    joined = "".join(parts)
+    """(may hold any tool markup, may hold tags to lift) for converted messages, in one search; ``_no_markup``
+    spares `beam_sft.validate.rules` its own search, so the common record pays for one pass, not two."""
+    joined = "".join([text for m in messages for key in ("content", "reasoning_content")
+                      if type(text := m.get(key)) is str])
     if not may_have_markup(joined):
         return False, False
     return True, _has_tags(joined)
@@ -338,12 +322,9 @@ def scan(messages: list[Message]) -> tuple[bool, bool]:
 
 def lift(messages: list[Message], tools: list[ToolSpec] | None, src: list | None = None, counts: dict | None = None
          ) -> tuple[list[Message], list[ToolSpec] | None, list | None]:
-    """Turn tag markup in converted (not yet validated) Beam messages into calls, results and tools.
-
-    `src` maps message index → the caller's message index (for errors); returns the new messages, tools and
-    map. Messages without markup are passed through untouched. A system/developer message loses its foreign
-    call-syntax instructions (`strip_tool_prompt`) when it declared tools, or when the record has tools from
-    elsewhere; one left empty is dropped. `counts` gets what was removed, per pattern."""
+    """Turn tag markup in converted Beam messages into calls, results and tools; `src` maps each message to
+    the caller's index (for errors). A system/developer message loses its call-syntax instructions when the
+    record has tools (one left empty is dropped); `counts` gets what was removed, per pattern."""
     out: list[Message] = []
     out_src: list = []
     found_tools: list = []
@@ -366,8 +347,7 @@ def lift(messages: list[Message], tools: list[ToolSpec] | None, src: list | None
                     bodies, text = got
                     found_tools.extend([t for body in bodies for t in _tools_from_body(body)])
                     _bump(counts, "tool_list", len(bodies))
-                rest = strip_tool_prompt(text, counts)
-                if rest:
+                if rest := strip_tool_prompt(text, counts):
                     emit({**m, "content": rest})
                 continue
         elif role == "assistant":

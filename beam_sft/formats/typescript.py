@@ -1,8 +1,5 @@
-"""Parse the TypeScript-like tool declarations of a gpt-oss Harmony prompt back into OpenAI function schemas.
-
-A small recursive-descent parser, not a regex: anything it does not understand raises `TypeScriptError` with the
-line, so a declaration converts exactly or the record is rejected.
-See docs/formats.md#openai-sharegpt-and-harmony-records."""
+"""Parse the TypeScript-like tool declarations of a gpt-oss Harmony prompt back into OpenAI function schemas
+by recursive descent; what it does not understand is a `TypeScriptError` with the line (docs/formats.md)."""
 
 from __future__ import annotations
 
@@ -43,8 +40,7 @@ def _tokenize(src: str) -> list[_Tok]:
     toks: list[_Tok] = []
     pos, line, nl = 0, 1, True
     while pos < len(src):
-        m = _TOKEN_RE.match(src, pos)
-        if not m:
+        if not (m := _TOKEN_RE.match(src, pos)):
             raise TypeScriptError(f"line {line}: unexpected character {src[pos]!r}")
         kind = m.lastgroup
         if kind == "nl":
@@ -112,11 +108,6 @@ class _Parser:
         self.i = 0
         self.depth = 0
 
-    def _enter(self) -> None:
-        self.depth += 1
-        if self.depth > MAX_NESTING:
-            raise TypeScriptError(f"line {self.peek().line}: types nested deeper than {MAX_NESTING} levels")
-
     # -- token helpers
     def peek(self, k: int = 0) -> _Tok:
         return self.toks[min(self.i + k, len(self.toks) - 1)]
@@ -139,6 +130,12 @@ class _Parser:
             raise TypeScriptError(f"line {t.line}: expected {text!r}, found {t.text or 'end of text'!r}")
         return t
 
+    def ident(self, error: str) -> str:
+        t = self.next()
+        if t.kind != "ident":
+            raise TypeScriptError(f"line {t.line}: {error}")
+        return t.text
+
     def comments(self) -> list[str]:
         out = []
         while self.peek().kind == "comment":
@@ -157,19 +154,13 @@ class _Parser:
         tools: list[ToolSpec] = []
         while True:
             self.comments()
-            t = self.peek()
-            if t.kind == "eof":
+            if self.peek().kind == "eof":
                 return tools
-            if t.text != "namespace":
-                raise TypeScriptError(f"line {t.line}: expected 'namespace', found {t.text!r}")
             tools.extend(self.namespace())
 
     def namespace(self) -> list[ToolSpec]:
         self.expect("namespace")
-        name_tok = self.next()
-        if name_tok.kind != "ident":
-            raise TypeScriptError(f"line {name_tok.line}: namespace without a name")
-        ns = name_tok.text
+        ns = self.ident("namespace without a name")
         self.expect("{")
         tools = []
         while True:
@@ -185,9 +176,7 @@ class _Parser:
 
     def declaration(self, ns: str, desc_lines: list[str]) -> ToolSpec:
         self.expect("type")
-        name_tok = self.next()
-        if name_tok.kind != "ident":
-            raise TypeScriptError(f"line {name_tok.line}: tool without a name")
+        tool = self.ident("tool without a name")
         self.expect("=")
         self.expect("(")
         params: dict[str, Any] = {"type": "object", "properties": {}}
@@ -198,11 +187,9 @@ class _Parser:
             params = self.object_type()
         self.expect(")")
         self.expect("=>")
-        ret = self.next()
-        if ret.kind != "ident":
-            raise TypeScriptError(f"line {ret.line}: expected a return type after '=>'")
+        self.ident("expected a return type after '=>'")
         self.expect(";")
-        name = name_tok.text if ns == "functions" else f"{ns}.{name_tok.text}"
+        name = tool if ns == "functions" else f"{ns}.{tool}"
         return function_tool(name, _description(desc_lines)[0], params)
 
     def object_type(self) -> dict:
@@ -227,9 +214,7 @@ class _Parser:
                 raise TypeScriptError(f"line {sep.line}: expected ',' after property {name!r}, found {sep.text!r}")
             trailing = self.trailing_comment(sep.line if sep.text in (",", ";") else name_tok.line)
             desc, examples, default = _description(lines)
-            out: dict[str, Any] = {}
-            if desc:
-                out["description"] = desc
+            out: dict[str, Any] = {"description": desc} if desc else {}
             out.update(schema)
             if examples is not None:
                 out["examples"] = examples
@@ -249,7 +234,9 @@ class _Parser:
         return schema
 
     def union(self) -> dict:
-        self._enter()
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise TypeScriptError(f"line {self.peek().line}: types nested deeper than {MAX_NESTING} levels")
         variants: list[dict] = []
         try:
             self.comments()
@@ -322,6 +309,6 @@ def _merge_union(variants: list[dict]) -> dict:
 
 
 def parse_namespaces(src: str) -> list[ToolSpec]:
-    """All ``namespace X { … }`` blocks in `src` → OpenAI tool schemas. Tools of the ``functions`` namespace
-    keep their bare names; tools of other namespaces (``browser``) are named ``browser.search``."""
+    """All ``namespace X { … }`` blocks in `src` → OpenAI tool schemas (``functions.f`` is ``f``, others
+    ``browser.search``)."""
     return _Parser(src).namespaces()

@@ -1,6 +1,5 @@
-"""Salesforce xLAM / APIGen rows (``{"query", "tools", "answers"}``) → Beam records: the query and the calls (or an
-API-Bank message list as its turns), parameter maps as JSON Schema (`beam_sft.records.schema_types`).
-See docs/formats.md#tool-calling-datasets-hermes--qwen-tags-glaive-v2-xlam and docs/decisions.md."""
+"""Salesforce xLAM / APIGen rows (``{"query", "tools", "answers"}``, or an API-Bank message list as the query)
+→ Beam records, parameter maps as JSON Schema (`beam_sft.records.schema_types`; docs/formats.md)."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def _tools(raw: Any) -> list[ToolSpec] | None:
         if type(name) is not str or not name:
             raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{k}] has no function name")
         entry: dict = {"name": name}
-        desc = fn.get("description")
-        if desc is not None:
+        if (desc := fn.get("description")) is not None:
             if type(desc) is not str:
                 raise RecordError(Reason.BAD_TOOL_SCHEMA, f"tools[{k}] ({name}): description is not a string")
             entry["description"] = desc
@@ -115,8 +113,7 @@ def convert(rec: Any) -> BeamRecord:
     else:
         raise RecordError(Reason.BAD_CONTENT, f"query is {json_type(query)}, not a string or messages")
     tools = _tools(_json_field(rec, "tools"))
-    calls = _calls(_json_field(rec, "answers"), None, "answers")
-    if not calls:
+    if not (calls := _calls(_json_field(rec, "answers"), None, "answers")):
         raise RecordError(Reason.BAD_CONTENT, "answers is empty: no call and no text answer to train")
     messages.append({"role": "assistant", "reasoning_content": "", "content": "", "tool_calls": calls})
     return record(messages, tools)

@@ -1,9 +1,5 @@
-"""`beamify`: any fast tokenizer (and its model) made a Beam tokenizer in place; `beam-sft beamify BASE -o DIR`.
-
-The markers, pad token, EOS and both templates are added, new embedding rows start from what each marker means
-(`beam_sft.model.marker_init`), and DIR is written the checked way `beam-sft export` writes.
-See docs/template.md#using-your-own-base-model-beamify.
-"""
+"""`beamify`: any fast tokenizer (and its model) made a Beam tokenizer in place; `beam-sft beamify BASE -o
+DIR` writes it the checked way. See docs/template.md#using-your-own-base-model-beamify."""
 
 from __future__ import annotations
 
@@ -61,9 +57,8 @@ def describe(report: dict[str, Any]) -> list[str]:
 
 
 def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
-    """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers (added tokens split
-    the text into segments normalised and pre-tokenised one by one, so each would get its own "▁"). Returns
-    whether `state` changed."""
+    """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers (added tokens
+    split the text into segments, each normalised on its own); whether `state` changed."""
     changed = False
 
     def walk(node: Any, key: str) -> Any:
@@ -103,10 +98,8 @@ def _install_tokens(tokenizer, fix_prefix_space: bool) -> None:
     # normalized=False: markers must match the raw text, whatever the normalizer does to ordinary text.
     backend.add_tokens([AddedToken(m, special=False, normalized=False) for m in PLAIN_MARKERS])
     backend.add_special_tokens([AddedToken(EOS_TOKEN, special=True, normalized=False)])
-    # A marker the tokenizer already had as a special token (gpt-oss tokenizers have all seven) keeps its
-    # id, and add_tokens clears its `special` flag, but not the backend's internal set of special tokens,
-    # so decode(skip_special_tokens=True) would still drop it. Reloading from the serialised form rebuilds
-    # that set from the flags.
+    # A marker that was special already (gpt-oss has all seven) loses its `special` flag but stays in the
+    # backend's set of specials (decode would drop it): reloading the serialised form rebuilds the set.
     state = json.loads(backend.to_str())
     for entry in state.get("added_tokens", []):
         if entry["content"] in MARKERS:
@@ -125,15 +118,9 @@ def _install_tokens(tokenizer, fix_prefix_space: bool) -> None:
 
 def beamify(tokenizer, model=None, *, template_dir: str | Path | None = None, fix_prefix_space: bool = True,
             init: str = "semantic"):
-    """Make `tokenizer` (and `model`, if given) Beam Harmony capable, in place; returns `tokenizer`.
-
-    Adds the markers (only `<|return|>` special; it becomes EOS), a special pad token when there is none or it is
-    a marker, and both templates. With `model`: grows the embeddings, initialises every new row as `init` says
-    (`beam_sft.model.marker_init`: "semantic" or "mean"), in the output projection too when it is not tied; sets
-    eos (exactly `[<|return|>, <|call|>]` in the generation config: `BEAMIFY_EOS_DECISION`) and pad ids; and
-    records the new ids and how each row started in `model.config.beam_sft`, so a LoRA run trains those rows.
-    `fix_prefix_space`: see docs/template.md#using-your-own-base-model-beamify. Calling it again is a no-op.
-    """
+    """Make `tokenizer` (and `model`, if given) Beam Harmony capable, in place; returns `tokenizer`; again: a
+    no-op. What it adds and sets (rows: `marker_init`; eos: `BEAMIFY_EOS_DECISION`; the new ids in
+    `model.config.beam_sft`, for LoRA): docs/template.md#using-your-own-base-model-beamify."""
     from beam_sft.model.marker_init import INIT_CHOICES, initialise_rows
     from beam_sft.template.tokenizer import stop_token_ids
 

@@ -1,8 +1,5 @@
-"""`beam-sft export`: a checkpoint, or a base model + LoRA adapter, into a directory a server loads as is.
-
-Written to a temporary directory beside the target, made servable, checked, and only then renamed into place.
-See docs/serving.md#commands.
-"""
+"""`beam-sft export`: a checkpoint, or a base model + LoRA adapter, into a directory a server loads as is
+(written through `serve.save.save_checked`). See docs/serving.md#commands."""
 
 from __future__ import annotations
 
@@ -36,10 +33,8 @@ def resolve_sources(checkpoint: str, adapter: str | None) -> tuple[str, str | No
 
 
 def beam_response_template(template: dict[str, Any]) -> dict[str, Any]:
-    """The serving form of `template`, in the package's declared key order when it is the package's template.
-
-    A trainer checkpoint's tokenizer_config.json was written by plain `save_pretrained` (sorted keys), which
-    reorders the tool-call dicts the parser builds (see `save_tokenizer`); the package's copy restores it."""
+    """The serving form of `template`, in the package's declared key order when it is the package's template
+    (a trainer checkpoint's plain `save_pretrained` sorted its keys: see `save_tokenizer`)."""
     serving = to_serving_form(template)
     ours = response_template()
     return ours if serving == to_serving_form(ours) else serving

@@ -1,8 +1,5 @@
-"""The model and tokenizer a training run starts from: the embedded tiny model, a Beam checkpoint, or --beamify.
-
-`build_tiny_model` makes the quickstart's reproducible random model; `load_model_and_tokenizer` picks the source
-from `scripts/train.py`'s options; `check_tokenizer` runs the template checks a run makes before it trains.
-"""
+"""The model and tokenizer a training run starts from (the embedded tiny model, a Beam checkpoint, or
+--beamify), and the checks and refusals before it trains."""
 
 from __future__ import annotations
 
@@ -24,10 +21,8 @@ EMBEDDED_BASE_DIR = "base_model"
 
 
 def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int = 0):
-    """A randomly initialised causal LM from `config_dir` (default configs/models/tiny), weights fixed by `seed`.
-
-    The config's vocabulary must hold every token id of `tokenizer`; its special-token ids are set from it.
-    """
+    """A randomly initialised causal LM from `config_dir` (default configs/models/tiny), weights fixed by
+    `seed`; its vocabulary must hold every id of `tokenizer`, whose special-token ids it takes."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -38,9 +33,8 @@ def build_tiny_model(tokenizer, config_dir: str | Path | None = None, seed: int 
     if config.vocab_size < len(tokenizer):
         raise FatalError(f"{config_dir / 'config.json'}: vocab_size {config.vocab_size} < tokenizer size "
                          f"{len(tokenizer)}; the tiny model must cover every token id")
-    config.eos_token_id = tokenizer.eos_token_id
-    config.pad_token_id = tokenizer.pad_token_id
-    config.bos_token_id = tokenizer.bos_token_id
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        setattr(config, name, getattr(tokenizer, name))
     # fork_rng: the seed fixes the weights without moving the caller's global RNG streams.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -132,9 +126,8 @@ def refuse_quantization(script_args, model_args) -> None:
 
 
 def save_embedded_base(model, tokenizer, output_dir: str, *, write: bool) -> Path:
-    """LoRA on the embedded model: its random base exists nowhere else, so it is saved as output_dir/base_model and
-    named (absolute path) by every adapter_config.json the run writes; `beam-sft eval output_dir` loads both.
-    `write`: this process saves it (the main one); every process names it."""
+    """LoRA on the embedded model: its random base exists nowhere else, so `write` (the main process) saves it
+    as output_dir/base_model, which every adapter_config.json names (absolute); `beam-sft eval` loads both."""
     from beam_sft.storage import atomic_output
     from beam_sft.template.tokenizer import save_tokenizer
 
@@ -165,9 +158,8 @@ def run_template_check(tokenizer) -> None:
 
 
 def check_tokenizer(tokenizer, *, conformance: bool, assistant_only_loss: bool) -> None:
-    """The checks before training: when only assistant turns train, that the template trains both stop tokens
-    (fatal, one line), then the check-template suite (logged, never fatal). The fatal check goes first: its one
-    line is the one that matters, not the last of the suite's report."""
+    """The checks before training: that the template trains both stop tokens (assistant-only loss; fatal, one
+    line), then the check-template suite (logged, never fatal): so the line that matters comes first."""
     from beam_sft.dataset.examples import check_stop_tokens_trained
 
     if assistant_only_loss:

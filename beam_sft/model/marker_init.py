@@ -1,9 +1,5 @@
-"""How `beamify` initialises the embedding rows of the tokens it adds: from what each marker means.
-
-Each marker row is the mean of the base's own message-start or message-end token's row and its spelled-out
-word's rows (`init="semantic"`), or the mean of the old rows (`init="mean"`, for comparison).
-See docs/real-model.md#why-the-marker-rows-start-from-what-they-mean.
-"""
+"""How `beamify` initialises the embedding rows of the tokens it adds: from what each marker means
+(docs/real-model.md#why-the-marker-rows-start-from-what-they-mean)."""
 
 from __future__ import annotations
 
@@ -40,11 +36,6 @@ def _role_token(tokenizer, role: str, old_len: int, fallback: str | None) -> str
     return next((t for t in (*ROLE_TOKENS[role], fallback) if t is not None and vocab.get(t, old_len) < old_len), None)
 
 
-def _word_ids(tokenizer, word: str, old_len: int) -> list[int]:
-    ids = tokenizer.encode(word, add_special_tokens=False)
-    return ids if ids and all(i < old_len for i in ids) else []
-
-
 def plan(tokenizer, old_len: int, new_len: int, init: str = DEFAULT_INIT, base_eos: str | None = None):
     """For each new id (old_len ≤ id < new_len): a RowInit and the old ids whose rows it averages, as
     [(RowInit, [[ids of part 1], [ids of part 2]])]; an empty part list means the mean of all old rows."""
@@ -62,7 +53,8 @@ def plan(tokenizer, old_len: int, new_len: int, init: str = DEFAULT_INIT, base_e
             if roles[role] is not None:
                 row.parts.append(roles[role])
                 parts.append([vocab[roles[role]]])
-            if word is not None and (ids := _word_ids(tokenizer, word, old_len)):
+            ids = tokenizer.encode(word, add_special_tokens=False) if word is not None else []
+            if ids and all(i < old_len for i in ids):
                 row.parts.append(word)
                 parts.append(ids)
         if not parts:

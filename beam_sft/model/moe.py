@@ -1,9 +1,5 @@
-"""Mixture-of-Experts fine-tuning: LoRA on the fused expert tensors, the router left alone, checked after injection.
-
-`build_peft_config` makes TRL's LoraConfig with the routers excluded and, when asked, the expert tensors in
-`target_parameters`; `check_expert_adapters` fails when expert adapters were asked for and none are there.
-See docs/training.md#gpt-oss-shaped-models-exact-packing-moe-lora-router-loss.
-"""
+"""Mixture-of-Experts fine-tuning: LoRA on the fused expert tensors, the router left alone, checked after
+injection. See docs/training.md#gpt-oss-shaped-models-exact-packing-moe-lora-router-loss."""
 
 from __future__ import annotations
 
@@ -45,11 +41,8 @@ def expert_parameter_names(model) -> list[str]:
 
 
 def router_module_names(model) -> list[str]:
-    """Full names of the routers: children of an MoE block whose weight maps hidden states to one logit per expert.
-
-    transformers 5 routers (gpt-oss `GptOssTopKRouter`, Qwen3-MoE, Mixtral) are not `nn.Linear`, so all-linear
-    skips them already; older and remote-code MoE blocks use an `nn.Linear` gate, which all-linear would adapt.
-    """
+    """Full names of the routers: children of an MoE block whose weight maps hidden states to one logit per
+    expert (transformers 5's are not `nn.Linear`; all-linear would adapt older and remote-code ones)."""
     routers = []
     for name, block, experts in moe_blocks(model):
         n = _num_experts(experts)

@@ -343,20 +343,47 @@ def _read_text(src: Source, max_bytes: int | None) -> Iterator[Item]:
 def _read_parquet(src: Source, max_bytes: int | None) -> Iterator[Item]:
     import pyarrow.parquet as pq
 
-    rows = (rec for batch in pq.ParquetFile(src.name).iter_batches(batch_size=1024) for rec in batch.to_pylist())
+    file = pq.ParquetFile(src.name)
+    json_columns = _json_columns(file.schema_arrow)
+    rows = (rec for batch in file.iter_batches(batch_size=1024) for rec in batch.to_pylist())
     for i, rec in enumerate(rows):
-        yield Item(src.name, i, False, _decode_json_columns(rec), error=_too_large(rec, max_bytes))
+        record = _decode_json_columns(rec, json_columns)
+        yield Item(src.name, i, False, record, error=_too_large(rec, max_bytes))
 
 
-def _decode_json_columns(rec: dict) -> dict:
+# Columns the converters read as a list of turns: a string there that holds a JSON list is that list, stored
+# as text (a string column written with json.dumps, say). A string elsewhere may be the record's own text.
+TURN_COLUMNS = ("messages", "conversations")
+
+
+def _json_columns(schema) -> frozenset[str]:
+    """The top-level columns that hold JSON text: the arrow.json extension type, or a `datasets` ``Json``
+    feature (`datasets.Dataset.to_parquet` of rows whose values no one Arrow type holds)."""
+    import pyarrow as pa
+
+    names = {f.name for f in schema if isinstance(f.type, pa.JsonType)}
+    try:
+        features = json.loads((schema.metadata or {}).get(b"huggingface", b"{}"))["info"]["features"]
+    except (KeyError, TypeError, ValueError):
+        features = {}
+    names.update(name for name, feature in features.items()
+                 if isinstance(feature, dict) and feature.get("_type") == "Json")
+    return frozenset(names)
+
+
+def _decode_json_columns(rec: dict, json_columns: frozenset[str] = frozenset()) -> dict:
     """Parquet written by us (or by `datasets` with ``Json``) reads back through pyarrow as JSON strings."""
+    json_columns = json_columns | {"chat_template_kwargs"}
+    for key in json_columns.union(TURN_COLUMNS):
+        value = rec.get(key)
+        if isinstance(value, str) and (key in json_columns or value.lstrip()[:1] == "["):
+            try:
+                decoded = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                continue  # left as text: the converter says what is wrong with it
+            if key in json_columns or isinstance(decoded, list):
+                rec[key] = decoded
     # Tool-call arguments stay JSON strings: every converter accepts those.
-    kwargs = rec.get("chat_template_kwargs")
-    if isinstance(kwargs, str):
-        try:
-            rec["chat_template_kwargs"] = orjson.loads(kwargs)
-        except orjson.JSONDecodeError:
-            pass
     tools = rec.get("tools")
     if isinstance(tools, list) and tools and all(isinstance(t, str) for t in tools):
         try:
@@ -436,12 +463,14 @@ def _read_arrow(src: Source, max_bytes: int | None) -> Iterator[Item]:
             reader = pa.ipc.open_stream(source)
         except pa.ArrowInvalid:
             source.seek(0)
-            file_reader = pa.ipc.open_file(source)
-            batches = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
         else:
             batches = iter(reader)
+        json_columns = _json_columns(reader.schema)
         for i, rec in enumerate(rec for batch in batches for rec in batch.to_pylist()):
-            yield Item(src.name, i, False, _decode_json_columns(rec), error=_too_large(rec, max_bytes))
+            record = _decode_json_columns(rec, json_columns)
+            yield Item(src.name, i, False, record, error=_too_large(rec, max_bytes))
     except pa.ArrowInvalid as err:
         yield Item(src.name, 0, False, None, error=RecordError(Reason.MALFORMED_ROW, f"not Arrow IPC data: {err}"))
 

@@ -199,7 +199,7 @@ class BeamTemplateRenderer:
         if any(type(message) is not dict for message in messages):
             return None
         # transformers drops None values from messages before rendering.
-        chat = [{k: v for k, v in message.items() if v is not None} for message in messages]
+        chat = [{k: v for k, v in m.items() if v is not None} if None in m.values() else m for m in messages]
         lead_count = next((i for i, m in enumerate(chat) if m.get("role") not in ("system", "developer")), len(chat))
         prefix = self._prefix(messages[:lead_count], tools, template_kwargs)
         if prefix is None:

@@ -280,12 +280,22 @@ class MaskedEncoder:
 
     # -- rendering -----------------------------------------------------------------------------------
 
-    def render(self, record) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered text and the character spans of its generation blocks, as the reference sees them."""
+    def render(self, record, _lookups: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the character spans of its generation blocks, as the reference sees them.
+
+        `_lookups` (from `encode`) keeps the tokenizer's template and special tokens for one batch: both are
+        rebuilt by transformers on every access, a tenth of the fast path's Python time.
+        """
         messages, tools, kwargs = record_inputs(record)
+        lookups = {} if _lookups is None else _lookups
         try:
-            template = self.tokenizer.get_chat_template(None, tools)
-            template_kwargs = {**self.tokenizer.special_tokens_map, **kwargs}
+            template = lookups.get(tools is None)
+            if template is None:
+                template = lookups[tools is None] = self.tokenizer.get_chat_template(None, tools)
+            special = lookups.get("special")
+            if special is None:
+                special = lookups["special"] = self.tokenizer.special_tokens_map
+            template_kwargs = {**special, **kwargs} if kwargs else special  # read, never written
             if all(isinstance(tool, Mapping) for tool in tools or ()):
                 # The fastest renderer this template has first; it returns None for what it declines.
                 if template not in _DIRECT_RENDERERS:
@@ -310,11 +320,12 @@ class MaskedEncoder:
         record the template rejects; `RecordError.line` is then the record's position in `records`.
         """
         records = list(records)
-        step = self.render if self.fast else lambda record: reference_encode(self.tokenizer, record, max_length)
+        lookups: dict = {}
         rendered = []
         for index, record in enumerate(records):
             try:
-                rendered.append(step(record))
+                rendered.append(self.render(record, lookups) if self.fast
+                                else reference_encode(self.tokenizer, record, max_length))
             except RecordError as err:
                 raise err.with_provenance(err.source, index) from err.__cause__
         if not self.fast:

@@ -118,6 +118,7 @@ class TiktokenPieces:
 
         self._encoding = tiktoken.Encoding("beam-sft-pieces", pat_str=pattern, mergeable_ranks=ranks,
                                            special_tokens={})
+        self._core = self._encoding._core_bpe.encode_ordinary
         self._avoid_chars = avoid
         self._avoid = re.compile(f"[{re.escape(avoid)}]|{_UNCHECKED}" if avoid else _UNCHECKED).search
         # The engines agree on ASCII in every version so far; if not, no shortcut.
@@ -125,7 +126,7 @@ class TiktokenPieces:
         self._nfc = _nfc() if nfc else None
 
     def encode(self, pieces: list[str]) -> list[list[int] | None]:
-        encode, avoid = self._encoding.encode_ordinary, self._avoid
+        encode, avoid = self._encode, self._avoid
         if self._nfc is not None:
             # NFC leaves ASCII as it is, in every Unicode version: ASCII pieces take the plain path.
             other = self._encode_nfc
@@ -136,6 +137,14 @@ class TiktokenPieces:
             return [encode(p) if p.isascii() or not avoid(p) else None for p in pieces]
         return [None if avoid(p) else encode(p) for p in pieces]
 
+    def _encode(self, piece: str) -> list[int]:
+        # The Rust encoder itself, one Python frame less per piece (~2% of encoding); tiktoken's wrapper only
+        # for what it handles (a lone surrogate).
+        try:
+            return self._core(piece)
+        except UnicodeEncodeError:
+            return self._encoding.encode_ordinary(piece)
+
     def _encode_nfc(self, piece: str) -> list[int] | None:
         try:
             # The backend's own Rust NFC, not `unicodedata`: their Unicode versions may differ.
@@ -143,7 +152,7 @@ class TiktokenPieces:
         except UnicodeEncodeError:  # a lone surrogate: whatever the backend does with it, it does
             return None
         # The split pattern sees the normalized text, so that is what must avoid disputed code points.
-        return None if self._avoid(piece) else self._encoding.encode_ordinary(piece)
+        return None if self._avoid(piece) else self._encode(piece)
 
     def encoding_with_special_tokens(self, special_tokens: dict[str, int]):
         """A tiktoken Encoding of whole texts: these ranks plus `special_tokens` (for benchmarks; it does not
@@ -160,6 +169,7 @@ class TiktokenPieces:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._encoding = state["encoding"]
+        self._core = self._encoding._core_bpe.encode_ordinary
         self._avoid_chars = state["avoid_chars"]
         self._avoid = re.compile(state["avoid"]).search
         self._ascii_safe = state["ascii_safe"]

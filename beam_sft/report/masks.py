@@ -1,8 +1,4 @@
-"""See what will be trained, record by record: token-by-token mask views.
-
-Records go through `beam_sft.render.encoder` (the encoder training uses); `ansi_view` colours a terminal,
-`plain_view` marks trained text `{+ ... +}` (the HTML view is `beam_sft.report.pages`). See docs/inspect.md.
-"""
+"""See what will be trained, record by record: token-by-token mask views (docs/inspect.md)."""
 
 from __future__ import annotations
 
@@ -38,23 +34,17 @@ class Loaded:
     total: int
 
     def index_of(self, position: int) -> int | None:
-        try:
-            return self.positions.index(position)
-        except ValueError:
-            return None
+        return self.positions.index(position) if position in self.positions else None
 
 
 def load_records(path: str, *, format: str = "auto", limit: int | None = None, split: str = "train",
-                 missing_reasoning: str = "mask") -> Loaded:
-    """Read a dataset (JSONL/JSON/Parquet/`save_to_disk` dir/...) and convert every record to Beam, exactly as
-    training does. `format`: a converter name, "auto" (per record) or "beam" (validated again); rejected records
-    are listed in `rejects` with their reason. `missing_reasoning`: the validator's policy (`mask`, as training).
-    """
+                 missing_reasoning: str = "mask", tool_call_checks: str = "reject") -> Loaded:
+    """Read a dataset and convert every record to Beam as training does; rejects listed with their reason."""
     from beam_sft.records.files import read_items
     from beam_sft.validate.convert import convert_item
     from beam_sft.validate.rules import Options
 
-    options = Options(missing_reasoning=missing_reasoning)
+    options = Options(missing_reasoning=missing_reasoning, tool_call_checks=tool_call_checks)
     records, positions, sources, rejects = [], [], [], []
     total = 0
     for position, item in enumerate(read_items([str(path)], split, limit=limit)):
@@ -203,10 +193,7 @@ def _token_texts(tokenizer, text: str, ids: Sequence[int]) -> list[str] | None:
 
 def inspect_record(tokenizer, record: dict, *, max_length: int | None = None, encoder: MaskedEncoder | None = None,
                    label: str = "", policy: str = "turn") -> RecordView:
-    """Encode one record the way training does and annotate every token. Raises `RecordError`.
-
-    With `max_length`, the record is cut by the training truncation `policy`
-    (`beam_sft.dataset.examples.truncate`); a record the policy drops shows no token."""
+    """Encode one record the way training does (cut by the truncation `policy`) and annotate every token."""
     encoder = encoder or MaskedEncoder(tokenizer)
     full = encoder.encode([record])[0]
     text, _ = encoder.render(record)

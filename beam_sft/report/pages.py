@@ -1,7 +1,4 @@
-"""Self-contained HTML pages (inline CSS, no scripts): record views, the dataset table, other pages' frame.
-
-`html_document` puts any body (the `beam-sft eval --report` page) in the same style.
-"""
+"""Self-contained HTML pages (inline CSS, no scripts): record views, the dataset table, other pages' frame."""
 
 from __future__ import annotations
 
@@ -61,10 +58,8 @@ def html_record(view: RecordView) -> str:
                    for g, (a, b) in view.group_counts.items())
     warn = ' class="warn"' if not view.trained or view.stop_tokens_untrained or view.cut_inside_assistant else ""
     summary = summary_line(dataclasses.replace(view, label=""))
-    return (
-        f"<h2>{html.escape(view.label or 'record')}</h2><p{warn}>{html.escape(summary)}</p>"
-        f"<table><tr><th>role</th><th>trained</th><th>tokens</th></tr>{rows}</table>{_html_tokens(view)}"
-    )
+    return (f"<h2>{html.escape(view.label or 'record')}</h2><p{warn}>{html.escape(summary)}</p>"
+            f"<table><tr><th>role</th><th>trained</th><th>tokens</th></tr>{rows}</table>{_html_tokens(view)}")
 
 
 _LEGEND = (
@@ -90,21 +85,16 @@ def html_page(views: Sequence[RecordView], *, title: str = "beam-sft inspect", s
 
 
 def _page(title: str, fragment: str) -> str:
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_PAGE_CSS}</style></head><body>\n"
-        f"<h1>{html.escape(title)}</h1>\n{fragment}\n</body></html>\n"
-    )
+    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(title)}</title><style>{_PAGE_CSS}</style></head><body>\n"
+            f"<h1>{html.escape(title)}</h1>\n{fragment}\n</body></html>\n")
 
 
 def html_document(title: str, body: str) -> str:
-    """A self-contained page in this module's style around `body` (HTML that may use the .msg, .who, .tok,
-    .mk, .warn classes and tables), e.g. the `beam-sft eval --report` page."""
+    """A self-contained page in this module's style around `body` (e.g. the `beam-sft eval --report` page)."""
     return _page(title, f'<style>{_CSS}</style>\n<div class="bi">\n{body}\n</div>')
 
 
 def stats_html(stats: DatasetStats) -> str:
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in stats_rows(stats))
     return f"<h2>Dataset</h2><table>{rows}</table>"
-
-

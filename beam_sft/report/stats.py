@@ -1,10 +1,8 @@
-"""Statistics of a whole dataset as training encodes it: `dataset_stats`, printed by `stats_table`.
-
-See docs/inspect.md.
-"""
+"""Statistics of a whole dataset as training encodes it: `dataset_stats`, printed by `stats_table`."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -50,8 +48,7 @@ class DatasetStats:
 
 
 def _add_record(stats: DatasetStats, index: int, full: dict, markers, stops, decode) -> None:
-    """Count one encoded record, cut as training cuts it: lengths, trained tokens per group, empty mask,
-    truncation, untrained stops; a record the truncation policy drops only in `dropped`."""
+    """Count one encoded record, cut as training cuts it (a dropped one only in `dropped`)."""
     stats.records += 1
     stats.lengths.append(len(full["input_ids"]))
     kept = kept_by_truncation(full, stats.max_length, stats.policy)
@@ -61,8 +58,7 @@ def _add_record(stats: DatasetStats, index: int, full: dict, markers, stops, dec
     ids, mask = kept["input_ids"], kept["assistant_masks"]
     stats.tokens += len(ids)
     stats.trained += sum(mask)
-    _, messages = token_messages(ids, mask, markers, decode)
-    for message in messages:
+    for message in token_messages(ids, mask, markers, decode)[1]:
         entry = stats.groups.setdefault(message.group, [0, 0])
         entry[0] += message.trained
         entry[1] += message.tokens
@@ -80,11 +76,7 @@ def _add_record(stats: DatasetStats, index: int, full: dict, markers, stops, dec
 def dataset_stats(tokenizer, records: Sequence[dict], *, max_length: int | None = None,
                   encoder: MaskedEncoder | None = None, labels: Sequence[str] | Callable[[int], str] | None = None,
                   rejected: Sequence[dict] = (), batch_size: int = 256, policy: str = "turn") -> DatasetStats:
-    """Statistics over `records` (Beam records, any sliceable sequence such as the lazily decoded
-    `beam_sft.dataset.pipeline.Converted`), encoded by the training encoder in batches and, with `max_length`,
-    cut by the training truncation `policy`. A record the template rejects counts as rejected (with its reason);
-    one the truncation policy drops counts in `dropped` (its length too, not its tokens).
-    """
+    """Statistics over `records` (a sliceable sequence of Beam records), encoded and cut as training does."""
     from tqdm import tqdm
 
     encoder = encoder or MaskedEncoder(tokenizer)
@@ -94,13 +86,10 @@ def dataset_stats(tokenizer, records: Sequence[dict], *, max_length: int | None 
     markers, stops = marker_ids(tokenizer), turn_end_ids(tokenizer)
     # A callable or a sequence: for a large dataset the caller names records lazily.
     label_of = "record {}".format if labels is None else labels if callable(labels) else labels.__getitem__
-    decode_cache: dict[tuple[int, ...], str] = {}
+    cached_decode = functools.cache(lambda key: tokenizer.decode(list(key)))
 
     def decode(header_ids):
-        key = tuple(header_ids)
-        if key not in decode_cache:
-            decode_cache[key] = tokenizer.decode(header_ids)
-        return decode_cache[key]
+        return cached_decode(tuple(header_ids))
 
     for start in tqdm(range(0, len(records), batch_size), desc="Encoding", unit="batch", disable=len(records) < 2000):
         encoded = encode_each(encoder, list(records[start : start + batch_size]))

@@ -1,8 +1,5 @@
-"""A prepared or trained model saved the one way: atomically, made servable, and checked before it is in place.
-
-`beam-sft beamify` and `beam-sft export` both write through `save_checked`, so a directory either passes every
-check-template rule and the serving checks (`beam_sft.serve.servable`) or is not written at all.
-"""
+"""A prepared or trained model saved the one way (`beamify`, `export`): atomically, made servable, and
+checked before it is in place, or not written at all."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""A saved model directory that a server loads as is.
-
-What a server needs beyond `save_pretrained` (the response template within vLLM's serving subset, both stop
-tokens as EOS, readable files): `make_servable` applies it after a save, `servable_problems` checks a directory.
-See docs/serving.md.
-"""
+"""A saved model directory that a server loads as is: `make_servable` applies what a server needs beyond
+`save_pretrained` (docs/serving.md), `servable_problems` checks a directory."""
 
 from __future__ import annotations
 
@@ -53,10 +49,8 @@ def serving_subset_errors(template: Any) -> list[str]:
 
 
 def check_serving_subset(template: Any) -> str:
-    """Raise FatalError unless `template` is servable; returns which check decided: "vllm" or "beam-sft".
-
-    With vLLM importable its own validator runs first (the one the server runs at start-up), then ours, which
-    is stricter on `repeats` (docs/serving.md)."""
+    """Raise FatalError unless `template` is servable; which check decided: "vllm" (importable: its start-up
+    validator first) or "beam-sft" (ours always, stricter on `repeats`: docs/serving.md)."""
     try:
         from vllm.parser.response_template import validate_response_template_for_serving as vllm_check
     except Exception:  # noqa: BLE001 - vLLM absent, or present but not importable here: ours decides
@@ -72,11 +66,8 @@ def check_serving_subset(template: Any) -> str:
 
 
 def to_serving_form(template: dict[str, Any]) -> dict[str, Any]:
-    """`template` with `repeats`/`join` dropped from plain-text `thinking`/`content` fields (a copy).
-
-    This is the one change between beam-sft's earlier response template and its serving form; on a turn with
-    one analysis message (every turn the chat template renders) both parse the same. Anything else outside
-    the subset is left for `check_serving_subset` to report."""
+    """A copy of `template` with `repeats`/`join` dropped from plain-text `thinking`/`content` fields (the one
+    change of the serving form, docs/serving.md); the rest is left for `check_serving_subset` to report."""
     out = deepcopy(template)
     for name in TEXT_FIELDS:
         field = (out.get("fields") or {}).get(name)
@@ -87,9 +78,7 @@ def to_serving_form(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def _as_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+    return [] if value is None else [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -133,8 +122,7 @@ def current_umask() -> int:
 
 
 def apply_umask(directory: Path) -> list[Path]:
-    """Give every file under `directory` the mode a new file gets (0666 & ~umask) and every directory
-    0777 & ~umask; returns what changed."""
+    """Give files the mode a new file gets (0666 & ~umask), directories 0777 & ~umask; what changed."""
     mask = current_umask()
     changed = []
     for path in [p for p in [directory, *sorted(directory.rglob("*"))] if not p.is_symlink()]:
@@ -204,12 +192,10 @@ def _servable_template(directory: Path, strict: bool) -> tuple[str | None, bool]
 
 
 def make_servable(directory: str | Path, tokenizer=None, *, strict: bool = False) -> dict[str, Any]:
-    """Make a directory written by `save_pretrained` + `save_tokenizer` servable as is (docs/serving.md).
-
-    Rewrites the response template into its serving form when that is all it takes, writes the EOS lists,
-    and sets file modes per the umask. A template still outside the subset, or a missing chat template,
-    raises FatalError when `strict` (export) and is logged loudly otherwise (the end of a training run, which
-    must not lose its save). Returns what it did."""
+    """Make a directory written by `save_pretrained` + `save_tokenizer` servable as is (docs/serving.md): the
+    template's serving form, the EOS lists, file modes per the umask; returns what it did. A template still
+    outside the subset, or no chat template: FatalError when `strict` (export), else logged (the end of a
+    training run must not lose its save)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise FatalError(f"{directory}: not a directory")

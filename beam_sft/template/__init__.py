@@ -1,8 +1,5 @@
-"""The Beam chat template and response template, as shipped in this package.
-
-`chat_template.jinja` renders messages; `response_template.json` is the declarative parser spec that
-`tokenizer.parse_response` reads. Where the format page is silent, the choices are in DECISIONS.md beside them.
-"""
+"""The Beam chat template (`chat_template.jinja`) and response template (`response_template.json`, the
+parser spec of `tokenizer.parse_response`), as shipped; DECISIONS.md beside them: what the page leaves."""
 
 from __future__ import annotations
 

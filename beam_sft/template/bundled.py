@@ -1,8 +1,5 @@
-"""The files shipped with beam-sft: the bundled tokenizer, samples, training and accelerate configs, tiny models.
-
-In a checkout they are the repository's `data/` and `configs/`; a wheel carries copies under `beam_sft/bundled/`
-(setup.py copies `BUNDLED` there), so `bundled("data/tokenizer")` finds them from an install in any directory.
-"""
+"""The files shipped with beam-sft (`BUNDLED`): the repository's `data/` and `configs/` in a checkout, the
+copies setup.py puts under `beam_sft/bundled/` in a wheel, so `bundled("data/tokenizer")` works anywhere."""
 
 from __future__ import annotations
 
@@ -25,24 +22,17 @@ def bundled(relative: str) -> Path:
     return (INSTALLED_ROOT if INSTALLED_ROOT.is_dir() else CHECKOUT_ROOT) / relative
 
 
-def named_configs(kind: str = "training") -> list[str]:
-    """The names `--config` (training) or `--config_file` (accelerate) accept: the shipped YAML files' stems."""
-    folder = bundled("configs" if kind == "training" else "configs/accelerate")
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
-
-
 def resolve_config(value: str, kind: str = "training") -> Path:
-    """A config given as a path (used as is when it exists) or as a shipped config's name (`quickstart`).
-
-    Raises ValueError naming the known configs, nearest first, when it is neither.
-    """
+    """A config given as a path (used as is when it exists) or as a shipped config's name (`quickstart`);
+    neither: ValueError naming the known configs, nearest first."""
     path = Path(value).expanduser()
     if path.is_file():
         return path
-    names = named_configs(kind)
+    folder = bundled("configs" if kind == "training" else "configs/accelerate")
+    names = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
     stem = value.removesuffix(".yaml")
     if stem in names:
-        return bundled(("configs/" if kind == "training" else "configs/accelerate/") + f"{stem}.yaml")
+        return folder / f"{stem}.yaml"
     near = difflib.get_close_matches(stem, names, n=1)
     hint = f"; did you mean {near[0]!r}?" if near else ""
     raise ValueError(f"{value!r} is neither a file nor a shipped config ({', '.join(names)}){hint}")

@@ -1,9 +1,5 @@
-"""The check-template suite: does a tokenizer's chat and response template follow the Beam Harmony page?
-
-`page:` rules run the page's examples verbatim, `snippet:` rules look for its format snippets in renders, and
-format rules check what the page states but no example prints; the page ships inside the package.
-See docs/template.md#checking-a-tokenizer-beam-sft-check-template.
-"""
+"""The check-template suite: does a tokenizer's chat and response template follow the Beam Harmony page
+(shipped in the package)? See docs/template.md#checking-a-tokenizer-beam-sft-check-template."""
 
 from __future__ import annotations
 
@@ -235,11 +231,8 @@ _MESSAGE_RE = re.compile(r"<\|start\|>(?P<header>(?:(?!<\|start\|>).)*?)(?P<body
 
 
 def expected_assistant_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans the page says the mask covers: each assistant turn, first `<|channel|>` to stop.
-
-    A turn is a run of messages from `assistant` (with or without a recipient) ending at `<|return|>` or
-    `<|call|>`; message bodies here hold no markers, so a marker scan finds the message boundaries.
-    """
+    """Character spans the page says the mask covers: each assistant turn (messages from `assistant` up to
+    `<|return|>` or `<|call|>`), first `<|channel|>` to stop (no body here holds a marker)."""
     spans = []
     turn_start = None
     for m in _MESSAGE_RE.finditer(text):
@@ -553,11 +546,8 @@ def run_snippet_rules(tokenizer, page: SpecPage) -> list[RuleResult]:
 
 
 def run_suite(tokenizer, model_id: str | Path | None = None, *, page: SpecPage | None = None) -> list[RuleResult]:
-    """Run format rules on `tokenizer`, and the page examples on `model_id` (what the page's setup loads).
-
-    With `model_id` None the tokenizer is saved to a temporary directory first, which also checks that
-    both templates survive save_pretrained/from_pretrained.
-    """
+    """Run format rules on `tokenizer`, and the page examples on `model_id` (what the page's setup loads;
+    None: the tokenizer saved to a temporary directory, which also checks that both templates survive it)."""
     page = page or load_spec()
     results = run_format_rules(tokenizer) + run_snippet_rules(tokenizer, page)
     if model_id is not None:

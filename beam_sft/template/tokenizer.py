@@ -1,8 +1,5 @@
-"""The bundled Beam tokenizer: loading, saving, the installed templates, and the hashes caches key on.
-
-`load_tokenizer()` loads data/tokenizer; `beam_sft.model.beamify.beamify` gives any other fast tokenizer the
-same properties. See docs/template.md#the-bundled-tokenizer.
-"""
+"""The bundled Beam tokenizer: loading, saving, the installed templates, and the hashes caches key on
+(docs/template.md#the-bundled-tokenizer; `beam_sft.model.beamify` does the same to other tokenizers)."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ from beam_sft.storage import short_hash, write_text_atomic
 from beam_sft.template.bundled import bundled
 
 EOS_TOKEN = RETURN
-# Distinct from EOS on purpose (docs/template.md#the-bundled-tokenizer); special so decode(skip_special_tokens=True)
-# drops it.
+# Not EOS (docs/template.md#the-bundled-tokenizer); special: decode(skip_special_tokens=True) drops it.
 PAD_TOKEN = "<|pad|>"
 PLAIN_MARKERS: tuple[str, ...] = tuple(m for m in MARKERS if m != EOS_TOKEN)
 
@@ -48,9 +44,8 @@ def stop_token_ids(tokenizer) -> tuple[int, int]:
 
 
 def _precomputed(tokenizer, name: str) -> Any:
-    """What a tokenizer that answers from a snapshot (`beam_sft.render.warm.WarmTokenizer`) already knows, or None.
-
-    Looked up on the type: a transformers tokenizer's `__getattr__` answers names of its own."""
+    """What a snapshot-backed tokenizer (`render.warm.WarmTokenizer`) already knows, or None. Looked up on the
+    type: a transformers tokenizer's `__getattr__` answers names of its own."""
     answer = getattr(type(tokenizer), "beam_precomputed", None)
     return answer(tokenizer, name) if answer is not None else None
 
@@ -71,10 +66,8 @@ def vocab_hash(tokenizer) -> str:
 
 
 def backend_state(tokenizer) -> tuple[str, str]:
-    """(the backend serialised, the sha256 of that text): what the encoder's setup keys its caches by.
-
-    Serialising a 200k vocabulary takes a good part of a second; the digest is remembered for `vocab_hash`, so a
-    run that sets up the encoder and fingerprints its data serialises once."""
+    """(the backend serialised, its sha256): what the encoder's setup keys its caches by. The digest is
+    remembered for `vocab_hash`: a run serialises the vocabulary once."""
     hook = getattr(type(tokenizer), "beam_backend_state", None)
     if hook is not None:
         return hook(tokenizer)
@@ -93,8 +86,7 @@ def _pipeline(backend) -> list:
 
 
 def _backend_digest(backend):
-    """sha256 of `backend.to_str()`, remembered per backend object while its size and pipeline are unchanged:
-    serialising a 200k vocabulary takes a second and a run asks several times."""
+    """sha256 of `backend.to_str()` (a second on 200k tokens), remembered while `_pipeline` is unchanged."""
     memo = _VOCAB_HASHES.get(id(backend))
     if memo is None or memo[0] is not backend or memo[1] != _pipeline(backend):
         return _remember(backend, hashlib.sha256(backend.to_str().encode()))
@@ -119,11 +111,9 @@ def template_hash(tokenizer) -> str:
 def read_templates(template_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
     """Return (chat template source, response template dict) read from `template_dir` (default: the package's)."""
     directory = Path(template_dir) if template_dir is not None else TEMPLATES_DIR
-    chat_path = directory / CHAT_TEMPLATE_FILE
-    response_path = directory / RESPONSE_TEMPLATE_FILE
-    for path in (chat_path, response_path):
-        if not path.is_file():
-            raise FatalError(f"template file not found: {path}")
+    chat_path, response_path = directory / CHAT_TEMPLATE_FILE, directory / RESPONSE_TEMPLATE_FILE
+    if missing := next((path for path in (chat_path, response_path) if not path.is_file()), None):
+        raise FatalError(f"template file not found: {missing}")
     chat_template = chat_path.read_text(encoding="utf-8")
     try:
         response_template = json.loads(response_path.read_text(encoding="utf-8"))
@@ -147,12 +137,8 @@ def install_templates(tokenizer, template_dir: str | Path | None = None):
 
 
 def save_tokenizer(tokenizer, save_dir: str | Path) -> list[Path]:
-    """`save_pretrained`, then put `response_template` back in its declared key order; returns the files.
-
-    save_pretrained writes tokenizer_config.json with sorted keys. The parser builds tool calls from the
-    template's transform dict in key order, so a sorted template prints `{'function': ..., 'type': ...}`
-    where the format page prints `{'type': 'function', 'function': ...}`: equal dicts, different output.
-    """
+    """`save_pretrained`, then `response_template` back in its declared key order (save_pretrained sorts keys,
+    and the parser builds tool calls in key order: `{'function': ..., 'type': ...}`, not the page's)."""
     save_dir = Path(save_dir)
     tokenizer.save_pretrained(str(save_dir))
     response_template = getattr(tokenizer, "response_template", None)
@@ -206,13 +192,9 @@ def plain_class(path: str | Path) -> str | None:
 
 
 def _added_tokens_kwargs(directory: Path) -> dict[str, Any]:
-    """`added_tokens_decoder` for `from_pretrained`, read from the head of tokenizer.json, or {}.
-
-    A tokenizer_config.json without `added_tokens_decoder` (ours) makes transformers `json.load` the whole
-    tokenizer.json in Python for its `added_tokens` list alone: most of a second on a 200k vocabulary, on top
-    of the Rust parse of the same file. Given here, transformers takes the same `AddedToken`s from us. Only
-    where its legacy branch would read nothing else: no special_tokens_map.json or added_tokens.json.
-    """
+    """`added_tokens_decoder` for `from_pretrained` from the head of tokenizer.json, or {}: without it (our
+    tokenizer_config.json) transformers `json.load`s all of tokenizer.json for that list, most of a second on
+    200k tokens. Only where its legacy branch reads nothing else (no special_tokens_map, added_tokens)."""
     tokenizer_file = directory / "tokenizer.json"
     if (directory / "special_tokens_map.json").exists() or (directory / "added_tokens.json").exists():
         return {}

@@ -1,7 +1,5 @@
-"""Checkpoints that count only when complete: a commit marker written last, resume from the newest complete one.
-
-See docs/training.md#when-a-job-fails.
-"""
+"""Checkpoints that count only when complete: a commit marker written last, resume from the newest complete
+one. See docs/training.md#when-a-job-fails."""
 
 from __future__ import annotations
 
@@ -90,14 +88,6 @@ def last_complete(output_dir: str | Path, say=logger.warning) -> str | None:
     return str(newest) if newest is not None else None
 
 
-def fsync_tree(path: Path) -> None:
-    """Flush what this machine wrote under `path` to its storage (files, then directories)."""
-    for name in sorted(path.rglob("*")):
-        if name.is_file():
-            fsync_file(name)
-    _fsync_dir(path)
-
-
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory; the files are flushed already
         fsync_file(path)
@@ -111,19 +101,9 @@ def commit(path: Path, step: int, world_size: int) -> None:
     _fsync_dir(path)
 
 
-def uncommit(path: Path) -> None:
-    """Make `path` incomplete before it is written again (a run resumed from an older checkpoint)."""
-    try:
-        (path / MARKER).unlink()
-    except FileNotFoundError:
-        return
-    _fsync_dir(path)
-
-
 def rotate(output_dir: str | Path, limit: int | None, keep: str | None = None) -> list[Path]:
     """Keep the newest `limit` complete checkpoints (and `keep`, the best model's); remove older complete ones
-    and incomplete leftovers older than the newest complete one. Runs after a commit, so the checkpoint a
-    resume would take is never the one removed. Returns what it removed."""
+    and incomplete leftovers older than the newest complete one (after a commit: never what resume takes)."""
     dirs = checkpoint_dirs(output_dir)
     complete = [p for p in dirs if is_complete(p)]
     if not complete:
@@ -143,10 +123,6 @@ def rotate(output_dir: str | Path, limit: int | None, keep: str | None = None) -
     if removed:
         logger.info("removed %s (save_total_limit %s)", ", ".join(p.name for p in removed), limit)
     return removed
-
-
-def tree_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
 def state_bytes(model, optimizer=None) -> int:
@@ -214,9 +190,11 @@ def save_guarded(trainer, save, run_dir: str) -> None:
     previous = last_complete(root, say=logger.debug)
     if previous == str(folder):
         previous = None
-    needed = tree_bytes(Path(previous)) if previous else state_bytes(trainer.model, trainer.optimizer)
+    needed = sum(f.stat().st_size for f in Path(previous).rglob("*") if f.is_file()) if previous \
+        else state_bytes(trainer.model, trainer.optimizer)
     if args.should_save and folder.exists():  # left by a run that got further before it was resumed earlier
-        uncommit(folder)
+        (folder / MARKER).unlink(missing_ok=True)  # incomplete first, then removed
+        _fsync_dir(folder)
         shutil.rmtree(folder, ignore_errors=True)
     free = free_bytes(root)
     if agree_any(bool(previous) and args.should_save and free < needed, args.device):
@@ -227,8 +205,11 @@ def save_guarded(trainer, save, run_dir: str) -> None:
         args.save_total_limit = None  # rotation waits for the commit
         save()
         _save_weights_on_this_node(trainer, folder)
-        if args.local_process_index == 0 and folder.is_dir():
-            fsync_tree(folder)
+        if args.local_process_index == 0 and folder.is_dir():  # flushed to storage: files, then the directory
+            for name in sorted(folder.rglob("*")):
+                if name.is_file():
+                    fsync_file(name)
+            _fsync_dir(folder)
     except Exception as err:  # noqa: BLE001 - every rank must reach the agreement below, whatever failed
         error = err
     finally:
@@ -246,8 +227,7 @@ def save_guarded(trainer, save, run_dir: str) -> None:
 
 def _save_weights_on_this_node(trainer, folder: Path) -> None:
     """`save_on_each_node` under DDP: transformers (5.x `should_save_on_this_rank`) writes the model weights on
-    world rank 0 only, so every other node's checkpoint would lack them. Each other node's saving process
-    writes them itself (every DDP rank holds the whole model)."""
+    world rank 0 only, so each other node's saving process writes them itself (every DDP rank holds them)."""
     args = trainer.args
     if not (args.save_on_each_node and args.should_save and args.process_index != 0):
         return

@@ -17,9 +17,7 @@ def _option(default, help: str, **metadata):
 
 @dataclass
 class ScriptArguments(DataArguments):
-    """The data options (`DataArguments`, shared with `beam-sft prepare`) and scripts/train.py's own: streaming,
-    the cache, the model source, Beam evaluation, early stopping, the dry run (the rest is SFTConfig and
-    ModelConfig)."""
+    """The data options (`DataArguments`, shared with `beam-sft prepare`) and the training job's own."""
 
     streaming: bool = _option(False, "Convert and tokenize on the fly while training (a datasets.IterableDataset; "
                               "each rank takes its own share of the records): for data larger than the disk. Needs "

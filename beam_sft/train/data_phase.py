@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_sft.dataset.prepare import prepare_data
-from beam_sft.dataset.settings import REJECTS, DataSettings
+from beam_sft.dataset.settings import REJECTS, DataSettings, PhaseOptions
 from beam_sft.dataset.stream import stream_training_data
 from beam_sft.errors import FatalError, Reason
 
@@ -90,29 +90,24 @@ def streamed_note(inputs) -> str | None:
         for label, p, w in zip(inputs.labels(), plans, weights, strict=True))
 
 
-def training_datasets(dataset_name, tokenizer, settings: DataSettings, *, eval_dataset_name=None,
-                      cache_dir: str | None = None, num_proc: int | None = None, output_dir: str | None = None,
-                      is_main_process: bool = True, streaming: bool = False, world_size: int = 1,
-                      shuffle_buffer: int | None = None) -> tuple[Any, Any, dict[str, Any]]:
-    """The data phase of `scripts/train.py`: (train, eval or None, stats), logged and checked; stats is what
-    `output_dir/data_stats.json` holds (per split, and `data`: the whole input's counts).
-
-    On the main process the rejects go to `output_dir/rejects.jsonl` (the log shows the first few) and the
-    counts to `output_dir/data_stats.json`; every rank writes `output_dir/data_phase.rank<N>.json`.
-    `streaming`: `stream_training_data` instead (nothing cached, rejects in `output_dir/rejects.rank<N>.jsonl`).
-    `eval_dataset_name`: a path or id (its "test" split), or `eval_inputs`' sources.
-    """
+def training_datasets(dataset_name, tokenizer, settings: DataSettings, options: PhaseOptions | None = None, *,
+                      eval_dataset_name=None, cache_dir: str | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """The data phase of `scripts/train.py`: (train, eval or None, stats), logged and checked. The main
+    process copies the rejects to `options.output_dir/rejects.jsonl` and writes the stats (per split, and
+    `data`: the whole input's counts) to `data_stats.json` there. `options.streaming`: `stream_training_data`
+    instead (nothing cached). `eval_dataset_name`: a path or id (its "test" split), or `eval_inputs`' sources."""
     from beam_sft.dataset.reasoning_stats import notes
     from beam_sft.records.files import source_label
     from beam_sft.storage import atomic_output, write_json_atomic
 
-    if streaming:
-        train = stream_training_data(dataset_name, tokenizer, settings, world_size=world_size, rejects_dir=output_dir,
-                                     shuffle_buffer=shuffle_buffer)
+    options = options or PhaseOptions()
+    output_dir, is_main_process = options.output_dir, options.main_process
+    if options.streaming:
+        train = stream_training_data(dataset_name, tokenizer, settings, options)
         eval_ds = None
         if eval_dataset_name:
             eval_ds = stream_training_data(eval_dataset_name, tokenizer, replace(settings, split="test",
-                                           max_records=None), world_size=world_size, rejects_dir=output_dir)
+                                           max_records=None), replace(options, shuffle_buffer=None))
         names = streamed_note(dataset_name) or (dataset_name if isinstance(dataset_name, str)
                                                 else ", ".join(source_label(s) for s in dataset_name))
         logger.info("data: streaming %s (converted and tokenized on the fly, %d shards)", names, train.n_shards)
@@ -123,7 +118,7 @@ def training_datasets(dataset_name, tokenizer, settings: DataSettings, *, eval_d
             for p in plans))
     eval_list = [eval_dataset_name] if isinstance(eval_dataset_name, str) else eval_dataset_name
     prepared = prepare_data(dataset_name, tokenizer, settings, eval_inputs=eval_list or None, cache_dir=cache_dir,
-                            num_proc=num_proc, record_dir=output_dir)
+                            options=options)
     counts = prepared.manifest.get("counts", {})
     for entry in prepared.manifest.get("mixture") or ():
         logger.info("data: source %s: %d rows read, %d taken, %d rejected (%d duplicates)", entry["files"],

@@ -1,7 +1,5 @@
-"""`--dry_run`: everything a training run checks and counts before its first step, then a plan; no training.
-
-See docs/training.md#the-dry-run---dry_run (the memory figure is an estimate; its formula is there).
-"""
+"""`--dry_run`: everything a training run checks and counts before its first step, then a plan; no training
+(docs/training.md#the-dry-run---dry_run: the memory estimate's formula is there)."""
 
 from __future__ import annotations
 
@@ -77,7 +75,7 @@ def parameter_counts(config, script_args, model_args) -> tuple[int, int]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
         peft_config = build_peft_config(model_args, model, target_experts=script_args.lora_target_experts)
-        refuse_tied_output(peft_config, model)  # what the run refuses after loading, refused here
+        refuse_tied_output(peft_config and peft_config.modules_to_save, model)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -174,26 +172,10 @@ def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan
 
 @contextlib.contextmanager
 def quiet_libraries():
-    """No progress bars of datasets / transformers / huggingface_hub (`Saving the dataset (0/0 shards)`, `Map`):
-    the dry run's output is its plan, and the bars say nothing about it."""
-    import datasets
-    import huggingface_hub.utils as hub_utils
-    from transformers.utils import logging as hf_logging
-
-    was = (datasets.is_progress_bar_enabled(), hf_logging.is_progress_bar_enabled(),
-           not hub_utils.are_progress_bars_disabled())
-    datasets.disable_progress_bars()
-    hf_logging.disable_progress_bar()
-    hub_utils.disable_progress_bars()
-    try:
-        with warnings.catch_warnings():  # the libraries' deprecation notes about their own internals
-            warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft|trl)\.")
-            yield
-    finally:
-        for on, enable in zip(was, (datasets.enable_progress_bars, hf_logging.enable_progress_bar,
-                                    hub_utils.enable_progress_bars), strict=True):
-            if on:
-                enable()
+    """No progress bars, no libraries' deprecation notes about their internals: the output is the plan."""
+    with run.progress_bars_off(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft|trl)\.")
+        yield
 
 
 def refusals(script_args, training_args, model_args):
@@ -211,6 +193,7 @@ def refusals(script_args, training_args, model_args):
 
 def _dry_run(script_args, training_args, model_args, world_size: int) -> Plan:
     from beam_sft.dataset.arguments import data_settings
+    from beam_sft.dataset.settings import PhaseOptions
     from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
 
     tokenizer, config, embedded, (total, trainable) = refusals(script_args, training_args, model_args)
@@ -236,8 +219,8 @@ def _dry_run(script_args, training_args, model_args, world_size: int) -> Plan:
     else:
         train, eval_ds, stats = training_datasets(
             training_inputs(script_args, seed=training_args.seed), tokenizer, settings,
-            eval_dataset_name=eval_inputs(script_args),
-            cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc, output_dir=None)
+            PhaseOptions(num_proc=training_args.dataset_num_proc),
+            eval_dataset_name=eval_inputs(script_args), cache_dir=script_args.prepared_cache_dir)
         rows = packed_rows(train, training_args)
         longest = training_args.max_length if training_args.packing else max(len(x) for x in train["input_ids"])
         _data_lines(plan, stats, train, eval_ds, rows, training_args)

@@ -1,7 +1,5 @@
-"""The `beam-sft eval` metrics during training: `--eval_beam_steps N` and `--eval_beam_on_evaluate`.
-
-See docs/training.md#watching-beam-metrics-during-training.
-"""
+"""The `beam-sft eval` metrics during training (`--eval_beam_steps N`, `--eval_beam_on_evaluate`):
+docs/training.md#watching-beam-metrics-during-training."""
 
 from __future__ import annotations
 
@@ -88,9 +86,8 @@ def beam_at_evaluate(script_args, training_args) -> bool:
 
 
 def add_beam_eval(trainer, tokenizer, script_args, training_args, records: list[dict]) -> None:
-    """Attach the callback when `--eval_beam_steps` or Beam metrics at evaluation are asked for; then the
-    early-stopping callback (`--early_stopping_patience`), after it (and after the per-source eval loss), so it
-    sees the Beam metrics (and `eval_<source>_loss`)."""
+    """Attach the callback when Beam metrics are asked for, then early stopping (`--early_stopping_patience`):
+    after it (and after the per-source eval loss), so it sees the Beam metrics (and `eval_<source>_loss`)."""
     every, at_evaluate = script_args.eval_beam_steps, beam_at_evaluate(script_args, training_args)
     if every or at_evaluate:
         trainer.add_callback(BeamEvalCallback(trainer, tokenizer, records, every, at_evaluate))

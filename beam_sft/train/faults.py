@@ -1,8 +1,5 @@
-"""What a long job does when something goes wrong: preemption, a non-finite loss, a lost rank, the end of a job.
-
-Signals save and stop at the next step end agreed by all ranks (exit 75); a non-finite step stops (65) or is
-skipped; rank 0 writes `output_dir/run_status.json`. See docs/training.md#when-a-job-fails.
-"""
+"""What a long job does when something goes wrong: preemption (save and stop, exit 75), a non-finite step
+(65), a lost rank, the end of a job (`run_status.json`). See docs/training.md#when-a-job-fails."""
 
 from __future__ import annotations
 
@@ -212,9 +209,8 @@ def destroy_process_group() -> None:
 
 
 def make_step_timeout_callback(seconds: int):
-    """From the first step on, collectives wait `seconds` (step_timeout) instead of ddp_timeout, which stays long
-    for start-up and the data phase (torchtitan's rule: long at start, short once steps run). Also records
-    where every rank runs, so a lost rank can be named."""
+    """From the first step on, collectives wait `seconds` (step_timeout), not the long ddp_timeout of start-up
+    (torchtitan's rule); also records where every rank runs, so a lost rank can be named."""
     from transformers import TrainerCallback
 
     class StepTimeout(TrainerCallback):
@@ -268,11 +264,9 @@ def _gone(pid: int) -> bool:
 
 
 def isolate_restart_store() -> bool:
-    """Under torchrun with restarts (`--max_restarts N`): give the restarted workers' process group keys of their
-    own. torchrun's agent keeps one TCPStore for the whole job (the static rendezvous always, c10d unless
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) and torch >= 2.4 no longer prefixes the workers' keys by attempt, so
-    the restarted ranks read the dead ranks' gloo addresses and fail in connectFullMesh ("Connection refused").
-    Must run before the process group is created (before TrainingArguments are parsed). True when applied."""
+    """Under torchrun with restarts (`--max_restarts N`): process group keys of their own for the restarted
+    workers, else (one agent TCPStore per job, keys not prefixed by attempt since torch 2.4) they read the
+    dead ranks' gloo addresses ("Connection refused"). Run before TrainingArguments are parsed; True: done."""
     count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
     if count == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return False

@@ -1,7 +1,5 @@
-"""FSDP2 in `scripts/train.py`: sharding on CPU (gloo) for tests, a sharding report, a whole final model.
-
-See docs/fsdp.md.
-"""
+"""FSDP2 in the training job: sharding on CPU (gloo) for tests, a sharding report, a whole final model
+(docs/fsdp.md)."""
 
 from __future__ import annotations
 
@@ -17,10 +15,8 @@ CPU_FSDP_ENV = "BEAM_SFT_FSDP_ON_CPU"
 
 
 def allow_fsdp_on_cpu() -> bool:
-    """Let accelerate apply an FSDP plugin over CPU processes (gloo) when `BEAM_SFT_FSDP_ON_CPU=1`.
-
-    Returns whether the opt-in is active. Call before the Trainer (hence the Accelerator) is built. Idempotent.
-    """
+    """Let accelerate apply an FSDP plugin over CPU processes (gloo) when `BEAM_SFT_FSDP_ON_CPU=1`; whether
+    the opt-in is active. Call before the Trainer (hence the Accelerator) is built. Idempotent."""
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":  # set by accelerate launch for FSDP
         return False
     if os.environ.get(CPU_FSDP_ENV, "") not in ("1", "true", "True"):
@@ -55,8 +51,7 @@ def allow_fsdp_on_cpu() -> bool:
 
 
 def sharding_summary(model) -> dict:
-    """How `model`'s parameters are held on this rank: DTensor count, local and full element counts, and each
-    sharded parameter's full and local shape and placements."""
+    """How `model`'s parameters are held on this rank: counts, each sharded one's shapes and placements."""
     from torch.distributed.tensor import DTensor
 
     params = list(model.named_parameters())
@@ -86,11 +81,8 @@ def make_sharding_report():
 
 
 def save_final_model(trainer, output_dir: str) -> None:
-    """`trainer.save_model(output_dir)`, except that under FSDP the full model is always gathered and written.
-
-    Every rank must call it (the gather is a collective). Rank 0 writes the model (or the peft adapter) with
-    safetensors; the tokenizer is the caller's (save_tokenizer keeps both templates).
-    """
+    """`trainer.save_model(output_dir)`, except that under FSDP the full model is always gathered (every rank
+    calls it: a collective) and rank 0 writes it (or the peft adapter); the tokenizer is the caller's."""
     if not getattr(trainer, "is_fsdp_enabled", False):
         # _internal_call: no push from here; run.push uploads the directory once it is servable.
         trainer.save_model(output_dir, _internal_call=True)

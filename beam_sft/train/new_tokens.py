@@ -1,8 +1,5 @@
-"""LoRA on a beamified base: the rows of the tokens beamify added must train, or the markers never learn.
-
-PEFT's `trainable_token_indices` for beamify's new ids (tie-aware); `modules_to_save` holding the output
-projection of a tied model is refused. See docs/real-model.md.
-"""
+"""LoRA on a beamified base: the rows of beamify's new tokens train (PEFT's `trainable_token_indices`,
+tie-aware), or the markers never learn; a tied model's output projection is refused (docs/real-model.md)."""
 
 from __future__ import annotations
 
@@ -23,24 +20,42 @@ def _tied(model) -> bool:
     return output is not None and output.weight is model.get_input_embeddings().weight
 
 
-def refuse_tied_output(peft_config, model) -> None:
+def refuse_tied_output(modules_to_save, model) -> None:
     """Refuse `modules_to_save` holding the output projection of a tied model, on any model: PEFT would train
-    two full copies and break the tie (the run and `--dry_run` both call this, the latter on the meta device)."""
-    if peft_config is None or not _tied(model):
+    two full copies and break the tie (`--dry_run` calls this on the meta device, the run before it loads)."""
+    if not modules_to_save or not _tied(model):
         return
     embed = _module_name(model, model.get_input_embeddings())
     output = _module_name(model, model.get_output_embeddings())
-    if output in set(peft_config.modules_to_save or []):
+    if output in set(modules_to_save):
         raise UsageError(
             f"modules_to_save lists {output!r}, the output projection tied to {embed!r}: PEFT would train two full "
             "copies and break the tie. Drop it: beam-sft makes the new marker rows trainable by itself "
             "(trainable_token_indices, tied to the output)")
 
 
+def refuse_tied_output_before_loading(script_args, training_args, model_args) -> None:
+    """`refuse_tied_output` on the model its config describes, built on the meta device: before any weight or
+    data is read. Only `lora_modules_to_save` can hold the output projection, so nothing else is built."""
+    if not (model_args.use_peft and model_args.lora_modules_to_save):
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from beam_sft.model.load import TINY_MODEL_DIR
+
+    remote = training_args.trust_remote_code
+    source = model_args.model_name_or_path or script_args.tiny_model_config or TINY_MODEL_DIR
+    config = AutoConfig.from_pretrained(str(source), revision=model_args.model_revision,
+                                        trust_remote_code=remote)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=remote)
+    refuse_tied_output(model_args.lora_modules_to_save, model)
+
+
 def make_new_rows_trainable(peft_config, model) -> dict | None:
-    """Add beamify's new token ids to `peft_config.trainable_token_indices` (in place); what was done, or None
-    when there is nothing to do (no LoRA, or no new tokens)."""
-    refuse_tied_output(peft_config, model)
+    """Add beamify's new ids to `peft_config.trainable_token_indices` (in place); what was done, or None."""
+    refuse_tied_output(peft_config and peft_config.modules_to_save, model)
     ids = new_token_ids(model)
     if peft_config is None or not ids:
         return None

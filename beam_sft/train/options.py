@@ -1,8 +1,5 @@
-"""Parsing `beam-sft train` / `scripts/train.py` options: TRL's parser, with every config error as one line.
-
-What TRL's parser lets through (an unknown key, a YAML value outside `choices`, a renamed option) is a
-`UsageError` naming the nearest valid one; `beam-sft prepare` parses with the same class. See docs/cli.md.
-"""
+"""Parsing `beam-sft train` / `scripts/train.py` options (and `beam-sft prepare`'s): TRL's parser, with what
+it lets through (an unknown key, a YAML value outside `choices`, a renamed option) a one-line `UsageError`."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ def _nearest(word: str, candidates, prefix: str = "") -> str:
 
 
 class BeamTrlParser(TrlParser):
-    """TrlParser whose errors are `UsageError`s (one line, exit 2) instead of argparse's usage dump.
-    `other_keys`: a function giving the YAML keys another command takes, passed over here; `config_path`: the
-    YAML file read, once parsed."""
+    """TrlParser whose errors are `UsageError`s (one line, exit 2). `other_keys`: a function giving the YAML
+    keys another command takes, passed over here; `config_path`: the YAML file read, once parsed."""
 
     def __init__(self, dataclass_types, *, other_keys=None, **kwargs):
         self.other_keys = other_keys or set

@@ -2,8 +2,7 @@
 
 `ensure_exact_packing` probes the model for cross-record attention in a packed row, installs explicit
 block-diagonal masks where it leaks (gpt-oss), and refuses if it still does.
-See docs/training.md#gpt-oss-shaped-models-exact-packing-moe-lora-router-loss.
-"""
+See docs/training.md#gpt-oss-shaped-models-exact-packing-moe-lora-router-loss."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from beam_sft.errors import UsageError
 logger = logging.getLogger(__name__)
 
 # Floors of the probe's tolerance (mean |Δ NLL| per token), raised to 4x the model's measured noise. A leak on
-# a tiny random fp32 model moves it by ~1e-2 (issue 15: up to 3e-3 relative on a record's loss), exact packing
-# by rounding only (~1e-7).
+# a tiny random fp32 model moves it by ~1e-2 (issue 15), exact packing by rounding only (~1e-7).
 ABS_TOL = {"float32": 1e-5, "float64": 1e-9}
 LOW_PRECISION_TOL = 2e-3  # bf16 / fp16 kernels on different shapes round differently
 CONTROL_SHARE = 0.1  # packed-vs-alone must also stay below this share of the control's leak
@@ -66,10 +64,8 @@ def _layer_types(config) -> list[str]:
 
 
 def packed_masks(config, position_ids, dtype, device):
-    """The attention mask(s) transformers would build for this packed row if the model passed `position_ids`.
-
-    Returns one 4D mask when every layer has the same type, else a {layer type: 4D mask} mapping.
-    """
+    """The 4D attention mask transformers would build for this packed row if the model passed `position_ids`
+    (a {layer type: mask} mapping when the layers' types differ)."""
     import torch
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
@@ -86,11 +82,8 @@ def packed_masks(config, position_ids, dtype, device):
 
 
 def install_packed_mask_hook(model):
-    """Make `model` build block-diagonal (window-correct) masks from restarting `position_ids`; returns the handle.
-
-    Acts only on rows that are packed, have no attention mask and run without a cache (training); generation
-    and padded batches pass through untouched.
-    """
+    """Make `model` build block-diagonal (window-correct) masks from restarting `position_ids` of packed rows
+    without mask or cache (training; generation and padded batches pass through); returns the handle."""
     decoder = find_decoder(model)
     if decoder is None:
         raise UsageError(f"{type(model).__name__}: no decoder stack found to give packed attention masks to")
@@ -116,13 +109,6 @@ def install_packed_mask_hook(model):
     return handle
 
 
-def _probe_lengths(config) -> list[int]:
-    window = getattr(config, "sliding_window", None) if "sliding_attention" in _layer_types(config) else None
-    # Longer than the window (so a mask that forgets the window shows), capped to keep the probe cheap.
-    base = min(int(window) + 9, 320) if window else 40
-    return [base, base // 2 + 3, base + 5]
-
-
 def _token_nll(model, batch):
     """Per-position NLL of the next token of the row (the quantity training sees), float32."""
     import torch
@@ -139,15 +125,17 @@ def _per_record(nll, lengths):
 
 
 def probe(model, lengths: list[int] | None = None, seed: int = 0) -> tuple[float, float, float, list[int]]:
-    """(leak, control, tolerance, lengths) as mean |Δ NLL| per token over the records after the first.
-
-    leak: packed row vs each record alone; control: a packed row whose positions do not restart (what a leak
-    looks like on this model); tolerance: the larger of a dtype floor and 4x the model's own noise, measured
-    as the same record alone vs alone with right padding (same tokens, other kernel shapes)."""
+    """(leak: packed vs alone, control: positions not restarting, tolerance, lengths): mean |Δ NLL| per
+    token over the records after the first (docs/training.md: the probe and its tolerance)."""
     import torch
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    lengths = lengths or _probe_lengths(_decoder_config(model))
+    if not lengths:  # longer than the window (a mask that forgets the window shows), capped to stay cheap
+        config = _decoder_config(model)
+        sliding = "sliding_attention" in _layer_types(config)
+        window = getattr(config, "sliding_window", None) if sliding else None
+        base = min(int(window) + 9, 320) if window else 40
+        lengths = [base, base // 2 + 3, base + 5]
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     vocab = min(int(model.config.get_text_config().vocab_size), 50_000)
@@ -196,11 +184,8 @@ def packing_is_padding_free(args) -> bool:
 
 
 def ensure_exact_packing(model, args, mode: str = "auto") -> PackingReport | None:
-    """Probe `model` for cross-record attention under the padding-free packing `args` asks for, fix or refuse.
-
-    mode: "auto" (explicit masks if the model leaks, refuse if it still does), "refuse" (refuse if it leaks),
-    "skip" (no probe; a warning). Returns None when packing is off. Call it before training, on every rank.
-    """
+    """Probe `model` for cross-record attention under the padding-free packing `args` asks for, fix or refuse
+    (`mode`: the packing_check option). None when packing is off. Call it before training, on every rank."""
     if args.packing and args.packing_strategy == "wrapped":
         raise UsageError("packing_strategy 'wrapped' cuts and concatenates records with no isolation between them "
                          "(each token attends to the previous record's text); use packing_strategy 'bfd'")
@@ -216,9 +201,8 @@ def ensure_exact_packing(model, args, mode: str = "auto") -> PackingReport | Non
         return None
 
     if any(hasattr(p, "ds_id") or p.is_meta for p in model.parameters()):
-        # ZeRO-3 loads partitioned parameters (`ds_id`; meta tensors have no values): no forward outside the engine.
-        # The explicit masks are what transformers builds natively where it honours position_ids, so they
-        # are safe to install unverified; the tests prove them on each supported architecture.
+        # ZeRO-3 (`ds_id`) or meta: no forward outside the engine. The explicit masks are what transformers
+        # builds natively where it honours position_ids: safe unverified (tests prove them per architecture).
         if mode == "refuse":
             raise UsageError(f"packing_check refuse: the {model_type!r} model's parameters are partitioned or on the "
                              "meta device, so packing isolation cannot be probed before training; use packing_check "

@@ -1,10 +1,9 @@
-"""The steps of `scripts/train.py` around TRL's trainer: checks, logging, the trainer, saving, Beam eval.
-
-Each is one call in the script's `main`, so the script reads parse -> model -> data -> trainer -> train -> save.
-"""
+"""The steps of the training job around TRL's trainer (checks, logging, the trainer, saving), one call each in
+`beam_sft.train.sft.main`, which reads parse -> model -> data -> trainer -> train -> save."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import asdict
@@ -28,6 +27,28 @@ def setup_logging(training_args) -> None:
     datasets.utils.logging.set_verbosity(logging.WARNING)
 
 
+@contextlib.contextmanager
+def progress_bars_off():
+    """No progress bars of datasets / transformers / huggingface_hub inside (restored after): TRL's passes
+    over the prepared data (`Truncating`, `Dropping fully masked examples`), `Writing model shards`."""
+    import datasets
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    was = (datasets.is_progress_bar_enabled(), hf_logging.is_progress_bar_enabled(),
+           not hub_utils.are_progress_bars_disabled())
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    hub_utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        for on, enable in zip(was, (datasets.enable_progress_bars, hf_logging.enable_progress_bar,
+                                    hub_utils.enable_progress_bars), strict=True):
+            if on:
+                enable()
+
+
 def check_arguments(script_args, training_args) -> None:
     """Refuse what cannot run, before loading anything."""
     import torch
@@ -42,8 +63,7 @@ def check_arguments(script_args, training_args) -> None:
         raise UsageError("a `datasets:` mixture takes the place of dataset_name, and does not run eval_beam, "
                          "eval_beam_steps or eval_beam_on_evaluate yet")
     if training_args.use_liger_kernel:
-        # Untested here: Liger's kernels need a GPU and Liger is not a dependency. Refused rather than trusted
-        # to leave the assistant masks alone.
+        # Liger's kernels need a GPU and Liger is not a dependency: untested, so refused rather than trusted.
         raise UsageError("use_liger_kernel is not supported by beam-sft: its effect on assistant masks is untested")
     held_out = script_args.eval_dataset_name or script_args.dataset_test_split or script_args.eval_split_size > 0
     for name in ("eval_beam", "eval_beam_steps", "eval_beam_on_evaluate"):
@@ -54,7 +74,6 @@ def check_arguments(script_args, training_args) -> None:
         raise UsageError(f"--eval_beam_steps must be a positive number of steps, not {script_args.eval_beam_steps}")
     if script_args.shuffle_buffer and not script_args.streaming:
         raise UsageError("--shuffle_buffer applies to --streaming (prepared data is shuffled by the trainer)")
-    # Beam metrics at evaluation and early stopping need evaluations (and a metric) to happen at all.
     evaluates = training_args.eval_strategy != "no"
     if beam_at_evaluate(script_args, training_args) and not evaluates:
         name = ("eval_beam_on_evaluate" if script_args.eval_beam_on_evaluate
@@ -101,8 +120,7 @@ def resume_checkpoint(training_args):
 
 def already_finished(training_args) -> bool:
     """`--resume_from_checkpoint last` on an output_dir whose run finished after its newest checkpoint (save_strategy
-    no: only a preemption wrote one), where resuming would train those steps again: say so and train nothing (the
-    final model stays as it is)."""
+    no: only a preemption wrote one): resuming would train those steps again, so say so and train nothing."""
     resume = training_args.resume_from_checkpoint
     if not (isinstance(resume, str) and resume.lower() in ("last", "true")):
         return False
@@ -130,9 +148,8 @@ def _resume_plan(resume: str, training_args) -> str:
 
 
 def train(trainer, resume) -> None:
-    """`trainer.train`, with each way a run can end written to output_dir/run_status.json and turned into
-    one line and its exit status: preempted (75, a complete checkpoint written), a non-finite step (65), a
-    full disk (74), a lost rank (1)."""
+    """`trainer.train`, each way a run can end written to output_dir/run_status.json and turned into one line
+    and its exit status: preempted (75), a non-finite step (65), a full disk (74), a lost rank (1)."""
     args = trainer.args
     try:
         trainer.train(resume_from_checkpoint=resume)

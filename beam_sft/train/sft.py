@@ -1,7 +1,5 @@
-"""The training job of `beam-sft train` and `scripts/train.py`: parse -> model -> data -> trainer -> train -> save.
-
-`main` is TRL's `sft.py` main with Beam's steps (`beam_sft/train/run.py`, `beam_sft/train/data_phase.py`).
-"""
+"""The training job of `beam-sft train` and `scripts/train.py`: TRL's `sft.py` main with Beam's steps
+(`run.py`, `data_phase.py`): parse -> model -> data -> trainer -> train -> save."""
 
 from __future__ import annotations
 
@@ -19,49 +17,54 @@ def main(script_args, training_args, model_args, callbacks=None):
         print(dry_run(script_args, training_args, model_args, world_size=int(os.environ.get("WORLD_SIZE", "1"))))
         return None
     from beam_sft.dataset.arguments import data_settings
+    from beam_sft.dataset.settings import PhaseOptions
     from beam_sft.eval.run import evaluate_trainer
     from beam_sft.model.load import check_tokenizer, load_model_and_tokenizer, save_embedded_base
     from beam_sft.train import run
     from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
     from beam_sft.train.eval_callback import add_beam_eval, beam_eval_wanted, held_out_records
+    from beam_sft.train.new_tokens import refuse_tied_output_before_loading
     from beam_sft.train.source_eval import add_source_eval
 
     run.setup_logging(training_args)
     run.check_arguments(script_args, training_args)
+    refuse_tied_output_before_loading(script_args, training_args, model_args)  # from the config: no weights
     if run.already_finished(training_args):  # a requeued job that had finished: nothing to do
         return None
 
-    # Model and tokenizer
     model, tokenizer, embedded = load_model_and_tokenizer(script_args, training_args, model_args)
     check_tokenizer(tokenizer, conformance=script_args.check_template and not embedded,
                     assistant_only_loss=training_args.assistant_only_loss)
     if embedded and model_args.use_peft:  # an adapter needs a base that can be loaded back: saved beside it
-        save_embedded_base(model, tokenizer, training_args.output_dir, write=training_args.process_index == 0)
+        with run.progress_bars_off():
+            save_embedded_base(model, tokenizer, training_args.output_dir,
+                               write=training_args.process_index == 0)
 
     # Data: converted, tokenized and counted once per job (or streamed)
     settings = data_settings(script_args, training_args)
     train_dataset, eval_dataset, data_stats = training_datasets(
         training_inputs(script_args, seed=training_args.seed), tokenizer, settings,
-        eval_dataset_name=eval_inputs(script_args),
-        cache_dir=script_args.prepared_cache_dir, num_proc=training_args.dataset_num_proc,
-        output_dir=training_args.output_dir, is_main_process=training_args.process_index == 0,
-        streaming=script_args.streaming, world_size=training_args.world_size, shuffle_buffer=script_args.shuffle_buffer,
+        PhaseOptions(num_proc=training_args.dataset_num_proc, output_dir=training_args.output_dir,
+                     main_process=training_args.process_index == 0, streaming=script_args.streaming,
+                     world_size=training_args.world_size, shuffle_buffer=script_args.shuffle_buffer),
+        eval_dataset_name=eval_inputs(script_args), cache_dir=script_args.prepared_cache_dir,
     )
     # The labels are already built from the template's masks, so TRL must take the dataset as tokenized;
     # its own assistant_only_loss path expects raw conversations.
     training_args.assistant_only_loss = False
 
-    # Trainer, training, saving
-    trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
-                                model_args, callbacks)
-    add_source_eval(trainer, script_args, eval_dataset, data_stats)  # eval_<source>_loss next to eval_loss
-    # Beam metrics: the held-out records read once (an empty split is warned about now, not after training)
-    records = held_out_records(trainer, script_args, settings) if beam_eval_wanted(script_args, training_args) else []
-    add_beam_eval(trainer, tokenizer, script_args, training_args, records)  # during training; early stopping
-    run.train(trainer, run.resume_checkpoint(training_args))  # faults: beam_sft/train/faults.py
-    run.save(trainer, tokenizer, training_args.output_dir)
-    if script_args.eval_beam:  # generate and score the eval split's records as `beam-sft eval` does
-        evaluate_trainer(trainer, tokenizer, records)
+    with run.progress_bars_off():  # no bars of TRL's passes over the data or of "Writing model shards"
+        trainer = run.build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args,
+                                    model_args, callbacks)
+        add_source_eval(trainer, script_args, eval_dataset, data_stats)  # eval_<source>_loss beside eval_loss
+        # Beam metrics: held-out records read once (an empty split is warned about now, not after training)
+        wanted = beam_eval_wanted(script_args, training_args)
+        records = held_out_records(trainer, script_args, settings) if wanted else []
+        add_beam_eval(trainer, tokenizer, script_args, training_args, records)  # in training; early stopping
+        run.train(trainer, run.resume_checkpoint(training_args))  # faults: beam_sft/train/faults.py
+        run.save(trainer, tokenizer, training_args.output_dir)
+        if script_args.eval_beam:  # generate and score the eval split's records as `beam-sft eval` does
+            evaluate_trainer(trainer, tokenizer, records)
     run.push(trainer, training_args)
     run.finish(trainer)
     return trainer

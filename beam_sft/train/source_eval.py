@@ -1,7 +1,5 @@
-"""Eval loss per data source: `eval_<label>_loss` for each source of a `datasets:` mixture, next to `eval_loss`.
-
-See docs/training.md#dataset-mixtures ("Eval loss per source").
-"""
+"""Eval loss per data source: `eval_<label>_loss` for each source of a `datasets:` mixture, beside `eval_loss`
+(docs/training.md#dataset-mixtures, "Eval loss per source")."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ logger = logging.getLogger(__name__)
 
 
 def by_source(eval_dataset, eval_sources: list[dict] | None) -> dict:
-    """label -> that source's rows of `eval_dataset` (`eval_sources` as the manifest gives it); sources with
-    no eval row are left out."""
+    """label -> that source's rows of `eval_dataset` (`eval_sources`: the manifest's), if it has any."""
     if not eval_sources or eval_dataset is None:
         return {}
     if sum(s["rows"] for s in eval_sources) != len(eval_dataset):

@@ -1,7 +1,6 @@
 """The trainer of `scripts/train.py`: TRL's `SFTTrainer`, logging supervised tokens, with the fault handling of
 `beam_sft/train/checkpoints.py` and `beam_sft/train/faults.py` (committed checkpoints, a full disk, non-finite
-steps naming their records, no step past max_steps on resume). See docs/training.md#when-a-job-fails.
-"""
+steps naming their records, no step past max_steps on resume). See docs/training.md#when-a-job-fails."""
 
 from __future__ import annotations
 
@@ -67,7 +66,6 @@ class _Faults:
         self._supervised_tokens += int(self.accelerator.gather_for_metrics(local.reshape(1)).sum())
         return int(local)
 
-    # ---- which rows a batch holds
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
         if self._signature_columns is not None and "beam_row" not in self._signature_columns:
@@ -84,7 +82,6 @@ class _Faults:
         finally:
             self.train_dataset = original
 
-    # ---- a non-finite step, an empty batch
     def training_step(self, model, inputs, num_items_in_batch=None):
         rows = inputs.pop("beam_rows", None)
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -96,7 +93,6 @@ class _Faults:
         self.guard.check(self, grad_norm)  # before the optimizer step: stop, or drop this step's gradients
         return grad_norm
 
-    # ---- checkpoints
     def _save_checkpoint(self, model, trial):
         save_guarded(self, lambda: super(_Faults, self)._save_checkpoint(model, trial),
                      self._get_output_dir(trial=trial))
@@ -110,8 +106,11 @@ class _Faults:
         return super()._run_epoch(*args, **kwargs)
 
     def _issue_warnings_after_load(self, load_result):
-        # Tied weights (lm_head = embed_tokens) are saved once: their "missing" alias is not missing.
-        tied = _tied_aliases(self.model)
+        # Tied weights (lm_head = embed_tokens) are saved once: their "missing" alias is not missing. A
+        # wrapped model (PEFT) names the aliases with a prefix the checkpoint's keys may lack.
+        aliases = ({n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+                   - {n for n, _ in self.model.named_parameters()})
+        tied = aliases | {name.split(".", 1)[1] for name in aliases if "." in name}
         if load_result.missing_keys and set(load_result.missing_keys) <= tied:
             load_result.missing_keys.clear()
         return super()._issue_warnings_after_load(load_result)
@@ -130,22 +129,12 @@ class _EvaluationCalls:
             self.evaluation_calls.pop()
 
     def _label_eval_metrics(self) -> None:
-        """TRL names its eval metrics `eval_<key>` whatever the evaluation's prefix: under `eval_<label>` (a
-        source, a dict's dataset) they become `eval_<label>_<key>`, not a second `eval_mean_token_accuracy` at
-        the same step."""
+        """TRL names its eval metrics `eval_<key>` whatever the prefix: under `eval_<label>` (a source, a
+        dict's dataset) they become `eval_<label>_<key>`, not a second `eval_mean_token_accuracy` per step."""
         if not self.evaluation_calls or not self.evaluation_calls[-1][0].startswith("eval_"):
             return
         label = self.evaluation_calls[-1][0].removeprefix("eval_")
         self._metrics["eval"] = defaultdict(list, {f"{label}_{k}": v for k, v in self._metrics["eval"].items()})
-
-
-def _tied_aliases(model) -> set[str]:
-    """Parameter names that are a second name of another parameter (tied weights)."""
-    unique = {name for name, _ in model.named_parameters()}
-    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    aliases = every - unique
-    # A wrapped model (PEFT) names them with a prefix the checkpoint's keys may lack.
-    return aliases | {name.split(".", 1)[1] for name in aliases if "." in name}
 
 
 def make_trainer_class():

@@ -14,6 +14,11 @@ from beam_sft.records.types import ToolSpec, json_type
 
 # The policy for the records these checks find: reject them (the default) or keep them as they are.
 TOOL_CALL_CHECKS_CHOICES = ("reject", "keep")
+# The option's help, the same in every command that takes --tool_call_checks.
+TOOL_CALL_CHECKS_HELP = ("a record eval would score as a failure (a call to an undeclared tool, or with no "
+                         "tools declared; arguments against the tool's schema; a turn without text; a "
+                         "conversation the assistant opens): reject it with its own reason, or keep it "
+                         "(default: reject)")
 
 _TYPES: dict[str, Callable[[Any], bool]] = {  # as beam_sft.eval.metrics scores them: 2.0 is an integer
     "string": lambda v: type(v) is str,

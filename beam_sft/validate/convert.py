@@ -120,8 +120,9 @@ def convert_raw(rec: Any, format: str = "auto") -> tuple[BeamRecord, str]:
             if isinstance(rec, dict) and isinstance(rec.get("text"), str) or isinstance(rec, str):
                 raise RecordError(Reason.UNKNOWN_FORMAT, "text without Harmony markers (<|start|>, <|channel|>): "
                                   "not a rendered conversation")
-            keys = f" (keys: {', '.join(sorted(rec)[:8])})" if isinstance(rec, dict) else ""
-            raise RecordError(Reason.UNKNOWN_FORMAT, f"record fits no known format{keys}")
+            keys = sorted(rec)[:8] if isinstance(rec, dict) else None
+            raise RecordError(Reason.UNKNOWN_FORMAT, "record fits no known format"
+                              + (f" (keys: {', '.join(keys)})" if keys is not None else ""), keys=keys)
     else:
         name = format
     try:

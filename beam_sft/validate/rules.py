@@ -40,13 +40,11 @@ class Options:
     tool_call_checks: str = "reject"  # TOOL_CALL_CHECKS_CHOICES: what becomes of a record `_checked_calls` faults
 
     def __post_init__(self):
-        if self.late_system not in LATE_SYSTEM_CHOICES:
-            raise ValueError(f"late_system must be one of {LATE_SYSTEM_CHOICES}, not {self.late_system!r}")
-        if self.missing_reasoning not in MISSING_REASONING_CHOICES:
-            raise ValueError(f"missing_reasoning must be one of {MISSING_REASONING_CHOICES}")
-        if self.tool_call_checks not in TOOL_CALL_CHECKS_CHOICES:
-            raise ValueError(f"tool_call_checks must be one of {TOOL_CALL_CHECKS_CHOICES}, "
-                             f"not {self.tool_call_checks!r}")
+        for name, choices in (("late_system", LATE_SYSTEM_CHOICES),
+                              ("missing_reasoning", MISSING_REASONING_CHOICES),
+                              ("tool_call_checks", TOOL_CALL_CHECKS_CHOICES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, not {getattr(self, name)!r}")
 
 
 DEFAULT_OPTIONS = Options()

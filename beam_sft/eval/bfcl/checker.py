@@ -1,6 +1,4 @@
-"""BFCL v4's data and BFCL's own checker, imported without BFCL's model handlers (whose pins clash with ours):
-everything that decides a score is BFCL's. See docs/evaluation.md#bfcl-v4 for how it is imported.
-"""
+"""BFCL v4's data and checker, imported without BFCL's model handlers (docs/evaluation.md#bfcl-v4)."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ INSTALL_COMMAND = f"pip install -e '.[bfcl]' && pip install --no-deps '{BFCL_SPE
 INSTALL_HINT = (f"BFCL's checker is not installed: run `make install` in the beam-sft checkout, or {INSTALL_COMMAND} "
                 "(bfcl-eval's own pins clash with beam-sft's: docs/evaluation.md#bfcl-v4)")
 
-# The single-turn AST and relevance categories (`--bfcl all`), in BFCL's order. Multi-turn, memory, web search and
-# format-sensitivity need BFCL's executable backends or several turns; they are not offered.
+# The single-turn AST and relevance categories (`--bfcl all`), in BFCL's order (others need its backends).
 NON_LIVE_AST = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple")
 LIVE_AST = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
 RELEVANCE = ("irrelevance", "live_irrelevance", "live_relevance")
@@ -99,8 +96,7 @@ def is_relevance(category: str) -> bool:
 
 @dataclass
 class Entry:
-    """One BFCL entry: its question (BFCL messages), its functions as BFCL generates with them (language hints
-    in), as BFCL checks with them (no hints), and its possible answer (None for relevance categories)."""
+    """One BFCL entry: functions as BFCL generates (language hints in) and checks (no hints) with them."""
 
     id: str
     category: str
@@ -136,8 +132,7 @@ def load_entries(category: str, max_records: int | None = None, seed: int = 0) -
 
 
 class _Decoded:
-    """BFCL's runners take a model handler and call its `decode_ast`; this one hands back what beam-sft decoded
-    (the FC handlers' shape, `[{name: {param: value}}]`) or raises what decoding raised."""
+    """The handler BFCL's runners call `decode_ast` on: it hands back what beam-sft decoded, or raises."""
 
     def __init__(self, decoded: list[dict[str, Any]] | None, error: str):
         self.decoded, self.error = decoded, error
@@ -150,8 +145,7 @@ class _Decoded:
 
 def check(entry: Entry, decoded: list[dict[str, Any]] | None, error: str = "", raw: Any = "",
           style: str = "beam") -> dict[str, Any]:
-    """BFCL's verdict on one entry: `{"valid": bool, "error": [...], "error_type": str}` (the error keys only
-    when not valid). `decoded` is None when the output did not decode (`error` says why)."""
+    """BFCL's verdict on one entry: `{"valid": bool}`, plus "error" and "error_type" when not valid."""
     b = bfcl()
     handler, model = _Decoded(decoded, error), MODEL_NAMES[style]
     if is_relevance(entry.category):
@@ -170,8 +164,7 @@ def check(entry: Entry, decoded: list[dict[str, Any]] | None, error: str = "", r
 
 
 def summary(scores: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """BFCL's summary columns over the categories that ran, with BFCL's own arithmetic (docs/evaluation.md): None
-    for a column none of whose categories ran (BFCL shows N/A); a missing category is left out of its column."""
+    """BFCL's summary columns over the categories that ran, by its arithmetic; None for a column with none."""
     h = bfcl().helper
 
     def acc(names: Sequence[str]) -> list[dict]:

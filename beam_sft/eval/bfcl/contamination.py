@@ -1,6 +1,4 @@
-"""Is BFCL in the training data? Question text and function names of training records against BFCL v4,
-through hashes, so memory stays flat however large the data is. See docs/evaluation.md#is-bfcl-in-the-training-data.
-"""
+"""Is BFCL in the training data? Question text and function names against BFCL v4, through hashes."""
 
 from __future__ import annotations
 
@@ -93,8 +91,7 @@ def _record_names(record: dict[str, Any]) -> set[str]:
 
 
 def scan(items: Iterable[tuple[Any, str]], index: BfclIndex, *, keep: int = 50) -> dict[str, Any]:
-    """Every record of `items` ((Item, format) pairs) against `index`: counts, the first `keep` question
-    overlaps (where, which BFCL entry, how), and each BFCL function name the records declare or call."""
+    """Every record of `items` ((Item, format) pairs) against `index`: counts, overlaps and function names."""
     from beam_sft.validate.convert import convert_item
     from beam_sft.validate.rules import Options
 

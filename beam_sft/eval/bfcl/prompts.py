@@ -1,6 +1,4 @@
-"""A BFCL entry as a prompt, and a generation as the calls BFCL's checker reads, in three styles (STYLES:
-`beam`, BFCL's own `prompt`, and `json`), each described in docs/evaluation.md#bfcl-v4.
-"""
+"""A BFCL entry as a prompt, and a generation as the calls BFCL's checker reads, in the three STYLES."""
 
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ def messages(entry: Entry, style: str) -> list[dict[str, Any]]:
 
 
 def decode_beam(parsed: dict[str, Any] | None) -> tuple[list[dict[str, Any]] | None, str]:
-    """Tool calls of a parsed Beam turn as `[{name: {arg: value}}]`; (None, why) when there are none, or when a
-    call's arguments are not a JSON object (BFCL's FC handlers `json.loads` them and fail the same way)."""
+    """Tool calls of a parsed Beam turn as `[{name: {arg: value}}]`, else (None, why)."""
     if not parsed:
         return None, "the output did not parse"
     calls = parsed.get("tool_calls") or []
@@ -66,8 +63,7 @@ def decode_beam(parsed: dict[str, Any] | None) -> tuple[list[dict[str, Any]] | N
 
 
 def decode_prompt(text: str, category: str) -> tuple[list[dict[str, Any]] | None, str]:
-    """BFCL's prompting decoder on the model's text (the language's own parser for Java and JavaScript; Python
-    for the relevance categories, as BFCL's relevance runner asks)."""
+    """BFCL's prompting decoder on the model's text (Python for relevance, as BFCL's runner asks)."""
     b = bfcl()
     fmt = b.enums.ReturnFormat("python" if is_relevance(category) else language(category))
     try:
@@ -77,10 +73,8 @@ def decode_prompt(text: str, category: str) -> tuple[list[dict[str, Any]] | None
 
 
 def decode_json(text: str) -> tuple[list[dict[str, Any]] | None, str, bool]:
-    """The calls in the text's `<tool_call>` blocks as `[{name: arguments}]` (a block holds a list of calls or one
-    call; arguments may be a JSON string of an object, as some models write them). (None, why, malformed): no call
-    when there is no block or only empty lists; malformed when a block is not JSON or a call is not
-    `{"name": str, "arguments": object}` (an unclosed last block is read to the end: the model stopped in it)."""
+    """The calls in the text's `<tool_call>` blocks as `[{name: arguments}]`, else (None, why, malformed): an
+    unclosed last block is read to the end (the model stopped in it)."""
     blocks = [m.group(1).strip() for m in _TOOL_CALL.finditer(text)]
     if not blocks:
         return None, "no <tool_call> block (the model answered in text)", False

@@ -1,6 +1,4 @@
-"""Generate BFCL entries with any `beam-sft eval` backend, decode, score with BFCL's checker; write and re-score
-the per-entry outputs (`rescore` gives the same figures). See docs/evaluation.md#bfcl-v4.
-"""
+"""Generate BFCL entries with any `beam-sft eval` backend, decode, score with BFCL's checker; re-score."""
 
 from __future__ import annotations
 
@@ -81,8 +79,7 @@ class BfclResult(Throughput):
                 "generation_tokens": self.generation_tokens, "tokens_per_second": self.tokens_per_second}
 
     def called(self) -> dict[str, dict[str, int]]:
-        """Entries answered with at least one call, split by whether a call is right (AST, relevance) or none is
-        (irrelevance): accuracy alone hides a model that never calls, or always does."""
+        """Entries answered with a call, by whether one is expected: accuracy hides one that never calls."""
         out = {"call_expected": Counter(called=0, n=0), "no_call_expected": Counter(called=0, n=0)}
         for cat, c in self.counts.items():
             out["no_call_expected" if checker.expects_no_call(cat) else "call_expected"].update(called=c["called"],
@@ -162,8 +159,7 @@ SCORERS = {"beam": _score_beam, "prompt": _score_text, "json": _score_text}
 
 
 def evaluate_bfcl(backend, tokenizer, categories: Sequence[str], options: EvalOptions | None = None) -> BfclResult:
-    """Generate and score `options.max_records` entries (seeded, the same every run) of each category, prompted
-    and decoded in `options.style`; `options.on_result` sees each scored entry."""
+    """Generate and score `options.max_records` seeded entries of each category in `options.style`."""
     from tqdm.auto import tqdm
 
     opts = options or EvalOptions()
