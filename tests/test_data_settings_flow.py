@@ -137,3 +137,21 @@ def test_stream_reports_its_drops_when_exhausted(tok, tmp_path, caplog):
     assert "dropped: 2 of 4 input records (50.0%)" in report[0]
     assert "no_tools_declared" in report[0] and "unknown_format" in report[0]
     assert "keys the input had: {question} (1 record)" in report[0]
+
+
+def test_stream_logs_the_first_rejects_and_writes_each_once(tok, tmp_path, caplog):
+    """Rejects one by one in the log only up to LOGGED_REJECTS (a stream of 10^6 records must not print one line
+    per reject); the rejects file gets each reject once, whatever the number of epochs."""
+    from beam_sft.dataset.stream import LOGGED_REJECTS, stream_training_data
+
+    rows = [GOOD] + [{"question": f"q{i}"} for i in range(LOGGED_REJECTS + 3)]
+    src = _jsonl(tmp_path / "d.jsonl", rows)
+    stream = stream_training_data(str(src), tok, DataSettings(max_reject_share=1.0),
+                                  PhaseOptions(output_dir=tmp_path / "rej"))
+    with caplog.at_level(logging.INFO, logger="beam_sft.dataset.stream"):
+        for _ in range(3):
+            assert len(list(stream)) == 1
+    logged = [r for r in caplog.records if r.getMessage().startswith("rejected: ")]
+    assert len(logged) == LOGGED_REJECTS
+    written = (tmp_path / "rej" / "rejects.rank0.jsonl").read_text().splitlines()
+    assert len(written) == len(rows) - 1 == len(set(written))

@@ -26,6 +26,9 @@ from beam_sft.records.files import data_sources
 
 logger = logging.getLogger(__name__)
 
+# Rejects logged one by one per process (the rest are in the rejects file and the drop report).
+LOGGED_REJECTS = 5
+
 
 def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | None, names: tuple, mixture=None):
     """Raw rows of the given shards: shard s holds input records s, s + n_shards, s + 2 n_shards, ... (of a
@@ -75,7 +78,7 @@ class StreamDrops:
 
     def __init__(self, directory: str | None) -> None:
         self.directory = directory
-        self.seen: set[str] = set()  # each reject is written once; rejects are few: the set stays small
+        self.logged = 0  # rejects logged one by one: the first LOGGED_REJECTS, as the prepared path does
         self.begun: set[int] = set()
         self.ended: set[int] = set()
         self.expected = self.reported = 0  # rows of the ended shards; of the last report
@@ -98,19 +101,19 @@ class StreamDrops:
 
     def tokenized(self, batch: dict[str, list]) -> list[bool]:
         """Filter: the rows without a reject."""
-        rejects = [text for text in batch["reject"] if text is not None]
-        for entry in map(orjson.loads, rejects if not self.again else ()):
+        # Each reject is counted, written and logged on the first pass only: later epochs read the same rows.
+        lines = [text for text in batch["reject"] if text is not None] if not self.again else []
+        for entry in map(orjson.loads, lines):
             self.counts["rejected"][entry["reason"]] += 1
             if keys := format_keys(entry):
                 self.counts["unknown_format_keys"][keys] += 1
-        lines = [text for text in rejects if text not in self.seen]
-        self.seen.update(lines)
         if lines and self.directory is not None:
             os.makedirs(self.directory, exist_ok=True)
             with open(self._rejects(), "a", encoding="utf-8") as f:
                 f.write("".join(line + "\n" for line in lines))
-        for line in lines:
+        for line in lines[: max(0, LOGGED_REJECTS - self.logged)]:
             logger.warning("rejected: %s", line)
+        self.logged += len(lines)
         self._report()
         return [text is None for text in batch["reject"]]
 
