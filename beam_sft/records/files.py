@@ -354,6 +354,8 @@ def _read_parquet(src: Source, max_bytes: int | None) -> Iterator[Item]:
 # Columns the converters read as a list of turns: a string there that holds a JSON list is that list, stored
 # as text (a string column written with json.dumps, say). A string elsewhere may be the record's own text.
 TURN_COLUMNS = ("messages", "conversations")
+# Written as JSON text by our own Parquet writer: always decoded.
+_ALWAYS_JSON = frozenset({"chat_template_kwargs"})
 
 
 def _json_columns(schema) -> frozenset[str]:
@@ -368,13 +370,12 @@ def _json_columns(schema) -> frozenset[str]:
         features = {}
     names.update(name for name, feature in features.items()
                  if isinstance(feature, dict) and feature.get("_type") == "Json")
-    return frozenset(names)
+    return _ALWAYS_JSON.union(names)
 
 
-def _decode_json_columns(rec: dict, json_columns: frozenset[str] = frozenset()) -> dict:
+def _decode_json_columns(rec: dict, json_columns: frozenset[str] = _ALWAYS_JSON) -> dict:
     """Parquet written by us (or by `datasets` with ``Json``) reads back through pyarrow as JSON strings."""
-    json_columns = json_columns | {"chat_template_kwargs"}
-    for key in json_columns.union(TURN_COLUMNS):
+    for key in (*json_columns, *TURN_COLUMNS):
         value = rec.get(key)
         if isinstance(value, str) and (key in json_columns or value.lstrip()[:1] == "["):
             try:
