@@ -136,16 +136,6 @@ def summary(stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def rejected_lines(by_reason: Counter, n_in: int, rejects: str | None) -> list[str]:
-    """The input records augment or backfill rejected (they convert with every check on), by reason."""
-    from beam_sft.dataset.drops import HOW_TO_KEEP, drop_lines
-
-    keep = {Reason.UNKNOWN_FORMAT.value: "name the format with --dataset_format, or fix the records",
-            **{code: HOW_TO_KEEP[code] for code in (Reason.LATE_SYSTEM.value, Reason.INTERNAL_ERROR.value)}}
-    return drop_lines({"records_in": n_in, "rejected": by_reason}, rejects,
-                      keep=lambda code: keep.get(code, "no switch: fix the records"))
-
-
 def _keep_untransformed(code: str) -> str:
     if code.startswith("invalid_"):
         return "none: the result fails validation (the record is written unchanged)"
@@ -157,9 +147,9 @@ def _keep_untransformed(code: str) -> str:
 def drop_report(stats: dict[str, Any], rejects: str | None) -> list[str]:
     """The input records rejected, then per transform the records it could not transform, by reason
     (`not_sampled` is the share P at work, not a drop)."""
-    from beam_sft.dataset.drops import drop_lines
+    from beam_sft.dataset.drops import drop_lines, rewrite_rejected_lines
 
-    lines = rejected_lines(Counter(stats["rejected_by_reason"]), stats["records_in"], rejects)
+    lines = rewrite_rejected_lines(Counter(stats["rejected_by_reason"]), stats["records_in"], rejects)
     for name, c in stats["transforms"].items():
         if skipped := Counter({code: n for code, n in c["skipped"].items() if code != "not_sampled"}):
             lines += drop_lines({"records_in": c["seen"], "rejected": skipped}, rejects_hint=None,

@@ -158,14 +158,13 @@ KEEP_ANSWERS = {"too_long": "a larger --max-reasoning-tokens (0: no limit)",
 
 def drop_report(stats, rejects: str | None) -> list[str]:
     """The input records rejected, then the turns whose teacher answer a filter refused, by filter."""
-    from beam_sft.cli.augment import rejected_lines
-    from beam_sft.dataset.drops import drop_lines
+    from beam_sft.dataset.drops import drop_lines, rewrite_rejected_lines
 
     def keep(code: str) -> str:
         return KEEP_ANSWERS.get(code, "no switch: a stronger teacher (--model); the turn trains without "
                                       "reasoning (masked)")
 
-    return rejected_lines(stats.rejected, stats.records_in, rejects) + drop_lines(
+    return rewrite_rejected_lines(stats.rejected, stats.records_in, rejects) + drop_lines(
         {"records_in": stats.turns_missing, "rejected": stats.filtered}, rejects_hint=None, keep=keep,
         head="refused by the filters", noun="turns without reasoning")
 

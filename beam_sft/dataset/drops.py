@@ -97,6 +97,15 @@ def drop_lines(counts: dict[str, Any], rejects: str | None = None,
     return lines
 
 
+def rewrite_rejected_lines(by_reason: Counter, n_in: int, rejects: str | None) -> list[str]:
+    """The input records `beam-sft augment` or `backfill` rejected (they convert with every check on), by reason,
+    with what keeps them among those commands' switches."""
+    keep = {Reason.UNKNOWN_FORMAT.value: "name the format with --dataset_format, or fix the records",
+            **{code: HOW_TO_KEEP[code] for code in (Reason.LATE_SYSTEM.value, Reason.INTERNAL_ERROR.value)}}
+    return drop_lines({"records_in": n_in, "rejected": by_reason}, rejects,
+                      keep=lambda code: keep.get(code, "no switch: fix the records"))
+
+
 def verdict(counts: dict[str, Any], threshold: float | None, what: str = "the input",
             noun: str = "records") -> str | None:
     """The one line of a run that wrote nothing, or dropped more than `threshold` of its input (None: fine).
