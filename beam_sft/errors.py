@@ -1,7 +1,6 @@
 """One error type for bad records (`RecordError`: a stable reason code and where the record came from), and the
 CLI's error table: `UsageError` (exit 2), `FatalError` (exit 1), `EXIT_INTERNAL_ERRORS` (3), each printed by
-`beam_sft.cli` as one line. See docs/formats.md (reason codes, exit status 3).
-"""
+`beam_sft.cli` as one line. See docs/formats.md (reason codes, exit status 3)."""
 
 from __future__ import annotations
 
@@ -72,26 +71,20 @@ class FatalError(BeamSFTError):
 
 
 class RecordError(ValueError):
-    """A record that cannot become a Beam record.
-
-    `code` is a `Reason`; `message_index` names the offending message in the record as the caller gave it;
-    `source` and `line` are filled in by the reader (file path and 1-based line, or 0-based row index);
-    `keys`: an `unknown_format` record's keys (its rejects entry carries them for the drop report).
-    """
+    """A record that cannot become a Beam record. `message_index` names the offending message in the record as
+    the caller gave it; `source` and `line` are filled in by the reader (file path and 1-based line, or 0-based
+    row index); `keys`: an `unknown_format` record's keys (its rejects entry carries them for the drop report)."""
 
     def __init__(self, code: Reason | str, message: str, *, message_index: int | None = None,
-                 source: str | None = None, line: int | None = None, by_line: bool = True,
                  keys: list[str] | None = None) -> None:
         self.code = Reason(code)
         self.message = message
         self.message_index = message_index
         self.keys = keys
-        self.source = source
-        self.line = line
-        self.by_line = by_line  # False: `line` is a 0-based index (a JSON array's record, a row)
-        super().__init__(str(self))
+        self.with_provenance(None, None)  # sets `args`, as Exception.__init__ would
 
     def with_provenance(self, source: str | None, line: int | None, by_line: bool = True) -> RecordError:
+        # by_line False: `line` is a 0-based index (a JSON array's record, a row)
         self.source, self.line, self.by_line = source, line, by_line
         self.args = (str(self),)
         return self
@@ -100,9 +93,6 @@ class RecordError(ValueError):
         place = f"{where(self.source, self.line, self.by_line)}: " if self.source is not None else ""
         at = f"messages[{self.message_index}]: " if self.message_index is not None else ""
         return f"{place}[{self.code.value}] {at}{self.message}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return reject_entry(self, self.source, self.line, self.by_line)
 
 
 def reject_entry(err: RecordError, source: str | None, position: int | None, by_line: bool = True) -> dict[str, Any]:
@@ -126,9 +116,7 @@ def where(source: str | None, position: int | None, by_line: bool = True) -> str
 
 def reject_where(entry: dict[str, Any]) -> str:
     """`where` of a rejects-file entry (`reject_entry`), from its ``line`` or its ``index``."""
-    if "line" in entry:
-        return where(entry.get("source"), entry["line"])
-    return where(entry.get("source"), entry.get("index"), by_line=False)
+    return where(entry.get("source"), entry["line"] if "line" in entry else entry.get("index"), "line" in entry)
 
 
 # Outputs complete, but some records were rejected as `internal_error` (a bug): not 0, not 1 (docs/formats.md).

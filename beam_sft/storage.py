@@ -1,7 +1,6 @@
 """Where beam_sft keeps things on disk: the cache directory, the hashes cache entries and fingerprints are keyed
 by, atomic writes (outputs and cache files alike, so no reader ever sees half of one), and the Arrow columns the
-data pipeline writes. See docs/formats.md#outputs-are-atomic.
-"""
+data pipeline writes. See docs/formats.md#outputs-are-atomic."""
 
 from __future__ import annotations
 
@@ -40,6 +39,16 @@ def files_digest(directory: str | Path) -> str:
     for file in sorted(p for p in Path(directory).iterdir() if p.is_file()):
         digest.update(file.name.encode() + b"\0" + file.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of the distribution `name` (None if absent): part of cache keys."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 # --- atomic writes ---------------------------------------------------------------------------------------------
@@ -134,14 +143,8 @@ def replace_dir(src: Path, target: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, suffix: str = "", *, directory: bool = False) -> Iterator[Path]:
-    """Write an output atomically: yields a temporary path beside `path` (a file, or with ``directory=True`` a
-    directory, e.g. for ``save_to_disk``) and renames it to `path` when the block ends without an exception;
-    on an exception the temporary is removed. Stale temporaries of killed runs on the same output are removed
-    first. The result has the umask's permissions, like any new file::
-
-        with atomic_output("out/train") as tmp:      # directory=True for a directory
-            ds.save_to_disk(tmp)
-    """
+    """Yields a temporary path beside `path` (a directory with ``directory=True``), renamed to `path` when the
+    block ends without an exception, removed on one: docs/formats.md#outputs-are-atomic."""
     target = Path(path)
     tmp = fresh_temporary(target, suffix, directory=directory)
     try:

@@ -8,7 +8,7 @@ turn, tool declarations, tool calls and their results), every row measured side 
   `SFTTrainer._prepare_dataset` maps over the dataset with `assistant_only_loss=True`) vs the floor (render
   every conversation to text with the chat template, then one batched tokenizer call, no masks); in one
   process, then `PrepareRun.build` with `num_proc` = 1 .. cores;
-* conversion: OpenAI -> Beam records per second (`convert_record`, with orjson in and out) vs the floor of
+* conversion: OpenAI -> Beam records per second (`convert`, with orjson in and out) vs the floor of
   orjson load + dump of the same lines;
 * training on the tiny model (CPU): real (non-pad) tokens per second and real-token fraction, padded vs
   packed (TRL's BFD packing, padding-free);

@@ -79,7 +79,7 @@ def real_records(tokenizer, raw: bool = False) -> list[dict]:
     with `raw` the rows as the files hold them (each in its own format), kept where their unique variant
     (`iter_raw`) converts too."""
     from beam_sft.render.encoder import get_encoder
-    from beam_sft.validate.convert import convert_record
+    from beam_sft.validate.convert import convert
     from beam_sft.validate.rules import Options
 
     encoder = get_encoder(tokenizer)
@@ -95,7 +95,7 @@ def real_records(tokenizer, raw: bool = False) -> list[dict]:
             continue
         for row in rows if isinstance(rows, list) else [rows]:
             try:
-                record = convert_record(next(iter_raw([row], 1, 0)) if raw else row, "auto", keep)
+                record = convert(next(iter_raw([row], 1, 0)) if raw else row, "auto", keep)[0]
                 encoder.encode([record])
             except Exception:  # noqa: BLE001, S112 - a sample this workload cannot use (a reject): skip it
                 continue
@@ -158,11 +158,11 @@ def iter_raw(pool: list, n: int, start: int):
 
 def converted(rows) -> list[dict]:
     """The Beam records of raw rows, as `beam-sft prepare --missing-reasoning keep` converts them."""
-    from beam_sft.validate.convert import convert_record
+    from beam_sft.validate.convert import convert
     from beam_sft.validate.rules import Options
 
     keep = Options(missing_reasoning="keep")
-    return [json.loads(json.dumps(convert_record(row, "auto", keep))) for row in rows]
+    return [json.loads(json.dumps(convert(row, "auto", keep)[0])) for row in rows]
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -49,13 +49,13 @@ def test_fast_backend_where_the_checks_prove_it(base):
 
 def test_ids_and_masks_equal_apply_chat_template(base, bench_script):
     _, tok = base
-    from beam_sft.validate.convert import convert_record
+    from beam_sft.validate.convert import convert
 
     records = bench_script.make_workload(60, seed=11)
     for path in sorted(REALDATA.rglob("*.jsonl"))[:6]:
         for line in path.read_text(encoding="utf-8").splitlines()[:10]:
             try:
-                records.append(convert_record(json.loads(line), "auto"))
+                records.append(convert(json.loads(line), "auto")[0])
             except Exception:  # noqa: BLE001, S112 - not every sample converts: those are rejects elsewhere
                 continue
     records.append({"messages": [{"role": "user", "content": "12345 ６７８ ٣٤٥ e\u0301 Å Å A\u030a \u1100\u1161 \u212b ﬁ 𝔘 \U000f0041"},

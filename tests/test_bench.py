@@ -53,10 +53,10 @@ def test_workload_is_deterministic_and_has_reasoning_tools_and_turns(workload):
 
 
 def test_openai_rows_convert_back_to_the_generated_records(workload):
-    from beam_sft.validate.convert import convert_record
+    from beam_sft.validate.convert import convert
 
     for i, record in enumerate(workload.make_workload(40, seed=3)):
-        beam = convert_record(workload.to_openai(record, i), "openai")
+        beam = convert(workload.to_openai(record, i), "openai")[0]
         for m in beam["messages"]:
             m.pop("tool_call_id", None)
             for call in m.get("tool_calls") or ():

@@ -41,7 +41,7 @@ def test_inspect_and_the_data_phase_reject_the_same_records_for_the_same_reasons
     phase_rejects = {_where(r): _why(r) for r in phase.iter_rejects()}
     inspect_rejects = {_where(r): _why(r) for r in loaded.rejects}
     assert inspect_rejects == phase_rejects
-    assert [int(p) for p in phase.positions()] == loaded.positions
+    assert [int(p) for p in phase.rows] == loaded.positions
     # what they keep is the same record, byte for byte
     assert [orjson.dumps(r) for r in phase.iter_records()] == [orjson.dumps(r) for r in loaded.records]
     # eval reads its test data the same way, with one difference: a reference turn needs no reasoning to be

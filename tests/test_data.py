@@ -238,7 +238,7 @@ def test_convert_records_gives_records_with_their_input_positions(tmp_path):
     records = list(conv.iter_records())
     assert len(records) == len(conv) and all(r["messages"] for r in records)
     assert records[:3] == conv[:3] and conv[len(conv) - 1] == records[-1]
-    rows = sorted([*conv.positions().tolist(), *conv.reject_rows.tolist()])
+    rows = sorted([*conv.rows.tolist(), *conv.reject_rows.tolist()])
     assert rows == list(range(conv.records_in))  # every input row once: a record or a reject
 
 

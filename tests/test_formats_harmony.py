@@ -26,7 +26,7 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.harmony import parse_text
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
-from beam_sft.validate.convert import convert_record, detect
+from beam_sft.validate.convert import convert, detect
 from beam_sft.validate.rules import Options, make_render_check
 
 REALDATA = Path(__file__).parent / "data" / "realdata" / "harmony"
@@ -45,14 +45,14 @@ DEVELOPER = ("<|start|>developer<|message|># Instructions\n\nAnswer in French.\n
 def conv(rec, checks: str = "reject"):
     """`checks="keep"`: a completion without its prompt, or calls without the tools' declarations (what
     `beam_sft.validate.calls` rejects by default), converted all the same."""
-    out = convert_record(rec, "harmony", Options(tool_call_checks=checks))
+    out = convert(rec, "harmony", Options(tool_call_checks=checks))[0]
     RENDER(out)
     return out
 
 
 def rejected(rec) -> RecordError:
     with pytest.raises(RecordError) as info:
-        convert_record(rec, "harmony")
+        convert(rec, "harmony")
     return info.value
 
 
@@ -155,7 +155,7 @@ def test_no_prefix_of_a_conversation_yields_a_partial_call(header_style):
     outcomes = set()
     for cut in range(len(text) + 1):
         try:
-            out = convert_record(text[:cut], "harmony")
+            out = convert(text[:cut], "harmony")[0]
         except RecordError as err:
             outcomes.add(err.code)
             continue
@@ -330,7 +330,7 @@ def test_real_harmony_files_convert_or_reject_with_reason():
     results = {}
     for where, rec in _all_real_items():
         try:
-            out = convert_record(rec, "auto")
+            out = convert(rec, "auto")[0]
             RENDER(out)
             results[where] = "ok"
         except RecordError as err:

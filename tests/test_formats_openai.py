@@ -10,7 +10,7 @@ import pytest
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
-from beam_sft.validate.convert import convert_record, detect
+from beam_sft.validate.convert import convert, detect
 from beam_sft.validate.rules import Options, make_render_check
 
 
@@ -27,14 +27,14 @@ RENDER = make_render_check()
 
 
 def conv(rec, **opts):
-    out = convert_record(rec, "openai", Options(**{"missing_reasoning": "keep", **opts}) if opts else None)
+    out = convert(rec, "openai", Options(**{"missing_reasoning": "keep", **opts}) if opts else None)[0]
     RENDER(out)  # everything a test accepts must render
     return out
 
 
 def rejected(rec, **opts) -> RecordError:
     with pytest.raises(RecordError) as info:
-        convert_record(rec, "openai", Options(**{"missing_reasoning": "keep", **opts}) if opts else None)
+        convert(rec, "openai", Options(**{"missing_reasoning": "keep", **opts}) if opts else None)
     return info.value
 
 
@@ -185,7 +185,7 @@ def _convert_file(path: Path):
     for item in iter_items(expand_inputs([str(path)])):
         try:
             rec = parse_line(item.payload) if item.raw else item.payload
-            out = convert_record(rec, "auto")
+            out = convert(rec, "auto")[0]
             RENDER(out)
             ok.append((item.position, out))
         except RecordError as err:
@@ -221,8 +221,8 @@ def test_real_legacy_function_calls_and_swe_agent_trajectory():
     from beam_sft.validate.rules import Options
 
     item = next(iter_items(expand_inputs([str(REALDATA / "swe_agent_function_calling_simple.traj")])))
-    kept = convert_record(parse_line(item.payload) if item.raw else item.payload, "auto",
-                          Options(missing_reasoning="keep", tool_call_checks="keep"))
+    kept = convert(parse_line(item.payload) if item.raw else item.payload, "auto",
+                   Options(missing_reasoning="keep", tool_call_checks="keep"))[0]
     msgs = kept["messages"]
     calls = [m for m in msgs if m.get("tool_calls")]
     assert len(calls) == 5
@@ -247,7 +247,7 @@ def test_real_ollama_bare_message_list_is_one_conversation():
     from beam_sft.validate.rules import Options
 
     item = next(iter_items(expand_inputs([str(REALDATA / "ollama_tools_messages.json")])))
-    msgs = convert_record(item.payload, "auto", Options(missing_reasoning="keep", tool_call_checks="keep"))["messages"]
+    msgs = convert(item.payload, "auto", Options(missing_reasoning="keep", tool_call_checks="keep"))[0]["messages"]
     assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"location": "Paris, France", "format": "celsius"}
     assert msgs[3] == {"role": "tool", "name": "get_current_weather",
                        "tool_call_id": "89a1e453-0bce-4de3-a456-c54bed09c520", "content": "22"}
@@ -269,7 +269,7 @@ def test_registry_works_inside_datasets_map(tmp_path):
     rows.append({"messages": [{"role": "user", "content": "no answer"}]})
     ds = datasets.Dataset.from_list([{"raw": json.dumps(r)} for r in rows])
     kept = ds.filter(lambda r: try_convert(json.loads(r["raw"]), "openai")[2] is None)
-    out = kept.map(lambda r: to_row(convert_record(json.loads(r["raw"]), "openai")), remove_columns=["raw"],
+    out = kept.map(lambda r: to_row(convert(json.loads(r["raw"]), "openai")[0]), remove_columns=["raw"],
                    features=beam_features(), cache_file_name=str(tmp_path / "c.arrow"))
     assert len(out) == 2
     assert [row["messages"][1]["tool_calls"][0]["function"]["arguments"] for row in out] == [{"a": 1},
@@ -295,7 +295,7 @@ def test_error_indexes_name_the_input_message_after_a_result_list_was_split():
 
 def test_a_plain_row_comes_out_as_it_went_in():
     base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}]
-    assert convert_record({"messages": copy.deepcopy(base)}, "openai") == {"messages": base}
+    assert convert({"messages": copy.deepcopy(base)}, "openai")[0] == {"messages": base}
 
 
 def test_the_missing_reasoning_policy_on_openai_rows():
@@ -349,10 +349,10 @@ def test_openai_fine_tuning_weights_are_kept_and_checked():
                         {"role": "assistant", "content": "a", "reasoning_content": "r", "weight": 0},
                         {"role": "user", "content": "q2"},
                         {"role": "assistant", "content": "b", "reasoning_content": "r", "train": True}]}
-    out = convert_record(copy.deepcopy(rec), "openai")
+    out = convert(copy.deepcopy(rec), "openai")[0]
     assert [m.get("weight") for m in out["messages"] if m["role"] == "assistant"] == [0, 1]
     assert all("train" not in m for m in out["messages"])
     rec["messages"][0]["weight"] = 1
     with pytest.raises(RecordError) as info:
-        convert_record(rec, "openai")
+        convert(rec, "openai")
     assert info.value.code == Reason.BAD_WEIGHT and info.value.message_index == 0

@@ -10,7 +10,7 @@ import pytest
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.sharegpt import ASSISTANT_ROLES, RESULT_ROLES, USER_ROLES
 from beam_sft.records.files import expand_inputs, iter_items
-from beam_sft.validate.convert import convert_record, detect
+from beam_sft.validate.convert import convert, detect
 from beam_sft.validate.rules import make_render_check
 
 
@@ -27,14 +27,14 @@ RENDER = make_render_check()
 
 
 def conv(rec):
-    out = convert_record(rec, "sharegpt")
+    out = convert(rec, "sharegpt")[0]
     RENDER(out)
     return out
 
 
 def rejected(rec) -> RecordError:
     with pytest.raises(RecordError) as info:
-        convert_record(rec, "sharegpt")
+        convert(rec, "sharegpt")
     return info.value
 
 
@@ -121,7 +121,7 @@ def _convert_file(path: Path):
     ok, rejects = [], []
     for item in iter_items(expand_inputs([str(path)])):
         try:
-            out = convert_record(item.payload, "auto")
+            out = convert(item.payload, "auto")[0]
             RENDER(out)
             ok.append((item.position, out))
         except RecordError as err:

@@ -4,6 +4,7 @@ ever kept as text. Real samples: tests/data/realdata/{hermes,xlam_like,toolbench
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.records.files import expand_inputs, iter_items, parse_line
 from beam_sft.records.markup import find_markup
 from beam_sft.records.schema_types import json_type, standardize
-from beam_sft.validate.convert import FORMATS, convert_raw, convert_record, detect
+from beam_sft.validate.convert import FORMATS, convert, convert_raw, detect
 from beam_sft.validate.rules import make_render_check
 
 
@@ -43,14 +44,14 @@ def call(name, args, cid=None):
 
 
 def conv(rec, fmt="auto"):
-    out = convert_record(rec, fmt)
+    out = convert(rec, fmt)[0]
     RENDER(out)
     return out
 
 
 def rejected(rec, fmt="auto") -> RecordError:
     with pytest.raises(RecordError) as info:
-        convert_record(rec, fmt)
+        convert(rec, fmt)
     return info.value
 
 
@@ -128,10 +129,19 @@ def test_hermes_v1_sharegpt_python_literals_wrapper_unwrapped_other_instructions
     assert convert_raw(HERMES_V1_SHAREGPT)[1] == "hermes"
 
 
+def test_a_result_wrapper_nested_deeper_than_orjson_writes_is_kept_as_written_not_an_internal_error():
+    # orjson writes at most 255 levels; the wrapper's content used to reach orjson.dumps unguarded (internal_error)
+    body = '{"name": "get_weather", "content": ' + "[" * 300 + "1" + "]" * 300 + "}"
+    rec = copy.deepcopy(HERMES_V1_SHAREGPT)
+    rec["conversations"][3]["value"] = f"<tool_response>\n{body}\n</tool_response>"
+    msgs = conv(rec)["messages"]
+    assert msgs[3]["role"] == "tool" and msgs[3]["content"] == body
+
+
 @pytest.mark.parametrize("rec", [QWEN_OPENAI, HERMES_V1_SHAREGPT], ids=["openai", "sharegpt"])
 def test_every_format_name_that_accepts_the_record_gives_the_same_result(rec):
     plain = "sharegpt" if "conversations" in rec else "openai"
-    results = [convert_record(rec, fmt) for fmt in ("auto", plain, "hermes")]
+    results = [convert(rec, fmt)[0] for fmt in ("auto", plain, "hermes")]
     assert results[0] == results[1] == results[2]
 
 
@@ -166,7 +176,7 @@ def test_tool_turn_with_several_blocks_and_no_tools_record():
     assert err.code is Reason.NO_TOOLS_DECLARED and err.message_index == 1 and "'ping'" in err.message
     from beam_sft.validate.rules import Options
 
-    out = convert_record(rec, "openai", Options(missing_reasoning="keep", tool_call_checks="keep"))
+    out = convert(rec, "openai", Options(missing_reasoning="keep", tool_call_checks="keep"))[0]
     assert "tools" not in out  # kept by policy, calls without declared tools are still calls
     assert [m["content"] for m in out["messages"] if m["role"] == "tool"] == ["ok a", "ok b"]
 
@@ -211,7 +221,7 @@ def test_markup_left_in_a_text_is_rejected(role, text, tag):
         msgs.append({"role": "user", "content": "ok"})
         msgs.append({"role": "assistant", "content": "ok"})
     with pytest.raises(RecordError) as info:
-        convert_record({"messages": msgs}, "openai")
+        convert({"messages": msgs}, "openai")
     if tag == "<tools>":
         assert info.value.code is Reason.BAD_TOOL_CALL  # `<tools>` opened, never closed
     else:
@@ -326,7 +336,7 @@ def test_xlam_row_with_json_strings_parallel_calls_and_type_mapping():
     assert second["properties"]["n"] == {"type": "integer", "description": "How many.", "default": 3}
     assert second["properties"]["opts"]["type"] == "object" and second["properties"]["ratio"]["type"] == "number"
     assert second["required"] == ["nums", "opts", "ratio"]  # "optional" or a default → not required
-    assert convert_record({**rec, "tools": XLAM_TOOLS, "answers": json.loads(rec["answers"])}) == out  # native values
+    assert convert({**rec, "tools": XLAM_TOOLS, "answers": json.loads(rec["answers"])})[0] == out  # native values
 
 
 @pytest.mark.parametrize("spec,schema,optional", [
@@ -382,7 +392,7 @@ def test_new_converters_raise_only_record_error_on_any_json(rec):
         except RecordError:
             pass
     try:
-        convert_record(rec, "auto")
+        convert(rec, "auto")
     except RecordError:
         pass
 
@@ -404,7 +414,7 @@ def test_new_converters_raise_only_record_error_on_any_json(rec):
 def test_hostile_records_are_rejected_cleanly(rec):
     for name in NEW_FORMATS:
         with pytest.raises(RecordError):
-            convert_record(rec, name)
+            convert(rec, name)
 
 
 # --- real samples ----------------------------------------------------------------------------------------------
@@ -514,7 +524,7 @@ def test_real_sharegpt_glaive_demos_unchanged():
         for item in items:
             try:
                 fmts.append(convert_raw(item.payload)[1])
-                convert_record(item.payload)
+                convert(item.payload)
             except RecordError:
                 fmts.pop()
         assert len(fmts) == n_ok and set(fmts) == {"sharegpt"}
@@ -553,7 +563,7 @@ def test_tool_markup_without_angle_brackets_is_lifted_or_rejected(where, text):
     rec["messages"][0 if where == "user" else 1]["content"] = text
     if where == "assistant":  # the general path lifts the fence into a call, or rejects the text
         rec["tools"] = [{"name": "f"}]
-        assert convert_record(rec, "openai")["messages"][1]["tool_calls"] == [call("f", {})]
+        assert convert(rec, "openai")[0]["messages"][1]["tool_calls"] == [call("f", {})]
     else:
         assert rejected(rec, "openai").code in (Reason.TOOL_MARKUP_IN_TEXT, Reason.TOOL_RESULT_WITHOUT_CALL)
 

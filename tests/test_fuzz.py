@@ -32,7 +32,7 @@ from beam_sft.formats.harmony import parse_text
 from beam_sft.formats.typescript import TypeScriptError, parse_namespaces
 from beam_sft.records.files import normalize_record
 from beam_sft.records.messages import HARMONY_MARKERS
-from beam_sft.validate.convert import FORMATS, convert_record, detect
+from beam_sft.validate.convert import FORMATS, convert, detect
 from beam_sft.validate.rules import Options, make_render_check, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,7 +257,7 @@ def check_record(rec) -> None:
     assert found is None or found in FORMATS
     for name in CONVERTERS:
         try:
-            beam = convert_record(_clone(rec), name)
+            beam = convert(_clone(rec), name)[0]
         except RecordError as err:
             assert isinstance(err.code, Reason) and str(err)
             assert err.message_index is None or type(err.message_index) is int
@@ -406,7 +406,7 @@ def test_tool_rows_convert_without_foreign_call_syntax_in_any_text(rec, fmt):
         fmt = own
     # the generated rows have no reasoning: kept here (the default `mask` has its own tests)
     keep = Options(missing_reasoning="keep")
-    beam = convert_record(copy.deepcopy(rec), fmt, keep)
+    beam = convert(copy.deepcopy(rec), fmt, keep)[0]
     _accepted(beam, fmt, keep)
     left = [(t, tag) for t in _strings(beam) for tag in FOREIGN_TAGS if tag in t]
     assert not left, left
@@ -487,7 +487,7 @@ def test_huge_and_empty_containers():
                 {}, [], "", {"messages": {}}, {"conversations": {}}):
         for name in CONVERTERS:
             try:
-                convert_record(copy.deepcopy(rec), name)
+                convert(copy.deepcopy(rec), name)
             except RecordError:
                 pass
 

@@ -34,7 +34,7 @@ from openai_harmony import (
     load_harmony_encoding,
 )
 
-from beam_sft.validate.convert import convert_record
+from beam_sft.validate.convert import convert
 from beam_sft.validate.rules import make_render_check
 
 
@@ -231,7 +231,7 @@ def test_the_generator_covers_what_it_should():
 
 def test_conversation_json_reads_back_exactly():
     for conversation, record, _ in CASES:
-        out = convert_record(json.loads(conversation.to_json()), "harmony")
+        out = convert(json.loads(conversation.to_json()), "harmony")[0]
         assert out == record, conversation.to_json()[:500]
         RENDER_CHECK(out)
 
@@ -240,7 +240,7 @@ def test_rendered_text_reads_back_exactly(harmony):
     dropped = 0
     for conversation, record, parts in CASES:
         text = harmony.decode_utf8(harmony.render_conversation(conversation))
-        out = convert_record({"text": text}, "harmony")
+        out = convert({"text": text}, "harmony")[0]
         expected = expected_from_text(record, parts)
         assert out == expected, text[:800]
         dropped += expected != record
@@ -252,7 +252,7 @@ def test_training_render_reads_back_exactly(harmony):
     for conversation, record, parts in CASES[:40]:
         tokens = harmony.render_conversation_for_training(conversation)
         assert tokens[-1] == 200002
-        out = convert_record({"text": harmony.decode_utf8(tokens)}, "harmony")
+        out = convert({"text": harmony.decode_utf8(tokens)}, "harmony")[0]
         assert out == expected_from_text(record, parts)
 
 

@@ -156,7 +156,7 @@ def test_arrow_row_is_json_strings_only_for_free_form_parts():
 
 
 def test_parquet_and_saved_dataset_inputs_round_trip(tmp_path):
-    from beam_sft.validate.convert import convert_record
+    from beam_sft.validate.convert import convert
 
     out = tmp_path / "o.parquet"
     w = open_writer(str(out))
@@ -165,7 +165,7 @@ def test_parquet_and_saved_dataset_inputs_round_trip(tmp_path):
     w.commit()
     items = list(iter_items(expand_inputs([str(out)])))
     assert [i.position for i in items] == [0, 1, 2]
-    again = [convert_record(i.payload, "openai") for i in items]
+    again = [convert(i.payload, "openai")[0] for i in items]
     assert [RENDER(r) for r in again] == [RENDER(r) for r in HETEROGENEOUS]
     d = tmp_path / "ds"
     w = open_writer(str(d))
@@ -174,7 +174,7 @@ def test_parquet_and_saved_dataset_inputs_round_trip(tmp_path):
     w.commit()
     srcs = expand_inputs([str(d)])
     assert [s.kind for s in srcs] == ["disk"]
-    again = [convert_record(i.payload, "auto") for i in iter_items(srcs)]
+    again = [convert(i.payload, "auto")[0] for i in iter_items(srcs)]
     assert [RENDER(r) for r in again] == [RENDER(r) for r in HETEROGENEOUS]
 
 

@@ -79,9 +79,10 @@ def test_a_json_array_record_is_named_by_its_index_a_jsonl_record_by_its_line():
     err = RecordError(Reason.BAD_CONTENT, "content is an integer").with_provenance("my_sharegpt.json", 4, False)
     assert str(err) == "my_sharegpt.json[4]: [bad_content] content is an integer"
     # the rejects file keeps its fields: `index` for an array's record, `line` for a JSONL line
-    assert err.to_dict() == {"source": "my_sharegpt.json", "index": 4, "reason": "bad_content", "message_index": None,
-                             "message": "content is an integer"}
-    assert reject_where(err.to_dict()) == "my_sharegpt.json[4]"
+    entry = reject_entry(err, err.source, err.line, err.by_line)
+    assert entry == {"source": "my_sharegpt.json", "index": 4, "reason": "bad_content", "message_index": None,
+                     "message": "content is an integer"}
+    assert reject_where(entry) == "my_sharegpt.json[4]"
     assert reject_where(reject_entry(err, "my.jsonl", 5)) == "my.jsonl:5"
 
 

@@ -15,7 +15,7 @@ from sample_tools import TIME, WEATHER
 
 from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.toolmarkup import PROMPT_PATTERNS, json_calls, result_wrapper, strip_tool_prompt
-from beam_sft.validate.convert import convert_raw, convert_record
+from beam_sft.validate.convert import convert, convert_raw
 from beam_sft.validate.rules import STRIPPED_PREFIX, make_render_check, validate
 
 
@@ -76,7 +76,7 @@ def converted(rec, fmt="auto") -> tuple[dict, dict]:
     beam, _ = convert_raw(rec, fmt)
     out = validate(beam, None, counters)
     RENDER(out)
-    assert out == convert_record(rec, fmt)
+    assert out == convert(rec, fmt)[0]
     return out, {k[len(STRIPPED_PREFIX):]: n for k, n in counters.items() if k.startswith(STRIPPED_PREFIX)}
 
 
@@ -176,7 +176,7 @@ def test_markup_left_after_removal_is_still_rejected():
     system = (prompt("hermes2pro_function_calling.txt") + "\nExample:\n<tool_call>\n"
               '{"arguments": {"symbol": "AAPL"}, "name": "get_stock_fundamentals"}\n</tool_call>')
     with pytest.raises(RecordError) as info:
-        convert_record(hermes_row(system))
+        convert(hermes_row(system))
     assert info.value.code is Reason.TOOL_MARKUP_IN_TEXT and info.value.message_index == 0
 
 
@@ -192,7 +192,7 @@ def test_instructions_are_removed_when_the_tools_come_from_the_record_and_kept_w
     bare = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"},
                          {"role": "assistant", "content": "hello"}]}
     with pytest.raises(RecordError) as info:
-        convert_record(bare)
+        convert(bare)
     assert info.value.code is Reason.TOOL_MARKUP_IN_TEXT
 
 
@@ -316,7 +316,7 @@ def test_json_call_lists(text, calls):
 def test_json_that_only_looks_like_calls_stays_content(text):
     assert json_calls(text, 0) is None
     rec = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": text}]}
-    assert convert_record(rec)["messages"][1]["content"] == text
+    assert convert(rec)[0]["messages"][1]["content"] == text
 
 
 def test_result_wrappers():
@@ -331,7 +331,7 @@ def test_a_bad_call_in_a_json_call_list_is_rejected():
     rec = {"conversations": [{"from": "human", "value": "q"},
                              {"from": "gpt", "value": '[{"function": {"name": "f", "arguments": "{bad"}}]'}]}
     with pytest.raises(RecordError) as info:
-        convert_record(rec)
+        convert(rec)
     assert info.value.code is Reason.BAD_ARGUMENTS_JSON and info.value.message_index == 1
 
 
@@ -390,7 +390,7 @@ def test_a_json_call_turn_keeps_its_reasoning_field_and_validate_ignores_a_forei
     rec = {"conversations": [{"from": "human", "value": "q"},
                              {"from": "gpt", "reasoning_content": "Call f.",
                               "value": '[{"function": {"name": "f", "arguments": {}}}]'}], "tools": [{"name": "f"}]}
-    assert convert_record(rec)["messages"][1] == {"role": "assistant", "reasoning_content": "Call f.", "tool_calls": [
+    assert convert(rec)[0]["messages"][1] == {"role": "assistant", "reasoning_content": "Call f.", "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": {}}}]}
     counters: dict = {}
     beam = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],

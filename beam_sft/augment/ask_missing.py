@@ -102,8 +102,7 @@ def describe(name: str, schema: dict) -> str:
     if first and not (first.lower().endswith("s") and len(what.split()) > 1 and first.lower() not in ("its",)):
         what = what if what[1:2].isupper() else what[0].lower() + what[1:]
         return what if what.split(" ", 1)[0] in _DETERMINERS else f"the {what}"
-    words = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ").lower()
-    return f"the {words}"
+    return "the " + re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ").lower()
 
 
 class AskMissing(Transform):

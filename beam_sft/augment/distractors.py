@@ -27,8 +27,7 @@ class Distractors(Transform):
             raise Skip("no_tools")
         if speaks_of_tools(record):
             raise Skip("speaks_of_tools")
-        candidates = unrelated_tools(self.pool, record, {tool_name(t) for t in tools})
-        if not candidates:
+        if not (candidates := unrelated_tools(self.pool, record, {tool_name(t) for t in tools})):
             raise Skip("no_unrelated_tool")
         for name in rng.sample(candidates, min(self.value, len(candidates))):
             tools.insert(rng.randrange(len(tools) + 1), self.pool[name])

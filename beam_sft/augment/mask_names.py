@@ -89,8 +89,7 @@ class MaskNames(Transform):
         fn = tool.get("function", tool)
         rename = params[fn["name"]]
         new = {k: _walk_strings(v, sub) for k, v in fn.items() if k not in ("name", "parameters")}
-        schema = fn.get("parameters")
-        if type(schema) is dict:
+        if type(schema := fn.get("parameters")) is dict:
             schema = _walk_strings(schema, sub)
             if rename:
                 schema["properties"] = {rename[k]: v for k, v in schema["properties"].items()}

@@ -22,8 +22,7 @@ class ToolPool:
         self._index: dict[str, set[str]] = {}
 
     def add(self, tool: ToolSpec) -> None:
-        name = tool_name(tool)
-        if name in self.tools:
+        if (name := tool_name(tool)) in self.tools:
             return
         priority = int.from_bytes(hashlib.blake2b(f"{self.seed}\0{name}".encode(), digest_size=8).digest(), "big")
         if len(self._heap) >= self.size:

@@ -100,16 +100,13 @@ def contradicts_reply(reasoning: str, reference: dict, tools: list[dict] | None)
     call (unless ruled out: "I can't call it without the city")."""
     if reference.get("tool_calls"):
         return _DECLINES_RE.search(reasoning) is not None
-    if not tools:
-        return False
-    return any(not _NOT_NOW_RE.search(reasoning[max(0, m.start() - 60):m.start()])
-               for m in _CALLS_RE.finditer(reasoning))
+    return bool(tools) and _unnegated(_CALLS_RE, reasoning, _NOT_NOW_RE)
 
 
-def _argues_for(name: str, reasoning: str) -> bool:
-    """`name` appears in `reasoning` other than ruled out by a negation just before it."""
-    return any(not _NEGATION_RE.search(reasoning[max(0, match.start() - 60):match.start()])
-               for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])", reasoning))
+def _unnegated(pattern: re.Pattern, reasoning: str, negation: re.Pattern) -> bool:
+    """A match of `pattern` in `reasoning` not ruled out by `negation` in the 60 characters before it."""
+    return any(not negation.search(reasoning[max(0, m.start() - 60):m.start()])
+               for m in pattern.finditer(reasoning))
 
 
 def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) -> str | None:
@@ -121,7 +118,8 @@ def names_other_tool(reasoning: str, reference: dict, tools: list[dict] | None) 
     called = {c["function"]["name"] for c in calls}
     for tool in tools:
         name = tool.get("function", tool).get("name")
-        if isinstance(name, str) and name not in called and _argues_for(name, reasoning):
+        if isinstance(name, str) and name not in called and _unnegated(
+                re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])"), reasoning, _NEGATION_RE):
             return name
     return None
 

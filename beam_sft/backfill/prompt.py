@@ -47,16 +47,12 @@ def _calls_text(calls: list[dict]) -> str:
 
 
 def _message_text(message: dict) -> str:
-    role = message["role"]
-    if role == "assistant":
-        parts = []
-        if message.get("reasoning_content"):
-            parts.append(f"Assistant thinks: {message['reasoning_content']}")
-        if message.get("tool_calls"):
-            parts.append("Assistant calls: " + _calls_text(message["tool_calls"]))
-        if message.get("content"):
-            parts.append(f"Assistant: {message['content']}")
-        return "\n".join(parts)
+    if (role := message["role"]) == "assistant":
+        parts = (
+            f"Assistant thinks: {message['reasoning_content']}" if message.get("reasoning_content") else "",
+            "Assistant calls: " + _calls_text(message["tool_calls"]) if message.get("tool_calls") else "",
+            f"Assistant: {message['content']}" if message.get("content") else "")
+        return "\n".join(p for p in parts if p)
     if role == "tool":
         return f"Result of {message.get('name') or 'the tool'}: {_clip(message.get('content') or '', RESULT_CHARS)}"
     if role in ("system", "developer"):

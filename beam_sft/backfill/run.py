@@ -74,6 +74,8 @@ class Stats:
         return {k: (dict(v) if isinstance(v, Counter) else v) for k, v in vars(self).items()}
 
     def table(self) -> str:
+        from beam_sft.dataset.drops import aligned_rows
+
         def codes(counter: Counter) -> list[tuple[str, Any]]:
             return [(f"  {code}", n) for code, n in counter.most_common()]
 
@@ -88,8 +90,7 @@ class Stats:
                 *((f"  {c}", f"{n}  e.g. {example(c)!r}" if example(c) else n) for c, n in self.filtered.most_common()),
                 ("failed calls (asked again next run)", sum(self.failed.values())), *codes(self.failed),
                 ("requests", f"{self.requests} ({self.retried} retries)")]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+        return "\n".join(aligned_rows(rows))
 
 
 def ask(teacher, messages: list[dict], settings: Settings, counts: Counter) -> Answer:

@@ -47,16 +47,10 @@ class ArgumentParser(argparse.ArgumentParser):
         print(f"error: {self.explain(message)}", file=sys.stderr)
         sys.exit(2)
 
-    def command_parser(self) -> argparse.ArgumentParser:
-        """The subcommand's parser that the arguments named (argparse reports unknown ones from the top)."""
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                name = next((a for a in self.seen if a in action.choices), None)
-                return action.choices[name] if name else self
-        return self
-
     def explain(self, message: str) -> str:
-        parser = self.command_parser()
+        # the subcommand's parser that the arguments named (argparse reports unknown ones from the top)
+        commands = next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), {})
+        parser = next((commands[a] for a in self.seen if a in commands), self)
         see = f"see {parser.prog} --help"
         if found := re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message):
             choices = re.findall(r"'([^']*)'", found.group(3))
@@ -115,9 +109,15 @@ def check_renamed(command: str, argv: list[str]) -> None:
             raise UsageError(message)
 
 
-def parse_checked(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> argparse.Namespace | int:
-    """`parser`'s arguments, or the exit status of refusing a removed option (`check_renamed`)."""
-    return run_guarded(functools.partial(check_renamed, command), argv) or parser.parse_args(argv)
+def parse_and_run(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> int:
+    """Refuse a removed option (`check_renamed`), parse `argv` and run `args.func`; the exit status."""
+    args = run_guarded(functools.partial(check_renamed, command), argv) or parser.parse_args(argv)
+    if isinstance(args, int):
+        return args
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return run_guarded(args.func, args)
 
 
 def command_main(module: str, register, name: str):
@@ -125,8 +125,7 @@ def command_main(module: str, register, name: str):
     def main(argv: list[str] | None = None) -> int:
         parser = ArgumentParser(prog="beam-sft")
         register(parser.add_subparsers())
-        args = parse_checked(parser, name, [name, *(argv if argv is not None else sys.argv[1:])])
-        return args if isinstance(args, int) else run_guarded(args.func, args)
+        return parse_and_run(parser, name, [name, *(argv if argv is not None else sys.argv[1:])])
 
     if module == "__main__":
         sys.exit(main())
@@ -134,15 +133,8 @@ def command_main(module: str, register, name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_checked(parser, next((a for a in argv if not a.startswith("-")), ""), argv)
-    if isinstance(args, int):
-        return args
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return 2
-    return run_guarded(args.func, args)
+    return parse_and_run(make_parser(), next((a for a in argv if not a.startswith("-")), ""), argv)
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
@@ -234,6 +226,14 @@ def progress_bar(desc: str, quiet: bool, total: int | None = None):
     return tqdm(desc=desc, unit=" rec", total=total, file=sys.stderr, disable=quiet or None, mininterval=0.5)
 
 
+def quiet_datasets() -> None:
+    """The datasets library's bars off: its switch is read when it is imported (importing it here just to
+    silence it would cost a second)."""
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+
+
 @contextlib.contextmanager
 def committed(*outputs):
     """Commit every output (None skipped) when the block ends, abort them all if it raises."""
@@ -269,13 +269,3 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     data_option(parser, "dataset_columns", metavar="KEY=COLUMN[,...]",
                 help="rename columns to the record keys the converters read, before the format is detected, "
                      "e.g. messages=conversations,tools=functions")
-
-
-def source_options(args: argparse.Namespace) -> dict:
-    """`add_source_arguments`' values as `expand_inputs` options."""
-    from beam_sft.records.files import parse_columns
-
-    options = {"config": args.dataset_config, "revision": args.dataset_revision, "data_dir": args.dataset_data_dir,
-               "data_files": args.dataset_data_files, "columns": parse_columns(args.dataset_columns)}
-    return {k: v for k, v in options.items() if v is not None}
-

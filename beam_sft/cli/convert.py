@@ -20,15 +20,23 @@ import sys
 from collections import Counter
 from typing import Any
 
-from beam_sft.cli import source_options
+import orjson
+
+from beam_sft.cli import add_command, committed, progress_bar, sources_besides
 from beam_sft.dataset.examples import Counts
-from beam_sft.validate.rules import STRIPPED_PREFIX
+from beam_sft.dataset.reasoning_stats import REASONING_REJECTS, input_coverage, reasoning_counts
+from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, Reason, RecordError, UsageError
+from beam_sft.validate.rules import STRIPPED_PREFIX, Options, make_render_check
 
 # Records per task: big enough that pickling and scheduling vanish next to conversion, small enough that
 # the in-flight window (a few chunks per worker) stays a few MB.
 CHUNK = 256
 RENDER_CHECK_CHOICES = ("all", "sample", "none")
 SAMPLE_HEAD, SAMPLE_EVERY = 1000, 100
+
+
+def _joined(c: Counter, empty: str = "-") -> str:
+    return ", ".join(f"{k} {v}" for k, v in c.most_common()) or empty
 
 
 class Stats(Counts):
@@ -84,8 +92,6 @@ class Stats(Counts):
 
     def add_rejected_turns(self, rec: dict) -> None:
         """A record rejected for want of reasoning, as `keep` converts it: its turns count in the coverage."""
-        from beam_sft.dataset.reasoning_stats import reasoning_counts
-
         counts = reasoning_counts([rec])
         self.rejected_assistant_turns += counts["assistant_turns"]
         self.rejected_without_reasoning += counts["without_reasoning"]
@@ -98,10 +104,6 @@ class Stats(Counts):
     def take_back(self, payload: bytes, fmt: str) -> None:
         """Undo `add_ok` of a written record found to be a duplicate (its JSON line, as written), and count it
         as a `duplicate` reject. The conversion counters (policy, detected) stay: the conversion happened."""
-        import orjson
-
-        from beam_sft.errors import Reason
-
         row = orjson.loads(payload)
         rec = {k: v for k, v in row.items() if k == "messages" or v}  # to_row's empty columns: absent in add_ok
         delta = Stats()
@@ -119,10 +121,7 @@ class Stats(Counts):
         return d
 
     def table(self) -> str:
-        def counts(c: Counter) -> str:
-            return ", ".join(f"{k} {v}" for k, v in c.most_common()) or "-"
-
-        from beam_sft.dataset.reasoning_stats import input_coverage
+        from beam_sft.dataset.drops import aligned_rows
 
         rej = sum(self.rejected.values())
         reasoning = {"assistant_turns": self.assistant_turns,
@@ -134,24 +133,23 @@ class Stats(Counts):
             ("records out", self.records_out),
             ("rejected", rej),
             *((f"  {code}", n) for code, n in self.rejected.most_common()),
-            ("formats", counts(self.formats)),
+            ("formats", _joined(self.formats)),
             ("messages", self.messages),
-            ("roles", counts(self.roles)),
+            ("roles", _joined(self.roles)),
             ("assistant turns", self.assistant_turns),
             ("reasoning coverage", input_coverage(reasoning)),
             ("tool calls", f"{self.tool_calls} ({self.parallel_call_turns} parallel-call turns)"),
             ("records with tools", self.records_with_tools),
-            ("reasoning effort", counts(self.efforts)),
+            ("reasoning effort", _joined(self.efforts)),
             ("merged assistant msgs", self.policy["merged_assistant"]),
             ("content folded to reasoning", self.policy["folded_content"]),
             ("late system moved", self.policy["moved_system"]),
             ("kept without reasoning", self.policy["missing_reasoning"]),
             ("masked: no reasoning", self.policy["masked_missing_reasoning"]),
             ("masked: weight 0 in input", self.policy["masked_weight"]),
-            ("tool prompt removed", counts(self.stripped_tool_prompt)),
+            ("tool prompt removed", _joined(self.stripped_tool_prompt)),
         ]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+        return "\n".join(aligned_rows(rows))
 
 
 # --- worker side ---------------------------------------------------------------------------------------------
@@ -162,8 +160,6 @@ _WORKER: dict[str, Any] = {}
 def _init_worker(fmt: str, late_system: str, missing_reasoning: str, render: str, chat_template: str | None,
                  tool_call_checks: str = "reject"):
     from dataclasses import replace
-
-    from beam_sft.validate.rules import Options, make_render_check
 
     plain = Options(late_system=late_system, missing_reasoning=missing_reasoning,
                     tool_call_checks=tool_call_checks)
@@ -178,10 +174,6 @@ def process_chunk(start: int, prov: list, chunk: list[tuple[Any, bool, tuple | N
     keys), meta)], stats); `meta` of a written record: (its dedup key, the converter used), else None.
     `start`, the run-wide number of the chunk's first record, picks the render-check sample, the same with any
     --dataset_num_proc."""
-    import orjson
-
-    from beam_sft.dataset.reasoning_stats import REASONING_REJECTS
-    from beam_sft.errors import RecordError
     from beam_sft.records.dedup import record_key
     from beam_sft.records.files import parse_line
     from beam_sft.validate.convert import detect, to_row, try_convert
@@ -246,8 +238,6 @@ def _chunks(items, size: int):
 
 def _check_args(args: argparse.Namespace) -> str | None:
     """Usage errors of the command line; returns the text of --chat-template, if given."""
-    from beam_sft.errors import UsageError
-
     if args.dataset_num_proc < 1:
         raise UsageError("--dataset_num_proc must be at least 1")
     if args.max_records is not None and args.max_records < 0:
@@ -267,13 +257,13 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from beam_sft.cli import committed, progress_bar, sources_besides
     from beam_sft.dataset.drops import DroppedTooMuch, drop_lines, format_keys, verdict
     from beam_sft.dataset.pipeline import ordered_map
-    from beam_sft.errors import EXIT_INTERNAL_ERRORS, FatalError, Reason, RecordError, reject_entry, where
+    from beam_sft.errors import reject_entry, where
     from beam_sft.records.dedup import Seen
-    from beam_sft.records.files import JsonlSink, iter_items, open_writer
+    from beam_sft.records.files import JsonlSink, iter_items, open_writer, source_options
     from beam_sft.storage import write_json_atomic
+    from beam_sft.validate.reasoning import keep_warning, majority_hint
 
     INTERNAL = Reason.INTERNAL_ERROR.value
     chat_template = _check_args(args)
@@ -319,7 +309,14 @@ def run(args: argparse.Namespace) -> int:
         _report_detection(per_source)
     print(f"convert-dataset: wrote {total.records_out} records to {args.output}", file=sys.stderr)
     print(total.table(), file=sys.stderr)
-    _reasoning_notes(total)
+    # the keep warning and the majority-without-reasoning hint (docs/reasoning.md); a record rejected as
+    # nothing_to_train had at least one turn, none with reasoning: counted as one
+    untrained = total.rejected[Reason.NOTHING_TO_TRAIN.value]
+    for note in (keep_warning(total.policy["missing_reasoning"]),
+                 majority_hint(total.assistant_turns + untrained,
+                               total.assistant_turns - total.with_reasoning + untrained)):
+        if note:
+            print(note, file=sys.stderr)
     print("\n".join(drop_lines(total.drop_counts(), args.rejects)), file=sys.stderr)
     if args.stats:
         write_json_atomic(args.stats, {"inputs": [s.name for s in sources], "output": args.output,
@@ -330,42 +327,20 @@ def run(args: argparse.Namespace) -> int:
               f"{INTERNAL} (a bug in beam-sft; please report it). First: {'; '.join(first_internal)}. "
               f"Exit status {EXIT_INTERNAL_ERRORS}.", file=sys.stderr)
     # after the outputs and rejects are written: nothing is lost, but the run is not taken for a success
-    if (line := verdict(total.drop_counts(), args.max_reject_share, _names(sources))) is not None:
+    if (line := verdict(total.drop_counts(), args.max_reject_share, [s.name for s in sources])) is not None:
         raise DroppedTooMuch(line, total.drop_counts())
     return EXIT_INTERNAL_ERRORS if n_internal else 0
 
 
-def _names(sources) -> str:
-    names = [s.name for s in sources]
-    return ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "") or "the input"
-
-
-def _reasoning_notes(total: Stats) -> None:
-    """The keep warning and the majority-without-reasoning hint (docs/reasoning.md)."""
-    from beam_sft.errors import Reason
-    from beam_sft.validate.reasoning import keep_warning, majority_hint
-
-    # a record rejected as nothing_to_train had at least one turn, none with reasoning: counted as one
-    untrained = total.rejected[Reason.NOTHING_TO_TRAIN.value]
-    for note in (keep_warning(total.policy["missing_reasoning"]),
-                 majority_hint(total.assistant_turns + untrained,
-                               total.assistant_turns - total.with_reasoning + untrained)):
-        if note:
-            print(note, file=sys.stderr)
-
-
 def _report_detection(per_source: dict[str, Counter]) -> None:
     """What --dataset_format auto found: per source, or in total when there are many sources."""
-    def line(c: Counter) -> str:
-        return ", ".join(f"{k} {v}" for k, v in c.most_common()) or "no parsable records"
-
     if len(per_source) <= 8:
         for source, found in per_source.items():
-            print(f"auto: {source}: {line(found)}", file=sys.stderr)
+            print(f"auto: {source}: {_joined(found, 'no parsable records')}", file=sys.stderr)
         return
     total = sum(per_source.values(), Counter())
     odd = [s for s, found in per_source.items() if found.get("unrecognized")]
-    print(f"auto: {len(per_source)} sources: {line(total)}", file=sys.stderr)
+    print(f"auto: {len(per_source)} sources: {_joined(total, 'no parsable records')}", file=sys.stderr)
     if odd:
         print(f"auto: unrecognized records in {len(odd)} sources, e.g. {odd[0]}", file=sys.stderr)
 
@@ -421,21 +396,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> None:
-    from beam_sft.cli import add_command
-
     add_arguments(add_command(subparsers, "convert", run, "convert OpenAI / ShareGPT / Harmony data to Beam records",
                               __doc__))
 
 
 def main(argv: list[str] | None = None) -> int:
     """`convert-dataset`: the command under its own name."""
-    from beam_sft.cli import ArgumentParser, parse_checked, run_guarded
+    from beam_sft.cli import ArgumentParser, parse_and_run
 
     parser = ArgumentParser(prog="convert-dataset", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    args = parse_checked(parser, "convert", sys.argv[1:] if argv is None else argv)
-    return args if isinstance(args, int) else run_guarded(run, args)
+    parser.set_defaults(func=run)
+    return parse_and_run(parser, "convert", sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

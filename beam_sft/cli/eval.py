@@ -31,16 +31,16 @@ from pathlib import Path
 
 from beam_sft.cli import add_command, check_local, command_main, data_option, nearest
 from beam_sft.errors import UsageError, reject_where
+from beam_sft.storage import atomic_output, write_json_atomic, write_text_atomic
 
 
 def register(subparsers) -> None:
     from beam_sft.eval.backends import BACKENDS
     from beam_sft.eval.turns import TURN_CHOICES
 
-    _, description, epilog = __doc__.split("\n\n", 2)
     parser = add_command(subparsers, "eval", run,
                          "Generate held-out assistant turns and score format, stop tokens and tool calls.",
-                         description, epilog)
+                         *__doc__.split("\n\n", 2)[1:])
     parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
                         help="a saved model directory (scripts/train.py output; a LoRA-only output is applied to "
                              "the base model its adapter_config.json names), a base model for --adapter, or a hub "
@@ -112,11 +112,10 @@ def run(args) -> int:
     if args.dataset_format not in (*FORMAT_NAMES, "beam"):
         raise UsageError(f"unknown --dataset_format {args.dataset_format!r}; choose from {', '.join((*FORMAT_NAMES, 'beam'))}"
                          f"{nearest(args.dataset_format, (*FORMAT_NAMES, 'beam'))}")
-    for name in ("max_new_tokens", "batch_size"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.max_records is not None and args.max_records < 1:
-        raise UsageError("--max_records must be >= 1")
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size),
+                        ("--max_records", args.max_records)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1")
     if args.min_well_formed is not None and not 0 <= args.min_well_formed <= 1:
         raise UsageError(f"--min-well-formed {args.min_well_formed}: a fraction between 0 and 1 (0.9: 90% well formed)")
     if sum(x is not None for x in (args.data, args.bfcl, args.rescore)) != 1:
@@ -181,7 +180,6 @@ def _bfcl(args, backend, tokenizer) -> int:
     from beam_sft.eval.bfcl.checker import parse_categories
     from beam_sft.eval.bfcl.run import evaluate_bfcl
     from beam_sft.eval.run import EvalOptions
-    from beam_sft.storage import atomic_output
 
     categories = parse_categories(args.bfcl)
     with contextlib.ExitStack() as stack:
@@ -218,8 +216,6 @@ def _bfcl_results(args, result) -> int:
 
 def _write(args, summary: dict, page) -> None:
     """--json and --report (`page()` builds the HTML only when asked for), each written atomically."""
-    from beam_sft.storage import write_json_atomic, write_text_atomic
-
     if args.json:
         write_json_atomic(args.json, summary)
         print(f"wrote {args.json}", file=sys.stderr)

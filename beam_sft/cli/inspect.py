@@ -17,15 +17,8 @@ import argparse
 import os
 import sys
 
-from beam_sft.cli import add_command, check_local, command_main, data_option, nearest
-from beam_sft.errors import (
-    EXIT_INTERNAL_ERRORS,
-    Reason,
-    RecordError,
-    UsageError,
-    internal_error,
-    reject_where,
-)
+from beam_sft.cli import add_command, check_local, command_main, data_option, nearest, quiet_datasets
+from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, RecordError, UsageError, reject_where
 
 
 def register(subparsers) -> None:
@@ -125,6 +118,7 @@ def run(args) -> int:
 def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
     """Print the records at input positions `wanted`; returns their views. A record that hits an unexpected
     exception is reported and its position added to `internal`."""
+    from beam_sft.errors import internal_error
     from beam_sft.report.masks import ansi_view, inspect_record, plain_view
 
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
@@ -155,25 +149,20 @@ def _show(args, tokenizer, encoder, loaded, wanted, internal: set[int]) -> list:
 
 
 def _dataset_stats(args, tokenizer, encoder):
-    """--stats over the whole dataset, converted as training converts it (`convert_records`): (stats, input
-    positions of internal errors)."""
+    """--stats over the whole dataset, converted as training does: (stats, positions of internal errors)."""
     import tempfile
 
     from beam_sft.dataset.arguments import DataArguments, data_settings
     from beam_sft.dataset.pipeline import convert_records
     from beam_sft.report.stats import dataset_stats
 
-    # The datasets library's own Map/Filter/Saving bars are noise beside ours ("reading"): its switch, read when
-    # it is imported (importing it here only to silence it would cost a second).
-    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
-    if "datasets" in sys.modules:
-        sys.modules["datasets"].disable_progress_bars()
+    quiet_datasets()  # its Map/Filter/Saving bars are noise beside ours ("reading")
     with tempfile.TemporaryDirectory(prefix="beam_inspect_") as work:
         data = DataArguments(dataset_format=args.dataset_format, dataset_train_split=args.dataset_train_split,
                              missing_reasoning=args.missing_reasoning, tool_call_checks=args.tool_call_checks)
         settings = data_settings(data, argparse.Namespace(max_length=None, assistant_only_loss=True, seed=0))
         converted = convert_records(args.dataset, work, settings, progress=sys.stderr.isatty())
-        positions = converted.positions()
+        positions = converted.rows
         stats = dataset_stats(tokenizer, converted, max_length=args.max_length, encoder=encoder,
                               labels=lambda i: f"record {positions[i]}", policy=args.truncation_policy)
         stats.rejected += sum(converted.rejected.values())

@@ -25,11 +25,14 @@ import shutil
 import sys
 from dataclasses import asdict, replace
 
+from beam_sft.cli import quiet_datasets, run_guarded, sources_besides
+from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason, UsageError
+from beam_sft.storage import atomic_output, short_hash, write_json_atomic
+
 
 def _print_summary(manifest: dict, rejects: str) -> None:
-    """The summary table, the missing-reasoning notes (`beam_sft.dataset.reasoning_stats.notes`), then the drops
-    by reason and what keeps them (`beam_sft.dataset.drops`; `rejects`: the file that lists them)."""
-    from beam_sft.dataset.drops import drop_lines
+    """The summary table, the missing-reasoning notes, the drops by reason (`rejects`: the file of them)."""
+    from beam_sft.dataset.drops import aligned_rows, drop_lines
     from beam_sft.dataset.prepare import drop_counts
     from beam_sft.dataset.reasoning_stats import notes
     from beam_sft.dataset.reasoning_stats import summary_rows as reasoning_rows
@@ -54,18 +57,15 @@ def _print_summary(manifest: dict, rejects: str) -> None:
     for name, split in manifest.get("splits", {}).items():
         if name != "train" or len(manifest["splits"]) > 1:
             rows.append((f"{name} split", f"{split['records_kept']} records, {split['total_tokens']} tokens"))
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"  {k:<{width}}  {v}" for k, v in rows), file=sys.stderr)
+    print("\n".join(aligned_rows(rows)), file=sys.stderr)
     for note in notes(counts.get("reasoning"), manifest.get("missing_reasoning"), counts["rejected"]):
         print(note, file=sys.stderr)
     print("\n".join(drop_lines(drop_counts(manifest), rejects)), file=sys.stderr)
 
 
 def _tokenizer(name: str | None, settings):
-    """The tokenizer to encode with: warm-started where an earlier run left a snapshot of its setup
-    (`beam_sft.render.warm`), and checked to train both stop tokens."""
+    """The tokenizer to encode with, warm-started (`beam_sft.render.warm`), checked to train both stops."""
     from beam_sft.dataset.examples import check_stop_tokens_trained
-    from beam_sft.errors import UsageError
     from beam_sft.render.warm import load_for_encoding
 
     try:
@@ -80,9 +80,8 @@ def _tokenizer(name: str | None, settings):
 def _inputs(data, names: list[str], seed: int, base):
     """The training data: the INPUT arguments, else dataset_name or the `datasets:` mixture as training reads
     them (`beam_sft.train.data_phase.training_inputs`)."""
-    from beam_sft.errors import UsageError
-    from beam_sft.records.files import data_sources
-    from beam_sft.train.data_phase import source_options, training_inputs
+    from beam_sft.records.files import data_sources, source_options
+    from beam_sft.train.data_phase import training_inputs
 
     if names and (data.dataset_name or data.datasets):
         raise UsageError("give the data as INPUT arguments or as dataset_name / a `datasets:` list (--config), "
@@ -123,8 +122,6 @@ def run(data, options, names: list[str], base=".") -> int:
     from beam_sft.dataset.drops import DroppedTooMuch
     from beam_sft.dataset.prepare import SHARD_MANIFEST, PrepareRun, train_identity
     from beam_sft.dataset.settings import MANIFEST, fingerprint, read_manifest, source_identity
-    from beam_sft.errors import UsageError
-    from beam_sft.records.files import data_sources
 
     if options.dataset_num_proc is None:
         from beam_sft.dataset.pipeline import default_num_proc
@@ -147,10 +144,8 @@ def run(data, options, names: list[str], base=".") -> int:
             os.path.join(out, kind)))):
         raise UsageError(f"{options.output}: exists and is not a {'shard directory' if shard else 'prepared dataset'}"
                          "; refusing to replace it")
-    sources = inputs.sources if not isinstance(inputs, list) else data_sources(inputs, data.dataset_train_split)
-    for src in sources:
-        if os.path.abspath(src.name) == out:
-            raise UsageError(f"{options.output}: output is also an input")
+    sources_besides(inputs if isinstance(inputs, list) else inputs.sources, options.output,
+                    split=data.dataset_train_split)
     identity = train_identity(inputs, settings)
     if eval_inputs:
         identity["eval"] = source_identity(eval_inputs)
@@ -161,7 +156,8 @@ def run(data, options, names: list[str], base=".") -> int:
               file=sys.stderr)
         return _report(options, out, existing, settings.max_reject_share)
     tokenizer = _tokenizer(data.tokenizer_name_or_path, settings)
-    _quiet(options)
+    if options.quiet:
+        quiet_datasets()
     prepare = PrepareRun(inputs, tokenizer, settings, out, eval_inputs, identity,
                          fingerprint(identity, tokenizer, settings), {"inputs_fingerprint": quick},
                          options.dataset_num_proc, progress=not options.quiet)
@@ -187,7 +183,6 @@ def _quick_fingerprint(identity, settings, tokenizer_name: str | None) -> str | 
     (None: a hub tokenizer, not decidable so)."""
     from beam_sft.dataset.settings import DATA_VERSION, tokenizer_files_hash
     from beam_sft.render.encoder import RENDER_VERSION
-    from beam_sft.storage import short_hash
 
     files = tokenizer_files_hash(tokenizer_name)
     if files is None:
@@ -197,18 +192,8 @@ def _quick_fingerprint(identity, settings, tokenizer_name: str | None) -> str | 
                                  default=str))
 
 
-def _quiet(options) -> None:
-    if options.quiet:
-        # datasets reads this when it is imported: importing it here just to silence it would cost a second.
-        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
-        if "datasets" in sys.modules:
-            sys.modules["datasets"].disable_progress_bars()
-
-
 def parse_shard(text: str) -> tuple[int, int]:
     """`--shard I/N` -> (I, N), 0 <= I < N."""
-    from beam_sft.errors import UsageError
-
     try:
         index, count = (int(part) for part in text.split("/"))
     except ValueError:
@@ -219,13 +204,10 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def _report(options, out: str, manifest: dict, max_reject_share: float) -> int:
-    """--rejects, --stats, the summary on stderr, the directory on stdout; the exit status. A run that keeps no
-    training record, or drops more than `max_reject_share` of its input, is refused here (`DroppedTooMuch`, exit
-    status 2), after its directory and rejects are written."""
+    """--rejects, --stats, the summary on stderr, the directory on stdout; the exit status (`check_drops`
+    refuses a run that kept nothing or dropped too much, after its directory and rejects are written)."""
     from beam_sft.dataset.prepare import check_drops
-    from beam_sft.errors import EXIT_INTERNAL_ERRORS, Reason
     from beam_sft.records.files import REJECTS
-    from beam_sft.storage import atomic_output, write_json_atomic
 
     if options.rejects:
         with atomic_output(options.rejects) as tmp:
@@ -247,8 +229,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 
 def make_parser(prog: str = "beam-sft prepare"):
-    """The options: `DataArguments` and `PrepareArguments` (beam_sft.dataset.arguments), TRL's parser (YAML via
-    --config), and the INPUT arguments."""
+    """The options: `DataArguments`, `PrepareArguments` (YAML via --config) and the INPUT arguments."""
     from beam_sft.dataset.arguments import DataArguments, PrepareArguments
     from beam_sft.train.options import BeamTrlParser
 
@@ -274,8 +255,6 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beam_sft.cli import run_guarded
-
     return run_guarded(lambda argv: run(*parse(argv)), argv if argv is not None else sys.argv[1:])
 
 

@@ -26,18 +26,16 @@ def register(subparsers) -> None:
 
 def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(accelerate launch's options, the training options) from one command line."""
-    launch, rest, i = [], [], 0
-    while i < len(argv):
-        name, eq, value = argv[i].partition("=")
-        if name in LAUNCH_OPTIONS:
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise UsageError(f"{name} needs a value")
-                value, i = argv[i + 1], i + 1
+    launch, rest = [], []
+    args = iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name not in LAUNCH_OPTIONS:
+            rest.append(arg)
+        elif eq or (value := next(args, None)) is not None:
             launch += [name, value]
         else:
-            rest.append(argv[i])
-        i += 1
+            raise UsageError(f"{name} needs a value")
     return launch, rest
 
 

@@ -1,7 +1,5 @@
-"""The data options of `beam-sft prepare` and of training: `DataArguments`, one name per setting, parsed by
-TRL's parser from a YAML file and the command line alike. `data_settings` builds a run's `DataSettings` (the one
-place either command does); `RENAMED` names the spelling that replaced each removed one. See docs/cli.md.
-"""
+"""The data options of `beam-sft prepare` and of training, one name each, parsed by TRL's parser from a YAML
+file and the command line alike (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -118,13 +116,11 @@ def data_settings(data_args: DataArguments, run_args) -> DataSettings:
     """What decides the prepared data, from the data options and `RUN_FIELDS` of `run_args` (training's
     SFTConfig, or `beam-sft prepare`'s options); checked. A `max_length` of 0 means no limit."""
     settings = DataSettings(
-        format=data_args.dataset_format, max_length=run_args.max_length or None,
-        truncation_policy=data_args.truncation_policy, assistant_only_loss=run_args.assistant_only_loss,
-        split=data_args.dataset_train_split, max_records=data_args.max_records,
-        eval_split_size=data_args.eval_split_size, seed=run_args.seed,
-        missing_reasoning=data_args.missing_reasoning, dedup=data_args.dedup,
-        tool_call_checks=data_args.tool_call_checks,
-        max_reject_share=data_args.max_reject_share,
+        format=data_args.dataset_format, split=data_args.dataset_train_split, seed=run_args.seed,
+        max_length=run_args.max_length or None, assistant_only_loss=run_args.assistant_only_loss,
+        **{name: getattr(data_args, name) for name in ("truncation_policy", "max_records", "eval_split_size",
+                                                       "missing_reasoning", "dedup", "tool_call_checks",
+                                                       "max_reject_share")},
     )
     settings.check()
     return settings

@@ -1,6 +1,4 @@
-"""What a run dropped, said loudly: the drops by reason as counts and shares of the input, each with the switch or
-command that keeps such records, the shapes the converters read when records fit none, and the one-line verdict
-of a run that wrote nothing or dropped more than `max_reject_share` (docs/prepare.md#what-was-dropped).
+"""What a run dropped, said loudly (docs/prepare.md#what-was-dropped).
 
 Every command that drops records (`beam-sft convert`, `beam-sft prepare`, training's data phase) reports through
 `drop_lines` and `verdict` from one counts dict: `records_in`, `records_kept`, `rejected` (reason -> count),
@@ -10,7 +8,7 @@ Every command that drops records (`beam-sft convert`, `beam-sft prepare`, traini
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from beam_sft.errors import Reason, UsageError
@@ -48,10 +46,15 @@ class DroppedTooMuch(UsageError):
 
 
 def format_keys(entry: dict[str, Any]) -> str | None:
-    """The input keys of an `unknown_format` reject entry (`beam_sft.errors.reject_entry`) as the report names
-    them (`a, b`), else None."""
+    """The input keys of an `unknown_format` reject entry as the report names them (`a, b`), else None."""
     keys = entry.get("keys") if entry.get("reason") == Reason.UNKNOWN_FORMAT.value else None
     return ", ".join(keys) if keys else None
+
+
+def aligned_rows(rows: list[tuple[str, Any]], indent: str = "  ") -> list[str]:
+    """A summary table's lines: each key padded to the longest, then its value."""
+    width = max(len(k) for k, _ in rows)
+    return [f"{indent}{k:<{width}}  {v}" for k, v in rows]
 
 
 def _share(n: int, total: int) -> str:
@@ -88,8 +91,7 @@ def drop_lines(counts: dict[str, Any], rejects: str | None = None,
         how = keep(code) if keep is not None else HOW_TO_KEEP.get(code, "no switch: fix the records")
         lines.append(f"  {code:<{width}}  {n:>6}  {_share(n, n_in):>6}  keep them: {how}")
         if code == Reason.UNKNOWN_FORMAT.value:
-            keys = Counter(counts.get("unknown_format_keys") or {})
-            if keys:
+            if keys := Counter(counts.get("unknown_format_keys") or {}):
                 lines.append("    keys the input had: " + "; ".join(
                     f"{{{k}}} ({m} record{'s' if m != 1 else ''})" for k, m in keys.most_common(3)))
             lines.append("    shapes the converters read:")
@@ -106,10 +108,11 @@ def rewrite_rejected_lines(by_reason: Counter, n_in: int, rejects: str | None) -
                       keep=lambda code: keep.get(code, "no switch: fix the records"))
 
 
-def verdict(counts: dict[str, Any], threshold: float | None, what: str = "the input",
+def verdict(counts: dict[str, Any], threshold: float | None, names: Sequence[str] = (),
             noun: str = "records") -> str | None:
     """The one line of a run that wrote nothing, or dropped more than `threshold` of its input (None: fine).
-    `what` names the input, `noun` what the run makes of it ("training records")."""
+    `names` are the inputs (the first three named), `noun` what the run makes of it ("training records")."""
+    what = ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "") or "the input"
     n_in, kept, by_reason = counts.get("records_in", 0), counts.get("records_kept", 0), drops(counts)
     total = sum(by_reason.values())
     reasons = ", ".join(f"{code} {n}" for code, n in by_reason.most_common(3))

@@ -1,12 +1,8 @@
-"""The per-record rules of training data: Beam records in, `input_ids` + `labels` out, with counts.
-
-Masks from the chat template's `{% generation %}` block, the empty-mask error, the truncation policies and
-`label_batch`, the one label builder. See docs/training.md#truncation-policy---truncation_policy-applied-before-packing.
-"""
+"""The per-record rules of training data: Beam records in, `input_ids` + `labels` out, with counts
+(docs/training.md#truncation-policy---truncation_policy-applied-before-packing)."""
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,8 +12,7 @@ from typing import Any
 from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.messages import STOP_MARKERS
 from beam_sft.storage import arrow_array
-
-logger = logging.getLogger(__name__)
+from beam_sft.template.tokenizer import stop_token_ids
 
 TRUNCATION_POLICIES = ("turn", "drop", "keep_start")
 IGNORE_INDEX = -100
@@ -39,9 +34,8 @@ STOP_PROBE: dict[str, Any] = {
 
 
 class Counts:
-    """The one counts type: named counts as attributes, ints and Counters (`PrepStats` per split, the data
-    pipeline's `Result` per chunk and per run, `beam-sft convert`'s `Stats`). `add` sums another's in,
-    `subtract` takes another's back out (a record found to be a duplicate after it was counted)."""
+    """The one counts type: named counts as attributes, ints and Counters (`PrepStats`, the pipeline's
+    `Result`, `beam-sft convert`'s `Stats`); `subtract` takes back a duplicate found after it was counted."""
 
     def counts(self) -> dict[str, Any]:
         """The attributes that are counts."""
@@ -86,10 +80,6 @@ class PrepStats(Counts):
                 f"{self.supervised_return} <|return|>, {self.supervised_call} <|call|>; truncation: "
                 f"{self.truncated} records cut, {self.dropped_too_long} dropped, "
                 f"{self.assistant_turns_cut} assistant turns lost or cut")
-
-
-# --------------------------------------------------------------------------------------------------------
-# Tokenization and truncation
 
 
 def encode_many(tokenizer, records: Sequence[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
@@ -215,8 +205,6 @@ def _row_sums(column, offsets):
 def check_stop_tokens_trained(tokenizer) -> None:
     """Fail unless the template puts both `<|return|>` and `<|call|>` inside the assistant mask (once per run:
     a template that leaves a stop token outside `{% generation %}` trains a model that never stops)."""
-    from beam_sft.template.tokenizer import stop_token_ids
-
     input_ids, mask = encode(tokenizer, STOP_PROBE)
     trained = {tok for tok, bit in zip(input_ids, mask, strict=True) if bit}
     missing = [m for m, tid in zip(STOP_MARKERS, stop_token_ids(tokenizer), strict=True) if tid not in trained]

@@ -1,7 +1,5 @@
-"""Dataset mixtures: the YAML `datasets:` list TRL's scripts read, with TRL's fraction rule
-(`trl.scripts.utils.get_dataset`), plus beam-sft's per-source keys (format, max_records, missing_reasoning,
-shuffle, label, revision, columns as a mapping). See docs/training.md#dataset-mixtures.
-"""
+"""Dataset mixtures: TRL's `datasets:` YAML list and fraction rule (`trl.scripts.utils.get_dataset`), plus
+beam-sft's per-source keys (docs/training.md#dataset-mixtures)."""
 
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
+from itertools import chain, compress, islice
 from pathlib import Path
 from typing import Any
 
@@ -93,14 +92,13 @@ def _slug(text: str) -> str:
 def source_slug(entry: MixtureSource) -> str:
     """A short name of a mixture entry when it has no `label`: `data/glaive.jsonl` -> glaive, `path: json` with
     `data_files: [chat-*.jsonl]` -> chat, `org/agent-traces` with `name: tools` -> agent_traces_tools."""
+    first = entry.path.rstrip("/")
     if entry.path in BUILDERS:
         files = entry.data_files
         if isinstance(files, dict):
             files = files.get(entry.split) or next(iter(files.values()), "")
         first = files if isinstance(files, str) else (list(files) or [""])[0]
-        base = Path(str(first)).name.split(".")[0]
-    else:
-        base = Path(entry.path.rstrip("/")).name.split(".")[0]
+    base = Path(str(first)).name.split(".")[0]
     return "_".join(part for part in (_slug(base), _slug(entry.name or "")) if part) or "source"
 
 
@@ -147,11 +145,8 @@ class Mixture:
                 # one byte per row, not a set of Python ints: 10 MB at 10^7 rows instead of ~500 MB
                 chosen = np.zeros(plan.rows, dtype=bool)
                 chosen[np.random.default_rng(seed).choice(plan.rows, size=plan.taken, replace=False)] = True
-            for i, item in enumerate(iter_items(plan.files, limit=plan.rows)):
-                if chosen is None and i >= plan.taken:
-                    break
-                if chosen is None or chosen[i]:
-                    yield item
+            items = iter_items(plan.files, limit=plan.rows)
+            yield from islice(items, plan.taken) if chosen is None else compress(items, chosen)
 
     def streamed_items(self) -> Iterator[Any]:
         """The rows of a mixture that is not counted first (`resolve(count=False)`, for streaming): without
@@ -162,8 +157,7 @@ class Mixture:
         streams = [iter_items(plan.files, limit=plan.entry.max_records) for plan in self.plans]
         fractions = [plan.entry.fraction for plan in self.plans]
         if all(f is None for f in fractions):
-            for stream in streams:
-                yield from stream
+            yield from chain.from_iterable(streams)
             return
         weights = np.asarray(shares(fractions))
         rng = np.random.default_rng(self.seed)

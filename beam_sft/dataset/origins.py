@@ -1,8 +1,5 @@
-"""Where each row of a prepared split came from: its source and line (JSONL) or index (anything else).
-
-The `row_origins.arrow` sidecar of each split, written chunk by chunk beside the data and kept row for row with
-it; `row_origins` reads it back. See docs/prepare.md#how-a-run-works.
-"""
+"""Where each row of a prepared split came from: the `row_origins.arrow` sidecar of each split (its source and
+line or index), written and read back as docs/prepare.md#how-a-run-works says (Row origins)."""
 
 from __future__ import annotations
 
@@ -28,14 +25,6 @@ def origins_schema(metadata: dict[bytes, bytes] | None = None):
 def shard_origins_path(shard: str | os.PathLike) -> str:
     """The origins file that goes with a chunk's shard (`part-00003.arrow` -> `part-00003.origins.arrow`)."""
     return str(shard).removesuffix(".arrow") + _SUFFIX
-
-
-def origins_batch(src: list[int], pos: list[int], by_line: list[bool]):
-    import pyarrow as pa
-
-    schema = origins_schema()
-    return pa.record_batch([arrow_array(src, pa.int32()), arrow_array(pos, pa.int64()),
-                            arrow_array(by_line, pa.bool_())], schema=schema)
 
 
 class OriginsWriter:
@@ -99,8 +88,7 @@ class RowOrigins:
         import pyarrow as pa
 
         n = len(self)
-        bad = [row for row in rows if not 0 <= row < n]
-        if bad:
+        if bad := [row for row in rows if not 0 <= row < n]:
             raise IndexError(f"rows {bad} out of range for {n} rows")
         take = arrow_array(rows, pa.int64())
         if self.indices is not None:
@@ -122,11 +110,7 @@ def row_origins(dataset_or_dir: Any) -> RowOrigins | None:
         path = Path(dataset_or_dir)
         path = path / ORIGINS_FILE if path.is_dir() else path
         return RowOrigins(path) if path.is_file() else None
-    return _dataset_origins(dataset_or_dir)
-
-
-def _dataset_origins(dataset: Any) -> RowOrigins | None:
-    files = [Path(f["filename"]) for f in getattr(dataset, "cache_files", None) or []]
+    files = [Path(f["filename"]) for f in getattr(dataset_or_dir, "cache_files", None) or []]
     if not files or not (files[0].parent / ORIGINS_FILE).is_file():
         return None
     directory = files[0].parent
@@ -141,6 +125,6 @@ def _dataset_origins(dataset: Any) -> RowOrigins | None:
         return None
     # datasets keeps a reordering (train_test_split, shuffle, select, filter) as an indices table over unchanged
     # data files, with no public accessor; without it the names would be of the wrong rows.
-    indices = getattr(dataset, "_indices", None)
+    indices = getattr(dataset_or_dir, "_indices", None)
     origins = RowOrigins(directory / ORIGINS_FILE, indices.column(0) if indices is not None else None)
-    return origins if origins.table.num_rows == dataset.data.num_rows else None
+    return origins if origins.table.num_rows == dataset_or_dir.data.num_rows else None

@@ -1,8 +1,5 @@
-"""The data pipeline's core: raw rows -> Beam records -> `input_ids` + `labels`, in batches, and the ordered pool.
-
-Every driver runs these, nothing else: `beam_sft.dataset.prepare`, `beam_sft.dataset.stream` and `beam-sft
-convert`. See docs/prepare.md#how-a-run-works.
-"""
+"""The data pipeline's core, which every driver runs: raw rows -> Beam records -> `input_ids` + `labels`, in
+batches, and the ordered pool (docs/prepare.md#how-a-run-works)."""
 
 from __future__ import annotations
 
@@ -11,19 +8,24 @@ import json
 import os
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, fields
+from itertools import count, starmap
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from beam_sft.dataset.examples import Counts, fit_example, label_batch
-from beam_sft.dataset.origins import origins_batch, origins_schema, shard_origins_path
-from beam_sft.dataset.reasoning_stats import REASONING_REJECTS
+from beam_sft.dataset.origins import origins_schema, shard_origins_path
+from beam_sft.dataset.reasoning_stats import KEYS, REASONING_REJECTS, reasoning_counts
 from beam_sft.dataset.settings import DataSettings
 from beam_sft.errors import RecordError, internal_error, reject_entry, where
+from beam_sft.records.dedup import Seen, record_key, text_key
+from beam_sft.records.files import data_sources, iter_items
 from beam_sft.storage import arrow_array
+from beam_sft.template.tokenizer import stop_token_ids
+from beam_sft.validate.rules import Options
 
 RAW_BATCH = 2000  # rows per Arrow record batch while reading: a few MB in flight
 # Records per chunk of `PrepareRun`: the most that is ever memory-mapped at once (tens of MB of JSON).
@@ -64,9 +66,6 @@ class Job:
 
     @classmethod
     def of(cls, tokenizer, settings) -> Job:
-        """The job of a run with these `DataSettings`."""
-        from beam_sft.template.tokenizer import stop_token_ids
-
         return cls(tokenizer, settings.format, settings.max_length, settings.truncation_policy,
                    settings.assistant_only_loss, list(stop_token_ids(tokenizer)), settings.missing_reasoning,
                    settings.dedup, settings.tool_call_checks)
@@ -74,9 +73,8 @@ class Job:
 
 @dataclass
 class Task:
-    """One chunk. `raw`: a raw chunk file to convert; `converted`: a converted chunk file to tokenize; with
-    `tokenize` and `raw` both stages run. `eval_rows` (one bool per row) sends rows to the eval split.
-    `shards`: split name -> the Arrow file this chunk's kept rows of that split go to."""
+    """One chunk: `raw` to convert, `converted` to tokenize (`raw` and `tokenize`: both); `eval_rows` (a bool
+    per row) sends rows to the eval split; `shards`: split -> the Arrow file of this chunk's kept rows."""
 
     index: int
     names: list[str]
@@ -95,8 +93,7 @@ class Task:
 
 @dataclass(slots=True)  # one per converted record of a chunk with dedup: no __dict__ each
 class Row:
-    """One record's part of a Result: its key, provenance, split, and where it went (a shard row, a reject, or
-    neither: dropped by truncation), with the counts it added."""
+    """One record's part of a Result: where it went (a shard row, a reject, or neither: too long)."""
 
     key: int
     src: int
@@ -112,8 +109,7 @@ class Row:
 
 @dataclass
 class Result(Counts):
-    """What a task sends back: counts, rejects (JSON texts, in row order) and the shards it wrote; summed over
-    the chunks, a run's totals."""
+    """What a task sends back (counts, rejects as JSON texts in row order, shards); summed, a run's totals."""
 
     index: int
     records_in: int = 0  # raw rows read (convert tasks)
@@ -158,29 +154,22 @@ class Result(Counts):
     def to_json(self) -> dict[str, Any]:
         """The result as JSON (a `beam-sft prepare --shard` run keeps one per chunk for the merge to replay);
         `shards` then holds file names, relative to the shard's split directories."""
-        return {"index": self.index, "records_in": self.records_in, "n_records": self.n_records,
-                "rejected": dict(self.rejected), "rejects": self.rejects,
-                "stats": {k: dict(v) for k, v in self.stats.items()},
-                "shards": {k: os.path.basename(v) for k, v in self.shards.items()},
-                "reasoning": dict(self.reasoning), "eval_sources": self.eval_sources,
-                "shortest_dropped": self.shortest_dropped,
-                "rows": [[r.key, r.src, r.pos, r.by_line, list(r.reasoning), r.split, r.shard_row, r.reject, r.index,
-                          r.stats] for r in self.rows]}
+        row_fields = [f.name for f in fields(Row)]
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rows"}
+        return {**data, "shards": {k: os.path.basename(v) for k, v in self.shards.items()},
+                "rows": [[getattr(r, name) for name in row_fields] for r in self.rows]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Result:
-        rows = [Row(key, src, pos, by_line, tuple(reasoning), split, shard_row, reject, index, stats)
-                for key, src, pos, by_line, reasoning, split, shard_row, reject, index, stats in data["rows"]]
-        return cls(data["index"], data["records_in"], data["n_records"], Counter(data["rejected"]), data["rejects"],
-                   {k: Counter(v) for k, v in data["stats"].items()}, dict(data["shards"]),
-                   Counter(data["reasoning"]), rows, data["eval_sources"], data.get("shortest_dropped"))
+        return cls(**{**data, "rejected": Counter(data["rejected"]), "reasoning": Counter(data["reasoning"]),
+                      "stats": {k: Counter(v) for k, v in data["stats"].items()},
+                      "rows": [Row(*row[:4], tuple(row[4]), *row[5:]) for row in data["rows"]]})
 
 
-# --------------------------------------------------------------------------------------------------------
-# Reading
+# --- Reading ---
 
 
-def _schema(*columns: str):
+def arrow_schema(*columns: str):
     import pyarrow as pa
 
     types = {"src": pa.int32(), "pos": pa.int64(), "by_line": pa.bool_(),
@@ -204,47 +193,42 @@ def raw_row(item, index: dict[str, int]) -> dict[str, Any]:
 
 def read_chunks(names: list[str], items: Iterable[Any], prefix: str | os.PathLike, *, chunk_rows: int | None = None,
                 own: Callable[[int], bool] | None = None, progress: bool = False) -> Iterator[str | None]:
-    """The input `items` (`beam_sft.records.files.iter_items`, the readers `convert-dataset` uses, of the sources
-    `names`), `chunk_rows` at a time, each chunk an Arrow file (`prefix-00000.arrow`, ...), written completely
-    before it is yielded; unreadable rows carry their `RecordError`; at least one (maybe empty) chunk. `own(n)`
-    False: chunk n is another shard's: its rows are counted through, not written, and None yielded in its place.
-    """
+    """The input `items` (`iter_items` of the sources `names`), `chunk_rows` at a time, each chunk an Arrow
+    file (`prefix-00000.arrow`, ...) written before it is yielded; at least one (maybe empty) chunk. `own(n)`
+    False: chunk n is another shard's: its rows are counted through, not written, and None yielded for it."""
     from tqdm import tqdm
 
     index = {name: i for i, name in enumerate(names)}
-    schema = _schema(*RAW_COLUMNS)
-    bar = tqdm(desc="reading", unit=" rec", disable=not progress or None, mininterval=0.5)
+    schema = arrow_schema(*RAW_COLUMNS)
     items = iter(items)
-    n_chunk, done = 0, False
-    while not done:
-        mine = own is None or own(n_chunk)
-        path = f"{os.fspath(prefix)}-{n_chunk:05d}.arrow"
-        rows, cols = 0, {k: [] for k in RAW_COLUMNS}
-        with _stream_writer(path if mine else os.devnull, schema) as writer:
-            for item in items:
-                rows += 1
-                if mine:  # another shard's JSONL line is not even parsed: that shard converts it
-                    for key, value in raw_row(item, index).items():
-                        cols[key].append(value)
-                    if len(cols["src"]) >= RAW_BATCH:
-                        _write_columns(writer, cols, schema)
-                if rows == chunk_rows:
-                    break
-            else:
-                done = True
-            _write_columns(writer, cols, schema)
-        bar.update(rows)
-        if rows == 0 and n_chunk > 0:
-            if mine:
-                os.unlink(path)
-            break
-        yield path if mine else None
-        n_chunk += 1
-    bar.close()
+    with tqdm(desc="reading", unit=" rec", disable=not progress or None, mininterval=0.5) as bar:
+        for n_chunk in count():
+            mine = own is None or own(n_chunk)
+            path = f"{os.fspath(prefix)}-{n_chunk:05d}.arrow"
+            rows, cols = 0, {k: [] for k in RAW_COLUMNS}
+            with stream_writer(path if mine else os.devnull, schema) as writer:
+                for item in items:
+                    rows += 1
+                    if mine:  # another shard's JSONL line is not even parsed: that shard converts it
+                        for key, value in raw_row(item, index).items():
+                            cols[key].append(value)
+                        if len(cols["src"]) >= RAW_BATCH:
+                            _write_columns(writer, cols, schema)
+                    if rows == chunk_rows:
+                        break
+                _write_columns(writer, cols, schema)
+            bar.update(rows)
+            if rows == 0 and n_chunk > 0:
+                if mine:
+                    os.unlink(path)
+                return
+            yield path if mine else None
+            if rows != chunk_rows:  # the input ran out
+                return
 
 
 @contextmanager
-def _stream_writer(path: str, schema) -> Iterator[Any]:
+def stream_writer(path: str, schema) -> Iterator[Any]:
     import pyarrow as pa
 
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
@@ -269,22 +253,17 @@ def open_stream(path: str):
     return pa.ipc.open_stream(pa.memory_map(path, "r"))
 
 
-# --------------------------------------------------------------------------------------------------------
-# Converting, tokenizing, labelling: one batch at a time
+# --- Converting, tokenizing, labelling: one batch at a time ---
 
 
 def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_reasoning: Any = "mask", *,
                   as_dicts: bool = False, dedup: bool = False, tool_call_checks: str = "reject") -> dict[str, Any]:
     """Raw rows (`RAW_COLUMNS`) -> `record` (None for a reject), `reason` and `reject` (its JSON entry), and
-    the kept records' `reasoning_stats.reasoning_counts` as `reasoning`. `fmt` and `missing_reasoning` (mask
-    | keep | reject) are one value, or one per source (a mixture: lists indexed by `src`). `as_dicts`: the
-    records as the converter returned them (still checked to serialise), for a caller that tokenizes them
-    right away, else their JSON text. `dedup`: `key` holds each kept record's (`key`, reasoning counts) for
-    deduplication (`beam_sft.records.dedup`), None for a reject; their reasoning is counted per row there."""
-    from beam_sft.dataset.reasoning_stats import reasoning_counts
-    from beam_sft.records.dedup import record_key, text_key
+    the kept records' `reasoning_counts` as `reasoning`. `fmt` and `missing_reasoning` are one value, or one
+    per source (a mixture: lists indexed by `src`). `as_dicts`: the records as the converter returned them
+    (still checked to serialise), for a caller that tokenizes them right away, else their JSON text. `dedup`:
+    `key` holds each kept record's (key, reasoning counts), None for a reject (reasoning counted per row)."""
     from beam_sft.validate.convert import try_convert
-    from beam_sft.validate.rules import Options
 
     per_source = not isinstance(missing_reasoning, str)
     options = {policy: Options(missing_reasoning=policy, tool_call_checks=tool_call_checks) for policy in
@@ -292,6 +271,7 @@ def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_re
     out: dict[str, list] = {"record": [], "reason": [], "reject": [], "key": []}
     kept = []
     rejected_reasoning: Counter = Counter()  # the assistant turns of the records rejected for want of reasoning
+    keep = Options(missing_reasoning="keep")  # such records converted again: their turns count in coverage
     # Records handed on as dicts: their serialisation check writes the sorted JSON the dedup key hashes.
     sort = orjson.OPT_SORT_KEYS if dedup and as_dicts else None
     for src, pos, by_line, payload, error in zip(*(batch[k] for k in RAW_COLUMNS), strict=True):
@@ -316,7 +296,11 @@ def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_re
                 out["reject"].append(None)
                 continue
         if reject.code.value in REASONING_REJECTS:
-            rejected_reasoning.update(_reasoning_of_reject(payload, fmt if isinstance(fmt, str) else fmt[src]))
+            again, _, err = try_convert(payload, fmt if isinstance(fmt, str) else fmt[src], keep, raw=True)
+            if err is None:
+                counts = reasoning_counts([again])
+                rejected_reasoning.update(rejected_assistant_turns=counts["assistant_turns"],
+                                          rejected_without_reasoning=counts["without_reasoning"])
         out["record"].append(None)
         out["key"].append(None)
         out["reason"].append(reject.code.value)
@@ -326,47 +310,28 @@ def convert_batch(batch: dict[str, list], fmt: Any, names: list[str], missing_re
     return out
 
 
-def _reasoning_of_reject(payload, fmt: str) -> dict[str, int]:
-    """`rejected_assistant_turns` and `rejected_without_reasoning` of a record rejected for want of reasoning,
-    converted again as `keep` would: the input's reasoning coverage counts its turns too (`reasoning_stats`)."""
-    from beam_sft.dataset.reasoning_stats import reasoning_counts
-    from beam_sft.validate.convert import try_convert
-    from beam_sft.validate.rules import Options
-
-    rec, _, err = try_convert(payload, fmt, Options(missing_reasoning="keep"), raw=True)
-    if err is not None:
-        return {}
-    counts = reasoning_counts([rec])
-    return {"rejected_assistant_turns": counts["assistant_turns"],
-            "rejected_without_reasoning": counts["without_reasoning"]}
-
-
 def tokenize_batch(batch: dict[str, list], job: Job, names: list[str]) -> dict[str, list]:
     """Render, mask, truncate and count a batch of Beam records (`batch["record"]`: dicts or JSON texts, with
-    `src`, `pos`, `by_line`): columns `input_ids`, `mask` (truncated), `keep`, `truncated`, `dropped`,
-    `assistant_turns_cut`, and `reason` + `reject` for a record the template rejects. `label_batch` makes the
-    labels of the kept rows."""
+    `src`, `pos`, `by_line`): the columns of `out`, `reason` + `reject` for a record the template rejects."""
     from beam_sft.render.encoder import encode_each, get_encoder
 
-    keys = ("input_ids", "mask", "keep", "truncated", "dropped", "assistant_turns_cut", "length")
-    out: dict[str, list] = {k: [] for k in (*keys, "reason", "reject")}
+    out: dict[str, list] = {k: [] for k in ("input_ids", "mask", "keep", "truncated", "dropped",
+                                            "assistant_turns_cut", "length", "reason", "reject")}
     # JSON text from a converted chunk file, or dicts straight from `convert_batch(as_dicts=True)`.
     records = [text if type(text) is dict else orjson.loads(text) for text in batch["record"]]
     encoded = encode_each(get_encoder(job.tokenizer), records)
     for src, pos, by_line, enc in zip(batch["src"], batch["pos"], batch["by_line"], encoded, strict=True):
         if isinstance(enc, RecordError):
             example = {"input_ids": [], "mask": [], "keep": False, "truncated": 0, "dropped": 0,
-                       "assistant_turns_cut": 0, "length": 0}
-            out["reason"].append(enc.code.value)
-            out["reject"].append(orjson.dumps(reject_entry(enc, names[src], pos, by_line)).decode())
+                       "assistant_turns_cut": 0, "length": 0, "reason": enc.code.value,
+                       "reject": orjson.dumps(reject_entry(enc, names[src], pos, by_line)).decode()}
         else:
             ids, mask, example = fit_example(enc["input_ids"], enc["assistant_masks"], max_length=job.max_length,
                                              policy=job.policy, where=where(names[src], pos, by_line))
-            example.update(input_ids=ids, mask=mask, keep=not example["dropped"], length=len(enc["input_ids"]))
-            out["reason"].append(None)
-            out["reject"].append(None)
-        for k in keys:
-            out[k].append(example[k])
+            example.update(input_ids=ids, mask=mask, keep=not example["dropped"],
+                           length=len(enc["input_ids"]), reason=None, reject=None)
+        for k, column in out.items():
+            column.append(example[k])
     return out
 
 
@@ -384,211 +349,175 @@ def token_counts(dataset, stop_ids: Sequence[int], batch_size: int = 4096) -> di
     return counts
 
 
-# --------------------------------------------------------------------------------------------------------
-# One task
+# --- One task ---
 
 
-def _converted_batches(task: Task, job: Job, result: Result) -> Iterator[dict[str, list]]:
-    """The chunk's rows as column dicts of BATCH_ROWS rows (`record` None for a conversion reject)."""
-    if task.raw is None:
-        for batch in open_stream(task.converted):
-            for part in _slices(batch):
-                yield part.to_pydict()
-        return
-    for batch in open_stream(task.raw):
-        for part in _slices(batch):
-            cols = part.to_pydict()
-            # Tokenized right here: the records need not go through JSON text again.
-            out = convert_batch(cols, task.formats or job.fmt, task.names, task.policies or job.missing_reasoning,
-                                as_dicts=task.tokenize, dedup=job.dedup, tool_call_checks=job.tool_call_checks)
-            result.reasoning.update(out["reasoning"])
-            result.reasoning.update(out["rejected_reasoning"])
-            result.records_in += len(cols["src"])
-            for reason, reject in zip(out["reason"], out["reject"], strict=True):
-                if reason is not None:
-                    result.reject(reason, reject)
-            result.n_records += len(out["record"]) - sum(r is not None for r in out["reason"])
-            yield {"src": cols["src"], "pos": cols["pos"], "by_line": cols["by_line"], "record": out["record"],
-                   "key": out["key"]}
+class _TaskRun:
+    """One chunk's task as it runs (`run_task`): its result, and its kept rows per split, in an Arrow stream
+    file opened when the first row comes, their origins beside it (`beam_sft.dataset.origins`)."""
 
-
-def _slices(batch) -> Iterator[Any]:
-    for start in range(0, batch.num_rows, BATCH_ROWS):
-        yield batch.slice(start, BATCH_ROWS)
-
-
-class _ChunkOutput:
-    """One chunk's kept rows, per split: the Arrow stream files (opened when the first row comes), beside each
-    the same rows' origins (`beam_sft.dataset.origins`), and the counts (with dedup the same counts on each
-    Row, for the main process to take a duplicate back out)."""
-
-    def __init__(self, task: Task, job: Job, result: Result) -> None:
-        self.task, self.job, self.result = task, job, result
-        self.open: dict[str, Any] = {}  # split -> (sink, writer, origins sink, origins writer)
+    def __init__(self, task: Task, job: Job) -> None:
+        self.task, self.job, self.result = task, job, Result(task.index)
+        self.files = ExitStack()
+        self.open: dict[str, tuple[Any, Any]] = {}  # split -> (writer, origins writer)
         self.rows: Counter = Counter()  # rows written per split so far
-        self.stats = {split: Counter() for split in task.shards}
-        result.stats = self.stats
+        self.stats = self.result.stats = {split: Counter() for split in task.shards}
 
-    def tokenized(self, row: Row | None, split: str, done: dict[str, list], j: int) -> None:
-        counts = {"records_in": 1, **{key: done[column][j] for column, key in SUMMED.items()}}
-        stats = self.stats[split]
-        for key, value in counts.items():  # not Counter.update: its Mapping check, once a record, costs more
-            stats[key] += value
-        if row is not None:
-            row.split, row.stats = split, counts
+    def batches(self) -> Iterator[dict[str, list]]:
+        """The chunk's rows as column dicts of BATCH_ROWS rows (`record` None for a conversion reject)."""
+        task, job, result = self.task, self.job, self.result
+        for batch in open_stream(task.raw or task.converted):
+            for start in range(0, batch.num_rows, BATCH_ROWS):
+                cols = batch.slice(start, BATCH_ROWS).to_pydict()
+                if task.raw is None:
+                    yield cols
+                    continue
+                # Tokenized right here: the records need not go through JSON text again.
+                out = convert_batch(cols, task.formats or job.fmt, task.names,
+                                    task.policies or job.missing_reasoning, as_dicts=task.tokenize,
+                                    dedup=job.dedup, tool_call_checks=job.tool_call_checks)
+                result.reasoning.update(out["reasoning"])
+                result.reasoning.update(out["rejected_reasoning"])
+                result.records_in += len(cols["src"])
+                for reason, reject in zip(out["reason"], out["reject"], strict=True):
+                    if reason is not None:
+                        result.reject(reason, reject)
+                result.n_records += len(out["record"]) - sum(r is not None for r in out["reason"])
+                yield {"src": cols["src"], "pos": cols["pos"], "by_line": cols["by_line"],
+                       "record": out["record"], "key": out["key"]}
 
-    def write(self, split: str, ids: list[list[int]], masks: list[list[int]], origins: list[tuple],
-              rows: list[Row | None]) -> None:
-        """Write rows (ids and their assistant masks: the labels are made here) and their (src, pos, by_line),
-        and count them."""
+    def keyed(self) -> Iterator[dict[str, list]]:
+        """The batches as they pass, each converted record given its Row (convert-only tasks with dedup)."""
+        index = 0
+        for cols in self.batches():
+            first = len(self.result.rows)
+            rows = zip(cols["key"], cols["src"], cols["pos"], cols["by_line"], strict=True)
+            for key, src, pos, by_line in rows:
+                if key is not None:
+                    self.result.rows.append(Row(key[0], src, pos, by_line, key[1], index=index))
+                index += 1
+            self._count_reasoning(first)
+            yield cols
+
+    def _count_reasoning(self, first: int) -> None:
+        """The reasoning of the rows from `first` on, counted a batch at once."""
+        if rows := self.result.rows[first:]:
+            sums = map(sum, zip(*(row.reasoning for row in rows)))
+            self.result.reasoning.update(dict(zip(KEYS, sums, strict=True)))
+
+    def tokenize(self, run_seen) -> None:
+        task = self.task
+        seen = Seen() if self.job.dedup and task.raw is not None else None
+        seens = (seen,) if seen is None or run_seen is None else (seen, run_seen)
+        row = 0
+        with self.files:
+            for cols in self.batches():
+                present = [i for i, text in enumerate(cols["record"]) if text is not None
+                           and (task.skip_rows is None or not task.skip_rows[row + i])]
+                rows: list[Row | None] = [None] * len(present)
+                if seen is not None:
+                    first = len(self.result.rows)
+                    present = self._unique(cols, present, seens)
+                    rows = self.result.rows[first:]
+                if present:
+                    self._tokenize_present(cols, present, rows, row)
+                row += len(cols["record"])
+        self.result.shards = {split: task.shards[split] for split in self.open}
+
+    def _unique(self, cols: dict[str, list], present: list[int], seens: tuple) -> list[int]:
+        """With dedup: the rows of `present` that this chunk has not met yet (the others become `duplicate`
+        rejects here, before tokenizing), each given its Row. `seens`: this chunk's first occurrences, and, in
+        the main process of a single run, the run's (an earlier chunk's record is then a `duplicate` here, not
+        taken out of a written shard afterwards: the same checks in the same order, the same outputs)."""
+        names, result = self.task.names, self.result
+        unique, first = [], len(result.rows)
+        for i in present:
+            key, reasoning = cols["key"][i]
+            src, pos, by_line = cols["src"][i], cols["pos"][i], cols["by_line"][i]
+            for n, seen in enumerate(seens):
+                dup = seen.check(key, names[src], pos, by_line)
+                if dup is not None:
+                    entry = reject_entry(dup, names[src], pos, by_line)
+                    result.reject(dup.code.value, orjson.dumps(entry).decode())
+                    result.n_records -= n  # "less duplicates" of earlier chunks, as `PrepareRun` counts them
+                    break
+            if dup is not None:
+                continue
+            result.rows.append(Row(key, src, pos, by_line, reasoning))
+            unique.append(i)
+        self._count_reasoning(first)
+        return unique
+
+    def _tokenize_present(self, cols, present: list[int], rows: list, row: int) -> None:
+        """Tokenize the batch's rows `present` and write the kept ones to their split's shard."""
+        task, result = self.task, self.result
+        sub = {k: [cols[k][i] for i in present] for k in CONVERTED_COLUMNS}
+        done = tokenize_batch(sub, self.job, task.names)
+        kept: dict[str, tuple[list, list, list, list]] = {split: ([], [], [], []) for split in task.shards}
+        for j, i in enumerate(present):
+            held = task.all_eval or (task.eval_rows is not None and task.eval_rows[row + i])
+            split = "eval" if held else "train"
+            if done["reason"][j] is not None:
+                result.reject(done["reason"][j], done["reject"][j], rows[j])
+                continue
+            counts = {"records_in": 1, **{key: done[column][j] for column, key in SUMMED.items()}}
+            stats = self.stats[split]
+            for key, value in counts.items():  # Counter.update's Mapping check costs more, once a record
+                stats[key] += value
+            if rows[j] is not None:
+                rows[j].split, rows[j].stats = split, counts
+            if done["dropped"][j]:
+                result.dropped(done["length"][j])
+            if done["keep"][j]:
+                ids, masks, kept_rows, origins = kept[split]
+                ids.append(done["input_ids"][j])
+                masks.append(done["mask"][j])
+                kept_rows.append(rows[j])
+                origins.append((sub["src"][j], sub["pos"][j], sub["by_line"][j]))
+                if split == "eval" and task.groups is not None:
+                    result.eval_sources.append(task.groups[sub["src"][j]])
+        for split, (ids, masks, kept_rows, origins) in kept.items():
+            if ids:
+                self._write(split, ids, masks, origins, kept_rows)
+
+    def _write(self, split: str, ids: list[list[int]], masks: list[list[int]], origins: list[tuple],
+               rows: list[Row | None]) -> None:
+        """Write rows (ids and assistant masks: the labels are made here) and their origins; count them."""
         import pyarrow as pa
 
-        if not ids:
-            return
-        for n, row in enumerate(rows):
-            if row is not None:
-                row.shard_row = self.rows[split] + n
         if split not in self.open:
             path = self.task.shards[split]
-            sink, origins_sink = pa.OSFile(path, "wb"), pa.OSFile(shard_origins_path(path), "wb")
-            self.open[split] = (sink, pa.ipc.new_stream(sink, _schema("input_ids", "labels")),
-                                origins_sink, pa.ipc.new_stream(origins_sink, origins_schema()))
+            writer = self.files.enter_context(stream_writer(path, arrow_schema("input_ids", "labels")))
+            sidecar = self.files.enter_context(stream_writer(shard_origins_path(path), origins_schema()))
+            self.open[split] = (writer, sidecar)
         input_ids, labels, counts, per_row = label_batch(ids, masks, self.job.assistant_only_loss, self.job.stop_ids,
                                                          per_row=self.job.dedup)
-        self.open[split][1].write_batch(pa.record_batch([input_ids, labels], schema=_schema("input_ids", "labels")))
-        self.open[split][3].write_batch(origins_batch(*map(list, zip(*origins, strict=True))))
+        self.open[split][0].write_batch(pa.record_batch([input_ids, labels], names=["input_ids", "labels"]))
+        origin_columns = dict(zip(origins_schema().names, map(list, zip(*origins, strict=True)), strict=True))
+        _write_columns(self.open[split][1], origin_columns, origins_schema())
+        for n, (row, row_counts) in enumerate(zip(rows, per_row or [None] * len(rows), strict=True)):
+            if row is not None:
+                row.shard_row = self.rows[split] + n
+                row.stats.update(records_kept=1, **row_counts)
         self.rows[split] += len(ids)
         self.stats[split].update({"records_kept": len(ids), **counts})
-        for row, row_counts in zip(rows, per_row or [None] * len(rows), strict=True):
-            if row is not None:
-                row.stats.update(records_kept=1, **row_counts)
-
-    def close(self) -> None:
-        for sink, writer, origins_sink, origins_writer in self.open.values():
-            writer.close()
-            sink.close()
-            origins_writer.close()
-            origins_sink.close()
-        self.result.shards = {split: self.task.shards[split] for split in self.open}
-
-
-def _unique_rows(cols: dict[str, list], present: list[int], task: Task, seens: tuple, result: Result) -> list[int]:
-    """With dedup: the rows of `present` that this chunk has not met yet (the others become `duplicate` rejects
-    here, before tokenizing), each given its Row. `seens`: this chunk's first occurrences, and, in the main
-    process of a single run, the run's (then what earlier chunks hold is a `duplicate` here too, instead of
-    being taken out of a written shard afterwards: the same checks in the same order, the same outputs)."""
-    unique, first = [], len(result.rows)
-    for i in present:
-        key, reasoning = cols["key"][i]
-        src, pos, by_line = cols["src"][i], cols["pos"][i], cols["by_line"][i]
-        for n, seen in enumerate(seens):
-            dup = seen.check(key, task.names[src], pos, by_line)
-            if dup is not None:
-                result.reject(dup.code.value, orjson.dumps(reject_entry(dup, task.names[src], pos, by_line)).decode())
-                result.n_records -= n  # "less duplicates" of earlier chunks, as `PrepareRun` counts them
-                break
-        if dup is not None:
-            continue
-        result.rows.append(Row(key, src, pos, by_line, reasoning))
-        unique.append(i)
-    _count_reasoning(result, result.rows[first:])
-    return unique
-
-
-def _count_reasoning(result: Result, rows: list[Row]) -> None:
-    """The rows' reasoning counted, a batch at once (the main process takes a duplicate's back out)."""
-    from beam_sft.dataset.reasoning_stats import KEYS
-
-    if rows:
-        result.reasoning.update(dict(zip(KEYS, map(sum, zip(*(row.reasoning for row in rows))), strict=True)))
-
-
-def _keyed(batches: Iterable[dict[str, list]], result: Result) -> Iterator[dict[str, list]]:
-    """The batches as they pass, each converted record given its Row (convert-only tasks with dedup: the main
-    process decides the duplicates before the second pass tokenizes)."""
-    index = 0
-    for cols in batches:
-        first = len(result.rows)
-        for key, src, pos, by_line in zip(cols["key"], cols["src"], cols["pos"], cols["by_line"], strict=True):
-            if key is not None:
-                result.rows.append(Row(key[0], src, pos, by_line, key[1], index=index))
-            index += 1
-        _count_reasoning(result, result.rows[first:])
-        yield cols
-
-
-def _tokenize_into(batches: Iterable[dict[str, list]], task: Task, job: Job, result: Result, run_seen) -> None:
-    from beam_sft.records.dedup import Seen
-
-    output = _ChunkOutput(task, job, result)
-    seen = Seen() if job.dedup and task.raw is not None else None
-    seens = (seen,) if seen is None or run_seen is None else (seen, run_seen)
-    row = 0
-    try:
-        for cols in batches:
-            n = len(cols["record"])
-            present = [i for i, text in enumerate(cols["record"]) if text is not None
-                       and (task.skip_rows is None or not task.skip_rows[row + i])]
-            rows: list[Row | None] = [None] * len(present)
-            if seen is not None:
-                first = len(result.rows)
-                present = _unique_rows(cols, present, task, seens, result)
-                rows = result.rows[first:]
-            if present:
-                _tokenize_present(cols, present, rows, row, output)
-            row += n
-    finally:
-        output.close()
-
-
-def _tokenize_present(cols, present: list[int], rows: list, row: int, output: _ChunkOutput) -> None:
-    """Tokenize the batch's rows `present` and write the kept ones to their split's shard."""
-    task, result = output.task, output.result
-    sub = {k: [cols[k][i] for i in present] for k in CONVERTED_COLUMNS}
-    done = tokenize_batch(sub, output.job, task.names)
-    kept: dict[str, tuple[list, list, list, list]] = {split: ([], [], [], []) for split in task.shards}
-    for j, i in enumerate(present):
-        held = task.all_eval or (task.eval_rows is not None and task.eval_rows[row + i])
-        split = "eval" if held else "train"
-        if done["reason"][j] is not None:
-            result.reject(done["reason"][j], done["reject"][j], rows[j])
-            continue
-        output.tokenized(rows[j], split, done, j)
-        if done["dropped"][j]:
-            result.dropped(done["length"][j])
-        if done["keep"][j]:
-            ids, masks, kept_rows, origins = kept[split]
-            ids.append(done["input_ids"][j])
-            masks.append(done["mask"][j])
-            kept_rows.append(rows[j])
-            origins.append((sub["src"][j], sub["pos"][j], sub["by_line"][j]))
-            if split == "eval" and task.groups is not None:
-                result.eval_sources.append(task.groups[sub["src"][j]])
-    for split, (ids, masks, kept_rows, origins) in kept.items():
-        output.write(split, ids, masks, origins, kept_rows)
-
-
-def _write_converted(batches: Iterable[dict[str, list]], path: str) -> None:
-    schema = _schema(*CONVERTED_COLUMNS)
-    with _stream_writer(path, schema) as writer:
-        for cols in batches:
-            _write_columns(writer, cols, schema)
 
 
 def run_task(task: Task, job: Job, run_seen=None) -> Result:
     """Run one chunk's task (in a worker or in the main process). `run_seen`: the run's first occurrences
-    (`beam_sft.records.dedup.Seen`), for a tokenizing task in the main process (see `_unique_rows`)."""
-    result = Result(task.index)
-    batches = _converted_batches(task, job, result)
+    (`beam_sft.records.dedup.Seen`), for a tokenizing task in the main process (see `_TaskRun._unique`)."""
+    run = _TaskRun(task, job)
     if task.tokenize:
-        _tokenize_into(batches, task, job, result, run_seen)
-    else:
-        _write_converted(_keyed(batches, result) if job.dedup else batches, task.convert_to)
-    return result
+        run.tokenize(run_seen)
+        return run.result
+    schema = arrow_schema(*CONVERTED_COLUMNS)
+    with stream_writer(task.convert_to, schema) as writer:
+        for cols in run.keyed() if job.dedup else run.batches():
+            _write_columns(writer, cols, schema)
+    return run.result
 
 
-# --------------------------------------------------------------------------------------------------------
-# The ordered pool
+# --- The ordered pool ---
 
 _JOB: Job | None = None
 
@@ -613,11 +542,10 @@ def ordered_map(function: Callable, args: Iterable[tuple], num_proc: int | None,
     this one: `num_proc` None or 1). `init`: (initializer, its arguments), run once per process. `args` is read
     at most `ahead * num_proc` ahead of the result waited for (`Pool.imap` would read the whole input ahead)."""
     initializer, initargs = init
-    if not num_proc or num_proc <= 1:
+    if in_process(num_proc):
         if initializer is not None:
             initializer(*initargs)
-        for a in args:
-            yield function(*a)
+        yield from starmap(function, args)
         return
     import multiprocessing
 
@@ -640,8 +568,7 @@ def run_tasks(tasks: Iterable[Task], job: Job, num_proc: int | None, run_seen=No
     get_encoder(job.tokenizer)
     with _frozen():
         if in_process(num_proc):
-            for task in tasks:
-                yield run_task(task, job, run_seen)
+            yield from (run_task(task, job, run_seen) for task in tasks)
             return
         yield from ordered_map(_run_in_worker, ((task,) for task in tasks), num_proc, init=(_init_worker, (job,)))
 
@@ -653,9 +580,7 @@ def in_process(num_proc: int | None) -> bool:
 
 @contextmanager
 def _frozen() -> Iterator[None]:
-    """The cyclic GC kept out of the way while the records stream through: everything alive now frozen (after
-    collecting garbage cycles), the young generation's threshold raised; both undone at the end. See
-    docs/prepare.md (The cyclic GC)."""
+    """The cyclic GC kept out of the way while the records stream through (docs/prepare.md, The cyclic GC)."""
     gc.collect()
     gc.freeze()
     thresholds = gc.get_threshold()
@@ -668,9 +593,8 @@ def _frozen() -> Iterator[None]:
 
 
 def _start_method() -> str:
-    """fork where it is safe: workers inherit the tokenizer and its encoder ready-made. A process that has
-    initialised CUDA (a training job that loaded its model first) spawns instead: a forked CUDA context is
-    unusable, and the workers get the tokenizer pickled once each."""
+    """fork where it is safe (workers inherit the encoder ready-made); spawn in a process that has initialised
+    CUDA (a training job that loaded its model first): a forked CUDA context is unusable."""
     import multiprocessing
     import sys
 
@@ -679,14 +603,12 @@ def _start_method() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() and not cuda else "spawn"
 
 
-# --------------------------------------------------------------------------------------------------------
-# Shard files
+# --- Shard files ---
 
 
 def drop_rows(path: str, rows: list[int]) -> bool:
-    """Rewrite a shard without `rows` (duplicates found after it was written), and its origins file the same
-    way, one record batch at a time (a whole chunk's tokens never in memory); False when nothing is left (the
-    files are then gone)."""
+    """Rewrite a shard and its origins file without `rows` (duplicates found after it was written), a record
+    batch at a time; False when nothing is left (the files are then gone)."""
     import numpy as np
 
     drop = np.asarray(sorted(rows), dtype=np.int64)
@@ -707,7 +629,7 @@ def _drop_from(path: str, drop) -> int:
     # read through, so the peak RSS grew by a shard (tens of MB) on the first cross-chunk duplicate, measured.
     with pa.OSFile(path) as source:
         reader = pa.ipc.open_stream(source)
-        with _stream_writer(path + ".tmp", reader.schema) as writer:
+        with stream_writer(path + ".tmp", reader.schema) as writer:
             for batch in reader:
                 keep = np.ones(batch.num_rows, dtype=bool)
                 here = drop[(drop >= start) & (drop < start + batch.num_rows)] - start
@@ -724,21 +646,11 @@ def _drop_from(path: str, drop) -> int:
     return written
 
 
-def copy_shard(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Copy a chunk's shard and, where there is one, its origins file (a `--shard` run's, into the merge)."""
-    import shutil
-
-    shutil.copyfile(source, target)
-    if os.path.exists(shard_origins_path(source)):
-        shutil.copyfile(shard_origins_path(source), shard_origins_path(target))
-
-
 def shard_path(directory: Path, index: int) -> str:
     return str(directory / f"part-{index:05d}.arrow")
 
 
-# --------------------------------------------------------------------------------------------------------
-# Converted records, for tools that read them (inspect --stats, eval_records)
+# --- Converted records, for tools that read them (inspect --stats, eval_records) ---
 
 
 class Converted:
@@ -754,13 +666,8 @@ class Converted:
         self.rejects = result.rejects
         self.table = open_stream(path).read_all()
         valid = pc.is_valid(self.table.column("record")).to_numpy(zero_copy_only=False)
-        self.rows = valid.nonzero()[0]  # row i of the records is input record rows[i]
+        self.rows = valid.nonzero()[0]  # record i is input record rows[i] (0-based, as --index names them)
         self.reject_rows = (~valid).nonzero()[0]  # rejects[k] is input record reject_rows[k]
-
-    def positions(self) -> Any:
-        """0-based input positions of the records (a numpy array), for tools that name records as `--index`
-        does."""
-        return self.rows
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -776,18 +683,13 @@ class Converted:
             yield from self[start:start + batch_size]
 
     def iter_rejects(self) -> Iterator[dict[str, Any]]:
-        for text in self.rejects:
-            yield orjson.loads(text)
+        yield from map(orjson.loads, self.rejects)
 
 
 def convert_records(inputs: Sequence[str] | str, work_dir: str | os.PathLike, settings: DataSettings, *,
                     progress: bool = False) -> Converted:
     """Raw source(s) -> their validated Beam records and rejects (`Converted`), by the pipeline's convert-only
-    task, as `settings` (format, split, max_records, missing_reasoning, tool_call_checks) say; `work_dir`
-    holds the Arrow file: keep it while the records are read. records_in = len(records) +
-    sum(rejected.values())."""
-    from beam_sft.records.files import data_sources, iter_items
-
+    task, as `settings` say; `work_dir` holds the Arrow file: keep it while the records are read."""
     settings.check()
     sources = data_sources([inputs] if isinstance(inputs, str) else inputs, settings.split)
     names = [s.name for s in sources]

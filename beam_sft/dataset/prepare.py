@@ -1,8 +1,5 @@
-"""The data phase of a training job: source(s) + tokenizer + settings in, a prepared directory out.
-
-`PrepareRun` builds one (or a shard of one, or one merged from shards), `prepare_data` caches it under a
-fingerprint once per job, `load_prepared` reads it back. See docs/prepare.md#how-a-run-works.
-"""
+"""The data phase of a training job: source(s) + tokenizer + settings in, a prepared directory out
+(docs/prepare.md#how-a-run-works)."""
 
 from __future__ import annotations
 
@@ -10,31 +7,37 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import compress
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from beam_sft.dataset.drops import DroppedTooMuch, drop_lines, format_keys, verdict
+from beam_sft.dataset.examples import PrepStats
 from beam_sft.dataset.mixture import Mixture
-from beam_sft.dataset.origins import OriginsWriter
+from beam_sft.dataset.origins import OriginsWriter, shard_origins_path
 from beam_sft.dataset.pipeline import (
     CHUNK_ROWS,
     Job,
     Result,
     Task,
     convert_records,
-    copy_shard,
     drop_rows,
     in_process,
     open_stream,
     read_chunks,
     run_tasks,
     shard_path,
+    stream_writer,
     token_counts,
 )
 from beam_sft.dataset.reasoning_stats import KEYS as REASONING_KEYS
@@ -53,9 +56,11 @@ from beam_sft.dataset.settings import (
     run_fields,
     source_identity,
 )
-from beam_sft.errors import FatalError, Reason, UsageError
+from beam_sft.errors import FatalError, Reason, UsageError, reject_entry
+from beam_sft.records.dedup import Seen, record_key
 from beam_sft.records.files import JsonlSink, data_sources, iter_items, source_label
 from beam_sft.storage import remove_stale_temporaries, replace_dir, temporary_path, write_json_atomic
+from beam_sft.template.tokenizer import stop_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +96,8 @@ def _eval_mask(n_train: int, settings: DataSettings):
 
 def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.PathLike, *,
                  eval_dataset_name: str | None = None) -> Iterator[dict[str, Any]]:
-    """The Beam records of the eval split that the data phase holds out for these settings, in order (for
-    `--eval_beam`): those of `eval_dataset_name` (its "test" split), or else the seeded share of `dataset_name`'s
-    converted records that `PrepareRun.build` puts in `eval/`. Nothing when there is no eval split."""
-    import tempfile
-
-    from beam_sft.records.dedup import Seen
-
+    """The Beam records of the eval split the data phase holds out for these settings, in order (for
+    `--eval_beam`): `eval_dataset_name`'s ("test" split), else a seeded share of `dataset_name`'s, or none."""
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     if not eval_dataset_name and settings.eval_split_size <= 0:
         return
@@ -109,27 +109,21 @@ def eval_records(dataset_name: str, settings: DataSettings, work_dir: str | os.P
         held = convert_records(eval_dataset_name, tempfile.mkdtemp(dir=work_dir),
                                replace(settings, split="test", max_records=None))
         yield from _first_occurrences(held.iter_records(), seen)
-        return
-    mask = _eval_mask(n_train, settings)
-    again = Seen() if settings.dedup else None
-    for held, record in zip(mask, _first_occurrences(train.iter_records(), again), strict=True):
-        if held:
-            yield record
+    else:
+        again = Seen() if settings.dedup else None
+        yield from compress(_first_occurrences(train.iter_records(), again), _eval_mask(n_train, settings))
 
 
 def _first_occurrences(records, seen) -> Iterator[dict[str, Any]]:
     """`records` without the ones `seen` already holds (all of them when `seen` is None: no dedup)."""
-    from beam_sft.records.dedup import record_key
-
     for i, record in enumerate(records):
         if seen is None or seen.check(record_key(record), "", i) is None:
             yield record
 
 
 class _SplitWriter:
-    """The kept rows of one split: the chunks' shard files (written by the pipeline's tasks), in chunk order,
-    committed as the Arrow files of a `save_to_disk` directory, with the rows' origins beside them
-    (`beam_sft.dataset.origins`). Nothing is read back to save it."""
+    """The kept rows of one split: the chunks' shard files, in chunk order, committed as the Arrow files of a
+    `save_to_disk` directory, with the rows' origins beside them. Nothing is read back to save it."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -143,18 +137,14 @@ class _SplitWriter:
         self.origins.add(shard, names)
 
     def commit(self, fingerprint: str) -> None:
-        import pyarrow as pa
-
         if not self.files:
             path = self.dir / "part-empty.arrow"
-            schema = _final_features().arrow_schema
-            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema):
+            with stream_writer(str(path), _final_features().arrow_schema):
                 pass
             self.files.append(path)
-        names = []
-        for i, file in enumerate(self.files):
-            names.append(f"data-{i:05d}-of-{len(self.files):05d}.arrow")
-            os.replace(file, self.dir / names[-1])
+        names = [f"data-{i:05d}-of-{len(self.files):05d}.arrow" for i in range(len(self.files))]
+        for file, name in zip(self.files, names, strict=True):
+            os.replace(file, self.dir / name)
         (self.dir / "dataset_info.json").write_text(DATASET_INFO)
         state = {"_data_files": [{"filename": n} for n in names], "_fingerprint": fingerprint,
                  "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
@@ -191,42 +181,24 @@ class _Chunk:
     groups: list[int] | None = None  # a mixture's: each source's entry, recorded for the eval rows drawn from it
 
 
-def _in_input_order(rejects: list[str], names: list[str]) -> list[str]:
-    """A chunk's rejects in input order (duplicates are found in other stages than the rest): one chunk holds
-    rows of its sources in order, so (source, line or index) sorts them."""
-    import orjson
-
-    index = {name: i for i, name in enumerate(names)}
-
-    def where(text: str) -> tuple[int, int]:
-        entry = orjson.loads(text)
-        return index.get(entry["source"], -1), entry.get("line", entry.get("index")) or 0
-
-    return sorted(rejects, key=where)
+def _owns(n: int, *, shard: tuple[int, int], base: int) -> bool:
+    """Chunk `base + n` (a part's n-th, numbered across parts) is shard I's of N: I, I + N, I + 2N, ..."""
+    return (base + n) % shard[1] == shard[0]
 
 
 def _input_names(inputs) -> list[str]:
     return [src.name for src in inputs.sources] if isinstance(inputs, Mixture) else [source_label(s) for s in inputs]
 
 
-def _owns(n: int, *, shard: tuple[int, int], base: int) -> bool:
-    """Chunk `base + n` (a part's n-th, numbered across parts) is shard I's of N: I, I + N, I + 2N, ..."""
-    return (base + n) % shard[1] == shard[0]
-
-
-# --- one run: build, shard, merge ---
-
 SHARD_MANIFEST = "beam_sft_shard.json"
 
 
 @dataclass
 class PrepareRun:
-    """One run of the data phase and all its state: the inputs and settings, the work directory, the split
-    writers, the rejects file, the chunks and the counts (a `Result` summed over the chunks' results, in input
-    order). `build` writes a prepared directory, `shard` a shard directory, `merge` a prepared directory from
-    shard directories: the same bytes a single run writes, whatever `num_proc` (None or 1: this process).
-    `eval_inputs`: separate eval data (split "test"); else `settings.eval_split_size` holds out a seeded share
-    of the converted records. `chunk_rows`: records per chunk (default `CHUNK_ROWS`)."""
+    """One run of the data phase and all its state (`counts`: the chunks' results summed in input order).
+    `build` writes a prepared directory, `shard` a shard directory, `merge` a prepared directory from shard
+    directories: the same bytes whatever `num_proc` (None or 1: this process). `eval_inputs`: separate eval
+    data (split "test"); else `settings.eval_split_size` holds out a seeded share of the converted records."""
 
     inputs: Any  # paths, or a Mixture
     tokenizer: Any
@@ -254,8 +226,6 @@ class PrepareRun:
     def _session(self, splits: list[str], with_rejects: bool = True) -> Iterator[None]:
         """The work directory (named like every other temporary output, beam_sft.storage, so a run killed here
         is cleaned up by the next), the split writers and the rejects file; all gone at the end."""
-        from beam_sft.records.dedup import Seen
-
         out = Path(self.out_dir)
         out.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(out)
@@ -279,9 +249,9 @@ class PrepareRun:
         self.settings.check()
         with self._session(["train", "eval"] if self.eval_inputs or self.draws_eval else ["train"]):
             self._first_pass()
-            if self.draws_eval and self._some_training():
+            if self.draws_eval and any(c.n_records for c in self.chunks if c is not None and not c.is_eval):
                 self._eval_pass()
-            return self._checked(self._finish())
+            return self._finish()
 
     def shard(self, shard: tuple[int, int]) -> dict[str, Any]:
         """Shard I of N (chunks I, I + N, ...) into the shard directory at `out_dir`; returns its manifest."""
@@ -310,8 +280,7 @@ class PrepareRun:
 
     def merge(self, shard_dirs: Sequence[str | os.PathLike]) -> dict[str, Any]:
         """The prepared directory at `out_dir` from the N shard directories of this run; returns its manifest.
-        Each chunk's result is taken in chunk order, as `build` takes them: duplicates across chunks (and
-        shards) are decided here, first occurrence kept; the shards' Arrow files are copied, never changed."""
+        Each chunk's result is taken in chunk order, as `build` takes them (duplicates across shards too)."""
         from tqdm import tqdm
 
         self.settings.check()
@@ -323,10 +292,9 @@ class PrepareRun:
                 for i in range(n_chunks):
                     result, chunk = self._shard_result(dirs[i % len(dirs)], i)
                     self._deduplicate(result, chunk)
-                    chunk.n_records = result.n_records
                     self.chunks.append(chunk)
                     self._take(result, bar, chunk.names)
-            return self._checked(self._finish())
+            return self._finish()
 
     def _shard_result(self, shard: Path, i: int) -> tuple[Result, _Chunk]:
         """Chunk i's result as a shard run kept it, its Arrow files copied into this run's split directories."""
@@ -339,52 +307,46 @@ class PrepareRun:
         for split, name in result.shards.items():
             if split not in self.writers:
                 raise UsageError(f"{shard}: holds a {split} split that these arguments do not make")
-            copy = shard_path(self.writers[split].dir, i)
-            copy_shard(shard / f"{split}_parts" / name, copy)
+            source, copy = shard / f"{split}_parts" / name, shard_path(self.writers[split].dir, i)
+            shutil.copyfile(source, copy)
+            if os.path.exists(shard_origins_path(source)):
+                shutil.copyfile(shard_origins_path(source), shard_origins_path(copy))
             result.shards[split] = copy
         return result, _Chunk("", None, data["names"], data["is_eval"])
 
     def _tasks(self, shard: tuple[int, int] | None) -> Iterator[Task]:
-        """Pass 1 tasks as the input is read: convert + tokenize, or (when an eval split is to be drawn among the
-        converted records) convert only. Each chunk is appended to `chunks` as its task is made; with `shard`
-        (I, N), only chunks I, I + N, I + 2N, ... get a task, the others a None in `chunks`."""
+        """Pass 1 tasks as the input is read (convert + tokenize, or convert only when `draws_eval`), each
+        chunk appended to `chunks`; with `shard`, another shard's chunk gets no task, a None in `chunks`."""
         settings, work = self.settings, self.work
         parts = [(self.inputs, settings.split, settings.max_records, False)]
         if self.eval_inputs:
             parts.append((self.eval_inputs, "test", None, True))
         for part_inputs, split, limit, is_eval in parts:
-            formats = policies = groups = None
-            if isinstance(part_inputs, Mixture):
-                sources, items = part_inputs.sources, part_inputs.items()
-                formats = part_inputs.formats(settings.format)
-                policies = part_inputs.policies(settings.missing_reasoning)
-                groups = part_inputs.groups()
-            else:
-                sources = data_sources(part_inputs, split)
-                items = iter_items(sources, limit=limit)
+            mixture = part_inputs if isinstance(part_inputs, Mixture) else None
+            sources = mixture.sources if mixture else data_sources(part_inputs, split)
+            items = mixture.items() if mixture else iter_items(sources, limit=limit)
+            formats = mixture.formats(settings.format) if mixture else None
+            policies = mixture.policies(settings.missing_reasoning) if mixture else None
+            groups = mixture.groups() if mixture else None
             names = [src.name for src in sources]
             own = None if shard is None else partial(_owns, shard=shard, base=len(self.chunks))
-            for raw in read_chunks(names, items, work / ("eval" if is_eval else "train"), own=own,
+            split_name = "eval" if is_eval else "train"
+            for raw in read_chunks(names, items, work / split_name, own=own,
                                    chunk_rows=self.chunk_rows or CHUNK_ROWS, progress=self.progress):
                 i = len(self.chunks)
                 if raw is None:
                     self.chunks.append(None)
-                elif self.draws_eval:
-                    converted = str(work / f"converted-{i:05d}.arrow")
-                    self.chunks.append(_Chunk(raw, converted, names, is_eval, groups=groups))
-                    yield Task(i, names, raw=raw, convert_to=converted, tokenize=False, formats=formats,
-                               policies=policies)
-                else:
-                    self.chunks.append(_Chunk(raw, None, names, is_eval))
-                    split_name = "eval" if is_eval else "train"
-                    yield Task(i, names, raw=raw, all_eval=is_eval, formats=formats, policies=policies,
-                               shards={split_name: shard_path(self.writers[split_name].dir, i)})
+                    continue
+                # convert only (the eval split is drawn after pass 1), or convert + tokenize into the split
+                converted = str(work / f"converted-{i:05d}.arrow") if self.draws_eval else None
+                self.chunks.append(_Chunk(raw, converted, names, is_eval, groups=groups))
+                shards = {} if self.draws_eval else {split_name: shard_path(self.writers[split_name].dir, i)}
+                yield Task(i, names, raw=raw, convert_to=converted, tokenize=not self.draws_eval,
+                           all_eval=is_eval, shards=shards, formats=formats, policies=policies)
 
     def _first_pass(self, shard: tuple[int, int] | None = None) -> None:
-        """Pass 1: read every chunk and run its task (convert + tokenize, or convert only) in the pool. With `shard`,
-        only this shard's chunks, and each result is written to the shard's `results` as it is (`merge` takes
-        them in chunk order, as this loop does in a single run)."""
-        import numpy as np
+        """Pass 1: every chunk's task run in the pool; with `shard`, this shard's, each result written to the
+        shard's `results` (`merge` takes them in chunk order, as this loop does in a single run)."""
         from tqdm import tqdm
 
         with tqdm(desc="converting" if self.draws_eval else "preparing", unit=" rec",
@@ -398,21 +360,15 @@ class PrepareRun:
                     write_json_atomic(str(self.final / "results" / f"part-{result.index:05d}.json"),
                                       {"names": chunk.names, "is_eval": chunk.is_eval, "result": result.to_json()})
                     bar.update(result.records_in)
-                    os.unlink(chunk.raw)
-                    continue
-                dup_rows = self._deduplicate(result, chunk, checked)
-                if dup_rows and self.draws_eval:
-                    chunk.skip = np.zeros(result.records_in, dtype=bool)
-                    chunk.skip[dup_rows] = True
-                chunk.n_records = result.n_records
-                self._take(result, bar, chunk.names)
+                else:
+                    self._deduplicate(result, chunk, checked)
+                    self._take(result, bar, chunk.names)
                 os.unlink(chunk.raw)
                 del result  # its Rows (one per record with dedup) freed before the next chunk's are made
 
     def _eval_pass(self) -> None:
-        """Pass 2 (an eval split to draw): the split is a seeded choice among the converted training records (one
-        byte per record), known only now; then every chunk is tokenized, its rows sent to the split the choice
-        says."""
+        """Pass 2 (`draws_eval`): every chunk tokenized, its rows sent to the split the seeded choice among
+        the converted training records (one byte per record, known only now) says."""
         import numpy as np
         import pyarrow.compute as pc
         from tqdm import tqdm
@@ -439,23 +395,18 @@ class PrepareRun:
                 self._take(result, bar, self.chunks[result.index].names)
                 os.unlink(self.chunks[result.index].converted)
 
-    def _deduplicate(self, result: Result, chunk: _Chunk, checked: bool = False) -> list[int]:
+    def _deduplicate(self, result: Result, chunk: _Chunk, checked: bool = False) -> None:
         """Take the records earlier chunks already hold out of `result` (counts, rejects, shard rows), as
-        `duplicate` rejects; returns their rows of a convert-only chunk. `checked`: the task did (`run_task`'s
-        `run_seen`): only its rejects are put in input order here."""
-        import orjson
+        `duplicate` rejects (a convert-only chunk's: skipped in pass 2), and count the chunk's records.
+        `checked`: the task did (`run_task`'s `run_seen`): only its rejects are put in input order here."""
+        import numpy as np
 
-        from beam_sft.dataset.reasoning_stats import KEYS
-        from beam_sft.errors import reject_entry
-
-        if self.seen is None:
-            return []
-        dups = [] if checked else [
+        dups = [] if checked or self.seen is None else [
             (row, err) for row in result.rows
             if (err := self.seen.check(row.key, chunk.names[row.src], row.pos, row.by_line)) is not None]
         retract, drops = set(), {}
         for row, err in dups:
-            result.reasoning.subtract(dict(zip(KEYS, row.reasoning, strict=True)))
+            result.reasoning.subtract(dict(zip(REASONING_KEYS, row.reasoning, strict=True)))
             if row.stats:
                 result.stats[row.split].subtract(row.stats)
             if row.reject >= 0:
@@ -471,18 +422,24 @@ class PrepareRun:
         result.rejects = [text for i, text in enumerate(result.rejects) if i not in retract] + [
             orjson.dumps(reject_entry(err, chunk.names[row.src], row.pos, row.by_line)).decode() for row, err in dups]
         if result.rejected.get(Reason.DUPLICATE.value):
-            result.rejects = _in_input_order(result.rejects, chunk.names)
+            # in input order (duplicates are found in other stages than the rest): one chunk holds rows of its
+            # sources in order, so (source, line or index) sorts them
+            index = {name: i for i, name in enumerate(chunk.names)}
+            where = [(index.get(entry["source"], -1), entry.get("line", entry.get("index")) or 0)
+                     for entry in map(orjson.loads, result.rejects)]
+            in_order = sorted(zip(where, result.rejects, strict=True), key=itemgetter(0))
+            result.rejects = [text for _, text in in_order]
         for split, rows in drops.items():
             if not drop_rows(result.shards[split], rows):
                 del result.shards[split]
         result.n_records -= len(dups)
-        return [row.index for row, _ in dups]
+        chunk.n_records = result.n_records
+        if dups and self.draws_eval:
+            chunk.skip = np.zeros(result.records_in, dtype=bool)
+            chunk.skip[[row.index for row, _ in dups]] = True
 
     def _take(self, result: Result, bar, names: list[str]) -> None:
-        """Add a chunk's result (`names`: the chunk's sources): counts, rejects (written as they come) and its
-        shards."""
-        import orjson
-
+        """Add a chunk's result (`names`: its sources): counts, rejects (written as they come), shards."""
         self.counts.add(result)
         for text in result.rejects:
             entry = orjson.loads(text)
@@ -494,20 +451,8 @@ class PrepareRun:
             self.writers[name].add(shard, names)
         bar.update(result.records_in or sum(c["records_in"] for c in result.stats.values()))
 
-    def _some_training(self) -> bool:
-        return any(c.n_records for c in self.chunks if c is not None and not c.is_eval)
-
-    def _checked(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """`manifest`, after `check_drops`: a run that keeps no training record fails here, its directory and
-        rejects written (nothing lost). The callers (`prepare_data`, `beam-sft prepare`) hold the run to
-        `max_reject_share`, on cached data too."""
-        check_drops(manifest, None)
-        return manifest
-
     def _checked_stats(self) -> dict[str, dict[str, int]]:
         """PrepStats per split, after checking that every record in is kept, rejected or dropped."""
-        from beam_sft.dataset.examples import PrepStats
-
         stats = {name: PrepStats(**{k: sums[k] for k in PrepStats().to_dict()}).to_dict()
                  for name, sums in self.counts.stats.items()}
         dropped = sum(s["dropped_too_long"] for s in stats.values())
@@ -520,7 +465,7 @@ class PrepareRun:
 
     def _finish(self) -> dict[str, Any]:
         """Counts checked, rejects and splits committed, the manifest written last, the directory moved to
-        `out_dir`."""
+        `out_dir`; then a run that keeps no training record fails (`max_reject_share` is for the callers)."""
         stats = self._checked_stats()
         self.rejects.commit()
         for name, writer in self.writers.items():
@@ -537,6 +482,7 @@ class PrepareRun:
         write_json_atomic(str(self.final / MANIFEST), manifest)
         replace_dir(self.final, Path(self.out_dir))
         self.rejects = None
+        check_drops(manifest, None)
         return manifest
 
     def _manifest(self, stats: dict[str, dict[str, int]]) -> dict[str, Any]:
@@ -561,10 +507,9 @@ class PrepareRun:
                 "records_kept": sum(s["records_kept"] for s in stats.values()),
                 "rejected_total": sum(counts.rejected.values()),
                 "rejected": dict(sorted(counts.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
-                "dropped_too_long": sum(s["dropped_too_long"] for s in stats.values()),
                 **{key: sum(s[key] for s in stats.values()) for key in (
-                    "truncated", "assistant_turns_cut", "total_tokens", "supervised_tokens", "supervised_return",
-                    "supervised_call")},
+                    "dropped_too_long", "truncated", "assistant_turns_cut", "total_tokens",
+                    "supervised_tokens", "supervised_return", "supervised_call")},
                 "reasoning": {key: counts.reasoning[key] for key in (*REASONING_KEYS, *REJECTED_KEYS)},
                 "unknown_format_keys": dict(self.unknown_keys.most_common(5)),
                 "shortest_dropped": counts.shortest_dropped,
@@ -612,9 +557,7 @@ def drop_counts(manifest: dict[str, Any]) -> dict[str, Any]:
 def check_drops(manifest: dict[str, Any], threshold: float | None) -> None:
     """Raise `DroppedTooMuch` (after the run: its directory and rejects are written) for a prepared directory that
     holds no training record, or whose run dropped more than `threshold` of its input."""
-    names = manifest.get("inputs") or []
-    what = ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
-    line = verdict(drop_counts(manifest), threshold, what or "the input", noun="training records")
+    line = verdict(drop_counts(manifest), threshold, manifest.get("inputs") or [], noun="training records")
     if line is not None:
         raise DroppedTooMuch(line, drop_counts(manifest), manifest)
 
@@ -637,16 +580,14 @@ def _shard_set(shard_dirs: Sequence[str | os.PathLike], fingerprint: str | None)
         found[manifest["shard"]] = (Path(d), manifest)
     first = found[min(found)][1]
     for path, manifest in found.values():
-        if manifest["fingerprint"] != first["fingerprint"] or manifest["of"] != first["of"] \
-                or manifest["chunks"] != first["chunks"]:
+        if any(manifest[key] != first[key] for key in ("fingerprint", "of", "chunks")):
             raise UsageError(f"{path}: another run's shard (its inputs, tokenizer or settings differ from "
                              f"{found[min(found)][0]}'s)")
     if fingerprint is not None and first["fingerprint"] != fingerprint:
         raise UsageError(f"{found[min(found)][0]}: prepared from other inputs, tokenizer or settings than these "
                          f"(fingerprint {first['fingerprint']}, here {fingerprint}); merge with the arguments the "
                          "shards were prepared with")
-    missing = sorted(set(range(first["of"])) - set(found))
-    if missing:
+    if missing := sorted(set(range(first["of"])) - set(found)):
         raise UsageError(f"shard(s) {', '.join(map(str, missing))} of {first['of']} missing")
     return [found[i][0] for i in range(first["of"])], first["chunks"]
 
@@ -666,8 +607,7 @@ def load_prepared(path: str | os.PathLike, tokenizer=None, settings: DataSetting
 
 
 def train_identity(inputs, settings: DataSettings) -> dict[str, Any]:
-    """The identity of the training sources in the cache fingerprint: their files (and, for a mixture, every
-    entry as given with the rows it takes)."""
+    """The training sources' identity in the cache fingerprint (a mixture's: its entries, the rows taken)."""
     if isinstance(inputs, Mixture):
         return {"train": source_identity(inputs.sources), "mixture": inputs.identity()}
     return {"train": source_identity(data_sources(inputs, settings.split))}
@@ -691,8 +631,6 @@ def _use_prepared(path: str, tokenizer, settings: DataSettings, eval_inputs) -> 
     if settings.eval_split_size > 0 and not eval_inputs:
         if prepared.eval is not None:
             raise UsageError(f"{path} already holds an eval split; drop eval_split_size")
-        from beam_sft.template.tokenizer import stop_token_ids
-
         n_eval = _split_sizes(len(prepared.train), settings.eval_split_size)
         # Indices in memory: identical on every rank (same seed) and no cache file races on shared storage.
         parts = prepared.train.train_test_split(test_size=n_eval, seed=settings.seed, keep_in_memory=True)
@@ -706,11 +644,8 @@ def _use_prepared(path: str, tokenizer, settings: DataSettings, eval_inputs) -> 
     return prepared
 
 
-def _log_drops(manifest: dict[str, Any] | None, path: str | os.PathLike) -> None:
-    """The input's reasoning coverage, and the drops by reason with what keeps them (`beam_sft.dataset.drops`), in
-    the training log."""
-    if not manifest:
-        return
+def _log_drops(manifest: dict[str, Any], path: str | os.PathLike) -> None:
+    """The input's reasoning coverage and the drops by reason (`drops.drop_lines`), in the training log."""
     if reasoning := (manifest.get("counts") or {}).get("reasoning"):
         logger.info("data: reasoning coverage %s", input_coverage(reasoning))
     lines = drop_lines(drop_counts(manifest), rejects=str(Path(path) / REJECTS))
@@ -746,14 +681,10 @@ def _main_process_first(state, build_if_missing) -> None:
 def prepare_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings, *,
                  eval_inputs: Sequence[str] | None = None, cache_dir: str | os.PathLike | None = None,
                  options: PhaseOptions | None = None) -> Prepared:
-    """The data phase of a training job: raw data -> tokenized, memory-mapped datasets + counts, once per job.
-    `inputs` is raw data (converted and tokenized here, cached under a fingerprint in `cache_dir`) or one
-    prepared directory (checked against `tokenizer` and `settings`, then loaded as is; a positive
-    `settings.eval_split_size` then holds out a seeded share of its rows). In a distributed job the main
-    process builds the cache first; the other ranks load it (on other nodes too when `cache_dir` is shared;
-    otherwise each node's local main process builds it once). `options.output_dir` gets
-    `data_phase.rank<N>.json`; `options.num_proc` and `options.progress` are the build's.
-    """
+    """The data phase of a training job, once per job (`_main_process_first`): `inputs` is raw data (converted
+    and tokenized here, cached under a fingerprint in `cache_dir`) or one prepared directory (checked against
+    `tokenizer` and `settings`, then loaded as is; a positive `settings.eval_split_size` then holds out a
+    seeded share of its rows). `options.output_dir` gets `data_phase.rank<N>.json`."""
     from accelerate import PartialState
 
     if isinstance(inputs, str):

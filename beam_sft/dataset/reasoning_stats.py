@@ -1,11 +1,6 @@
-"""How many assistant turns of converted records have no reasoning, and how many are masked (weight 0).
-
-Counted on the validated record dicts (a validated assistant message always has a `reasoning_content` string,
-and only assistant messages carry a `weight`), a few dict lookups per message. The records rejected for want of
-reasoning (`REASONING_REJECTS`) are counted too, converted again as `keep` would (`REJECTED_KEYS`): the
-coverage a run reports is the input's, not only the kept records' (a run that rejects a third of its records
-as nothing_to_train must not say 100%).
-"""
+"""How many assistant turns of converted records have no reasoning, and how many are masked (weight 0),
+counted on the validated record dicts: a validated assistant message always has a `reasoning_content` string,
+and only assistant messages carry a `weight` (docs/prepare.md#what-was-dropped)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,25 @@
-"""What decides a prepared dataset, and how a prepared directory says what made it.
-
-`DataSettings`, the tokenizer and template hashes, `source_identity`, the cache `fingerprint` of all of these,
-and the manifest (`beam_sft_manifest.json`): read, and checked against a run before it trains.
-"""
+"""What decides a prepared dataset (settings, sources, tokenizer: its fingerprint), and its manifest."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
+import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from beam_sft.dataset.examples import TRUNCATION_POLICIES
 from beam_sft.errors import FatalError, UsageError
 from beam_sft.records.files import REJECTS  # noqa: F401  (the prepared dir's rejects file)
 from beam_sft.storage import files_digest, short_hash
-from beam_sft.template.tokenizer import template_hash, vocab_hash
+from beam_sft.template.tokenizer import DEFAULT_TOKENIZER_DIR, template_hash, vocab_hash
+from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES
 from beam_sft.validate.convert import INPUT_FORMATS
+from beam_sft.validate.rules import MISSING_REASONING_CHOICES
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +49,6 @@ class DataSettings:
     max_reject_share: float = 0.5  # beam_sft.dataset.drops: a run dropping more fails; not in the fingerprint
 
     def check(self) -> None:
-        from beam_sft.dataset.examples import TRUNCATION_POLICIES
-        from beam_sft.validate.calls import TOOL_CALL_CHECKS_CHOICES
-        from beam_sft.validate.rules import MISSING_REASONING_CHOICES
-
         for what, value, choices in (("missing_reasoning", self.missing_reasoning, MISSING_REASONING_CHOICES),
                                      ("tool_call_checks", self.tool_call_checks, TOOL_CALL_CHECKS_CHOICES),
                                      ("format", self.format, INPUT_FORMATS),
@@ -90,10 +88,9 @@ HASH_BUDGET_BYTES = 64 << 20
 
 
 def source_identity(sources) -> list[dict[str, Any]]:
-    """What identifies the data without reading much of it: every local file's path, size, mtime_ns and (small
-    files) a hash of its bytes; a hub dataset's id, options and commit (`hub_commit`)."""
+    """What identifies the data without reading much of it (docs/prepare.md, The cache key)."""
     out = []
-    budget = [HASH_BUDGET_BYTES]
+    budget = HASH_BUDGET_BYTES
     for src in sources:
         options = {k: v for k, v in (("config", src.config), ("revision", src.revision), ("data_dir", src.data_dir),
                                      ("data_files", src.data_files), ("columns", src.columns)) if v is not None}
@@ -101,32 +98,21 @@ def source_identity(sources) -> list[dict[str, Any]]:
             out.append({"hub": src.name, "split": src.split, **options, **hub_commit(src)})
             continue
         path = Path(src.name)
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        files = []
+        for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+            st, name = file.stat(), file.relative_to(path) if path.is_dir() else file.name
+            files.append([str(name), st.st_size, st.st_mtime_ns])
+            if st.st_size <= HASH_FILE_BYTES and st.st_size <= budget:
+                budget -= st.st_size
+                files[-1].append(hashlib.blake2b(file.read_bytes(), digest_size=16).hexdigest())
         out.append({"path": str(path.resolve()), "split": src.split if src.kind in ("disk", "hub") else None,
-                    **options, "files": [_file_identity(f, f.relative_to(path) if path.is_dir() else f.name, budget)
-                                         for f in files]})
+                    **options, "files": files})
     return out
 
 
-def _file_identity(path: Path, name, budget: list[int]) -> list:
-    import hashlib
-
-    st = path.stat()
-    entry = [str(name), st.st_size, st.st_mtime_ns]
-    if st.st_size <= HASH_FILE_BYTES and st.st_size <= budget[0]:
-        budget[0] -= st.st_size
-        entry.append(hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest())
-    return entry
-
-
 def hub_commit(src) -> dict[str, Any]:
-    """The commit a hub dataset is read at, established as `datasets.load_dataset` will establish it: the
-    revision when it is a full sha; offline (HF_HUB_OFFLINE), the newest copy in the `datasets` cache, which
-    is what an offline load reads; online, the hub's answer for the revision. When none of these answers, it
-    is said in the log and the identity gets a fresh nonce: the data is prepared again, never guessed stale."""
-    import re
-    import secrets
-
+    """The commit a hub dataset is read at, established as `datasets.load_dataset` will establish it (offline:
+    the newest copy in its cache); else a fresh nonce: the data is prepared again, never guessed stale."""
     if src.revision and re.fullmatch(r"[0-9a-f]{40}", src.revision):
         return {"commit": src.revision}
     import datasets
@@ -151,14 +137,8 @@ def hub_commit(src) -> dict[str, Any]:
 def tokenizer_files_hash(path: str | os.PathLike | None) -> str | None:
     """A hash of a local tokenizer directory's files, or None (a hub id): lets `beam-sft prepare` see that a
     prepared directory is up to date without loading the tokenizer."""
-    if path is None:
-        from beam_sft.template.tokenizer import DEFAULT_TOKENIZER_DIR
-
-        path = DEFAULT_TOKENIZER_DIR
-    directory = Path(path)
-    if not directory.is_dir():
-        return None
-    return files_digest(directory)[:16]
+    directory = Path(DEFAULT_TOKENIZER_DIR if path is None else path)
+    return files_digest(directory)[:16] if directory.is_dir() else None
 
 
 def run_fields(tokenizer, settings: DataSettings) -> dict[str, Any]:

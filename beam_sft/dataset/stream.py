@@ -6,15 +6,18 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 import orjson
 
 from beam_sft.dataset.drops import drop_lines, format_keys
+from beam_sft.dataset.mixture import Mixture
 from beam_sft.dataset.pipeline import (
     BATCH_ROWS,
     RAW_COLUMNS,
     Job,
+    arrow_schema,
     convert_batch,
     label_batch,
     raw_row,
@@ -22,7 +25,7 @@ from beam_sft.dataset.pipeline import (
 )
 from beam_sft.dataset.settings import DataSettings, PhaseOptions
 from beam_sft.errors import UsageError
-from beam_sft.records.files import data_sources
+from beam_sft.records.files import data_sources, iter_items
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +37,6 @@ def _stream_rows(shard: list[int], sources: tuple, n_shards: int, limit: int | N
     """Raw rows of the given shards: shard s holds input records s, s + n_shards, s + 2 n_shards, ... (of a
     mixture: of its seeded sequence, the same on every rank); between two markers for the drop report (`src`
     -1 - shard[0]; `pos` -1 first, then the number of rows)."""
-    from itertools import islice
-
-    from beam_sft.records.files import iter_items
-
     index = {name: i for i, name in enumerate(names)}
     wanted = set(shard)
     marker = {"src": -1 - shard[0], "pos": -1, "by_line": False, "payload": None, "error": None}
@@ -70,11 +69,9 @@ def _tokenized(batch: dict[str, list], job: Job, names: list[str]) -> dict[str, 
 
 
 class StreamDrops:
-    """The filters of a streamed dataset, with its drop accounting. Rejects go to a per-rank file (the rank
-    read when a batch arrives, so the same object serves every rank and its data workers) and to the log; the
-    drops are said as `beam-sft prepare` says them once every row of the shards this process began has passed
-    (after each shard it reads: the counts so far). The first pass only: a stream is read again every epoch.
-    Each rank (and data worker) counts its own shards: there is no total over ranks."""
+    """The filters of a streamed dataset, with its drop accounting (docs/prepare.md#what-was-dropped,
+    Streaming). Rejects go to a per-rank file (the rank read when a batch arrives, so the same object serves
+    every rank and its data workers) and to the log."""
 
     def __init__(self, directory: str | None) -> None:
         self.directory = directory
@@ -144,13 +141,10 @@ class StreamDrops:
 
 def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataSettings,
                          options: PhaseOptions | None = None):
-    """Raw data -> a `datasets.IterableDataset` of `input_ids` + `labels`, converted and tokenized on the fly;
-    nothing written but rejects (`StreamDrops`). Its `world_size * shards_per_rank` shards (`options`) each
-    hold every n-th record, so a split by node gives each rank its own records before they are parsed.
-    `inputs` may be a mixture resolved with `count=False`. See docs/training.md (Streaming)."""
+    """Raw data (or a mixture resolved with `count=False`) -> a `datasets.IterableDataset` of `input_ids` +
+    `labels`, converted and tokenized on the fly (docs/training.md, Streaming). Its `world_size *
+    shards_per_rank` shards each hold every n-th record: a split by node gives each rank its own records."""
     from datasets import Features, IterableDataset, List, Value
-
-    from beam_sft.dataset.mixture import Mixture
 
     if isinstance(inputs, str):
         inputs = [inputs]
@@ -166,10 +160,8 @@ def stream_training_data(inputs: Sequence[str] | str, tokenizer, settings: DataS
     fmt = mixture.formats(settings.format) if mixture else settings.format
     policy = mixture.policies(settings.missing_reasoning) if mixture else settings.missing_reasoning
     n_shards = max(1, options.world_size) * max(1, options.shards_per_rank)
-    raw_features = Features({"src": Value("int32"), "pos": Value("int64"), "by_line": Value("bool"),
-                             "payload": Value("large_binary"), "error": Value("string")})
     raw = IterableDataset.from_generator(
-        _stream_rows, features=raw_features,
+        _stream_rows, features=Features.from_arrow_schema(arrow_schema(*RAW_COLUMNS)),
         gen_kwargs={"shard": list(range(n_shards)), "sources": tuple(sources), "n_shards": n_shards,
                     "limit": settings.max_records, "names": names, "mixture": mixture},
     )

@@ -48,8 +48,7 @@ def stop_ids(tokenizer) -> dict[int, str]:
 def eos_stops(tokenizer) -> dict[int, str]:
     """{token id: token} of the EOS (one id or a list) of a model that does not speak Beam."""
     ids = tokenizer.eos_token_id
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
-    if not ids:
+    if not (ids := [ids] if isinstance(ids, int) else list(ids or [])):
         raise UsageError("the tokenizer has no EOS token: generation could not stop")
     return {i: tokenizer.convert_ids_to_tokens(i) for i in ids}
 
@@ -90,8 +89,7 @@ class TransformersBackend:
         tok.padding_side = "left"  # new tokens must follow each prompt directly
         # MoE models trained with the router loss keep output_router_logits on in their config; generation
         # needs no router loss, and transformers' aux-loss code fails on left-padded batches with a cache.
-        router_logits = getattr(model.config, "output_router_logits", None)
-        if router_logits:
+        if router_logits := getattr(model.config, "output_router_logits", None):
             model.config.output_router_logits = False
         out: list[Generation] = []
         try:
@@ -155,22 +153,20 @@ class VLLMBackend:
             raise UsageError("--backend vllm needs a CUDA GPU; use --backend transformers on CPU")
         self.tokenizer = tokenizer
         self.stops = stop_ids(tokenizer) if stops is None else stops
-        lora_rank = {}
+        lora_rank, self.lora = {}, None
         if adapter is not None:
+            from vllm.lora.request import LoRARequest
+
             config = Path(adapter) / "adapter_config.json"
             # vLLM refuses adapters above max_lora_rank (16 by default); configs/beam_lora.yaml uses r=32.
             rank = json.loads(config.read_text()).get("r", 16) if config.is_file() else 16
             lora_rank = {"max_lora_rank": max(16, int(rank))}
+            self.lora = LoRARequest("beam-eval-adapter", 1, adapter)
         self.llm = LLM(model=model, tokenizer=tokenizer_path or model, enable_lora=adapter is not None,
                        seed=0, **lora_rank)
         # detokenize=False: decoded here, by the HF tokenizer, like the transformers backend
         self.params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=list(self.stops),
                                      skip_special_tokens=False, detokenize=False)
-        self.lora = None
-        if adapter is not None:
-            from vllm.lora.request import LoRARequest
-
-            self.lora = LoRARequest("beam-eval-adapter", 1, adapter)
 
     def generate(self, prompts: Sequence[str]) -> list[Generation]:
         from vllm.inputs import TokensPrompt

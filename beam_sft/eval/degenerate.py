@@ -34,8 +34,7 @@ def repeated_ngram_share(text: str, n: int = NGRAM) -> float:
 
 def compression_ratio(text: str) -> float:
     """zlib-compressed size over raw size (lower: more repetitive); 1 for texts too short to say."""
-    raw = text.encode()
-    if len(raw) < MIN_COMPRESS_CHARS:
+    if len(raw := text.encode()) < MIN_COMPRESS_CHARS:
         return 1.0
     return len(zlib.compress(raw, 9)) / len(raw)
 

@@ -62,22 +62,19 @@ def is_well_formed(parsed: dict[str, Any] | None, stopped: bool, tool_names: set
         return False, "no stop token before max_new_tokens"
     if not parsed:
         return False, "nothing parsed"
-    shape = structure_error(text)
-    if shape:
+    if shape := structure_error(text):
         return False, shape
-    thinking = reasoning_of(parsed)
-    if not thinking:
+    if not (thinking := reasoning_of(parsed)):
         return False, "no thinking"
     content = parsed.get("content")
     calls = parsed.get("tool_calls") or []
-    if calls:
-        for call in calls:
-            function = call.get("function") or {}
-            if not function.get("name") or not isinstance(function.get("arguments"), dict):
-                return False, "malformed tool call"
-            if tool_names is not None and function["name"] not in tool_names:
-                return False, f"unknown tool {function['name']!r}"
-    elif not isinstance(content, str) or not content.strip():
+    for call in calls:
+        function = call.get("function") or {}
+        if not function.get("name") or not isinstance(function.get("arguments"), dict):
+            return False, "malformed tool call"
+        if tool_names is not None and function["name"] not in tool_names:
+            return False, f"unknown tool {function['name']!r}"
+    if not calls and (not isinstance(content, str) or not content.strip()):
         return False, "neither content nor tool_calls"
     if _has_marker(thinking) or _has_marker(content if isinstance(content, str) else ""):
         return False, "Harmony marker inside a text field"
@@ -100,12 +97,9 @@ def has_marker_leak(parsed: dict[str, Any] | None) -> bool:
 
 def _calls(message: dict[str, Any] | None) -> list[tuple[Any, Any]]:
     """[(name, arguments)] of a message's tool calls."""
-    out = []
-    for call in (message or {}).get("tool_calls") or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        function = function if isinstance(function, dict) else {}
-        out.append((function.get("name"), function.get("arguments")))
-    return out
+    functions = [call.get("function") if isinstance(call, dict) else None
+                 for call in (message or {}).get("tool_calls") or []]
+    return [(f.get("name"), f.get("arguments")) if isinstance(f, dict) else (None, None) for f in functions]
 
 
 def same_json(a: Any, b: Any) -> bool:
@@ -142,8 +136,7 @@ def schema_errors(value: Any, schema: Any, path: str = "arguments") -> list[str]
     if not isinstance(schema, dict) or not schema:
         return []
     errors: list[str] = []
-    kinds = schema.get("type")
-    if kinds is not None:
+    if (kinds := schema.get("type")) is not None:
         kinds = [kinds] if isinstance(kinds, str) else list(kinds)
         if not any(_TYPES.get(k, lambda v: True)(value) for k in kinds):
             return [f"{path}: expected {'/'.join(map(str, kinds))}, got {type(value).__name__} {value!r:.60}"]
@@ -171,8 +164,7 @@ def schema_errors(value: Any, schema: Any, path: str = "arguments") -> list[str]
             elif isinstance(extra, dict):
                 errors += schema_errors(item, extra, f"{path}.{key}")
     elif isinstance(value, list):
-        items = schema.get("items")
-        if isinstance(items, dict):
+        if isinstance(items := schema.get("items"), dict):
             for k, item in enumerate(value):
                 errors += schema_errors(item, items, f"{path}[{k}]")
         if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", math.inf):
@@ -195,20 +187,6 @@ def tool_schemas(tools: Sequence[dict] | None) -> dict[str, dict]:
     return out
 
 
-def call_errors(parsed: dict[str, Any] | None, tools: Sequence[dict] | None) -> list[str]:
-    """Why the parsed tool calls are not valid calls of the record's tools (empty when all are)."""
-    schemas = tool_schemas(tools)
-    errors = []
-    for name, arguments in _calls(parsed):
-        if name not in schemas:
-            errors.append(f"unknown tool {name!r}")
-        elif not isinstance(arguments, dict):
-            errors.append(f"{name}: arguments are not an object")
-        else:
-            errors += [f"{name}: {e}" for e in schema_errors(arguments, schemas[name])]
-    return errors
-
-
 def reasoning_of(parsed: dict[str, Any] | None) -> str:
     """The parsed `thinking` when it says anything (not empty, not whitespace), else ""."""
     thinking = (parsed or {}).get("thinking")
@@ -221,8 +199,7 @@ ANALYSIS_OPEN = "<|channel|>analysis<|message|>"
 
 def empty_analysis(text: str) -> bool:
     """Whether the first analysis message of a generated turn is empty (or whitespace only)."""
-    start = text.find(ANALYSIS_OPEN)
-    if start < 0:
+    if (start := text.find(ANALYSIS_OPEN)) < 0:
         return False
     return not re.split(r"<\|(?:end|start|call|return)\|>", text[start + len(ANALYSIS_OPEN):], maxsplit=1)[0].strip()
 
@@ -244,8 +221,7 @@ def analysis_tokens(tokenizer, parsed: dict[str, Any] | None) -> int:
 
 def degenerate_reasoning(parsed: dict[str, Any] | None, stop: str | None) -> bool | None:
     """The analysis loops (`beam_sft.eval.degenerate`), or was cut by the bound; None without reasoning."""
-    thinking = reasoning_of(parsed)
-    if not thinking:
+    if not (thinking := reasoning_of(parsed)):
         return None
     cut_inside = stop is None and not (parsed or {}).get("content") and not (parsed or {}).get("tool_calls")
     return degenerate(thinking, stopped=False if cut_inside else None) is not None
@@ -271,8 +247,12 @@ def score_turn(reference: dict[str, Any], parsed: dict[str, Any] | None, stop: s
     else:
         ref_content = _normalise(reference.get("content"))
         metrics["answer_exact"] = ref_content is not None and _normalise((parsed or {}).get("content")) == ref_content
-    if gen_calls:
-        metrics["tool_args_valid"] = not call_errors(parsed, tools)
+    if gen_calls:  # every call names one of the record's tools, with arguments its schema accepts
+        schemas = tool_schemas(tools)
+        metrics["tool_args_valid"] = all(
+            name in schemas and isinstance(arguments, dict) and not schema_errors(arguments, schemas[name])
+            for name, arguments in gen_calls
+        )
     return metrics, reason
 
 

@@ -24,8 +24,7 @@ def request_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     `reasoning`), arguments as JSON strings, call ids made up where missing (docs/serving.md)."""
     out, pending = [], []
     for k, message in enumerate(messages):
-        role = message.get("role")
-        if role == "assistant":
+        if (role := message.get("role")) == "assistant":
             reasoning = message.get("reasoning_content") or message.get("thinking") or message.get("reasoning")
             msg: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
             if reasoning:
@@ -132,12 +131,6 @@ class OpenAIBackend:
             kwargs["extra_body"] = extra
         return kwargs
 
-    def _stop(self, choice) -> str | None:
-        stop_reason = _field(choice, "stop_reason")
-        if isinstance(stop_reason, int) and stop_reason in self.stops:
-            return self.stops[stop_reason]
-        return {"tool_calls": CALL, "stop": RETURN}.get(choice.finish_reason)
-
     def _one(self, turn) -> Generation:
         import openai
 
@@ -165,8 +158,10 @@ class OpenAIBackend:
         ids = _field(choice, "token_ids")  # the raw turn, when the server returned its token ids
         raw = self.tokenizer.decode(ids, skip_special_tokens=False) if isinstance(ids, list) and all(
             isinstance(i, int) for i in ids) else None
-        return Generation(text, n_tokens, self._stop(choice), parsed=parsed, finish_reason=choice.finish_reason,
-                          raw=raw)
+        stop = {"tool_calls": CALL, "stop": RETURN}.get(choice.finish_reason)
+        if isinstance(stop_reason := _field(choice, "stop_reason"), int) and stop_reason in self.stops:
+            stop = self.stops[stop_reason]
+        return Generation(text, n_tokens, stop, parsed=parsed, finish_reason=choice.finish_reason, raw=raw)
 
 
 def backend_from_args(args, tokenizer, stops: dict[int, str] | None = None) -> OpenAIBackend:

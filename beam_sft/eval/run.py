@@ -10,7 +10,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from beam_sft.errors import RecordError, UsageError
+from beam_sft.errors import RecordError, UsageError, reject_entry
 from beam_sft.eval.backends import Generation, TransformersBackend, generate_sorted
 from beam_sft.eval.metrics import (
     METRICS,
@@ -82,7 +82,7 @@ def evaluate(backend, tokenizer, records: Iterable[tuple[dict | None, dict | Non
             try:
                 turns = record_turns(tokenizer, record, result.records, fmt, opts.turns) if reject is None else []
             except RecordError as err:
-                reject = err.to_dict()
+                reject = reject_entry(err, err.source, err.line, err.by_line)
             if reject is None:
                 result.count_record(fmt, effort_label(record))
                 yield turns
@@ -115,8 +115,7 @@ def resolve_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
     config = Path(model) / "adapter_config.json"
     if adapter is not None or not config.is_file() or (Path(model) / "config.json").is_file():
         return model, adapter
-    base = json.loads(config.read_text()).get("base_model_name_or_path")
-    if not base:
+    if not (base := json.loads(config.read_text()).get("base_model_name_or_path")):
         raise UsageError(f"{model} holds a LoRA adapter whose adapter_config.json names no base model; pass the "
                          "base model as MODEL and this directory as --adapter")
     return base, model

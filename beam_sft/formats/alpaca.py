@@ -1,7 +1,5 @@
-"""Alpaca-style instruction rows (``{"instruction", "input", "output", "system"?, "history"?}``, as Stanford Alpaca,
-LLaMA-Factory's ``alpaca`` formatting and many instruction sets write them) → Beam records: the instruction and its
-input (joined with a newline, LLaMA-Factory's rule) are the user turn, the output the assistant's, earlier
-``history`` pairs the turns before. See docs/formats.md#alpaca-and-trl-promptcompletion-records."""
+"""Alpaca-style instruction rows (``{"instruction", "input", "output", "system"?, "history"?}``) → Beam
+records; the mapping: docs/formats.md#alpaca-and-trl-promptcompletion-records."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ def convert(rec: Any) -> BeamRecord:
     instruction = _text(rec, "instruction", required=True)
     if "output" not in rec:
         _text(rec, "output", required=True)
-    output = rec["output"]
-    if type(output) is list:  # LLaMA-Factory's ranking rows: [chosen, rejected]
+    if type(rec["output"]) is list:  # LLaMA-Factory's ranking rows: [chosen, rejected]
         raise RecordError(Reason.UNKNOWN_FORMAT, "'output' is a list (a preference pair: chosen, rejected), not "
                           "one answer")
     prompt = "\n".join(t for t in (instruction, _text(rec, "input")) if t)

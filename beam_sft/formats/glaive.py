@@ -15,6 +15,7 @@ from beam_sft.records.types import BeamRecord, Message, ToolCall, wrong_type
 
 _ROLE = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
 _EOT = "<|endoftext|>"
+_SPACE = re.compile(r"\s*")
 _PLAIN_ROLES = {"USER": "user", "SYSTEM": "system", "FUNCTION RESPONSE": "tool"}  # turns kept as text
 # glaive's '<json>' arguments, when an apostrophe inside breaks the Python literal: docs/formats.md.
 _CALL_FALLBACK = re.compile(r"""^\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*'(.*)'\s*\}$""", re.DOTALL)
@@ -28,11 +29,7 @@ def _functions(system: str) -> tuple[list, str]:
     text, tail = system[:start], system[start:]
     decoder = json.JSONDecoder()
     funcs, pos = [], 0
-    while True:
-        while pos < len(tail) and tail[pos].isspace():
-            pos += 1
-        if pos >= len(tail):
-            break
+    while (pos := _SPACE.match(tail, pos).end()) < len(tail):
         if tail[pos] != "{":
             raise RecordError(Reason.BAD_TOOL_SCHEMA, f"text after the functions in the system prompt: "
                               f"{tail[pos:pos + 60]!r}")
@@ -74,16 +71,13 @@ def convert(rec: Any) -> BeamRecord:
         raise RecordError(Reason.BAD_CONTENT, f"text before the first role marker: {parts[0][:60]!r}")
     for k in range(1, len(parts), 2):
         role, text = parts[k], parts[k + 1].strip()
-        i = k // 2
         if role in _PLAIN_ROLES:
             messages.append({"role": _PLAIN_ROLES[role], "content": text})
+        elif (at := text.find("<functioncall>")) < 0:
+            messages.append({"role": "assistant", "reasoning_content": "", "content": text})
         else:
-            at = text.find("<functioncall>")
-            if at < 0:
-                messages.append({"role": "assistant", "reasoning_content": "", "content": text})
-            else:
-                messages.append({"role": "assistant", "reasoning_content": text[:at].strip(), "content": "",
-                                 "tool_calls": [_call(text[at + len("<functioncall>"):], i)]})
+            messages.append({"role": "assistant", "reasoning_content": text[:at].strip(), "content": "",
+                             "tool_calls": [_call(text[at + len("<functioncall>"):], k // 2)]})
     beam = record(messages, normalize_tools(funcs) if funcs else None)
     if instructions:  # message indexes in errors count the turns of `chat`
         beam["_src"] = [None, *range(len(messages) - 1)]

@@ -29,8 +29,7 @@ PYTHON_TOOL_PARAMETERS = {"type": "object", "properties": {"code": {"type": "str
 
 @dataclass(slots=True)
 class HMsg:
-    """One Harmony message. `terminator` is None when the text ended before one (a cut-off message); `parts`
-    are the system/developer content parts of openai-harmony JSON."""
+    """One Harmony message; `terminator` None: cut off; `parts`: openai-harmony system/developer content."""
 
     index: int
     author: str
@@ -60,8 +59,7 @@ def _parse_header(header: str, k: int) -> tuple[str, str | None, str | None]:
         raise RecordError(Reason.BAD_HARMONY, "message without an author", message_index=k)
     if has_channel and not cwords:
         raise RecordError(Reason.BAD_HARMONY, "empty channel name", message_index=k)
-    recipients = [w[3:] for w in words[1:] if w.startswith("to=")]
-    recipient = recipients[-1] if recipients else None
+    recipient = next((w[3:] for w in reversed(words[1:]) if w.startswith("to=")), None)
     extra = [w for w in words[1:] if not w.startswith("to=")]
     for w in cwords[1:]:  # "<|channel|>commentary to=functions.X"
         if not w.startswith("to="):
@@ -89,16 +87,15 @@ def parse_text(text: str) -> list[HMsg]:
         if "<|start|>" not in text and "<|channel|>" not in text:
             raise RecordError(Reason.BAD_HARMONY, "no Harmony messages in the text")
         raise RecordError(Reason.BAD_HARMONY, f"text before the first <|start|>: {head[:40]!r}")
-    segments = text.split("<|start|>")
+    segments = text.split("<|start|>")[1:]
     out: list[HMsg] = []
     last = len(segments) - 1
-    for k, seg in enumerate(segments[1:], start=1):
-        idx = k - 1
+    for idx, seg in enumerate(segments):
         header, sep, rest = seg.partition("<|message|>")
         if not sep:
-            if k == last and header.strip() == "assistant":
+            if idx == last and header.strip() == "assistant":
                 break  # generation prompt
-            if k == last:
+            if idx == last:
                 raise RecordError(Reason.TRUNCATED_MESSAGE, f"text ends inside the header {header.strip()!r}",
                                   message_index=idx)
             raise RecordError(Reason.BAD_HARMONY, f"message header {header.strip()[:40]!r} has no <|message|>",
@@ -106,7 +103,7 @@ def parse_text(text: str) -> list[HMsg]:
         author, recipient, channel = _parse_header(header, idx)
         if (m := _TERM_RE.search(rest)) is None:
             body, term, tail = rest, None, ""
-            if k != last:
+            if idx != last:
                 raise RecordError(Reason.TRUNCATED_MESSAGE, "message has no terminator before the next <|start|>",
                                   message_index=idx)
         else:
@@ -134,8 +131,7 @@ def parse_json_messages(msgs: list) -> list[HMsg]:
             value = m.get(key)
             if value is not None and type(value) is not str:
                 raise wrong_type(Reason.BAD_HARMONY, key, value, "a string", k)
-        content = m.get("content")
-        if isinstance(content, str):
+        if isinstance(content := m.get("content"), str):
             content = [{"type": "text", "text": content}]
         if not isinstance(content, list):
             raise RecordError(Reason.BAD_CONTENT, "content is not a list of parts", message_index=k)
@@ -239,8 +235,7 @@ def _system(m: HMsg, kwargs: dict, tools: list[ToolSpec]) -> None:
         return
     for heading, text in _sections(m.body):
         if heading is None:
-            lines = [ln for ln in text.split("\n") if ln.strip()]
-            rest = [ln for ln in lines if not _SYSTEM_BOILERPLATE.match(ln)]
+            rest = [ln for ln in text.split("\n") if ln.strip() and not _SYSTEM_BOILERPLATE.match(ln)]
             if rest and rest[0] != DEFAULT_IDENTITY:
                 kwargs["model_identity"] = "\n".join(rest)
             elif len(rest) > 1:
@@ -284,9 +279,7 @@ def _developer(m: HMsg, tools: list[ToolSpec]) -> str:
         lines = lines[:start] + lines[end:]
     text = "\n".join(lines).strip("\n")
     heading, _, rest = text.partition("\n")
-    if heading.startswith("# ") and heading[2:].strip() == "Instructions":
-        text = rest.strip("\n")
-    return text
+    return rest.strip("\n") if heading.startswith("# ") and heading[2:].strip() == "Instructions" else text
 
 
 def _call(m: HMsg, recipient: str) -> ToolCall:
@@ -297,10 +290,8 @@ def _call(m: HMsg, recipient: str) -> ToolCall:
     if m.terminator == "<|return|>":
         raise RecordError(Reason.BAD_HARMONY, f"call to {recipient} ends with <|return|>", message_index=k)
     name = recipient.removeprefix("functions.")
-    if name == "python" or name.startswith("python."):
-        args = {"code": m.body}
-    else:
-        args = parse_arguments(m.body.strip(), message_index=k, name=name)
+    python = name == "python" or name.startswith("python.")
+    args = {"code": m.body} if python else parse_arguments(m.body.strip(), message_index=k, name=name)
     return {"type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -338,8 +329,7 @@ def assemble(hmsgs: list[HMsg]) -> BeamRecord:
             add({"role": "user", "content": m.body})
             continue
         if author == "assistant":
-            recipient = m.recipient
-            if recipient and recipient != "assistant" and recipient != "user":
+            if (recipient := m.recipient) and recipient not in ("assistant", "user"):
                 call = _call(m, recipient)
                 if cur is None or cur["content"]:
                     cur = add({"role": "assistant", "reasoning_content": "", "content": ""})
@@ -380,11 +370,9 @@ def convert(rec: Any) -> BeamRecord:
         return assemble(parse_text(rec))
     if not isinstance(rec, dict):
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
-    text = rec.get("text")
-    if isinstance(text, str):
+    if isinstance(text := rec.get("text"), str):
         return assemble(parse_text(text))
-    msgs = rec.get("messages")
-    if isinstance(msgs, str):
+    if isinstance(msgs := rec.get("messages"), str):
         try:
             msgs = orjson.loads(msgs)
         except orjson.JSONDecodeError:

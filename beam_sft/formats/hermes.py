@@ -10,11 +10,9 @@ from beam_sft.records.types import BeamRecord
 
 
 def is_sharegpt(rec: dict) -> bool:
-    if "conversations" in rec:
-        return True
     msgs = rec.get("messages")
-    return type(msgs) is list and bool(msgs) and type(msgs[0]) is dict and "from" in msgs[0] \
-        and "role" not in msgs[0]
+    return "conversations" in rec or (type(msgs) is list and bool(msgs) and type(msgs[0]) is dict
+                                      and "from" in msgs[0] and "role" not in msgs[0])
 
 
 def convert(rec: Any) -> BeamRecord:

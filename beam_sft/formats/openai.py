@@ -28,18 +28,24 @@ _V1_ASSISTANT_PARTS = ("reasoning", "tool_call", "tool_calls")
 _SPECIAL_KEYS = frozenset(("chosen", "rejected", "chosen_messages", "rejected_messages", "label", *_MEDIA_KEYS))
 
 
-def reject_unsupported_record(rec: dict) -> None:
-    """Record-level shapes no format converts: preference data, undesirable KTO rows, multimodal rows."""
+def record_object(rec: Any, key: str | None = None) -> dict:
+    """The record as an object (a bare list: the messages under `key`); record-level shapes no format converts
+    (preference data, undesirable KTO rows, multimodal rows) raise."""
+    if key is not None and isinstance(rec, list):
+        rec = {key: rec}
+    if not isinstance(rec, dict):
+        raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
     if _SPECIAL_KEYS.isdisjoint(rec):
-        return
+        return rec
     if "chosen" in rec or "rejected" in rec or "chosen_messages" in rec or "rejected_messages" in rec:
         raise RecordError(Reason.UNKNOWN_FORMAT, "preference record (chosen/rejected): not a single conversation")
     if rec.get("label") is False:
         raise RecordError(Reason.UNKNOWN_FORMAT, "KTO record labelled undesirable (label=false): its answer "
                           "must not be trained on")
-    for key in _MEDIA_KEYS:
-        if rec.get(key):
-            raise RecordError(Reason.UNSUPPORTED_CONTENT_PART, f"record has {key}; Beam is text only")
+    for media in _MEDIA_KEYS:
+        if rec.get(media):
+            raise RecordError(Reason.UNSUPPORTED_CONTENT_PART, f"record has {media}; Beam is text only")
+    return rec
 
 
 def record_kwargs(rec: dict) -> dict | None:
@@ -105,11 +111,8 @@ def _split_result_list(text: str, pending: int) -> list[str] | None:
     for item in items:
         if isinstance(item, dict) and "content" in item and ("tool_call_id" in item or "name" in item):
             item = item["content"]
-        if isinstance(item, str):
-            out.append(item)
-            continue
         try:
-            out.append(orjson.dumps(item).decode())
+            out.append(item if isinstance(item, str) else orjson.dumps(item).decode())
         except orjson.JSONEncodeError:
             return None  # too deep to write back as JSON text: keep the message as one result
     return out
@@ -139,10 +142,8 @@ def _assistant_message(m: dict, content: Any, i: int) -> Message:
         if type(fc) is not dict:
             raise RecordError(Reason.BAD_CONTENT, "function_call is not an object", message_index=i)
         calls.append(tool_call(fc.get("name"), fc.get("arguments"), message_index=i))
-    if not calls and text and "function" in text:
-        calls = json_calls(text, i) or calls  # data-genie: the text is a JSON list of OpenAI-style calls
-        if calls:
-            text = ""
+    if not calls and text and "function" in text and (found := json_calls(text, i)):
+        calls, text = found, ""  # data-genie: the text is a JSON list of OpenAI-style calls
     message: Message = {"role": "assistant", "reasoning_content": reasoning or "", "content": text}
     if calls:
         message["tool_calls"] = calls
@@ -180,8 +181,11 @@ def convert_messages(msgs: Any, tools: list[ToolSpec] | None, no_text: list[int]
             if type(content) is not str:
                 if content is None and no_text is not None:
                     no_text.append(i)
-                if role != "user" and _has_part(content, ("tools",)):
-                    tools, content = _v1_tools_part(content, tools)
+                if role != "user" and _has_part(content, ("tools",)):  # LLaMA-Factory v1: tools as a part
+                    for p in content:
+                        if isinstance(p, dict) and p.get("type") == "tools":
+                            tools = (tools or []) + (normalize_tools(p.get("value", p.get("tools"))) or [])
+                    content = [p for p in content if not (isinstance(p, dict) and p.get("type") == "tools")]
                 content = text_of(content, message_index=i)
             append({"role": role, "content": content})
             _keep_weight(m, out[-1])
@@ -211,27 +215,6 @@ def convert_messages(msgs: Any, tools: list[ToolSpec] | None, no_text: list[int]
             raise RecordError(Reason.UNKNOWN_ROLE, f"unknown role {role!r}", message_index=i)
     src = [i for i in range(len(msgs)) for _ in range(1 + splits.get(i, 0))] if splits else None
     return out, tools, src
-
-
-def _v1_tools_part(content: list, tools: list[ToolSpec] | None) -> tuple[list[ToolSpec] | None, list]:
-    parts = []
-    for p in content:
-        if isinstance(p, dict) and p.get("type") == "tools":
-            found = normalize_tools(p.get("value", p.get("tools")))
-            tools = (tools or []) + (found or [])
-        else:
-            parts.append(p)
-    return tools, parts
-
-
-def record_object(rec: Any, key: str | None = None) -> dict:
-    """The record as an object (a bare list: the messages under `key`); shapes no format converts raise."""
-    if key is not None and isinstance(rec, list):
-        rec = {key: rec}
-    if not isinstance(rec, dict):
-        raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
-    reject_unsupported_record(rec)
-    return rec
 
 
 def convert(rec: Any) -> BeamRecord:

@@ -1,8 +1,5 @@
-"""TRL's prompt/completion rows → Beam records. Conversational: ``{"prompt": [messages], "completion":
-[messages], "tools"?}``; plain: ``{"prompt": str, "completion": str}``, read as one user turn and one assistant
-turn. As TRL trains only the completion (``completion_only_loss``), assistant turns of the prompt get weight 0:
-context, not targets. The completion must be the assistant's (its calls' results may follow them).
-See docs/formats.md#alpaca-and-trl-promptcompletion-records."""
+"""TRL's prompt/completion rows (conversational or plain) → Beam records; the prompt's assistant turns get
+weight 0, as TRL trains only the completion (docs/formats.md#alpaca-and-trl-promptcompletion-records)."""
 
 from __future__ import annotations
 

@@ -9,28 +9,12 @@ from beam_sft.errors import Reason, RecordError
 from beam_sft.formats.openai import finish, message_reasoning, record_object
 from beam_sft.formats.toolmarkup import json_calls, result_wrapper
 from beam_sft.records.messages import normalize_tools, openai_tool_calls, split_think, text_of, tool_content
-from beam_sft.records.types import BeamRecord, Message, ToolCall, json_type
+from beam_sft.records.types import BeamRecord, Message, json_type
 
 USER_ROLES = frozenset(("human", "user", "prompter", "usr"))
 ASSISTANT_ROLES = frozenset(("gpt", "assistant", "model", "chatgpt", "bing", "bard", "claude", "bot", "ai"))
 CALL_ROLES = frozenset(("function_call", "tool_call", "tool_calls"))
 RESULT_ROLES = frozenset(("observation", "tool", "function_response", "tool_response", "function", "ipython"))
-
-
-def _turn(m: Any, i: int) -> tuple[str, Any, dict]:
-    if not isinstance(m, dict):
-        raise RecordError(Reason.BAD_CONTENT, f"turn is {json_type(m)}, not an object", message_index=i)
-    role = m.get("from", m.get("role"))
-    value = m["value"] if "value" in m else m.get("content")
-    if not isinstance(role, str):
-        raise RecordError(Reason.UNKNOWN_ROLE, f"turn has no role ({role!r})", message_index=i)
-    return role.lower(), value, m
-
-
-def _calls(value: Any, i: int) -> list[ToolCall]:
-    if not (calls := openai_tool_calls(value, "function_call value", message_index=i)):
-        raise RecordError(Reason.BAD_CONTENT, "function_call turn with no call", message_index=i)
-    return calls
 
 
 def convert(rec: Any) -> BeamRecord:
@@ -49,7 +33,13 @@ def convert(rec: Any) -> BeamRecord:
         out.append({"role": "system", "content": system})
     no_text: list[int] = []  # the turns with neither 'value' nor 'content': rules.py rejects them by policy
     for i, m in enumerate(conv):
-        role, value, m = _turn(m, i)
+        if not isinstance(m, dict):
+            raise RecordError(Reason.BAD_CONTENT, f"turn is {json_type(m)}, not an object", message_index=i)
+        role = m.get("from", m.get("role"))
+        value = m["value"] if "value" in m else m.get("content")
+        if not isinstance(role, str):
+            raise RecordError(Reason.UNKNOWN_ROLE, f"turn has no role ({role!r})", message_index=i)
+        role = role.lower()
         if value is None and role not in CALL_ROLES:
             no_text.append(i)
         if role in USER_ROLES:
@@ -59,8 +49,7 @@ def convert(rec: Any) -> BeamRecord:
             reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
             if reasoning is not None and type(reasoning) is not str:
                 reasoning = message_reasoning(m, i)  # text parts are fine, other types are bad_content
-            calls = json_calls(text, i) if "function" in text else None
-            if calls:  # data-genie: the turn is a JSON list of OpenAI-style calls
+            if "function" in text and (calls := json_calls(text, i)):  # data-genie: a JSON list of calls
                 out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": "",
                             "tool_calls": calls})
                 continue
@@ -68,8 +57,9 @@ def convert(rec: Any) -> BeamRecord:
                 reasoning, text = split_think(text, message_index=i)
             out.append({"role": "assistant", "reasoning_content": reasoning or "", "content": text})
         elif role in CALL_ROLES:
-            out.append({"role": "assistant", "reasoning_content": "", "content": "",
-                        "tool_calls": _calls(value, i)})
+            if not (calls := openai_tool_calls(value, "function_call value", message_index=i)):
+                raise RecordError(Reason.BAD_CONTENT, "function_call turn with no call", message_index=i)
+            out.append({"role": "assistant", "reasoning_content": "", "content": "", "tool_calls": calls})
         elif role in RESULT_ROLES:
             msg: Message = {"role": "tool", "content": tool_content(value, message_index=i)}
             if isinstance(m.get("name"), str) and m["name"]:

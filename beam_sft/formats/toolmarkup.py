@@ -67,23 +67,17 @@ def _blocks(text: str, kind: str, i: int | None) -> tuple[list[str], str] | None
             spans = code_spans(text)
         if any(a <= m.start() < b for a, b in spans):
             continue  # quoted in a code span or another language's fence (an example, not a call)
-        if m.group(0).startswith("<"):
-            close = text.find(f"</{kind}>", m.end())
-            end = close + len(kind) + 3
-        else:
-            close = text.find("```", m.end())
-            end = close + 3
-        if close < 0:
+        closer = f"</{kind}>" if m.group(0).startswith("<") else "```"
+        if (close := text.find(closer, m.end())) < 0:
             raise RecordError(Reason.BAD_TOOL_CALL, f"{m.group(0)} without its closing tag or fence",
                               message_index=i)
         outside.append(text[pos:m.start()])
         bodies.append(text[m.end():close])
-        pos = end
+        pos = close + len(closer)
     if not bodies:
         return None
     outside.append(text[pos:])
-    rest = "\n\n".join(s.strip() for s in outside if s.strip())
-    return bodies, rest
+    return bodies, "\n\n".join(s.strip() for s in outside if s.strip())
 
 
 def _calls_from_body(body: str, i: int | None) -> list[ToolCall]:
@@ -113,8 +107,7 @@ def call_from_value(item: Any, body: str, i: int | None, what: str = "<tool_call
     if args is not None and type(args) not in (dict, str):
         raise RecordError(Reason.ARGUMENTS_NOT_OBJECT, f"arguments of call {name!r} are a "
                           f"{type(args).__name__}, not an object", message_index=i)
-    call_id = item.get("id")
-    return tool_call(name, args, call_id if type(call_id) is str else None, message_index=i)
+    return tool_call(name, args, item["id"] if type(item.get("id")) is str else None, message_index=i)
 
 
 def _result(body: str) -> tuple[str, str | None]:
@@ -126,9 +119,11 @@ def _result(body: str) -> tuple[str, str | None]:
         except ValueError:
             return body, None
         if type(value) is dict and "content" in value and set(value) <= {"name", "content", "tool_call_id"}:
-            content = value["content"]
-            name = value.get("name")
-            text = content if type(content) is str else orjson.dumps(content).decode()
+            content, name = value["content"], value.get("name")
+            try:
+                text = content if type(content) is str else orjson.dumps(content).decode()
+            except orjson.JSONEncodeError:  # nested deeper than orjson writes: kept as written (result_wrapper too)
+                return body, None
             return text, name if type(name) is str and name else None
     return body, None
 
@@ -136,15 +131,14 @@ def _result(body: str) -> tuple[str, str | None]:
 def _results(bodies: list[str]) -> list[tuple[str, str | None]]:
     out = []
     for body in bodies:
-        stripped = body.strip()
-        lines = [ln for ln in stripped.split("\n") if ln.strip()]
+        lines = [ln for ln in body.split("\n") if ln.strip()]
         if len(lines) > 1 and all(ln.lstrip().startswith("{") for ln in lines):
             # data-genie writes one wrapper per line for parallel calls in one block
             parts = [_result(ln) for ln in lines]
             if all(name is not None for _, name in parts):
                 out.extend(parts)
                 continue
-        out.append(_result(stripped))
+        out.append(_result(body))
     return out
 
 
@@ -183,8 +177,7 @@ def _skip_braces(text: str, pos: int) -> int:
     if text[pos:pos + 1] != "{":
         return pos
     depth = 0
-    for k in range(pos, len(text)):
-        c = text[k]
+    for k, c in enumerate(text[pos:], pos):
         if c == "{":
             depth += 1
         elif c == "}":
@@ -228,13 +221,11 @@ def _tools_from_body(body: str) -> list:
     try:
         value = loads_lenient(body)
     except ValueError:
-        value = None
         lines = [ln for ln in body.split("\n") if ln.strip()]
-        if len(lines) > 1:  # Qwen: one JSON object per line
-            try:
-                value = [loads_lenient(ln) for ln in lines]
-            except ValueError:
-                value = None
+        try:  # Qwen: one JSON object per line
+            value = [loads_lenient(ln) for ln in lines] if len(lines) > 1 else None
+        except ValueError:
+            value = None
         if value is None:
             raise RecordError(Reason.BAD_TOOL_SCHEMA, f"<tools> block is neither JSON nor a Python literal: "
                               f"{body[:80]!r}") from None
@@ -315,9 +306,7 @@ def scan(messages: list[Message]) -> tuple[bool, bool]:
     spares `beam_sft.validate.rules` its own search, so the common record pays for one pass, not two."""
     joined = "".join([text for m in messages for key in ("content", "reasoning_content")
                       if type(text := m.get(key)) is str])
-    if not may_have_markup(joined):
-        return False, False
-    return True, _has_tags(joined)
+    return (True, _has_tags(joined)) if may_have_markup(joined) else (False, False)
 
 
 def lift(messages: list[Message], tools: list[ToolSpec] | None, src: list | None = None, counts: dict | None = None
@@ -355,9 +344,7 @@ def lift(messages: list[Message], tools: list[ToolSpec] | None, src: list | None
             if got is not None:
                 bodies, rest = got
                 calls = [c for body in bodies for c in _calls_from_body(body, i)]
-                reasoning = m.get("reasoning_content") or ""
-                if rest:
-                    reasoning = f"{reasoning}\n\n{rest}" if reasoning else rest
+                reasoning = "\n\n".join(t for t in (m.get("reasoning_content"), rest) if t)
                 emit({"role": "assistant", "reasoning_content": reasoning, "content": "",
                       "tool_calls": [*(m.get("tool_calls") or ()), *calls]})
                 continue

@@ -72,30 +72,27 @@ def _default_value(text: str) -> Any:
         return text
 
 
-def _description(lines: list[str]) -> tuple[str | None, list | None, Any]:
-    """Comment lines → (description, examples, default). gpt-oss writes `// default: X` on its own line for a
-    property whose type spans several lines (a one-of), so that form is read here too."""
-    desc, examples, default = [], None, _NO_DEFAULT
+def _description(lines: list[str]) -> dict[str, Any]:
+    """Comment lines → {"description"?, "examples"?, "default"?}. gpt-oss writes `// default: X` on its own
+    line for a property whose type spans several lines (a one-of), so that form is read here too."""
+    desc, found = [], {}
     i = 0
     while i < len(lines):
         line = lines[i]
         if line.strip() == "Examples:":
-            examples = []
+            found["examples"] = []
             i += 1
             while i < len(lines) and lines[i].startswith("- "):
-                examples.append(_default_value(lines[i][2:]))
+                found["examples"].append(_default_value(lines[i][2:]))
                 i += 1
             continue
         if line.startswith("default: ") and i == len(lines) - 1:
-            default = _default_value(line[len("default: "):])
+            found["default"] = _default_value(line[len("default: "):])
         else:
             desc.append(line)
         i += 1
     text = "\n".join(desc).strip("\n")
-    return (text or None), examples, default
-
-
-_NO_DEFAULT = object()
+    return {"description": text, **found} if text else found
 
 
 # Types nest by recursion (objects, parentheses, unions, Array<>): deeper than this is an error, not a crash.
@@ -150,14 +147,6 @@ class _Parser:
         return None
 
     # -- grammar
-    def namespaces(self) -> list[ToolSpec]:
-        tools: list[ToolSpec] = []
-        while True:
-            self.comments()
-            if self.peek().kind == "eof":
-                return tools
-            tools.extend(self.namespace())
-
     def namespace(self) -> list[ToolSpec]:
         self.expect("namespace")
         ns = self.ident("namespace without a name")
@@ -167,8 +156,7 @@ class _Parser:
             desc = self.comments()
             t = self.peek()
             if t.text == "}":
-                close = self.next()
-                self.trailing_comment(close.line)
+                self.trailing_comment(self.next().line)
                 return tools
             if t.text != "type":
                 raise TypeScriptError(f"line {t.line}: expected 'type' or '}}', found {t.text or 'end of text'!r}")
@@ -190,7 +178,7 @@ class _Parser:
         self.ident("expected a return type after '=>'")
         self.expect(";")
         name = tool if ns == "functions" else f"{ns}.{tool}"
-        return function_tool(name, _description(desc_lines)[0], params)
+        return function_tool(name, _description(desc_lines).get("description"), params)
 
     def object_type(self) -> dict:
         self.expect("{")
@@ -213,13 +201,9 @@ class _Parser:
             elif sep.text != "}":
                 raise TypeScriptError(f"line {sep.line}: expected ',' after property {name!r}, found {sep.text!r}")
             trailing = self.trailing_comment(sep.line if sep.text in (",", ";") else name_tok.line)
-            desc, examples, default = _description(lines)
-            out: dict[str, Any] = {"description": desc} if desc else {}
-            out.update(schema)
-            if examples is not None:
-                out["examples"] = examples
-            if default is not _NO_DEFAULT:
-                out["default"] = default
+            found = _description(lines)
+            out: dict[str, Any] = {"description": found.pop("description")} if "description" in found else {}
+            out |= schema | found
             if trailing is not None:
                 if trailing.startswith("default: "):
                     out["default"] = _default_value(trailing[len("default: "):])
@@ -244,8 +228,7 @@ class _Parser:
             while True:
                 self.comments()
                 term = self.term()
-                note = self.trailing_comment(self.toks[self.i - 1].line)
-                if note is not None:
+                if (note := self.trailing_comment(self.toks[self.i - 1].line)) is not None:
                     term = dict(term)
                     if note.startswith("default: "):
                         term["default"] = _default_value(note[len("default: "):])
@@ -284,8 +267,7 @@ class _Parser:
         else:
             raise TypeScriptError(f"line {t.line}: expected a type, found {t.text or 'end of text'!r}")
         while self.peek().text == "[" and self.peek(1).text == "]":
-            self.next()
-            self.next()
+            self.i += 2
             schema = {"type": "array", "items": schema}
         return schema
 
@@ -309,6 +291,10 @@ def _merge_union(variants: list[dict]) -> dict:
 
 
 def parse_namespaces(src: str) -> list[ToolSpec]:
-    """All ``namespace X { … }`` blocks in `src` → OpenAI tool schemas (``functions.f`` is ``f``, others
-    ``browser.search``)."""
-    return _Parser(src).namespaces()
+    """All ``namespace X {…}`` blocks → OpenAI tools (``functions.f`` is ``f``; others ``browser.search``)."""
+    parser, tools = _Parser(src), []
+    while True:
+        parser.comments()
+        if parser.peek().kind == "eof":
+            return tools
+        tools.extend(parser.namespace())

@@ -56,13 +56,11 @@ def describe(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
+def _segment_prefix_space_off(state: dict[str, Any]) -> None:
     """Stop a SentencePiece-style backend from prepending "▁" to every segment between markers (added tokens
-    split the text into segments, each normalised on its own); whether `state` changed."""
-    changed = False
+    split the text into segments, each normalised on its own)."""
 
     def walk(node: Any, key: str) -> Any:
-        nonlocal changed
         if not isinstance(node, dict):
             return node
         if node.get("type") == "Sequence":
@@ -71,9 +69,7 @@ def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
             return node
         if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "always":
             node["prepend_scheme"] = "first"
-            changed = True
         if node.get("type") == "Prepend" and node.get("prepend") == "▁":
-            changed = True
             return None
         return node
 
@@ -84,7 +80,6 @@ def _segment_prefix_space_off(state: dict[str, Any]) -> bool:
     if had_prepend and "Prepend" not in json.dumps(state.get("normalizer")) and state.get("pre_tokenizer") is None:
         # The normaliser's prepend moves to a Metaspace pre-tokenizer that prepends at the input start only.
         state["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
-    return changed
 
 
 def _install_tokens(tokenizer, fix_prefix_space: bool) -> None:

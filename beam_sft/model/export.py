@@ -19,30 +19,8 @@ VLLM_PARSER_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hf", "-
                      "--default-chat-template-kwargs", '{"allow_missing_thinking": false}')
 
 
-def resolve_sources(checkpoint: str, adapter: str | None) -> tuple[str, str | None]:
-    """(base model, adapter): a CHECKPOINT that holds only a LoRA adapter is applied to the base model its
-    adapter_config.json names."""
-    config = Path(checkpoint) / "adapter_config.json"
-    if adapter is not None or not config.is_file() or (Path(checkpoint) / "config.json").is_file():
-        return checkpoint, adapter
-    base = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
-    if not base:
-        raise UsageError(f"{checkpoint} holds a LoRA adapter whose adapter_config.json names no base model; pass "
-                         "the base model as CHECKPOINT and this directory as --adapter")
-    return base, checkpoint
-
-
-def beam_response_template(template: dict[str, Any]) -> dict[str, Any]:
-    """The serving form of `template`, in the package's declared key order when it is the package's template
-    (a trainer checkpoint's plain `save_pretrained` sorted its keys: see `save_tokenizer`)."""
-    serving = to_serving_form(template)
-    ours = response_template()
-    return ours if serving == to_serving_form(ours) else serving
-
-
 def load_pretrained(base: str, dtype: str = "auto", tokenizer_source: str | None = None):
-    """(model, tokenizer) of a model directory or cached hub id, as `beam-sft export` and `beam-sft beamify` read
-    them: the tokenizer from `tokenizer_source` when given, `dtype` one of `serve.save.DTYPES` ("auto": as saved)."""
+    """(model, tokenizer) of a model directory or hub id, the tokenizer from `tokenizer_source` when given."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -80,7 +58,10 @@ def _load(base: str, adapter: str | None, merge: bool, dtype: str):
         model = model.merge_and_unload()
     if getattr(tokenizer, "response_template", None) is None or not tokenizer.chat_template:
         raise UsageError(f"{tokenizer_source}: the tokenizer lacks the Beam chat template or response_template")
-    tokenizer.response_template = beam_response_template(tokenizer.response_template)
+    # The serving form, in the package's declared key order when it is the package's template (a trainer
+    # checkpoint's plain `save_pretrained` sorted its keys: see `save_tokenizer`).
+    serving, ours = to_serving_form(tokenizer.response_template), response_template()
+    tokenizer.response_template = ours if serving == to_serving_form(ours) else serving
     return model, tokenizer, experts
 
 
@@ -90,7 +71,14 @@ def export(checkpoint: str, output: str | Path, *, adapter: str | None = None, m
     output = Path(output)
     if output.resolve() in (Path(checkpoint).resolve(), Path(adapter or checkpoint).resolve()):
         raise UsageError("the output directory must differ from the checkpoint and the adapter")
-    base, adapter = resolve_sources(checkpoint, adapter)
+    base, config = checkpoint, Path(checkpoint) / "adapter_config.json"
+    # A CHECKPOINT holding only a LoRA adapter goes on the base its config names.
+    if adapter is None and config.is_file() and not (Path(checkpoint) / "config.json").is_file():
+        base = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+        if not base:
+            raise UsageError(f"{checkpoint} holds a LoRA adapter whose adapter_config.json names no base "
+                             "model; pass the base model as CHECKPOINT and this directory as --adapter")
+        adapter = checkpoint
     model, tokenizer, experts = _load(base, adapter, merge, dtype)
     report = save_checked(model, tokenizer, output, "would not be servable as is")
     return {"output": str(output), "base": base, "adapter": adapter, "expert_adapters": experts,
@@ -99,8 +87,7 @@ def export(checkpoint: str, output: str | Path, *, adapter: str | None = None, m
 
 def serve_commands(directory: str | Path, model_type: str | None = None, *, name: str = "beam",
                    port: int = 8000) -> str:
-    """The commands that serve `directory` with vLLM, SGLang and `transformers serve`, and what each does
-    with the Beam format; a gpt_oss model gets the caveat first."""
+    """How vLLM, SGLang and `transformers serve` serve `directory` (a gpt_oss model gets the caveat first)."""
     model = shlex.quote(str(directory))
     kwargs = shlex.quote('{"allow_missing_thinking": false}')
     vllm_flags = " ".join(shlex.quote(f) for f in VLLM_PARSER_FLAGS)

@@ -62,8 +62,7 @@ def load_model_and_tokenizer(script_args, training_args, model_args):
 
     refuse_quantization(script_args, model_args)
     if model_args.model_name_or_path is None:
-        model, tokenizer = embedded_model(script_args, training_args)
-        return model, tokenizer, True
+        return *embedded_model(script_args, training_args), True
 
     tokenizer = AutoTokenizer.from_pretrained(script_args.tokenizer_name_or_path or model_args.model_name_or_path,
                                               revision=model_args.model_revision,
@@ -101,8 +100,7 @@ def refuse_without_template(tokenizer, script_args, model_args) -> None:
 
 
 def refuse_quantization(script_args, model_args) -> None:
-    """--load_in_4bit / --load_in_8bit that would be ignored (the embedded model) or fail at load time (no CUDA,
-    no bitsandbytes): refused in one line before anything is loaded."""
+    """--load_in_4bit / --load_in_8bit that would be ignored or fail at load time: refused before any load."""
     import importlib.util
 
     import torch

@@ -30,20 +30,17 @@ class RowInit:
     parts: list[str] = field(default_factory=list)
 
 
-def _role_token(tokenizer, role: str, old_len: int, fallback: str | None) -> str | None:
+def _role_token(vocab: dict[str, int], role: str, old_len: int, fallback: str | None) -> str | None:
     """The base's own token for `role` (ROLE_TOKENS), else `fallback`: one the old vocabulary has, or None."""
-    vocab = tokenizer.get_vocab()
     return next((t for t in (*ROLE_TOKENS[role], fallback) if t is not None and vocab.get(t, old_len) < old_len), None)
 
 
 def plan(tokenizer, old_len: int, new_len: int, init: str = DEFAULT_INIT, base_eos: str | None = None):
     """For each new id (old_len ≤ id < new_len): a RowInit and the old ids whose rows it averages, as
     [(RowInit, [[ids of part 1], [ids of part 2]])]; an empty part list means the mean of all old rows."""
-    if init not in INIT_CHOICES:
-        raise ValueError(f"marker init {init!r}: choose one of {', '.join(INIT_CHOICES)}")
     vocab = tokenizer.get_vocab()
-    roles = {"start": _role_token(tokenizer, "start", old_len, tokenizer.bos_token),
-             "end": _role_token(tokenizer, "end", old_len, base_eos)}
+    roles = {role: _role_token(vocab, role, old_len, fallback)
+             for role, fallback in (("start", tokenizer.bos_token), ("end", base_eos))}
     out = []
     for token_id in range(old_len, new_len):
         token = tokenizer.convert_ids_to_tokens(token_id)

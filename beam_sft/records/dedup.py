@@ -9,7 +9,7 @@ from array import array
 
 import orjson
 
-from beam_sft.errors import Reason, RecordError
+from beam_sft.errors import Reason, RecordError, where
 from beam_sft.records.types import BeamRecord
 
 _POS_BITS = 40  # positions below 2**40: lines of a file, rows of a dataset
@@ -53,11 +53,6 @@ class Seen:
             self.names.append(source)
         return (i << (_POS_BITS + 1)) | (int(by_line) << _POS_BITS) | position
 
-    def _where(self, packed: int) -> str:
-        name = self.names[packed >> (_POS_BITS + 1)]
-        position = packed & ((1 << _POS_BITS) - 1)
-        return f"{name}:{position}" if packed >> _POS_BITS & 1 else f"{name}[{position}]"
-
     def _slot(self, key: int) -> int:
         """The slot holding `key`, or the empty slot where it would go."""
         keys, mask = self._keys, self._mask
@@ -70,18 +65,20 @@ class Seen:
         old_keys, old_where = self._keys, self._where_of
         size = 2 * len(old_keys)
         self._keys, self._where_of, self._mask = array("Q", bytes(8 * size)), array("Q", bytes(8 * size)), size - 1
-        for key, where in zip(old_keys, old_where, strict=True):
+        for key, packed in zip(old_keys, old_where, strict=True):
             if key:
                 slot = self._slot(key)
-                self._keys[slot], self._where_of[slot] = key, where
+                self._keys[slot], self._where_of[slot] = key, packed
 
     def check(self, key: int, source: str, position: int, by_line: bool = True) -> RecordError | None:
         """None for a first occurrence (now remembered), else the `duplicate` reject naming the first one."""
         key = key or 1
         slot = self._slot(key)
         if self._keys[slot]:
-            return RecordError(Reason.DUPLICATE,
-                               f"exact duplicate of {self._where(self._where_of[slot])} (the first is kept)")
+            first = self._where_of[slot]  # unpacked as `_pack` packs it
+            name, position = self.names[first >> (_POS_BITS + 1)], first & ((1 << _POS_BITS) - 1)
+            return RecordError(Reason.DUPLICATE, f"exact duplicate of {where(name, position, first >> _POS_BITS & 1)} "
+                               "(the first is kept)")
         self._keys[slot], self._where_of[slot] = key, self._pack(source, position, by_line)
         self._count += 1
         if 8 * self._count > 5 * len(self._keys):

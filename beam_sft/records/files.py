@@ -40,10 +40,9 @@ class Item:
     error: RecordError | None = None
 
     def json(self) -> bytes:
-        """The record as JSON: a JSONL line as read, any other record through orjson (values JSON has no type
-        for, such as Parquet timestamps, as text). The form the data phase stores and every reader converts,
-        so a record reads the same whichever command reads it. Raises `orjson.JSONEncodeError` for a record
-        nested deeper than orjson writes."""
+        """The record as JSON (a JSONL line as read; values JSON has no type for, such as Parquet timestamps, as
+        text): what the data phase stores and every reader converts, so a record reads the same in every
+        command. Raises `orjson.JSONEncodeError` for a record nested deeper than orjson writes."""
         return self.payload if self.raw else orjson.dumps(self.payload, default=str)
 
 
@@ -76,10 +75,6 @@ class Source:
         return {kw: getattr(self, field) for field, kw in HUB_OPTIONS.items() if getattr(self, field) is not None}
 
 
-def _is_saved_dataset(path: Path) -> bool:
-    return (path / "state.json").exists() or (path / "dataset_dict.json").exists()
-
-
 def is_hub_layout(path: Path) -> bool:
     """A local directory laid out like a hub dataset repository: a README.md whose YAML header declares
     `configs:` (what `datasets.load_dataset(DIR, name=...)` reads its subsets and splits from)."""
@@ -88,8 +83,7 @@ def is_hub_layout(path: Path) -> bool:
         return False
     with open(readme, "rb") as f:
         head = f.read(1 << 20).decode("utf-8", "replace")
-    found = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", head, re.DOTALL)
-    if not found:
+    if not (found := re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", head, re.DOTALL)):
         return False
     import yaml
 
@@ -106,8 +100,7 @@ COLUMN_TARGETS = ("messages", "conversations", "history", "tools", "system", "ch
 
 
 def check_columns(columns: Any, where: str) -> Any:
-    """`columns` as given (a mapping target key -> column, or TRL's list of columns to keep), checked; a
-    mapping's unknown target key is a `UsageError` naming it and the known ones."""
+    """`columns` as given (a mapping target key -> column, or TRL's list of columns to keep), checked."""
     if columns is None:
         return None
     if isinstance(columns, (list, tuple)) and all(isinstance(c, str) for c in columns):
@@ -116,8 +109,7 @@ def check_columns(columns: Any, where: str) -> Any:
                                                 for k, v in columns.items()):
         raise UsageError(f"{where}: columns must map record keys to column names ({{messages: conversations}}) or "
                          f"list the columns to keep; got {columns!r}")
-    unknown = sorted(set(columns) - set(COLUMN_TARGETS))
-    if unknown:
+    if unknown := sorted(set(columns) - set(COLUMN_TARGETS)):
         raise UsageError(f"{where}: columns: unknown target key(s) {', '.join(unknown)}; a column can become one of "
                          f"{', '.join(COLUMN_TARGETS)}")
     if len(set(columns.values())) != len(columns):
@@ -133,6 +125,14 @@ def parse_columns(text: str | None, where: str = "--dataset_columns") -> dict[st
     if not all(p.count("=") == 1 and all(p.split("=")) for p in pairs):
         raise UsageError(f"{where}: expected KEY=COLUMN[,KEY=COLUMN...] (e.g. messages=conversations); got {text!r}")
     return check_columns(dict(p.split("=") for p in pairs), where)
+
+
+def source_options(args, *, hub: bool = True) -> dict[str, Any]:
+    """Set `dataset_*` options of a command line or config as `expand_inputs` options (hub=False: columns)."""
+    options = {"columns": parse_columns(getattr(args, "dataset_columns", None))}
+    if hub:
+        options.update({k: getattr(args, f"dataset_{k}", None) for k in HUB_OPTIONS})
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def apply_columns(item: Item, columns: Any) -> Item:
@@ -159,22 +159,14 @@ def apply_columns(item: Item, columns: Any) -> Item:
     return Item(item.source, item.position, item.by_line, record)
 
 
-def _options(options: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
-    """(the hub options that are set, columns) of an `options` dict (keys: HUB_OPTIONS' and "columns")."""
+def expand_inputs(specs: list, split: str = "train", options: dict[str, Any] | None = None) -> list[Source]:
+    """The command line's INPUT arguments as sources, in the order given (globs and directories sorted); `options`:
+    HUB_OPTIONS' keys for a hub id or a dataset directory, and `columns` for every source."""
     options = dict(options or {})
     columns = check_columns(options.pop("columns", None), "columns")
-    unknown = sorted(set(options) - set(HUB_OPTIONS))
-    if unknown:
+    if unknown := sorted(set(options) - set(HUB_OPTIONS)):
         raise ValueError(f"unknown source option(s) {unknown}")  # a programming error, not a user's
-    return {k: v for k, v in options.items() if v is not None}, columns
-
-
-def expand_inputs(specs: list, split: str = "train", options: dict[str, Any] | None = None) -> list[Source]:
-    """Turn the command line's INPUT arguments into sources, in the order given (globs and directories sorted).
-
-    `options`: the hub options (`config`, `revision`, `data_dir`, `data_files`) for a hub id or a dataset
-    directory, and `columns` for every source. A `Source` among `specs` is taken as it is."""
-    hub, columns = _options(options)
+    hub = {k: v for k, v in options.items() if v is not None}
     out: list[Source] = []
     for spec in specs:
         if isinstance(spec, Source):
@@ -189,7 +181,8 @@ def expand_inputs(specs: list, split: str = "train", options: dict[str, Any] | N
 
 def _expand_one(spec: str, split: str, hub: dict[str, Any]) -> list[Source]:
     path = Path(spec)
-    dataset_dir = path.is_dir() and not _is_saved_dataset(path)
+    # a directory, but not one save_to_disk wrote
+    dataset_dir = path.is_dir() and not ((path / "state.json").exists() or (path / "dataset_dict.json").exists())
     if hub and not dataset_dir and (path.exists() or not _HUB_ID.match(spec)):
         raise UsageError(f"{spec}: {', '.join(sorted(hub))} apply to a hub dataset or a dataset directory, "
                          "not to a file, glob or saved dataset")
@@ -214,12 +207,6 @@ def _expand_one(spec: str, split: str, hub: dict[str, Any]) -> list[Source]:
     raise UsageError(f"{spec}: no such file or directory")
 
 
-def is_rejects_file(name: str) -> bool:
-    """A rejects file (``rejects.jsonl``, ``rejects.rank0.jsonl``, ``x.rejects.jsonl``...) that convert-dataset or
-    the data phase wrote beside its output: not data."""
-    return "rejects" in Path(name).name
-
-
 def data_sources(specs: list, split: str = "train", options: dict[str, Any] | None = None) -> list[Source]:
     """`expand_inputs`, without the rejects files a directory or glob turns up: convert-dataset and the data
     phase write them beside their outputs, and they are not data. A rejects file named on its own is read.
@@ -228,7 +215,8 @@ def data_sources(specs: list, split: str = "train", options: dict[str, Any] | No
     for spec in specs:
         sources = expand_inputs([spec], split, options)
         if not isinstance(spec, Source) and not Path(spec).is_file():  # a directory or a glob found these files
-            sources = [s for s in sources if s.kind in ("disk", "hub") or not is_rejects_file(s.name)]
+            # rejects.jsonl, rejects.rank0.jsonl, x.rejects.jsonl...
+            sources = [s for s in sources if s.kind in ("disk", "hub") or "rejects" not in Path(s.name).name]
             if not sources:
                 raise UsageError(f"{spec}: no data here (only rejects files)")
         out.extend(sources)
@@ -680,20 +668,11 @@ class ArrowWriter:
             self.tmp.unlink(missing_ok=True)
 
 
-def output_kind(path: str) -> str:
-    p = path.lower()
-    if p.endswith(".jsonl"):
-        return "jsonl"
-    if p.endswith(".parquet"):
-        return "parquet"
-    if p.endswith((".json", ".ndjson", ".gz", ".txt", ".csv")):
-        raise UsageError(f"{path}: output must be .jsonl, .parquet, or a directory for save_to_disk")
-    return "disk"
-
-
 def open_writer(path: str):
-    target = Path(path)
-    kind = output_kind(path)
+    target, lower = Path(path), path.lower()
+    kind = "jsonl" if lower.endswith(".jsonl") else "parquet" if lower.endswith(".parquet") else "disk"
+    if kind == "disk" and lower.endswith((".json", ".ndjson", ".gz", ".txt", ".csv")):
+        raise UsageError(f"{path}: output must be .jsonl, .parquet, or a directory for save_to_disk")
     if kind == "disk" and target.exists() and not target.is_dir():
         raise UsageError(f"{path}: exists and is not a directory")
     if kind != "disk" and target.is_dir():
@@ -701,17 +680,13 @@ def open_writer(path: str):
     return JsonlWriter(target) if kind == "jsonl" else ArrowWriter(target, kind)
 
 
-class JsonlSink:
+class JsonlSink(JsonlWriter):
     """A small atomic JSONL writer for side outputs (rejects)."""
 
     def __init__(self, path: str):
-        self.w = open_writer(path) if path.lower().endswith(".jsonl") else JsonlWriter(Path(path))
+        if path.lower().endswith(".jsonl") and Path(path).is_dir():
+            raise UsageError(f"{path}: is a directory")  # as `open_writer` says
+        super().__init__(Path(path))
 
     def write(self, obj: Any) -> None:
-        self.w.write_raw(orjson.dumps(obj))
-
-    def commit(self) -> None:
-        self.w.commit()
-
-    def abort(self) -> None:
-        self.w.abort()
+        self.write_raw(orjson.dumps(obj))

@@ -115,19 +115,14 @@ def split_think(text: str, *, message_index: int | None = None) -> tuple[str | N
     Returns ``(reasoning or None, rest)``. The rest loses the whitespace that separated it from the block
     (the usual ``"</think>\\n\\n"``); the reasoning loses its surrounding whitespace. An opening tag without
     its closing tag is an error, never silently kept as answer text."""
-    if "<" not in text:
-        return None, text
-    m = _THINK_OPEN.match(text)
-    if not m:
+    if "<" not in text or not (m := _THINK_OPEN.match(text)):
         return None, text
     tag = m.group(1)
     close = f"</{tag}>"
     end = text.lower().find(close.lower(), m.end())
     if end < 0:
         raise RecordError(Reason.BAD_CONTENT, f"<{tag}> without a closing {close}", message_index=message_index)
-    reasoning = text[m.end():end].strip()
-    rest = text[end + len(close):].lstrip()
-    return reasoning, rest
+    return text[m.end():end].strip(), text[end + len(close):].lstrip()
 
 
 _TEXT_PART_TYPES = frozenset(("text", "input_text", "output_text"))
@@ -251,10 +246,8 @@ def openai_tool_calls(value: Any, what: str, *, message_index: int | None = None
 
 
 def normalize_tool(tool: Any, *, index: int = 0) -> ToolSpec:
-    """A tool schema as ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``.
-
-    Accepts the wrapped OpenAI shape and the bare function shape (legacy ``functions``, glaive). Anything
-    else is a `BAD_TOOL_SCHEMA` rejection naming the tool's index."""
+    """A tool schema, the OpenAI shape or the bare function shape (legacy ``functions``, glaive), as
+    ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``."""
     if type(tool) is dict and tool.get("type") == "function":  # the OpenAI shape: checked, kept as is
         fn = tool.get("function")
         if type(fn) is dict and type(fn.get("name")) is str and fn["name"]:

@@ -1,8 +1,5 @@
-"""The bundled Beam chat template, rendered by plain Python for the records it is sure about.
-
-Returns what transformers' tracked rendering returns (text and generation spans), or None for anything it does
-not handle exactly, which the caller then renders with Jinja. See docs/encoder.md#the-bundled-template-in-plain-python.
-"""
+"""The bundled Beam chat template, rendered by plain Python for the records it is sure about (else None: Jinja
+renders them). See docs/encoder.md#the-bundled-template-in-plain-python."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from beam_sft.render import jinja
 from beam_sft.template.tokenizer import MARKERS, TEMPLATES_DIR
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -19,11 +17,8 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transforme
 
 
 def _plain_json(value: Any, limit: int = 1_000_000) -> bool:
-    """Whether `value` is built of exact JSON types only (what `tojson` renders the same in and out of Jinja).
-
-    A loop over a stack rather than a recursion (a tool schema is checked on every new tool: this was a quarter
-    of the encoder's time on records whose tools are all new); more than `limit` values (a structure that
-    contains itself, say) is not called plain."""
+    """Whether `value` is of exact JSON types only (what `tojson` renders the same in and out of Jinja), in at
+    most `limit` values (a cycle is not). A stack: recursion took a quarter of encoding with all-new tools."""
     stack = [value]
     pop, push, extend = stack.pop, stack.append, stack.extend
     scalars = _SCALARS
@@ -113,8 +108,6 @@ class BeamTemplateRenderer:
 
     def _jinja(self, messages: list, tools, template_kwargs: dict) -> str | None:
         """The template's own rendering of a prefix (no generation blocks), or None if it raises."""
-        from beam_sft.render import jinja
-
         try:
             text, spans = jinja.render(self.template, messages, tools, template_kwargs)
         except Exception:  # noqa: BLE001 - whatever the template raises, the full render raises it again
@@ -122,8 +115,7 @@ class BeamTemplateRenderer:
         return None if spans else text
 
     def _tool_type(self, tool: dict) -> str | None:
-        """The template's TypeScript declaration of one tool (`ts_tool`): in Python, else read off a one-tool
-        Jinja render."""
+        """The template's TypeScript declaration of a tool: `ts_tool`, else read off a one-tool render."""
         key = _cache_key(tool)
         if key not in self._tool_types:
             declaration = ts_tool(tool)
@@ -289,10 +281,8 @@ _BUNDLED: list[str | None] = []
 
 
 def _cache_key(value: Any) -> bytes | str:
-    """A key equal for equal inputs (types, key order and all): orjson's text, 18x faster than `repr` on a
-    typical record's tools; `repr` where orjson cannot write the value or may have written a NaN or infinity
-    as null (any "null" in its text). Records come from JSON, so a tuple (written like a list) never reaches
-    here from data."""
+    """A key equal for equal inputs (types, key order and all): orjson's text, 18x faster than `repr`; `repr`
+    where orjson fails or may have written NaN or inf as null. Records come from JSON: they hold no tuple."""
     try:
         key = orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError):
@@ -305,9 +295,7 @@ def for_template(template: str) -> BeamTemplateRenderer | None:
     if not _BUNDLED:
         path = TEMPLATES_DIR / "chat_template.jinja"
         _BUNDLED.append(path.read_text(encoding="utf-8") if path.is_file() else None)
-    if _BUNDLED[0] is None or template != _BUNDLED[0]:
-        return None
-    return BeamTemplateRenderer(template)
+    return BeamTemplateRenderer(template) if template == _BUNDLED[0] else None
 
 
 # -- tool declarations (the template's ts_tool / ts_properties / ts_type / scalar_type macros) ----------------
@@ -323,10 +311,8 @@ def _tojson(value: Any) -> str:
 
 
 def _sequence(value: Any) -> list | None:
-    """`value` as the list the template iterates (`is iterable and is not string`): a mapping as its keys, which
-    is what every use the template makes of it sees (`| length`, `for ... in`, `name in ...`; real tool sets
-    write enums as {value: label}); None when the template skips it (a scalar or a string); _Declined for other
-    iterables."""
+    """`value` as the list the template iterates (`is iterable and is not string`): a mapping as its keys
+    (tool sets write enums as {value: label}); None for a scalar or string; _Declined for other iterables."""
     if type(value) is list:
         return value
     if type(value) is dict:
@@ -398,9 +384,8 @@ def _ts_properties(schema: dict, indent: str) -> str:
 
 
 def ts_tool(tool: dict) -> str | None:
-    """The template's TypeScript declaration of one tool (its `ts_tool` macro) in Python, or None where this
-    function is not sure to match it (non-JSON types, a mapping where the template iterates a list): the
-    caller then asks Jinja. `tests/test_direct_render.py` holds the two equal on random schemas."""
+    """The template's `ts_tool` macro in Python, or None where unsure to match it (non-JSON types, a mapping
+    where the template iterates a list): Jinja then. `tests/test_direct_render.py` holds the two equal."""
     if type(tool) is not dict or not _plain_json(tool):
         return None
     fn = tool.get("function", tool)

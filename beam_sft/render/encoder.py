@@ -1,9 +1,5 @@
-"""Beam records -> `input_ids` + `assistant_masks`, fast, and identical to `apply_chat_template`.
-
-The text is rendered with the tokenizer's own template, cut at added tokens, tokenized piece by piece in
-batches with a cache, and masked from the generation spans; a tokenizer on which that is not exact falls back
-to `apply_chat_template` per record. See docs/encoder.md#how-it-works.
-"""
+"""Beam records -> `input_ids` + `assistant_masks`, fast, and identical to `apply_chat_template`
+(docs/encoder.md#how-it-works)."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ from typing import Any
 
 from beam_sft.errors import Reason, RecordError, internal_error
 from beam_sft.render import direct as direct_render
-from beam_sft.render import jinja
+from beam_sft.render import jinja, tiktoken_backend
 from beam_sft.template.tokenizer import backend_state
 
 # Part of the prepared data's fingerprint (beam_sft.dataset.settings): bump when the output of the encoder could change.
@@ -43,12 +39,8 @@ class _Fallback(Exception):
 
 
 def record_inputs(record: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> tuple[list, Any, dict]:
-    """Split a Beam record into (messages, tools, chat_template_kwargs) as `apply_chat_template` takes them.
-
-    `tools` may be a JSON string (as TRL accepts); `chat_template_kwargs` may be missing or None, and its
-    None values are dropped: datasets stores the kwargs as a struct and fills keys a row lacks with None,
-    which must mean "not given", not "given as None". A bare list is taken as the messages.
-    """
+    """(messages, tools, chat_template_kwargs) of a record (or a bare list: the messages) for
+    `apply_chat_template`. None kwargs are dropped: datasets fills keys a row's struct lacks with None."""
     if isinstance(record, Mapping):
         messages, tools, kwargs = record.get("messages"), record.get("tools"), record.get("chat_template_kwargs")
     else:
@@ -90,10 +82,8 @@ def reference_encode(tokenizer, record, max_length: int | None = None) -> dict[s
 
 
 def encode_each(encoder: MaskedEncoder, records: Sequence) -> list[dict[str, list[int]] | RecordError]:
-    """Encode a batch of records; if the batch fails, encode them one by one, so that a record the template
-    rejects (its `RecordError`) or that trips the encoder (an ``internal_error``) costs only itself.
-
-    With ``BEAM_SFT_DEBUG=1`` an unexpected exception propagates instead, with its traceback."""
+    """Encode a batch; if it fails, record by record, so a rejected record (its `RecordError` or an
+    `internal_error`) costs only itself. `BEAM_SFT_DEBUG=1` lets an unexpected exception propagate."""
     try:
         return encoder.encode(records)
     except Exception as batch_err:
@@ -111,11 +101,8 @@ def encode_each(encoder: MaskedEncoder, records: Sequence) -> list[dict[str, lis
 
 
 class MaskedEncoder:
-    """Encodes Beam records to ids + assistant masks, identical to `apply_chat_template`, in batches.
-
-    `fast` says whether the split-at-markers path is used; `fallback_reason` says why not. `cache_size`
-    bounds the number of distinct text pieces whose token ids are kept.
-    """
+    """Encodes Beam records in batches. `fast`: the split-at-markers path is used (`fallback_reason`: why
+    not); `cache_size` bounds the distinct text pieces whose ids are kept."""
 
     def __init__(self, tokenizer, *, cache_size: int = 100_000, force_fallback: str | None = None) -> None:
         self.tokenizer = tokenizer
@@ -140,8 +127,6 @@ class MaskedEncoder:
             if renderer is not None:
                 renderer.clear()
 
-    # -- setup ---------------------------------------------------------------------------------------
-
     @property
     def fast(self) -> bool:
         return self.fallback_reason is None
@@ -154,9 +139,8 @@ class MaskedEncoder:
         if getattr(tokenizer, "split_special_tokens", False):
             return "split_special_tokens=True: special tokens are tokenized as text"
         self._serialized, self._backend_sha256 = backend_state(tokenizer)
-        added = original.get_added_tokens_decoder()
         contents: dict[str, int] = {}
-        for token_id, token in added.items():
+        for token_id, token in original.get_added_tokens_decoder().items():
             if token.lstrip or token.rstrip or token.single_word:
                 return f"added token {token.content!r} strips spaces or matches single words"
             if token.normalized and original.normalizer is not None:
@@ -165,8 +149,6 @@ class MaskedEncoder:
                 contents[token.content] = token_id
         self._set_markers(contents)
         if self._backend_sha256 not in _TIKTOKEN_PIECES:
-            from beam_sft.render import tiktoken_backend
-
             _TIKTOKEN_PIECES[self._backend_sha256] = tiktoken_backend.build_cached(self._serialized)
         self._tiktoken, self.tiktoken_reason = _TIKTOKEN_PIECES[self._backend_sha256]
         # The shared backend is what `_serialized` describes right now; it serves the probe unless transformers
@@ -189,8 +171,7 @@ class MaskedEncoder:
         self._split = _splitter(contents)
 
     def _setup_warm(self) -> bool:
-        """Set up the fast path as an earlier process left it for the same tokenizer files, code and libraries
-        (`beam_sft.render.warm`: no serialising, hashing or probing). False when the tokenizer has no snapshot."""
+        """The fast path as a `render.warm` snapshot left it (no serialising, hashing, probing), or False."""
         state_of = getattr(type(self.tokenizer), "beam_encoder_state", None)
         state = state_of(self.tokenizer) if state_of is not None else None
         if state is None:
@@ -210,9 +191,8 @@ class MaskedEncoder:
 
     @property
     def _backend(self):
-        """A private copy of the backend, made on first use: transformers sets truncation/padding on the shared
-        one per call, and a leftover setting there must not cut our pieces. With the tiktoken encoder it is
-        needed only for the rare piece tiktoken does not vouch for, so most processes never pay for it."""
+        """A private copy of the backend, made on first use (a leftover truncation/padding setting on the
+        shared one must not cut our pieces); with tiktoken only rare pieces need it: most never pay."""
         if self._private_backend is None and self._backend_sha256 is not None:
             from tokenizers import Tokenizer
 
@@ -266,26 +246,17 @@ class MaskedEncoder:
         return ids, offsets
 
     def _piece_offsets(self, part: str, pos: int, backend=None) -> list[tuple[int, int]]:
-        """Token offsets of a text piece at `pos`, as they are inside the whole text.
-
-        Offsets can depend on the token's position in the encoding (ByteLevel's trim_offsets keeps the
-        space of the first token), so a piece after a marker is encoded after a marker, and the marker's
-        token is dropped again.
-        """
+        """Token offsets of a text piece at `pos` as inside the whole text: encoded after a marker (its token
+        dropped again), since ByteLevel's trim_offsets keeps the space of the first token only."""
         backend = backend or self._backend
         marker = self._context_marker if pos else ""  # "" too when the tokenizer has no added token
         encoding = backend.encode(marker + part, add_special_tokens=False)
         shift = pos - len(marker)
         return [(shift + s, shift + e) for s, e in encoding.offsets[1 if marker else 0 :]]
 
-    # -- rendering -----------------------------------------------------------------------------------
-
     def render(self, record, _lookups: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered text and the character spans of its generation blocks, as the reference sees them.
-
-        `_lookups` (from `encode`) keeps the tokenizer's template and special tokens for one batch: both are
-        rebuilt by transformers on every access, a tenth of the fast path's Python time.
-        """
+        """The rendered text and its generation spans, as the reference sees them. `_lookups`: the template
+        and special tokens for one batch (transformers rebuilds both per access: a tenth of the time)."""
         messages, tools, kwargs = record_inputs(record)
         lookups = {} if _lookups is None else _lookups
         try:
@@ -311,14 +282,9 @@ class MaskedEncoder:
         except Exception as err:
             raise _render_error(err) from err
 
-    # -- encoding ------------------------------------------------------------------------------------
-
     def encode(self, records: Iterable, max_length: int | None = None) -> list[dict[str, list[int]]]:
-        """Encode many records; each result is {"input_ids", "assistant_masks"}.
-
-        Raises `RecordError` (reason `render_failed`, `message_index` when the template names one) for a
-        record the template rejects; `RecordError.line` is then the record's position in `records`.
-        """
+        """Encode many records to {"input_ids", "assistant_masks"}; a record the template rejects raises
+        `RecordError` (`render_failed`, `message_index` when named, `line`: its position in `records`)."""
         records = list(records)
         lookups: dict = {}
         rendered = []
@@ -346,15 +312,11 @@ class MaskedEncoder:
         return {key: value[cut] for key, value in result.items()}
 
     def _encode_pieces(self, pieces: list[str], after_marker: bool, backend=None) -> list[list[int]]:
-        """Token ids of text pieces, each tokenized as it is in the whole text.
-
-        A piece after a marker is tokenized after a marker (whose id is then dropped): some tokenizers
-        treat the start of the text differently (Metaspace's prepend_scheme="first" adds "▁" there only).
-        """
+        """Token ids of text pieces as in the whole text: a piece after a marker is tokenized after a marker
+        (its id dropped), for tokenizers that treat the start differently (docs/encoder.md#how-it-works)."""
         if self._tiktoken is not None:
-            # No normalizer but NFC, which works on each piece between added tokens alone, and no prefix space
-            # (checked in beam_sft.render.tiktoken_backend): a piece tokenizes the same at the start and after
-            # a marker.
+            # No normalizer but NFC (per piece anyway) and no prefix space (tiktoken_backend checks): a piece
+            # tokenizes the same at the start and after a marker.
             out = self._tiktoken.encode(pieces)
             rest = [k for k, ids in enumerate(out) if ids is None]
             if rest:
@@ -389,9 +351,8 @@ class MaskedEncoder:
                 if part and part not in cache:
                     missing[part] = None
         try:
-            # Kept as tuples: the cyclic GC stops traversing a tuple of ints after its first look, while a full
-            # collection walks every element of every cached list (measured: ~15% of encoding time at 80k
-            # cached pieces).
+            # Tuples: the cyclic GC stops traversing a tuple of ints after its first look, but walks every
+            # cached list on each full collection (measured: ~15% of encoding time at 80k cached pieces).
             for target, wanted, after_marker in ((cache, missing, True), (first_cache, missing_first, False)):
                 if wanted:
                     pieces = list(wanted)
@@ -441,11 +402,8 @@ class MaskedEncoder:
                 kept.clear()
         return results
 
-    # -- datasets ------------------------------------------------------------------------------------
-
     def __getstate__(self):
-        # Workers of datasets.map get a copy without the cache; it refills per process.
-        # The private backend is remade from _serialized where it is needed.
+        # Workers of datasets.map get no cache (it refills) nor private backend (remade from _serialized).
         state = {**self.__dict__, "_cache": {}, "_first_cache": {}, "_private_backend": None}
         state.pop("_split", None)
         return state
@@ -457,12 +415,8 @@ class MaskedEncoder:
 
 
 def _trie_regex(strings: Iterable[str]) -> str:
-    """A regex matching any of `strings`, the longest one where several match at a position.
-
-    Nested by common prefix: at each character only the branches that can still match are tried, where a
-    flat alternation of a 201k-token vocabulary's 1,090 added tokens tries them all at every "<|". A
-    terminal node's group is optional and greedy, so longer continuations are tried first.
-    """
+    """A regex matching any of `strings` (the longest where several match), nested by common prefix
+    (docs/encoder.md); a terminal node's group is optional and greedy, so longer continuations go first."""
     trie: dict = {}
     for string in strings:
         node = trie
@@ -487,24 +441,16 @@ def _splitter(contents: Mapping[str, int]):
     return re.compile(f"({_trie_regex(contents)})").split
 
 
-# serialised backend's hash -> (tiktoken piece encoder or None, why not); building one costs seconds, so it
-# is also cached on disk (tiktoken_backend.build_cached).
+# backend's hash -> (tiktoken piece encoder or None, why not); built in seconds, so also cached on disk.
 _TIKTOKEN_PIECES: dict[str, tuple[Any, str | None]] = {}
-
-
 # template source -> the direct renderer of the bundled Beam template, when it is that template.
 _DIRECT_RENDERERS: dict[str, direct_render.BeamTemplateRenderer | None] = {}
-
-
 _EMPTY: list[int] = []
 
 
 def _aligned_result(parts: list[str], lists: list[list[int]], spans: list[tuple[int, int]]) -> dict | None:
-    """Ids and mask of one split text whose spans start and end on markers, else None.
-
-    Then every token lies wholly inside or outside a span, and the reference's overlap rule trains
-    exactly the tokens of the parts from the span's first marker through its last: one slice each.
-    """
+    """Ids and mask of one split text whose spans start and end on markers (the overlap rule then trains the
+    parts from each span's first marker through its last: one slice each), else None."""
     ids = list(chain.from_iterable(lists))
     mask = [0] * len(ids)
     if not spans:
@@ -564,9 +510,6 @@ def get_encoder(tokenizer) -> MaskedEncoder:
 
 
 def encode_record(tokenizer, record, max_length: int | None = None) -> dict[str, list[int]]:
-    """One Beam record -> {"input_ids", "assistant_masks"}, identical to `apply_chat_template`.
-
-    `max_length` truncates like `apply_chat_template(..., truncation=True, max_length=...)` (on the
-    tokenizer's `truncation_side`). Raises `RecordError` when the template rejects the record.
-    """
+    """One Beam record -> {"input_ids", "assistant_masks"} as `apply_chat_template(..., truncation=True,
+    max_length=max_length)` gives them; `RecordError` when the template rejects the record."""
     return get_encoder(tokenizer).encode([record], max_length)[0]

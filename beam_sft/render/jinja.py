@@ -1,8 +1,5 @@
-"""Rendering a chat template through transformers' own Jinja machinery, with the spans of its generation blocks.
-
-`tracked_render` is what `apply_chat_template(..., return_assistant_tokens_mask=True)` does; `SentinelRenderer`
-gives the same text and spans faster; `render` uses the sentinel renderer where the template allows it.
-"""
+"""A chat template rendered by transformers' own Jinja machinery, with the spans of its generation blocks
+(`tracked_render`, or the faster `SentinelRenderer` where the template allows it: docs/encoder.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ def tracked_render(template: str, messages, tools, template_kwargs) -> tuple[str
     return rendered[0], spans[0]
 
 
-# Unicode noncharacters, reserved for a program's internal use: they mark where generation blocks open
-# and close in the rendered text.
+# Unicode noncharacters (for a program's internal use): where generation blocks open and close in the text.
 _OPEN, _CLOSE = "\ufdd0", "\ufdd1"
 # template source -> its renderer (None: render the tracked way); per process, compiled on first use.
 _RENDERERS: dict[str, SentinelRenderer | None] = {}
@@ -42,20 +38,13 @@ _SENTINELS = re.compile(f"[{_OPEN}{_CLOSE}]")
 
 
 class SentinelRenderer:
-    """Renders with transformers' own compiled template, faster, with the same text and spans.
+    """Renders with transformers' own compiled template, faster, with the same text and spans: generation
+    blocks wrapped in noncharacters, the sandbox's attribute check memoised (docs/encoder.md#how-it-works)."""
 
-    Each generation block wraps its output in two noncharacters and the spans are read off the finished text;
-    `build` refuses a template with a generation block below the top level (docs/encoder.md#how-it-works). The
-    sandbox's attribute check, the bulk of the rendering time, is memoised per (type, attribute name).
-    """
-
-    def __init__(self, template, counter: list[int]) -> None:
+    def __init__(self, template, counter: list[int], alias, normalize, plain) -> None:
         self.template = template
         self.counter = counter
-        from transformers.utils import chat_template_utils as ctu
-
-        self._alias, self._normalize, self._plain = (ctu._alias_reasoning_fields, ctu._normalize_chat_messages,
-                                                     ctu._plain_template_data)
+        self._alias, self._normalize, self._plain = alias, normalize, plain
 
     @classmethod
     def build(cls, source: str) -> SentinelRenderer | None:
@@ -64,7 +53,7 @@ class SentinelRenderer:
             from transformers.utils import chat_template_utils as ctu
 
             compile_fresh = ctu._cached_compile_jinja_template  # not the lru-cached one: we patch it
-            ctu._alias_reasoning_fields, ctu._normalize_chat_messages, ctu._plain_template_data  # noqa: B018
+            helpers = (ctu._alias_reasoning_fields, ctu._normalize_chat_messages, ctu._plain_template_data)
         except (ImportError, AttributeError):  # pragma: no cover - another transformers layout
             return None
         template = compile_fresh(source)
@@ -91,7 +80,7 @@ class SentinelRenderer:
             return verdict
 
         env.is_safe_attribute = is_safe_attribute
-        return cls(template, counter)
+        return cls(template, counter, *helpers)
 
     def __call__(self, messages, tools, template_kwargs) -> tuple[str, list[tuple[int, int]]] | None:
         plain = self._plain

@@ -1,9 +1,5 @@
-"""An exact `tiktoken` encoder for the text between markers, for tokenizers converted from tiktoken.
-
-`build` returns an encoder only when it can show that tiktoken and the `tokenizers` backend give the same ids on
-any text free of added tokens (`beam_sft.render.encoder` cuts those out first); the verdict is cached on disk.
-See docs/encoder.md#tiktoken-for-the-text-between-markers.
-"""
+"""An exact `tiktoken` encoder for the text between markers, for tokenizers converted from tiktoken, where it
+is proven exact (docs/encoder.md#tiktoken-for-the-text-between-markers)."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
-from beam_sft.storage import cache_dir, short_hash, write_cache_file
+from beam_sft.storage import cache_dir, package_version, short_hash, write_cache_file
 
 # o200k's pre-tokenization pattern (o200k_base, o200k_harmony).
 O200K_PATTERN = "|".join(  # noqa: FLY002 (one alternative a line reads better)
@@ -43,8 +39,7 @@ KNOWN_PATTERNS: dict[str, tuple[str, ...]] = {
     LLAMA3_PATTERN: _BYTE_LEVEL_CLASSES,
     QWEN_PATTERN: _BYTE_LEVEL_CLASSES,
 }
-# Planes 0-3 and 14 hold every assigned code point; the rest (4-13 unassigned, 15-16 private use) are
-# routed to the tokenizers backend instead of being checked.
+# Planes 0-3 and 14 hold every assigned code point; the rest (unassigned, private use) go to the backend.
 _CHECKED_PLANES = ((0x0000, 0x3FFFF), (0xE0000, 0xEFFFF))
 _UNCHECKED = "[\U00040000-\U000dffff\U000f0000-\U0010ffff]"
 
@@ -57,12 +52,8 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def disagreeing_code_points(classes: tuple[str, ...]) -> str:
-    """Code points (of the checked planes) that `tokenizers` and `tiktoken` classify differently.
-
-    Each class is matched over all checked code points by both engines: `tokenizers` through a Split
-    pre-tokenizer that removes matches, `tiktoken` through an encoding of single-byte ranks, which encodes
-    only the pattern's matches. Some seconds per class; cached on disk per pair of library versions.
-    """
+    """Code points (of the checked planes) that `tokenizers` and `tiktoken` classify differently: each class
+    matched by a Split removing matches, and by an encoding of single-byte ranks (it encodes only matches)."""
     import tiktoken
     import tokenizers
 
@@ -106,15 +97,12 @@ def _derived_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 
 
 class TiktokenPieces:
-    """Encodes text pieces that hold no added token, with tiktoken, as the `tokenizers` backend would.
-
-    `encode(pieces)` gives the ids of each piece, or None for a piece it does not vouch for (a code point
-    the engines may classify differently): the caller encodes those with the `tokenizers` backend. With
-    `nfc`, a piece is first normalized by the `tokenizers` library's own NFC, as the backend does.
-    """
+    """Encodes text pieces free of added tokens with tiktoken as the `tokenizers` backend would (None for a
+    disputed code point); `nfc`: normalized first by the `tokenizers` library's NFC."""
 
     def __init__(self, ranks: dict[bytes, int], pattern: str, avoid: str, nfc: bool = False) -> None:
         import tiktoken
+        from tokenizers import normalizers
 
         self._encoding = tiktoken.Encoding("beam-sft-pieces", pat_str=pattern, mergeable_ranks=ranks,
                                            special_tokens={})
@@ -123,7 +111,7 @@ class TiktokenPieces:
         self._avoid = re.compile(f"[{re.escape(avoid)}]|{_UNCHECKED}" if avoid else _UNCHECKED).search
         # The engines agree on ASCII in every version so far; if not, no shortcut.
         self._ascii_safe = all(ord(c) > 127 for c in avoid)
-        self._nfc = _nfc() if nfc else None
+        self._nfc = normalizers.NFC() if nfc else None
 
     def encode(self, pieces: list[str]) -> list[list[int] | None]:
         encode, avoid = self._encode, self._avoid
@@ -155,31 +143,17 @@ class TiktokenPieces:
         return None if self._avoid(piece) else self._encode(piece)
 
     def encoding_with_special_tokens(self, special_tokens: dict[str, int]):
-        """A tiktoken Encoding of whole texts: these ranks plus `special_tokens` (for benchmarks; it does not
-        apply the NFC normalizer)."""
+        """A tiktoken Encoding of whole texts: these ranks plus `special_tokens` (benchmarks; no NFC step)."""
         import tiktoken
 
         return tiktoken.Encoding("beam-sft-text", pat_str=self._encoding._pat_str,
                                  mergeable_ranks=self._encoding._mergeable_ranks, special_tokens=special_tokens)
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The normalizer travels as a flag: workers (fork or spawn) make their own.
-        return {"encoding": self._encoding, "avoid": self._avoid.__self__.pattern, "ascii_safe": self._ascii_safe,
-                "avoid_chars": self._avoid_chars, "nfc": self._nfc is not None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._encoding = state["encoding"]
-        self._core = self._encoding._core_bpe.encode_ordinary
-        self._avoid_chars = state["avoid_chars"]
-        self._avoid = re.compile(state["avoid"]).search
-        self._ascii_safe = state["ascii_safe"]
-        self._nfc = _nfc() if state["nfc"] else None
-
-
-def _nfc():
-    from tokenizers import normalizers
-
-    return normalizers.NFC()
+    def __reduce__(self):
+        # Workers (fork or spawn) rebuild it from the ranks, as unpickling a tiktoken Encoding does anyway;
+        # the normalizer travels as a flag.
+        ranks, pattern = self._encoding._mergeable_ranks, self._encoding._pat_str
+        return TiktokenPieces, (ranks, pattern, self._avoid_chars, self._nfc is not None)
 
 
 def _pipeline(state: dict[str, Any]) -> tuple[str | None, bool, str | None]:
@@ -217,8 +191,7 @@ def _tokens_not_merged_whole(vocab: dict[str, int], merges: list[tuple[str, str]
 
 
 def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
-    """(encoder, None) when the serialised `tokenizers` backend `state` is reproduced by tiktoken, else
-    (None, the first reason it is not)."""
+    """(encoder, None) when tiktoken reproduces the serialised backend `state`, else (None, why not)."""
     try:
         import tiktoken  # noqa: F401
     except ImportError:
@@ -262,16 +235,8 @@ def build(state: dict[str, Any]) -> tuple[TiktokenPieces | None, str | None]:
 
 def cache_key(serialized: str) -> str:
     """What `build`'s result depends on: the serialised backend, this module's source, the library versions."""
-    try:
-        import tiktoken
-
-        tiktoken_version = tiktoken.__version__
-    except ImportError:
-        tiktoken_version = None
-    import tokenizers
-
-    return short_hash(serialized, Path(__file__).read_bytes(), f"|{tokenizers.__version__}|{tiktoken_version}",
-                      length=32)
+    versions = f"|{package_version('tokenizers')}|{package_version('tiktoken')}"
+    return short_hash(serialized, Path(__file__).read_bytes(), versions, length=32)
 
 
 def _dump(pieces: TiktokenPieces | None, reason: str | None) -> bytes:
@@ -307,8 +272,7 @@ def _cache_path(key: str) -> Path:
 
 
 def read_cached(key: str) -> tuple[TiktokenPieces | None, str | None] | None:
-    """What `build` gave for the backend whose `cache_key` is `key`, as an earlier process stored it; None when
-    it is not cached (or damaged)."""
+    """`build`'s result for the backend whose `cache_key` is `key`, as stored; None if absent or damaged."""
     try:
         return _load(_cache_path(key).read_bytes())
     except (OSError, ValueError, KeyError, struct.error):

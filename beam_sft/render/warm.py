@@ -1,9 +1,5 @@
-"""Warm start: `beam-sft prepare`'s tokenizer and encoder set up from what an earlier process found out.
-
-The first run that sets up the fast path stores a snapshot keyed by the tokenizer files, the library versions and
-this code; later runs answer from it (`WarmTokenizer`) and load the real tokenizer only on first use of anything
-else. See docs/prepare.md (the "Warm start" paragraph) for the key, the snapshot and what takes the normal path.
-"""
+"""Warm start: `beam-sft prepare`'s tokenizer and encoder set up from a snapshot an earlier process stored
+(docs/prepare.md, the "Warm start" paragraph: the key, the snapshot and what takes the normal path)."""
 
 from __future__ import annotations
 
@@ -15,10 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from beam_sft.storage import atomic_output, cache_dir, files_digest, short_hash
+from beam_sft.errors import FatalError
+from beam_sft.render import tiktoken_backend
+from beam_sft.storage import atomic_output, cache_dir, files_digest, package_version, short_hash
 from beam_sft.template.tokenizer import (
     DEFAULT_TOKENIZER_DIR,
     PACKAGE_DIR,
+    backend_state,
     load_tokenizer,
     plain_class,
     stop_token_ids,
@@ -32,17 +31,17 @@ FORMAT = 2
 KEEP = 8  # snapshots kept in the cache directory, newest first
 _SOURCES = ("template/tokenizer.py", "render/encoder.py", "render/tiktoken_backend.py", "render/warm.py",
             "records/messages.py")
-_TOKENIZER_FACTS = ("len", "chat_template", "special_tokens_map", "truncation_side", "split_special_tokens",
-                    "vocab_hash", "template_hash", "stop_token_ids")
 
 
 def load_for_encoding(path: str | Path | None = None):
-    """The tokenizer `beam-sft prepare` encodes with: `load_tokenizer(path)`, or a `WarmTokenizer` where an earlier
-    process left a snapshot for the same files, code and libraries (and stores one when it did not)."""
+    """The tokenizer `beam-sft prepare` encodes with: a snapshot's `WarmTokenizer`, else `load_tokenizer`."""
     directory = _eligible(path)
     if directory is None:
         return load_tokenizer(path)
-    key = snapshot_key(directory)
+    # What a snapshot depends on: the tokenizer's files, the code that set it up, the library versions.
+    versions = "".join(f"|{lib}={package_version(lib)}" for lib in ("transformers", "tokenizers", "tiktoken"))
+    sources = (b"\0" + (PACKAGE_DIR / source).read_bytes() for source in _SOURCES)
+    key = short_hash(f"{FORMAT}|{files_digest(directory)}|{sys.version_info[:2]}{versions}", *sources, length=32)
     where = cache_dir() / f"warm-{key}"
     snapshot = _read(where, key)
     if snapshot is not None:
@@ -62,22 +61,6 @@ def _eligible(path: str | Path | None) -> Path | None:
     return directory
 
 
-def _version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def snapshot_key(directory: Path) -> str:
-    """What a snapshot depends on: the tokenizer's files, the code that set it up, the library versions."""
-    versions = "".join(f"|{name}={_version(name)}" for name in ("transformers", "tokenizers", "tiktoken"))
-    sources = (b"\0" + (PACKAGE_DIR / source).read_bytes() for source in _SOURCES)
-    return short_hash(f"{FORMAT}|{files_digest(directory)}|{sys.version_info[:2]}{versions}", *sources, length=32)
-
-
 def _read(where: Path, key: str) -> dict[str, Any] | None:
     try:
         snapshot = json.loads((where / "snapshot.json").read_text(encoding="utf-8"))
@@ -93,8 +76,6 @@ def _read(where: Path, key: str) -> dict[str, Any] | None:
 def store(tokenizer, where: Path, key: str) -> bool:
     """Set up `tokenizer`'s encoder and keep what a warm start needs at `where`. False when there is nothing to
     keep (the fast path is off, a stop marker is not one token, a value JSON does not carry exactly)."""
-    from beam_sft.errors import FatalError
-    from beam_sft.render import tiktoken_backend
     from beam_sft.render.encoder import get_encoder
 
     state = get_encoder(tokenizer).warm_state()
@@ -140,9 +121,8 @@ def _itself(tokenizer):
 
 
 class WarmTokenizer:
-    """Stands in for `load_tokenizer(path)`: answers what the data phase asks from a snapshot, and loads the real
-    tokenizer on first use of anything else, then answers everything from it. Pickles small (workers that are
-    spawned get the snapshot, not the vocabulary)."""
+    """Stands in for `load_tokenizer(path)`: answers the data phase from a snapshot, loads the real tokenizer
+    on first use of anything else. Pickles small (spawned workers get the snapshot, not the vocabulary)."""
 
     def __init__(self, path: str | Path, where: Path, snapshot: dict[str, Any]) -> None:
         self.__dict__.update(_path=path, _where=where, _snapshot=snapshot, _real=None)
@@ -211,7 +191,7 @@ class WarmTokenizer:
 
     def beam_precomputed(self, name: str) -> Any:
         """`vocab_hash`, `template_hash` or `stop_token_ids` as the snapshot has them; None once loaded."""
-        if self.loaded or name not in _TOKENIZER_FACTS:
+        if self.loaded or name not in ("vocab_hash", "template_hash", "stop_token_ids"):
             return None
         return self.__dict__["_snapshot"]["tokenizer"][name]
 
@@ -222,8 +202,6 @@ class WarmTokenizer:
         encoder = self.__dict__["_snapshot"]["encoder"]
         pieces = None
         if encoder["tiktoken_key"] is not None:
-            from beam_sft.render import tiktoken_backend
-
             cached = tiktoken_backend.read_cached(encoder["tiktoken_key"])
             if cached is None or cached[0] is None:
                 return None  # the ranks pruned or damaged under us: the normal setup, on the real tokenizer
@@ -232,8 +210,6 @@ class WarmTokenizer:
 
     def beam_backend_state(self) -> tuple[str, str]:
         """(serialised backend, its sha256), as `beam_sft.template.tokenizer.backend_state` gives them."""
-        from beam_sft.template.tokenizer import backend_state
-
         if not self.loaded:
             want = self.__dict__["_snapshot"]["encoder"]["backend_sha256"]
             with contextlib.suppress(OSError):

@@ -46,9 +46,7 @@ def load_records(path: str, *, format: str = "auto", limit: int | None = None, s
 
     options = Options(missing_reasoning=missing_reasoning, tool_call_checks=tool_call_checks)
     records, positions, sources, rejects = [], [], [], []
-    total = 0
     for position, item in enumerate(read_items([str(path)], split, limit=limit)):
-        total += 1
         record, _, reject = convert_item(item, format, options)
         if reject is not None:
             reject["position"] = position
@@ -57,7 +55,7 @@ def load_records(path: str, *, format: str = "auto", limit: int | None = None, s
         records.append(record)
         positions.append(position)
         sources.append(where(item.source, item.position, item.by_line))
-    return Loaded(records, positions, sources, rejects, total)
+    return Loaded(records, positions, sources, rejects, len(records) + len(rejects))
 
 
 @dataclass
@@ -180,8 +178,7 @@ def _token_texts(tokenizer, text: str, ids: Sequence[int]) -> list[str] | None:
     encoding = backend.encode(text, add_special_tokens=False)
     if encoding.ids != list(ids):
         return None
-    out = []
-    done = 0
+    out, done = [], 0
     for _, end in encoding.offsets:
         end = max(end, done)
         out.append(text[done:end])
@@ -201,7 +198,7 @@ def inspect_record(tokenizer, record: dict, *, max_length: int | None = None, en
     if texts is None:  # a tokenizer without offsets: per-token decoding (multi-byte characters may split)
         texts = [tokenizer.decode([i]) for i in full["input_ids"]]
     kept = kept_by_truncation(full, max_length, policy)
-    ids, mask = (kept["input_ids"], kept["assistant_masks"]) if kept is not None else ([], [])
+    ids, mask = kept or ([], [])
     texts = texts[: len(ids)]  # training truncation keeps the start
     markers = marker_ids(tokenizer)
     owner, messages = token_messages(ids, mask, markers, lambda h: tokenizer.decode(h))
@@ -216,21 +213,17 @@ def inspect_record(tokenizer, record: dict, *, max_length: int | None = None, en
                       label=label, dropped=kept is None)
 
 
-def kept_by_truncation(full: dict, max_length: int | None, policy: str) -> dict | None:
-    """What training keeps of an encoded record under the truncation `policy`; None when it drops it."""
+def kept_by_truncation(full: dict, max_length: int | None, policy: str) -> tuple[list, list] | None:
+    """(ids, mask) that training keeps of an encoded record under the truncation `policy`; None: dropped."""
     if max_length is None:
-        return full
+        return full["input_ids"], full["assistant_masks"]
     result = truncate(full["input_ids"], full["assistant_masks"], max_length, policy)
-    if result is None:
-        return None
-    ids, mask, _ = result
-    return {"input_ids": ids, "assistant_masks": mask}
+    return None if result is None else result[:2]
 
 
 def truncation_cut(full_mask: Sequence[int], kept: int) -> tuple[bool, bool]:
     """(truncated, the cut splits an assistant turn: trained tokens on both sides of it)."""
-    n = len(full_mask)
-    if kept >= n:
+    if kept >= len(full_mask):
         return False, False
     return True, bool(kept and full_mask[kept - 1] and full_mask[kept])
 

@@ -40,8 +40,13 @@ _CSS = f"""
 """
 
 
-def _html_tokens(view: RecordView) -> str:
-    parts: list[str] = []
+def html_record(view: RecordView) -> str:
+    rows = "".join(f"<tr><td>{html.escape(g)}</td><td>{a}</td><td>{b}</td></tr>"
+                   for g, (a, b) in view.group_counts.items())
+    warn = ' class="warn"' if not view.trained or view.stop_tokens_untrained or view.cut_inside_assistant else ""
+    summary = summary_line(dataclasses.replace(view, label=""))
+    parts = [(f"<h2>{html.escape(view.label or 'record')}</h2><p{warn}>{html.escape(summary)}</p>"
+              f"<table><tr><th>role</th><th>trained</th><th>tokens</th></tr>{rows}</table>")]
     for message, tokens in groupby(enumerate(view.tokens), key=lambda kt: kt[1].message):
         parts.append(f'<div class="msg"><span class="who">[{message}] {html.escape(view.messages[message].group)}</span>')
         for k, token in tokens:
@@ -53,15 +58,6 @@ def _html_tokens(view: RecordView) -> str:
     return "".join(parts)
 
 
-def html_record(view: RecordView) -> str:
-    rows = "".join(f"<tr><td>{html.escape(g)}</td><td>{a}</td><td>{b}</td></tr>"
-                   for g, (a, b) in view.group_counts.items())
-    warn = ' class="warn"' if not view.trained or view.stop_tokens_untrained or view.cut_inside_assistant else ""
-    summary = summary_line(dataclasses.replace(view, label=""))
-    return (f"<h2>{html.escape(view.label or 'record')}</h2><p{warn}>{html.escape(summary)}</p>"
-            f"<table><tr><th>role</th><th>trained</th><th>tokens</th></tr>{rows}</table>{_html_tokens(view)}")
-
-
 _LEGEND = (
     '<p class="legend"><span class="tok t0">trained</span> <span class="tok u0">not trained</span> '
     '<span class="tok u0 mk">&lt;|marker|&gt;</span> &nbsp; one box per rendered message; '
@@ -71,12 +67,13 @@ _LEGEND = (
 
 def html_fragment(views: Sequence[RecordView], *, stats: DatasetStats | None = None) -> str:
     """The views as an HTML fragment with its own (scoped) styles, e.g. for a notebook."""
-    body = [f"<style>{_CSS}</style>", '<div class="bi">', _LEGEND]
+    parts = [_LEGEND]
     if stats is not None:
-        body.append(stats_html(stats))
-    body.extend(html_record(v) for v in views)
-    body.append("</div>")
-    return "\n".join(body)
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+                       for k, v in stats_rows(stats))
+        parts.append(f"<h2>Dataset</h2><table>{rows}</table>")
+    parts += map(html_record, views)
+    return f'<style>{_CSS}</style>\n<div class="bi">\n' + "\n".join(parts) + "\n</div>"
 
 
 def html_page(views: Sequence[RecordView], *, title: str = "beam-sft inspect", stats: DatasetStats | None = None) -> str:
@@ -94,7 +91,3 @@ def html_document(title: str, body: str) -> str:
     """A self-contained page in this module's style around `body` (e.g. the `beam-sft eval --report` page)."""
     return _page(title, f'<style>{_CSS}</style>\n<div class="bi">\n{body}\n</div>')
 
-
-def stats_html(stats: DatasetStats) -> str:
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in stats_rows(stats))
-    return f"<h2>Dataset</h2><table>{rows}</table>"

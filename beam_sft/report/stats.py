@@ -51,11 +51,10 @@ def _add_record(stats: DatasetStats, index: int, full: dict, markers, stops, dec
     """Count one encoded record, cut as training cuts it (a dropped one only in `dropped`)."""
     stats.records += 1
     stats.lengths.append(len(full["input_ids"]))
-    kept = kept_by_truncation(full, stats.max_length, stats.policy)
-    if kept is None:
+    if (kept := kept_by_truncation(full, stats.max_length, stats.policy)) is None:
         stats.dropped.append(index)
         return
-    ids, mask = kept["input_ids"], kept["assistant_masks"]
+    ids, mask = kept
     stats.tokens += len(ids)
     stats.trained += sum(mask)
     for message in token_messages(ids, mask, markers, decode)[1]:
@@ -80,8 +79,7 @@ def dataset_stats(tokenizer, records: Sequence[dict], *, max_length: int | None 
     from tqdm import tqdm
 
     encoder = encoder or MaskedEncoder(tokenizer)
-    stats = DatasetStats(max_length=max_length, policy=policy)
-    stats.rejected = len(rejected)
+    stats = DatasetStats(max_length=max_length, policy=policy, rejected=len(rejected))
     stats.rejected_reasons.update(r.get("reason", "?") for r in rejected)
     markers, stops = marker_ids(tokenizer), turn_end_ids(tokenizer)
     # A callable or a sequence: for a large dataset the caller names records lazily.
@@ -145,11 +143,9 @@ def drop_counts(stats: DatasetStats) -> dict:
 
 
 def stats_table(stats: DatasetStats, *, histogram: bool = True) -> str:
-    from beam_sft.dataset.drops import drop_lines
+    from beam_sft.dataset.drops import aligned_rows, drop_lines
 
-    rows = stats_rows(stats)
-    width = max(len(k) for k, _ in rows)
-    out = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    out = aligned_rows(stats_rows(stats), indent="")
     out += drop_lines(drop_counts(stats), rejects_hint=None)
     if histogram and stats.lengths:
         out.append("length histogram (tokens before truncation):")

@@ -92,8 +92,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def write_eos(directory: Path, stops: list[int]) -> list[int]:
-    """Set `eos_token_id` in generation_config.json (created when missing) and config.json to the stop ids
-    plus the EOS ids either file already had; returns the list written."""
+    """`eos_token_id` of generation_config.json (made if missing) and config.json := stops + their EOS ids."""
     configs = {name: _read_json(directory / name) for name in EOS_FILES}
     eos = list(stops)  # the stop ids first, then every other id already named as EOS, each once
     for config in configs.values():
@@ -164,8 +163,7 @@ def _has_chat_template(directory: Path) -> bool:
 
 
 def _servable_template(directory: Path, strict: bool) -> tuple[str | None, bool]:
-    """Bring the saved response template into the serving subset where dropping repeats/join does it;
-    (which check passed it or None, whether tokenizer_config.json was rewritten)."""
+    """The response template made servable where dropping repeats/join does; (checker or None, rewritten)."""
     config_path = directory / "tokenizer_config.json"
     config = _read_json(config_path)
     template = saved_response_template(directory)
@@ -192,10 +190,9 @@ def _servable_template(directory: Path, strict: bool) -> tuple[str | None, bool]
 
 
 def make_servable(directory: str | Path, tokenizer=None, *, strict: bool = False) -> dict[str, Any]:
-    """Make a directory written by `save_pretrained` + `save_tokenizer` servable as is (docs/serving.md): the
-    template's serving form, the EOS lists, file modes per the umask; returns what it did. A template still
-    outside the subset, or no chat template: FatalError when `strict` (export), else logged (the end of a
-    training run must not lose its save)."""
+    """Make a directory written by `save_pretrained` + `save_tokenizer` servable as is (docs/serving.md);
+    returns what it did. A template still outside the subset, or no chat template: FatalError when `strict`
+    (export), else logged (the end of a training run must not lose its save)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise FatalError(f"{directory}: not a directory")

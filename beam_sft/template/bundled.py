@@ -17,8 +17,7 @@ BUNDLED = ("data/tokenizer", "data/samples", "configs/quickstart.yaml", "configs
 
 
 def bundled(relative: str) -> Path:
-    """The bundled file or directory at `relative` (a path of `BUNDLED` or below it); it may not exist. From the
-    installed copy when there is one, else from the checkout."""
+    """Bundled `relative` (of `BUNDLED`, may not exist): from the installed copy if any, else the checkout."""
     return (INSTALLED_ROOT if INSTALLED_ROOT.is_dir() else CHECKOUT_ROOT) / relative
 
 

@@ -204,6 +204,7 @@ PARALLEL_CALLS = {"role": "assistant", "reasoning_content": "I need both cities.
                   "tool_calls": [{"id": "c1", **_call("London")}, {"id": "c2", **_call("Paris", days=3)}]}
 AFTER_TOOL = {"role": "assistant", "reasoning_content": "It is cloudy.", "content": "London: 14 C, cloudy."}
 LONDON_RESULT = {"role": "tool", "name": "get_weather", "content": "14 C, cloudy"}
+ASK_LONDON = {"role": "user", "content": "Weather in London?"}
 # Text that trips tokenizers that normalise or add spaces: leading/trailing/multiple spaces, tabs, CRLF,
 # code, emoji, CJK, combining characters.
 ODD_TEXT = "  two leading spaces\tand a tab,\r\nCRLF, trailing  \n```py\ndef f(x):\n    return x  # ok\n```\n😀 中文 e\u0301"
@@ -400,16 +401,10 @@ def _prefix_answer(tokenizer) -> str | None:
 
 @rule("prefix-tool-call")
 def _prefix_tool_call(tokenizer) -> str | None:
-    ask = {"role": "user", "content": "Weather in London?"}
-    _prefix_check(tokenizer, [ask], CALL_LONDON, [GET_WEATHER], "tool call")
-    _prefix_check(tokenizer, [ask], PARALLEL_CALLS, [GET_WEATHER], "parallel calls")
-    _prefix_check(tokenizer, [ask, CALL_LONDON, LONDON_RESULT], AFTER_TOOL, [GET_WEATHER], "answer after tool result")
-
-
-def _generated(tokenizer, history, turn, tools) -> tuple[str, str]:
-    prompt, full = _prompt_and_full(tokenizer, history, turn, tools)
-    _require(full.startswith(prompt), "generation prompt is not a prefix (see prefix rules)")
-    return prompt, full[len(prompt) :]
+    _prefix_check(tokenizer, [ASK_LONDON], CALL_LONDON, [GET_WEATHER], "tool call")
+    _prefix_check(tokenizer, [ASK_LONDON], PARALLEL_CALLS, [GET_WEATHER], "parallel calls")
+    _prefix_check(tokenizer, [ASK_LONDON, CALL_LONDON, LONDON_RESULT], AFTER_TOOL, [GET_WEATHER],
+                  "answer after tool result")
 
 
 def _check_parsed(parsed: dict, turn: dict, label: str) -> None:
@@ -428,16 +423,23 @@ def _check_parsed(parsed: dict, turn: dict, label: str) -> None:
 
 PARSE_CASES = [
     ("answer", [USER], ANSWER, None),
-    ("tool call", [{"role": "user", "content": "Weather in London?"}], CALL_LONDON, [GET_WEATHER]),
+    ("tool call", [ASK_LONDON], CALL_LONDON, [GET_WEATHER]),
     ("parallel calls", [{"role": "user", "content": "London and Paris?"}], PARALLEL_CALLS, [GET_WEATHER]),
     ("odd text", [USER], ODD_ANSWER, None),
 ]
 
 
+def _generated(tokenizer) -> Iterator[tuple[str, dict, list[dict] | None, str, str]]:
+    """(label, turn, tools, generation prompt, the turn's text after it) of each of PARSE_CASES."""
+    for label, history, turn, tools in PARSE_CASES:
+        prompt, full = _prompt_and_full(tokenizer, history, turn, tools)
+        _require(full.startswith(prompt), "generation prompt is not a prefix (see prefix rules)")
+        yield label, turn, tools, prompt, full[len(prompt) :]
+
+
 @rule("parse-rendered")
 def _parse_rendered(tokenizer) -> str | None:
-    for label, history, turn, tools in PARSE_CASES:
-        prompt, generated = _generated(tokenizer, history, turn, tools)
+    for label, turn, tools, prompt, generated in _generated(tokenizer):
         _check_parsed(tokenizer.parse_response(generated, prefix=prompt, tools=tools), turn, label)
     return f"{len(PARSE_CASES)} turns"
 
@@ -445,8 +447,7 @@ def _parse_rendered(tokenizer) -> str | None:
 @rule("parse-decoded-ids")
 def _parse_decoded_ids(tokenizer) -> str | None:
     # What a server does: decode the new token ids, dropping special tokens (<|return|>), then parse.
-    for label, history, turn, tools in PARSE_CASES:
-        prompt, generated = _generated(tokenizer, history, turn, tools)
+    for label, turn, tools, prompt, generated in _generated(tokenizer):
         prompt_ids = _ids(tokenizer, prompt)
         full_ids = _ids(tokenizer, prompt + generated)
         new_text = tokenizer.decode(full_ids[len(prompt_ids) :], skip_special_tokens=True)
@@ -469,8 +470,7 @@ def _stream_pieces(tokenizer, ids: list[int]) -> list[str]:
 
 @rule("parse-stream")
 def _parse_stream(tokenizer) -> str | None:
-    for label, history, turn, tools in PARSE_CASES:
-        prompt, generated = _generated(tokenizer, history, turn, tools)
+    for label, turn, tools, prompt, generated in _generated(tokenizer):
         parser = tokenizer.get_response_parser(prefix=prompt, tools=tools)
         pieces = _stream_pieces(tokenizer, _ids(tokenizer, generated))
         _require("".join(pieces) == generated, f"{label}: token-by-token decode does not rebuild the text")
@@ -493,42 +493,41 @@ def run_format_rules(tokenizer) -> list[RuleResult]:
     return results
 
 
-# The page's text blocks outside examples show the format itself. Each rule renders the conversation a
-# snippet describes and looks for the snippet in the output. The page puts line breaks between messages
-# "for readability", so those are removed first; line breaks inside a message stay.
+# Snippet rules: render the conversation a snippet (a text block outside examples) shows and find it in the
+# output, after removing the line breaks the page puts between messages "for readability".
 
 HELLO = [{"role": "user", "content": "Hello!"}]
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command.", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 
-# heading -> (how to find it: "prefix" or "contains", messages, tools, chat template kwargs)
-SNIPPETS: dict[str, tuple[str, list[dict], list[dict] | None, dict]] = {
-    "Messages": ("contains", [USER, ANSWER], None, {}),
-    "System message": ("prefix", HELLO, None, {}),
+# heading -> (how to find it: "prefix" or "contains", messages, tools)
+SNIPPETS: dict[str, tuple[str, list[dict], list[dict] | None]] = {
+    "Messages": ("contains", [USER, ANSWER], None),
+    "System message": ("prefix", HELLO, None),
     # The page's placeholders, used as the message texts.
     "Instructions": ("contains", [{"role": "system", "content": "{first message}"},
-                                  {"role": "developer", "content": "{second message}"}, *HELLO], None, {}),
-    "Tools": ("contains", HELLO, [GET_WEATHER], {}),
-    "Built-in tools": ("contains", HELLO, [BASH], {}),
-    "Tool calls": ("contains", [{"role": "user", "content": "Weather in London?"},
+                                  {"role": "developer", "content": "{second message}"}, *HELLO], None),
+    "Tools": ("contains", HELLO, [GET_WEATHER]),
+    "Built-in tools": ("contains", HELLO, [BASH]),
+    "Tool calls": ("contains", [ASK_LONDON,
                                 {"role": "assistant", "reasoning_content": "Check.", "tool_calls": [_call("London")]},
-                                LONDON_RESULT], [GET_WEATHER], {}),
+                                LONDON_RESULT], [GET_WEATHER]),
     "Parallel calls": ("contains", [{"role": "user", "content": "London and Paris?"},
                                     {"role": "assistant", "reasoning_content": "Both.",
                                      "tool_calls": [_call("London"), _call("Paris")]},
                                     LONDON_RESULT, {"role": "tool", "name": "get_weather", "content": "18 C, sunny"}],
-                       [GET_WEATHER], {}),
+                       [GET_WEATHER]),
 }
 
 
 def _snippet_rule(tokenizer, heading: str, blocks: list[str] | None) -> RuleResult:
-    how, messages, tools, kwargs = SNIPPETS[heading]
+    how, messages, tools = SNIPPETS[heading]
     name = f"snippet: {heading}"
     if not blocks:
         return RuleResult(name, False, f"the page has no text block under the heading {heading!r}")
     expected = blocks[0].replace("\n<|start|>", "<|start|>")
     try:
-        text = _render(tokenizer, messages, tools, add_generation_prompt=True, **kwargs)
+        text = _render(tokenizer, messages, tools, add_generation_prompt=True)
     except Exception as err:  # noqa: BLE001 -- a template error fails the rule, with the error as reason
         return RuleResult(name, False, f"render raised {type(err).__name__}: {err}")
     found = text.startswith(expected) if how == "prefix" else expected in text

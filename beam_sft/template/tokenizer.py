@@ -22,8 +22,6 @@ PLAIN_MARKERS: tuple[str, ...] = tuple(m for m in MARKERS if m != EOS_TOKEN)
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 TEMPLATES_DIR = PACKAGE_DIR / "template"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-RESPONSE_TEMPLATE_FILE = "response_template.json"
 # data/tokenizer: the checkout's, or the copy an installed wheel carries (beam_sft/template/bundled.py).
 DEFAULT_TOKENIZER_DIR = bundled("data/tokenizer")
 
@@ -111,7 +109,7 @@ def template_hash(tokenizer) -> str:
 def read_templates(template_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
     """Return (chat template source, response template dict) read from `template_dir` (default: the package's)."""
     directory = Path(template_dir) if template_dir is not None else TEMPLATES_DIR
-    chat_path, response_path = directory / CHAT_TEMPLATE_FILE, directory / RESPONSE_TEMPLATE_FILE
+    chat_path, response_path = directory / "chat_template.jinja", directory / "response_template.json"
     if missing := next((path for path in (chat_path, response_path) if not path.is_file()), None):
         raise FatalError(f"template file not found: {missing}")
     chat_template = chat_path.read_text(encoding="utf-8")
@@ -178,8 +176,7 @@ _PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def plain_class(path: str | Path) -> str | None:
-    """The class AutoTokenizer would pick for the directory `path` when it is a plain tokenizers-backed one
-    (`_PLAIN_CLASSES`), else None (a hub id, no tokenizer_config.json, another class)."""
+    """The class AutoTokenizer would pick for the directory `path` when one of `_PLAIN_CLASSES`, else None."""
     config = Path(path) / "tokenizer_config.json"
     # A model directory (config.json) may map its model type to another class: AutoTokenizer decides there.
     if not config.is_file() or (Path(path) / "config.json").exists():

@@ -1,5 +1,4 @@
-"""Checkpoints that count only when complete: a commit marker written last, resume from the newest complete
-one. See docs/training.md#when-a-job-fails."""
+"""Checkpoints that count only when complete: see docs/training.md#when-a-job-fails."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def step_of(path: Path) -> int:
 
 def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
     """Every `checkpoint-N` directory of output_dir, oldest step first."""
-    root = Path(output_dir)
-    if not root.is_dir():
+    if not (root := Path(output_dir)).is_dir():
         return []
     return sorted((p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)), key=step_of)
 
@@ -51,8 +49,7 @@ def _files(path: Path) -> dict[str, int]:
 
 def lacks(path: Path) -> str | None:
     """What keeps checkpoint `path` from being resumed, in a few words; None when it is complete."""
-    marker = path / MARKER
-    if not marker.is_file():
+    if not (marker := path / MARKER).is_file():
         have = sorted(_files(path))
         missing = [name for name in _EXPECTED if name not in have]
         shown = ", ".join(have[:6]) + (f" and {len(have) - 6} more" if len(have) > 6 else "")
@@ -78,14 +75,11 @@ def is_complete(path: str | Path) -> bool:
 def last_complete(output_dir: str | Path, say=logger.warning) -> str | None:
     """The newest complete checkpoint of output_dir; each newer incomplete one named in one line with what it
     lacks (older incomplete ones are leftovers the rotation removes)."""
-    newest = None
     for path in reversed(checkpoint_dirs(output_dir)):
-        reason = lacks(path)
-        if reason is None:
-            newest = path
-            break
+        if (reason := lacks(path)) is None:
+            return str(path)
         say(f"not resuming from {path}: incomplete, {reason}")
-    return str(newest) if newest is not None else None
+    return None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -101,13 +95,12 @@ def commit(path: Path, step: int, world_size: int) -> None:
     _fsync_dir(path)
 
 
-def rotate(output_dir: str | Path, limit: int | None, keep: str | None = None) -> list[Path]:
+def rotate(output_dir: str | Path, limit: int | None, keep: str | None = None) -> None:
     """Keep the newest `limit` complete checkpoints (and `keep`, the best model's); remove older complete ones
     and incomplete leftovers older than the newest complete one (after a commit: never what resume takes)."""
     dirs = checkpoint_dirs(output_dir)
-    complete = [p for p in dirs if is_complete(p)]
-    if not complete:
-        return []
+    if not (complete := [p for p in dirs if is_complete(p)]):
+        return
     protected = set(complete[-limit:] if limit and limit > 0 else complete)
     if keep:
         protected.add(Path(keep))
@@ -116,13 +109,10 @@ def rotate(output_dir: str | Path, limit: int | None, keep: str | None = None) -
     for path in dirs:
         if path in protected or step_of(path) >= newest:
             continue
-        if path in complete and not (limit and limit > 0):
-            continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     if removed:
         logger.info("removed %s (save_total_limit %s)", ", ".join(p.name for p in removed), limit)
-    return removed
 
 
 def state_bytes(model, optimizer=None) -> int:
@@ -251,8 +241,7 @@ def _missing_here(trainer, folder: Path) -> BaseException | None:
     every = gather_objects(mine)
     if not args.should_save or every[0] is None:
         return None
-    missing = sorted(n for n in set(every[0]) - set(mine or ()) if not n.startswith("rng_state"))
-    if not missing:
+    if not (missing := sorted(n for n in set(every[0]) - set(mine or ()) if not n.startswith("rng_state"))):
         return None
     return FatalError(f"{folder} on this node lacks {', '.join(missing[:5])} (world rank 0 wrote them); not committed")
 

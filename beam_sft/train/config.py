@@ -1,5 +1,4 @@
-"""The options of `scripts/train.py`: its own (`ScriptArguments`, the data options of
-`beam_sft.dataset.arguments` included) and TRL's `SFTConfig` with Beam defaults."""
+"""The options of `scripts/train.py`: `ScriptArguments` and TRL's `SFTConfig` with Beam defaults."""
 
 from __future__ import annotations
 

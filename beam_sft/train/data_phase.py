@@ -9,44 +9,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from beam_sft.dataset.examples import PrepStats
+from beam_sft.dataset.mixture import resolve, shares
 from beam_sft.dataset.prepare import prepare_data
+from beam_sft.dataset.reasoning_stats import notes
 from beam_sft.dataset.settings import REJECTS, DataSettings, PhaseOptions
 from beam_sft.dataset.stream import stream_training_data
-from beam_sft.errors import FatalError, Reason
+from beam_sft.errors import FatalError, Reason, UsageError
+from beam_sft.records.files import data_sources, source_label, source_options
+from beam_sft.storage import atomic_output, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
 
-def source_options(script_args, *, hub: bool = True) -> dict[str, Any]:
-    """The `beam_sft.records.files.expand_inputs` options of `dataset_name` (hub: its subset, revision,
-    data_dir, data_files; and the column mapping), those that are set."""
-    from beam_sft.records.files import parse_columns
-
-    options = {"columns": parse_columns(getattr(script_args, "dataset_columns", None), "--dataset_columns")}
-    if hub:
-        options.update(config=getattr(script_args, "dataset_config", None),
-                       revision=getattr(script_args, "dataset_revision", None),
-                       data_dir=getattr(script_args, "dataset_data_dir", None),
-                       data_files=getattr(script_args, "dataset_data_files", None))
-    return {k: v for k, v in options.items() if v is not None}
-
-
 def training_inputs(script_args, *, seed: int = 0, base: str | os.PathLike = "."):
-    """What the data phase reads: the `datasets:` mixture of the config (beam_sft.dataset.mixture), resolved
-    (with --streaming not counted: its shares are drawn as it streams), else `dataset_name` (its sources, when
-    hub options or columns are set)."""
+    """What the data phase reads: the config's `datasets:` mixture, resolved (uncounted under --streaming: its
+    shares are drawn as it streams), else `dataset_name` (its sources when hub options or columns are set)."""
     if getattr(script_args, "datasets", None):
-        from beam_sft.dataset.mixture import resolve
-
         entries = [e if isinstance(e, dict) else {k: v for k, v in vars(e).items() if v is not None}
                    for e in script_args.datasets]
         return resolve(entries, base=base, seed=seed, where="datasets (--config)",
                        count=not getattr(script_args, "streaming", False))
-    options = source_options(script_args)
-    if not options:
+    if not (options := source_options(script_args)):
         return script_args.dataset_name
-    from beam_sft.records.files import data_sources
-
     return data_sources([script_args.dataset_name], script_args.dataset_train_split, options)
 
 
@@ -54,9 +39,6 @@ def eval_inputs(script_args) -> list | None:
     """The separate eval data: `eval_dataset_name` at split `dataset_test_split` (default test), or else, when
     `dataset_test_split` is set, that split of `dataset_name` (which must then have splits: a hub dataset or a
     dataset directory). None when neither is set."""
-    from beam_sft.errors import UsageError
-    from beam_sft.records.files import data_sources
-
     split = getattr(script_args, "dataset_test_split", None)
     if script_args.eval_dataset_name:
         return data_sources([script_args.eval_dataset_name], split or "test", source_options(script_args, hub=False))
@@ -77,11 +59,8 @@ def eval_inputs(script_args) -> list | None:
 
 def streamed_note(inputs) -> str | None:
     """One line naming a streamed mixture's entries and shares (None for plain inputs)."""
-    plans = getattr(inputs, "plans", None)
-    if not plans:
+    if not (plans := getattr(inputs, "plans", None)):
         return None
-    from beam_sft.dataset.mixture import shares
-
     fractions = [p.entry.fraction for p in plans]
     weights = shares(fractions) if fractions[0] is not None else [None] * len(plans)
     return "a mixture of " + ", ".join(
@@ -96,10 +75,6 @@ def training_datasets(dataset_name, tokenizer, settings: DataSettings, options: 
     process copies the rejects to `options.output_dir/rejects.jsonl` and writes the stats (per split, and
     `data`: the whole input's counts) to `data_stats.json` there. `options.streaming`: `stream_training_data`
     instead (nothing cached). `eval_dataset_name`: a path or id (its "test" split), or `eval_inputs`' sources."""
-    from beam_sft.dataset.reasoning_stats import notes
-    from beam_sft.records.files import source_label
-    from beam_sft.storage import atomic_output, write_json_atomic
-
     options = options or PhaseOptions()
     output_dir, is_main_process = options.output_dir, options.main_process
     if options.streaming:
@@ -132,8 +107,6 @@ def training_datasets(dataset_name, tokenizer, settings: DataSettings, options: 
     if counts.get("rejected", {}).get(Reason.INTERNAL_ERROR.value):
         logger.warning("!!! %d records failed with an unexpected error (reason internal_error): a converter bug; "
                        "see rejects.jsonl", counts["rejected"][Reason.INTERNAL_ERROR.value])
-    from beam_sft.dataset.examples import PrepStats
-
     for name, split in prepared.stats.items():
         if "records_in" in split:
             logger.info(PrepStats(**split).summary(name))

@@ -1,5 +1,4 @@
-"""`--dry_run`: everything a training run checks and counts before its first step, then a plan; no training
-(docs/training.md#the-dry-run---dry_run: the memory estimate's formula is there)."""
+"""`--dry_run`: checks and counts, then a plan; no training (docs/training.md#the-dry-run---dry_run)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from beam_sft.dataset.drops import aligned_rows
 from beam_sft.model.beamify import beamify
 from beam_sft.model.load import (
     EMBEDDED_BASE_DIR,
@@ -45,8 +45,7 @@ class Plan:
         self.lines.append((name, str(value)))
 
     def __str__(self) -> str:
-        width = max(len(n) for n, _ in self.lines)
-        return "\n".join(["dry run: nothing trained or saved"] + [f"  {n:<{width}}  {v}" for n, v in self.lines])
+        return "\n".join(["dry run: nothing trained or saved", *aligned_rows(self.lines)])
 
 
 def tokenizer_and_config(script_args, training_args, model_args):
@@ -163,13 +162,6 @@ def probe(config, embedded, training_args, model_args) -> str:
     return (report.line() if report is not None else "skipped (packing_check skip)") + where
 
 
-def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan:
-    """Check the run and return its plan; trains nothing, writes nothing to output_dir. Every refusal comes
-    first, as one line (a UsageError / FatalError) before any report: the template suite's report follows them."""
-    with quiet_libraries():
-        return _dry_run(script_args, training_args, model_args, world_size)
-
-
 @contextlib.contextmanager
 def quiet_libraries():
     """No progress bars, no libraries' deprecation notes about their internals: the output is the plan."""
@@ -178,25 +170,20 @@ def quiet_libraries():
         yield
 
 
-def refusals(script_args, training_args, model_args):
-    """What the real run refuses, checked in its order but before anything is reported: (tokenizer, config,
-    embedded model or None, (total, trainable) parameters)."""
-    run.check_arguments(script_args, training_args)
-    refuse_quantization(script_args, model_args)
-    if training_args.resume_from_checkpoint is not None:
-        run.resume_checkpoint(training_args)  # a path that cannot be resumed: refused now, not at the first step
-    tokenizer, config, embedded = tokenizer_and_config(script_args, training_args, model_args)
-    check_tokenizer(tokenizer, conformance=False, assistant_only_loss=training_args.assistant_only_loss)
-    counts = parameter_counts(config, script_args, model_args)
-    return tokenizer, config, embedded, counts
-
-
-def _dry_run(script_args, training_args, model_args, world_size: int) -> Plan:
+@quiet_libraries()
+def dry_run(script_args, training_args, model_args, world_size: int = 1) -> Plan:
+    """Check the run and return its plan; trains nothing, writes nothing to output_dir. Every refusal comes
+    first, as one line (a UsageError / FatalError) before any report: the template suite's report follows them."""
     from beam_sft.dataset.arguments import data_settings
     from beam_sft.dataset.settings import PhaseOptions
-    from beam_sft.train.data_phase import eval_inputs, training_datasets, training_inputs
+    from beam_sft.train.data_phase import eval_inputs, streamed_note, training_datasets, training_inputs
 
-    tokenizer, config, embedded, (total, trainable) = refusals(script_args, training_args, model_args)
+    run.check_arguments(script_args, training_args)  # the real run's refusals, in its order, before any report
+    refuse_quantization(script_args, model_args)
+    run.resume_checkpoint(training_args)  # a path that cannot be resumed: refused now, not at the first step
+    tokenizer, config, embedded = tokenizer_and_config(script_args, training_args, model_args)
+    check_tokenizer(tokenizer, conformance=False, assistant_only_loss=training_args.assistant_only_loss)
+    total, trainable = parameter_counts(config, script_args, model_args)
     if script_args.check_template and embedded is None:
         run_template_check(tokenizer)  # logged, never fatal: after every refusal
     plan = Plan()
@@ -210,8 +197,6 @@ def _dry_run(script_args, training_args, model_args, world_size: int) -> Plan:
     plan.add("parameters", f"{total:,} ({trainable:,} trainable)")
     settings = data_settings(script_args, training_args)
     if script_args.streaming:
-        from beam_sft.train.data_phase import streamed_note
-
         plan.add("data", f"{streamed_note(training_inputs(script_args, seed=training_args.seed)) or script_args.dataset_name}"
                          ": streamed, not counted")
         plan.add("steps", training_args.max_steps)
@@ -223,7 +208,18 @@ def _dry_run(script_args, training_args, model_args, world_size: int) -> Plan:
             eval_dataset_name=eval_inputs(script_args), cache_dir=script_args.prepared_cache_dir)
         rows = packed_rows(train, training_args)
         longest = training_args.max_length if training_args.packing else max(len(x) for x in train["input_ids"])
-        _data_lines(plan, stats, train, eval_ds, rows, training_args)
+        counts = stats.get("data", {})
+        action = counts.get("action")
+        plan.add("data", f"{counts.get('path')} ({'built now' if action == 'tokenized' else action})")
+        if "records_in" in counts:
+            plan.add("records", f"{counts['records_in']} in, {len(train)} training, "
+                     f"{len(eval_ds) if eval_ds is not None else 0} eval, {counts['rejected_total']} rejected "
+                     f"{counts['rejected']}, {counts['dropped_too_long']} dropped by truncation")
+        else:
+            plan.add("records", f"{len(train)} training, {len(eval_ds) if eval_ds is not None else 0} eval")
+        if training_args.packing:
+            plan.add("packed rows", f"{rows} rows of up to {training_args.max_length} tokens "
+                     f"({training_args.packing_strategy})")
     _batch_lines(plan, rows, training_args, world_size, stats.get("train", {}))
     dtype = (str(next(embedded.parameters()).dtype).removeprefix("torch.") if embedded is not None
              else model_args.dtype if model_args.dtype in BYTES else "float32")
@@ -231,36 +227,17 @@ def _dry_run(script_args, training_args, model_args, world_size: int) -> Plan:
     plan.facts.update(memory_bytes=memory["total"], parameters=total, trainable=trainable)
     plan.add("memory (estimate)", f"{size_text(memory['total'])} per process: " + ", ".join(
         f"{k} {size_text(v)}" for k, v in memory.items() if k != "total"))
-    _checkpoint_line(plan, trainable, BYTES.get(dtype, 4), training_args)
-    plan.add("packing probe", probe(config, embedded, training_args, model_args))
-    return plan
-
-
-def _checkpoint_line(plan: Plan, trainable: int, weight_bytes: int, training_args) -> None:
-    """One checkpoint's size (the weights saved, LoRA: the adapters only, and AdamW's two moments) against the
-    free space of output_dir, where a full disk would stop the run at its first save."""
-    size = 3 * trainable * weight_bytes  # what trains is what is saved: all weights, or LoRA's adapters only
+    # One checkpoint (what trains is what is saved: all weights, or LoRA's adapters only, and AdamW's two
+    # moments) against the free space of output_dir, where a full disk would stop the run at its first save.
+    size = 3 * trainable * BYTES.get(dtype, 4)
     free = free_bytes(training_args.output_dir)
     limit = training_args.save_total_limit
     kept = f"at most {limit + 1} at once (save_total_limit {limit})" if limit else "every one kept (no save_total_limit)"
     plan.facts.update(checkpoint_bytes=size, output_dir_free_bytes=free)
     plan.add("checkpoints", f"{size_text(size)} each (estimate), {kept}; {training_args.output_dir} has {size_text(free)} free"
              + (" -- NOT ENOUGH FOR ONE" if free < size else ""))
-
-
-def _data_lines(plan: Plan, stats: dict, train, eval_ds, rows: int, training_args) -> None:
-    counts = stats.get("data", {})
-    action = counts.get("action")
-    plan.add("data", f"{counts.get('path')} ({'built now' if action == 'tokenized' else action})")
-    if "records_in" in counts:
-        plan.add("records", f"{counts['records_in']} in, {len(train)} training, "
-                 f"{len(eval_ds) if eval_ds is not None else 0} eval, {counts['rejected_total']} rejected "
-                 f"{counts['rejected']}, {counts['dropped_too_long']} dropped by truncation")
-    else:
-        plan.add("records", f"{len(train)} training, {len(eval_ds) if eval_ds is not None else 0} eval")
-    if training_args.packing:
-        plan.add("packed rows", f"{rows} rows of up to {training_args.max_length} tokens "
-                 f"({training_args.packing_strategy})")
+    plan.add("packing probe", probe(config, embedded, training_args, model_args))
+    return plan
 
 
 def _batch_lines(plan: Plan, rows: int | None, training_args, world_size: int, split: dict) -> None:

@@ -1,5 +1,4 @@
-"""The `beam-sft eval` metrics during training (`--eval_beam_steps N`, `--eval_beam_on_evaluate`):
-docs/training.md#watching-beam-metrics-during-training."""
+"""The `beam-sft eval` metrics during training: docs/training.md#watching-beam-metrics-during-training."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def held_out_records(trainer, script_args, settings) -> list[dict]:
                                        eval_dataset_name=eval_inputs(script_args)))
     if trainer.accelerator.num_processes > 1:
         box = broadcast_object_list(box)
-    records = box[0]
-    if not records and trainer.accelerator.is_main_process:
+    if not (records := box[0]) and trainer.accelerator.is_main_process:
         why = ("deduplication removed every eval record: each equals a training record or an earlier one; "
                "--dedup false keeps them" if settings.dedup else "it holds no record")
         logger.warning("eval_beam: the eval split is empty (%s); no eval_beam/<metric> will be logged", why)

@@ -1,5 +1,4 @@
-"""What a long job does when something goes wrong: preemption (save and stop, exit 75), a non-finite step
-(65), a lost rank, the end of a job (`run_status.json`). See docs/training.md#when-a-job-fails."""
+"""What a long job does when something goes wrong: see docs/training.md#when-a-job-fails."""
 
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ def make_preemption_callback(signals: list[signal.Signals]):
 
 
 class NonFiniteGuard:
-    """The trainer's non-finite check; `BeamSFTTrainer` calls `seen` after each micro-batch and `check` with
-    the gradient norm, right before the optimizer step."""
+    """The non-finite check: `seen` after each micro-batch, `check` with the gradient norm before the step."""
 
     def __init__(self, policy: str = "stop", max_skips: int = 10) -> None:
         self.policy = policy

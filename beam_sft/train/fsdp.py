@@ -1,5 +1,4 @@
-"""FSDP2 in the training job: sharding on CPU (gloo) for tests, a sharding report, a whole final model
-(docs/fsdp.md)."""
+"""FSDP2 in the training job (docs/fsdp.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""LoRA on a beamified base: the rows of beamify's new tokens train (PEFT's `trainable_token_indices`,
-tie-aware), or the markers never learn; a tied model's output projection is refused (docs/real-model.md)."""
+"""LoRA on a beamified base: the new tokens' rows train, or the markers never learn (docs/real-model.md)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def refuse_tied_output(modules_to_save, model) -> None:
     if not modules_to_save or not _tied(model):
         return
     embed = _module_name(model, model.get_input_embeddings())
-    output = _module_name(model, model.get_output_embeddings())
-    if output in set(modules_to_save):
+    if (output := _module_name(model, model.get_output_embeddings())) in set(modules_to_save):
         raise UsageError(
             f"modules_to_save lists {output!r}, the output projection tied to {embed!r}: PEFT would train two full "
             "copies and break the tie. Drop it: beam-sft makes the new marker rows trainable by itself "
@@ -69,9 +67,7 @@ def make_new_rows_trainable(peft_config, model) -> dict | None:
     if not tied and output is not None and output not in saved:
         wanted[output] = ids
     current = peft_config.trainable_token_indices
-    if isinstance(current, list):
-        current = {embed: current}
-    merged = dict(current or {})
+    merged = {embed: current} if isinstance(current, list) else dict(current or {})
     for name, names_ids in wanted.items():
         merged[name] = sorted(set(merged.get(name, [])) | set(names_ids))
     peft_config.trainable_token_indices = merged
@@ -86,8 +82,7 @@ def check_new_rows_trainable(model, ids: list[int]) -> None:
     if not ids:
         return
     embeddings = model.get_input_embeddings()
-    adapter = getattr(embeddings, "token_adapter", None)
-    if adapter is not None:
+    if (adapter := getattr(embeddings, "token_adapter", None)) is not None:
         missing = sorted(set(ids).difference(*adapter.token_indices.values()))
     else:
         weight = getattr(embeddings, "weight", None)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trl import TrlParser
 
+from beam_sft.dataset.arguments import PREPARE_ONLY, renamed
 from beam_sft.errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,7 @@ class BeamTrlParser(TrlParser):
         super().__init__(dataclass_types, **kwargs)
 
     def error(self, message):
-        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if found:
+        if found := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
             message += _nearest(found.group(1), re.findall(r"'([^']*)'", found.group(2)))
         elif found := re.match(r"the following arguments are required: (.*)$", message):
             message = f"{self.prog} needs {found.group(1)}; see {self.prog} --help"
@@ -49,12 +49,9 @@ class BeamTrlParser(TrlParser):
         return {action.dest for action in self._actions if action.dest != "help"}
 
     def parse_args_and_config(self, args=None, **kwargs):
-        """TRL's `parse_args_and_config`, strict: see the module docstring. With TRL's keyword arguments
-        (remaining strings wanted) it is TRL's own."""
+        """Strict (see the module docstring); TRL's own with TRL's keyword arguments (remaining strings)."""
         if kwargs:
             return super().parse_args_and_config(args, **kwargs)
-        from beam_sft.dataset.arguments import renamed
-
         args = list(args) if args is not None else sys.argv[1:]
         for arg in args:
             if arg.startswith("-") and (message := renamed(arg)):
@@ -93,11 +90,8 @@ class BeamTrlParser(TrlParser):
             raise UsageError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
         if not isinstance(config, dict):
             raise UsageError(f"{path}: must be a YAML mapping of option: value")
-        env = config.pop("env", {})
-        if not isinstance(env, dict):
+        if not isinstance(env := config.pop("env", {}), dict):
             raise UsageError(f"{path}: 'env' must be a mapping of VARIABLE: value")
-        from beam_sft.dataset.arguments import renamed
-
         self.config_path = path
         known = self.option_names()
         for key in [k for k in config if k not in known]:
@@ -126,8 +120,7 @@ class BeamTrlParser(TrlParser):
 def _stray_value(args: list[str], value: str) -> str:
     """The message for a value no option takes: most often a second value after a one-value option."""
     before = args[:args.index(value)] if value in args else []
-    option = next((a for a in reversed(before) if a.startswith("--")), None)
-    if option is None:
+    if (option := next((a for a in reversed(before) if a.startswith("--")), None)) is None:
         return f"unexpected argument {value!r}: options are given as --name value"
     if option.split("=", 1)[0] in ("--dataset_name", "--eval_dataset_name"):
         return (f"{option} takes one dataset, and {value!r} is a second: for several files give a glob "
@@ -169,8 +162,7 @@ def resolve_bundled_paths(script_args) -> None:
         value = getattr(script_args, name, None)
         if not isinstance(value, str) or Path(value).is_absolute() or Path(value).exists():
             continue
-        candidate = bundled(value)
-        if candidate.exists():
+        if (candidate := bundled(value)).exists():
             logger.info("%s %s: not in %s, using the bundled %s", name, value, os.getcwd(), candidate)
             setattr(script_args, name, str(candidate))
 
@@ -179,7 +171,6 @@ def make_parser(prog: str | None = None, description: str | None = None) -> Beam
     """The parser of `beam-sft train` and `scripts/train.py`: ScriptArguments, BeamSFTConfig, ModelConfig."""
     from trl import ModelConfig
 
-    from beam_sft.dataset.arguments import PREPARE_ONLY
     from beam_sft.train.config import BeamSFTConfig, ScriptArguments
 
     # allow_abbrev off: `--learning_rat` would silently set learning_rate.

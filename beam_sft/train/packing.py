@@ -1,7 +1,4 @@
-"""Exact padding-free packing, proven on the model that trains, or no packing.
-
-`ensure_exact_packing` probes the model for cross-record attention in a packed row, installs explicit
-block-diagonal masks where it leaks (gpt-oss), and refuses if it still does.
+"""Exact padding-free packing, proven on the model that trains (`ensure_exact_packing`), or no packing.
 See docs/training.md#gpt-oss-shaped-models-exact-packing-moe-lora-router-loss."""
 
 from __future__ import annotations
@@ -71,8 +68,7 @@ def packed_masks(config, position_ids, dtype, device):
 
     builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
     types = sorted(set(_layer_types(config)))
-    unknown = [t for t in types if t not in builders]
-    if unknown:
+    if unknown := [t for t in types if t not in builders]:
         raise UsageError(f"cannot build packed attention masks for layer types {unknown}")
     # Only shape, dtype and device of the embeddings are read by the mask builders.
     shape_only = torch.empty(position_ids.shape[0], position_ids.shape[1], 0, dtype=dtype, device=device)
@@ -84,8 +80,7 @@ def packed_masks(config, position_ids, dtype, device):
 def install_packed_mask_hook(model):
     """Make `model` build block-diagonal (window-correct) masks from restarting `position_ids` of packed rows
     without mask or cache (training; generation and padded batches pass through); returns the handle."""
-    decoder = find_decoder(model)
-    if decoder is None:
+    if (decoder := find_decoder(model)) is None:
         raise UsageError(f"{type(model).__name__}: no decoder stack found to give packed attention masks to")
     if getattr(decoder, "_beam_packed_mask_hook", None) is not None:
         return decoder._beam_packed_mask_hook

@@ -1,5 +1,4 @@
-"""The steps of the training job around TRL's trainer (checks, logging, the trainer, saving), one call each in
-`beam_sft.train.sft.main`, which reads parse -> model -> data -> trainer -> train -> save."""
+"""The steps of the training job around TRL's trainer, one call each in `beam_sft.train.sft.main`."""
 
 from __future__ import annotations
 
@@ -98,12 +97,10 @@ def check_arguments(script_args, training_args) -> None:
 def resume_checkpoint(training_args):
     """`--resume_from_checkpoint last` (or true): the newest complete checkpoint of output_dir, or None; a path
     is taken as given unless it cannot be resumed. Says which checkpoint and step the run goes on from."""
-    resume = training_args.resume_from_checkpoint
-    if resume is None:
+    if (resume := training_args.resume_from_checkpoint) is None:
         return None
     if isinstance(resume, str) and resume.lower() in ("last", "true"):
-        resume = checkpoints.last_complete(training_args.output_dir)
-        if resume is None:
+        if (resume := checkpoints.last_complete(training_args.output_dir)) is None:
             why = (" (save_strategy is 'no': only a preemption writes a checkpoint)"
                    if getattr(training_args.save_strategy, "value", training_args.save_strategy) == "no" else "")
             logger.warning("no complete checkpoint in %s%s; starting from scratch", training_args.output_dir, why)
@@ -148,8 +145,7 @@ def _resume_plan(resume: str, training_args) -> str:
 
 
 def train(trainer, resume) -> None:
-    """`trainer.train`, each way a run can end written to output_dir/run_status.json and turned into one line
-    and its exit status: preempted (75), a non-finite step (65), a full disk (74), a lost rank (1)."""
+    """`trainer.train`; each way a run ends goes to run_status.json, as one line and its exit status."""
     args = trainer.args
     try:
         trainer.train(resume_from_checkpoint=resume)
@@ -172,8 +168,7 @@ def train(trainer, resume) -> None:
             f"{Path(newest).name if newest else 'no checkpoint'} is the newest complete checkpoint (rerun with "
             "--resume_from_checkpoint last, or launch with --max_restarts N to restart on its own)"
         ) from None
-    stopped = trainer.preemption.stopped_at
-    if stopped is not None:
+    if (stopped := trainer.preemption.stopped_at) is not None:
         checkpoint = str(Path(args.output_dir) / f"checkpoint-{stopped}")
         if trainer.is_world_process_zero():
             faults.write_status(args.output_dir, "preempted", faults.EXIT_PREEMPTED, step=stopped,
@@ -187,8 +182,7 @@ def train(trainer, resume) -> None:
 
 def build_trainer(model, tokenizer, train_dataset, eval_dataset, script_args, training_args, model_args,
                   callbacks=None):
-    """`BeamSFTTrainer` with LoRA (when asked), its loss path, packing made exact (probed) before training, and
-    the records of a batch named for the non-finite check."""
+    """`BeamSFTTrainer` with LoRA (when asked), its loss path, exact packing and the fault callbacks."""
     from beam_sft.dataset.origins import row_origins
     from beam_sft.model.moe import build_peft_config, check_expert_adapters
     from beam_sft.train.fsdp import allow_fsdp_on_cpu, make_sharding_report
@@ -235,7 +229,6 @@ def save(trainer, tokenizer, output_dir: str) -> None:
     from beam_sft.template.tokenizer import save_tokenizer
     from beam_sft.train.fsdp import save_final_model
 
-    # Under FSDP: the full model gathered to rank 0, whatever state_dict_type the checkpoints use.
     save_final_model(trainer, output_dir)
     if trainer.accelerator.is_main_process:
         # Again, through save_tokenizer: it keeps the response template's key order (see its docstring).

@@ -1,5 +1,4 @@
-"""The training job of `beam-sft train` and `scripts/train.py`: TRL's `sft.py` main with Beam's steps
-(`run.py`, `data_phase.py`): parse -> model -> data -> trainer -> train -> save."""
+"""The training job of `beam-sft train` and `scripts/train.py`: TRL's `sft.py` main with Beam's steps."""
 
 from __future__ import annotations
 
@@ -40,7 +39,6 @@ def main(script_args, training_args, model_args, callbacks=None):
             save_embedded_base(model, tokenizer, training_args.output_dir,
                                write=training_args.process_index == 0)
 
-    # Data: converted, tokenized and counted once per job (or streamed)
     settings = data_settings(script_args, training_args)
     train_dataset, eval_dataset, data_stats = training_datasets(
         training_inputs(script_args, seed=training_args.seed), tokenizer, settings,

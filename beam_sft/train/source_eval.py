@@ -1,5 +1,4 @@
-"""Eval loss per data source: `eval_<label>_loss` for each source of a `datasets:` mixture, beside `eval_loss`
-(docs/training.md#dataset-mixtures, "Eval loss per source")."""
+"""Eval loss per data source (docs/training.md#dataset-mixtures, "Eval loss per source")."""
 
 from __future__ import annotations
 
@@ -56,20 +55,19 @@ class OuterEarlyStopping(EarlyStoppingCallback):
         return super().on_evaluate(args, state, control, metrics, **kwargs)
 
 
-def add_source_eval(trainer, script_args, eval_dataset, stats: dict) -> dict:
-    """Attach `SourceEvalCallback` when asked (or by default, for several sources); returns label -> rows."""
+def add_source_eval(trainer, script_args, eval_dataset, stats: dict) -> None:
+    """Attach `SourceEvalCallback` when asked (or by default, for several sources)."""
     from datasets import Dataset
 
     if not isinstance(eval_dataset, Dataset):
         if script_args.eval_per_source:
             logger.warning("eval_per_source: no prepared eval split (streamed, or none); only eval_loss is logged")
-        return {}
+        return
     datasets = by_source(eval_dataset, (stats.get("data") or {}).get("eval_sources"))
     if script_args.eval_per_source and len(datasets) < 2:
         logger.warning("eval_per_source: the eval split holds %s; only eval_loss is logged",
                        f"rows of one source ({next(iter(datasets))})" if datasets else "no per-source rows")
     if len(datasets) < 2 or script_args.eval_per_source is False:  # unset: on for several sources
-        return {}
+        return
     trainer.add_callback(SourceEvalCallback(trainer, datasets))
     logger.info("eval: per-source eval loss for %s", ", ".join(f"{k} ({len(v)} rows)" for k, v in datasets.items()))
-    return datasets

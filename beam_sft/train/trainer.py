@@ -1,6 +1,4 @@
-"""The trainer of `scripts/train.py`: TRL's `SFTTrainer`, logging supervised tokens, with the fault handling of
-`beam_sft/train/checkpoints.py` and `beam_sft/train/faults.py` (committed checkpoints, a full disk, non-finite
-steps naming their records, no step past max_steps on resume). See docs/training.md#when-a-job-fails."""
+"""`BeamSFTTrainer`: TRL's `SFTTrainer`, logging supervised tokens, with Beam's fault handling (faults.py)."""
 
 from __future__ import annotations
 

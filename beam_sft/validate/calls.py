@@ -1,8 +1,5 @@
 """Tool calls checked against the tools the record declares, and the turn order eval expects: what `beam-sft eval`
-scores as a failure (`beam_sft.eval.metrics`: an unknown tool, arguments that break the schema) must not be
-trained as a target. The schema check reads only the keywords tool schemas use for this (type, required, enum,
-properties, items), with eval's notion of each type; no JSON Schema library. See
-docs/conversion.md#calls-checked-against-their-tools."""
+scores as a failure must not be trained as a target. See docs/conversion.md#calls-checked-against-their-tools."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The one per-record conversion: a raw record (or a Beam record) → a validated Beam record, or `RecordError`.
-
-Every reader of training data ends here; `try_convert` turns an unexpected exception into an ``internal_error``
-reject, so one record never stops a run. See docs/conversion.md."""
+"""The one per-record conversion: a raw record (or a Beam record) → a validated Beam record, or `RecordError`. Every
+reader of training data ends here. See docs/conversion.md."""
 
 from __future__ import annotations
 
@@ -19,16 +17,9 @@ from beam_sft.validate.rules import Options, validate
 
 Converter = Callable[[Any], BeamRecord]  # raw record in any shape → unvalidated Beam record
 
-FORMATS: dict[str, Converter] = {
-    "openai": openai.convert,
-    "sharegpt": sharegpt.convert,
-    "harmony": harmony.convert,
-    "hermes": hermes.convert,
-    "glaive": glaive.convert,
-    "xlam": xlam.convert,
-    "prompt_completion": prompt_completion.convert,
-    "alpaca": alpaca.convert,
-}
+# Each format is named as its module in beam_sft.formats, in the order `format_shapes` lists them.
+FORMATS: dict[str, Converter] = {module.__name__.rpartition(".")[2]: module.convert for module in
+                                 (openai, sharegpt, harmony, hermes, glaive, xlam, prompt_completion, alpaca)}
 FORMAT_NAMES = ("auto", *FORMATS)
 
 # One line per format: the outer shape its converter reads (printed when a run reads nothing, docs/formats.md).
@@ -49,8 +40,6 @@ def format_shapes() -> list[str]:
     """One line per format the converters read, naming its outer shape: ``name: shape``."""
     return [f"{name}: {SHAPES[name]}" for name in FORMATS]
 
-_HARMONY_JSON_PART_TYPES = frozenset(("system_content", "developer_content"))
-
 
 def _looks_harmony_json(msgs: list) -> bool:
     """openai-harmony JSON: assistant/tool messages carry `channel`/`recipient`, system/developer messages
@@ -63,7 +52,7 @@ def _looks_harmony_json(msgs: list) -> bool:
         content = m.get("content")
         if type(content) is list and content and type(content[0]) is dict:
             ptype = content[0].get("type")
-            if type(ptype) is str and ptype in _HARMONY_JSON_PART_TYPES:
+            if type(ptype) is str and ptype in ("system_content", "developer_content"):
                 return True
     return False
 
@@ -147,20 +136,13 @@ INPUT_FORMATS = ("beam", *FORMAT_NAMES)
 
 def convert(rec: Any, format: str = "auto", options: Options | None = None,
             counters: dict | None = None) -> tuple[BeamRecord, str]:
-    """One record → (validated Beam record, name of the format it was read as), or `RecordError`.
-
-    `counters` is passed to `validate` (what it merged, folded, moved or kept by policy)."""
+    """One record → (validated Beam record, name of the format it was read as), or `RecordError`."""
     if format == "beam":
         if type(rec) is not dict:
             raise RecordError(Reason.NOT_AN_OBJECT, "not a Beam record (an object with 'messages')")
         return validate(normalize_record(rec), options, counters), "beam"
     beam, name = convert_raw(rec, format)
     return validate(beam, options, counters), name
-
-
-def convert_record(rec: Any, format: str = "auto", options: Options | None = None) -> BeamRecord:
-    """One record → a validated Beam record, or `RecordError`."""
-    return convert(rec, format, options)[0]
 
 
 def try_convert(rec: Any, format: str = "auto", options: Options | None = None, counters: dict | None = None, *,
@@ -198,5 +180,3 @@ def convert_item(item: Item, format: str = "auto", options: Options | None = Non
         return None, None, reject_entry(err, item.source, item.position, item.by_line)
     return beam, name, None
 
-
-__all__ = ["INPUT_FORMATS", "convert", "convert_item", "convert_record", "format_shapes", "try_convert"]

@@ -13,15 +13,15 @@ HELP = ("an assistant turn without reasoning: mask it (weight 0: the whole turn 
         "it (trained with an empty analysis, which teaches Beam to stop reasoning: docs/reasoning.md), or reject "
         "the record. A record left with no trained turn is rejected as nothing_to_train (default: mask)")
 
-KEEP_WARNING = ("warning: --missing_reasoning keep trains {n} assistant turn(s) with an empty analysis. The Beam "
-                "format page: \"Beam never writes an empty analysis message\"; a model trained on such turns learns "
-                "to skip its reasoning (docs/reasoning.md). Use the default `mask`, or fill the reasoning in with "
-                "`beam-sft backfill`.")
-
 
 def keep_warning(kept: int) -> str | None:
     """The warning for a run that kept `kept` turns without reasoning (None when there were none)."""
-    return KEEP_WARNING.format(n=kept) if kept else None
+    if not kept:
+        return None
+    return (f"warning: --missing_reasoning keep trains {kept} assistant turn(s) with an empty analysis. The Beam "
+            "format page: \"Beam never writes an empty analysis message\"; a model trained on such turns learns "
+            "to skip its reasoning (docs/reasoning.md). Use the default `mask`, or fill the reasoning in with "
+            "`beam-sft backfill`.")
 
 
 def majority_hint(assistant_turns: int, without_reasoning: int) -> str | None:

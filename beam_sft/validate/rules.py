@@ -61,13 +61,15 @@ def _idx(src: list[int] | None, i: int) -> int:
     return src[i] if src is not None and 0 <= i < len(src) else i
 
 
-def _check_text(text: Any, where: str, i: int) -> None:
-    """A text field must be a string without Harmony markers. Hot callers test ``type(text) is not str or "<" in
-    text`` first, so the common text costs no call."""
+def _check_text(text: Any, where: str, i: int, argument: bool = False) -> None:
+    """A text field must be a string without Harmony markers (an `argument`'s, nor the closing parameter tag). Hot
+    callers test ``type(text) is not str or "<" in text`` first, so the common text costs no call."""
     if not isinstance(text, str):
         raise RecordError(Reason.BAD_CONTENT, f"{where} is {json_type(text)}, not a string", message_index=i)
-    marker = find_marker(text)
-    if marker:
+    if argument and PARAMETER_CLOSE_TAG in text:
+        raise RecordError(Reason.PARAMETER_CLOSE_TAG_IN_ARGUMENT, f"{where} contains {PARAMETER_CLOSE_TAG}",
+                          message_index=i)
+    if marker := find_marker(text):
         raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"{where} contains the Harmony marker {marker}",
                           message_index=i)
 
@@ -80,8 +82,7 @@ def _check_markup(out: list[Message], msgs: list, src: list[int] | None) -> None
     searched one by one, to name the message (a candidate made across two texts is no match)."""
     parts = []
     for m in out:
-        text = m.get("content")
-        if text:
+        if text := m.get("content"):
             parts.append(text)
         if m["role"] == "assistant" and m["reasoning_content"]:
             parts.append(m["reasoning_content"])
@@ -92,8 +93,7 @@ def _check_markup(out: list[Message], msgs: list, src: list[int] | None) -> None
             continue
         for key in ("content", "reasoning_content", "reasoning", "thinking"):
             text = m.get(key)
-            tag = find_markup(text) if type(text) is str else None
-            if tag:
+            if type(text) is str and (tag := find_markup(text)):
                 where = "reasoning" if key != "content" else f"{m.get('role')} content"
                 raise RecordError(Reason.TOOL_MARKUP_IN_TEXT, f"{where} holds the tool markup {tag!r} as text "
                                   "(a call or result that was not converted)", message_index=_idx(src, i))
@@ -104,20 +104,14 @@ def _check_value(value: Any, name: str, where: str, i: int, depth: int = 2) -> N
     (the arguments object is depth 1)."""
     if type(value) is str:
         if "<" in value:
-            if PARAMETER_CLOSE_TAG in value:
-                raise RecordError(Reason.PARAMETER_CLOSE_TAG_IN_ARGUMENT,
-                                  f"argument {name!r} of {where} contains {PARAMETER_CLOSE_TAG}", message_index=i)
-            _check_text(value, f"argument {name!r} of {where}", i)
+            _check_text(value, f"argument {name!r} of {where}", i, argument=True)
     elif depth > MAX_JSON_DEPTH and (type(value) is dict or type(value) is list):
         raise RecordError(Reason.BAD_ARGUMENTS_JSON, f"argument {name!r} of {where} nests deeper than "
                           f"{MAX_JSON_DEPTH} levels", message_index=i)
     elif type(value) is dict:
         for k, v in value.items():
             if type(k) is not str or "<" in k:
-                if type(k) is str and PARAMETER_CLOSE_TAG in k:
-                    raise RecordError(Reason.PARAMETER_CLOSE_TAG_IN_ARGUMENT, f"a key in argument {name!r} of "
-                                      f"{where} contains {PARAMETER_CLOSE_TAG}", message_index=i)
-                _check_text(k, f"a key in argument {name!r} of {where}", i)
+                _check_text(k, f"a key in argument {name!r} of {where}", i, argument=True)
             _check_value(v, name, where, i, depth + 1)
     elif type(value) is list:
         for v in value:
@@ -252,14 +246,6 @@ def message_weight(m: Message, i: int) -> int | None:
     return weight
 
 
-def _check_no_weight(msgs: list, src: list[int] | None) -> None:
-    for q, m in enumerate(msgs):
-        if type(m) is dict and ("weight" in m or "train" in m) and m.get("role") != "assistant" \
-                and (m.get("weight") is not None or m.get("train") is not None):
-            raise RecordError(Reason.BAD_WEIGHT, f"a {m.get('role')} message has a loss weight; only assistant "
-                              "messages are trained", message_index=_idx(src, q))
-
-
 def _merge_run(msgs: list[Message], i: int, j: int, src: list[int] | None, counters: dict | None) -> Message:
     """Merge the consecutive assistant messages msgs[i:j] into one."""
     first = msgs[i]
@@ -299,9 +285,8 @@ def validate(rec: Any, options: Options | None = None, counters: dict | None = N
     incremented for what was changed or kept by policy: ``merged_assistant``, ``folded_content``,
     ``moved_system``, ``missing_reasoning`` (kept without reasoning), ``masked_missing_reasoning`` (given
     weight 0 by the ``mask`` policy), ``masked_weight`` (weight 0 in the input), and
-    ``stripped_tool_prompt:<pattern>`` for the call-syntax instructions the converter removed from the prompt
-    (its ``_stripped``; `beam_sft.formats.toolmarkup`). Message indexes in errors refer to the source record
-    through the converter's ``_src`` map; ``_no_markup`` says it already searched every text for tool markup."""
+    ``stripped_tool_prompt:<pattern>`` (the converter's ``_stripped``; `beam_sft.formats.toolmarkup`). Message
+    indexes in errors refer to the source record through the converter's ``_src`` map."""
     opts = options or DEFAULT_OPTIONS
     if type(rec) is not dict:
         raise RecordError(Reason.NOT_AN_OBJECT, f"record is {json_type(rec)}, not an object")
@@ -316,16 +301,12 @@ def validate(rec: Any, options: Options | None = None, counters: dict | None = N
     if not no_markup:
         _check_markup(out, msgs, src)
     result: BeamRecord = {"messages": out}
-    tools = rec.get("tools")
-    if tools:
+    if tools := rec.get("tools"):
         tools, blob = checked_tools(tools)
-        if b"<|" in blob:
-            marker = find_marker(blob.decode())
-            if marker:
-                raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"tool schemas contain the Harmony marker {marker}")
+        if b"<|" in blob and (marker := find_marker(blob.decode())):
+            raise RecordError(Reason.HARMONY_MARKER_IN_TEXT, f"tool schemas contain the Harmony marker {marker}")
         result["tools"] = tools
-    kwargs = rec.get("chat_template_kwargs")
-    if kwargs:
+    if kwargs := rec.get("chat_template_kwargs"):
         _check_kwargs(kwargs)
         result["chat_template_kwargs"] = kwargs
     _checked_calls(msgs, result.get("tools"), src, no_text, opts, counters)
@@ -379,8 +360,11 @@ def _messages(msgs: list, src: list[int] | None, opts: Options, counters: dict |
     n_assistant = 0
     n = len(msgs)
     i = 0
-    if any(type(m) is dict and ("weight" in m or "train" in m) for m in msgs):
-        _check_no_weight(msgs, src)
+    for q, m in enumerate(msgs):
+        if type(m) is dict and ("weight" in m or "train" in m) and m.get("role") != "assistant" \
+                and (m.get("weight") is not None or m.get("train") is not None):
+            raise RecordError(Reason.BAD_WEIGHT, f"a {m.get('role')} message has a loss weight; only assistant "
+                              "messages are trained", message_index=_idx(src, q))
     while i < n:
         m = msgs[i]
         role = m.get("role") if type(m) is dict else None
@@ -457,7 +441,16 @@ def _assistant(msgs: list, i: int, src: list[int] | None, opts: Options, counter
     elif not content:
         raise RecordError(Reason.BAD_CONTENT, "assistant message with neither content nor tool calls",
                           message_index=at)
-    _reasoning_policy(m, reasoning, opts, counters, at)
+    if m.get("weight") == 0:  # weight 0 in the input stays so
+        _bump(counters, "masked_weight")
+    elif not reasoning:  # masked (weight 0), kept or rejected, as `opts.missing_reasoning` says
+        if opts.missing_reasoning == "reject":
+            raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning", message_index=at)
+        if opts.missing_reasoning == "mask":
+            m["weight"] = 0
+            _bump(counters, "masked_missing_reasoning")
+        else:
+            _bump(counters, "missing_reasoning")
     out.append(m)
     if not calls:
         return j
@@ -470,21 +463,6 @@ def _assistant(msgs: list, i: int, src: list[int] | None, opts: Options, counter
         raise RecordError(Reason.CALL_WITHOUT_RESULT, f"call {calls[0]['function']['name']!r} has no result",
                           message_index=at)
     return k
-
-
-def _reasoning_policy(m: Message, reasoning: str, opts: Options, counters: dict | None, at: int | None) -> None:
-    """A turn with weight 0 in the input stays so (counted); a turn without reasoning is masked (weight 0),
-    kept (counted) or rejected, as `opts.missing_reasoning` says."""
-    if m.get("weight") == 0:
-        _bump(counters, "masked_weight")
-    elif not reasoning:
-        if opts.missing_reasoning == "reject":
-            raise RecordError(Reason.MISSING_REASONING, "assistant message without reasoning", message_index=at)
-        if opts.missing_reasoning == "mask":
-            m["weight"] = 0
-            _bump(counters, "masked_missing_reasoning")
-        else:
-            _bump(counters, "missing_reasoning")
 
 
 def make_render_check(tokenizer: Any = None, chat_template: str | None = None) -> Callable[[BeamRecord], str]:

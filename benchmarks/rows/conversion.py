@@ -7,11 +7,11 @@ from benchmarks.rows.workload import to_openai
 
 
 def bench_conversion(records: list[dict]) -> dict:
-    """OpenAI JSON lines -> Beam JSON lines with `convert_record`, vs orjson load + dump of the same lines."""
+    """OpenAI JSON lines -> Beam JSON lines with `convert`, vs orjson load + dump of the same lines."""
     import orjson
 
     from beam_sft.errors import RecordError
-    from beam_sft.validate.convert import convert_record
+    from beam_sft.validate.convert import convert
 
     lines = [orjson.dumps(to_openai(r, i)) for i, r in enumerate(records)]
     n = len(lines)
@@ -20,7 +20,7 @@ def bench_conversion(records: list[dict]) -> dict:
         out, rejected = [], 0
         for line in lines:
             try:
-                out.append(orjson.dumps(convert_record(orjson.loads(line), "auto")))
+                out.append(orjson.dumps(convert(orjson.loads(line), "auto")[0]))
             except RecordError:
                 rejected += 1
         return out, rejected

@@ -70,8 +70,7 @@ def bfcl() -> types.SimpleNamespace:
 
 def parse_categories(spec: str) -> list[str]:
     """`--bfcl` as categories: a comma list, `all` for every category of CATEGORIES."""
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if not names:
+    if not (names := [s.strip() for s in spec.split(",") if s.strip()]):
         raise UsageError("--bfcl needs at least one category (or all)")
     out: list[str] = []
     for name in names:
@@ -88,10 +87,6 @@ def parse_categories(spec: str) -> list[str]:
 
 def language(category: str) -> str:
     return "java" if category.endswith("java") else "javascript" if category.endswith("javascript") else "python"
-
-
-def is_relevance(category: str) -> bool:
-    return category in RELEVANCE
 
 
 @dataclass
@@ -118,7 +113,7 @@ def load_entries(category: str, max_records: int | None = None, seed: int = 0) -
     b = bfcl()
     hinted = b.utils.load_dataset_entry(category, include_prereq=False, include_language_specific_hint=True)
     plain = b.utils.load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False)
-    answers = None if is_relevance(category) else b.utils.load_ground_truth_entry(category)
+    answers = None if category in RELEVANCE else b.utils.load_ground_truth_entry(category)
     by_id = {a["id"]: a["ground_truth"] for a in answers} if answers is not None else {}
     out = []
     for k in subset(len(hinted), max_records, seed, category):
@@ -148,7 +143,7 @@ def check(entry: Entry, decoded: list[dict[str, Any]] | None, error: str = "", r
     """BFCL's verdict on one entry: `{"valid": bool}`, plus "error" and "error_type" when not valid."""
     b = bfcl()
     handler, model = _Decoded(decoded, error), MODEL_NAMES[style]
-    if is_relevance(entry.category):
+    if entry.category in RELEVANCE:
         verdict = b.runner._evaluate_single_relevance_entry(handler, entry.id, raw, {"function": entry.check_functions},
                                                             model, entry.category)
     else:
@@ -181,5 +176,4 @@ def summary(scores: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     non_live = ([{"accuracy": mean(simple), "total_count": sum(p["total_count"] for p in simple),
                   "display_accuracy": 0}] if simple else []) + acc(NON_LIVE_AST[3:])
     return {"non_live_ast": mean(non_live), "live_ast": mean(acc(LIVE_AST), weighted=True),
-            "irrelevance": mean(acc(NO_CALL)),
-            "relevance": mean(acc(("live_relevance",)))}
+            "irrelevance": mean(acc(NO_CALL)), "relevance": mean(acc(("live_relevance",)))}

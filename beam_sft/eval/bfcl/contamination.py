@@ -70,13 +70,11 @@ class BfclIndex:
         for n in sorted(self.lengths):
             if n > len(tokens):
                 break
-            for k in range(len(tokens) - n + 1):
-                hit = self.questions.get(_key(tokens[k:k + n]))
-                if hit:
+            for gram in grams(tokens, n):
+                if hit := self.questions.get(gram):
                     return hit, "whole"
         for gram in grams(tokens):
-            hit = self.ngrams.get(gram)
-            if hit:
+            if hit := self.ngrams.get(gram):
                 return hit, f"{NGRAM}-gram"
         return None
 
@@ -105,8 +103,7 @@ def scan(items: Iterable[tuple[Any, str]], index: BfclIndex, *, keep: int = 50) 
         if reject is not None:
             rejected += 1
             continue
-        hit = _first_question_hit(record, index)
-        if hit is not None:
+        if (hit := _first_question_hit(record, index)) is not None:
             overlapping += 1
             if len(overlaps) < keep:
                 overlaps.append({"source": item.source, "position": item.position,
@@ -124,8 +121,7 @@ def scan(items: Iterable[tuple[Any, str]], index: BfclIndex, *, keep: int = 50) 
 def _first_question_hit(record: dict[str, Any], index: BfclIndex) -> dict[str, Any] | None:
     for k, message in enumerate(record.get("messages") or []):
         content = message.get("content")
-        if message.get("role") in QUESTION_ROLES and isinstance(content, str):
-            hit = index.question_hit(content)
-            if hit is not None:
-                return {"message_index": k, "bfcl_id": hit[0], "match": hit[1]}
+        if (message.get("role") in QUESTION_ROLES and isinstance(content, str)
+                and (hit := index.question_hit(content)) is not None):
+            return {"message_index": k, "bfcl_id": hit[0], "match": hit[1]}
     return None

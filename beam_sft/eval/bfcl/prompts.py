@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
 from typing import Any
 
-from beam_sft.eval.bfcl.checker import Entry, bfcl, is_relevance, language
+from beam_sft.eval.bfcl.checker import RELEVANCE, Entry, bfcl, language
 
 STYLES = ("beam", "prompt", "json")
 
@@ -49,8 +50,7 @@ def decode_beam(parsed: dict[str, Any] | None) -> tuple[list[dict[str, Any]] | N
     """Tool calls of a parsed Beam turn as `[{name: {arg: value}}]`, else (None, why)."""
     if not parsed:
         return None, "the output did not parse"
-    calls = parsed.get("tool_calls") or []
-    if not calls:
+    if not (calls := parsed.get("tool_calls") or []):
         return None, "no tool call (the model answered)"
     out = []
     for call in calls:
@@ -65,7 +65,7 @@ def decode_beam(parsed: dict[str, Any] | None) -> tuple[list[dict[str, Any]] | N
 def decode_prompt(text: str, category: str) -> tuple[list[dict[str, Any]] | None, str]:
     """BFCL's prompting decoder on the model's text (Python for relevance, as BFCL's runner asks)."""
     b = bfcl()
-    fmt = b.enums.ReturnFormat("python" if is_relevance(category) else language(category))
+    fmt = b.enums.ReturnFormat("python" if category in RELEVANCE else language(category))
     try:
         return b.handler_utils.default_decode_ast_prompting(text, fmt, False), ""
     except Exception as err:  # noqa: BLE001  (BFCL's decoder raises anything on text that is not a call list)
@@ -75,8 +75,7 @@ def decode_prompt(text: str, category: str) -> tuple[list[dict[str, Any]] | None
 def decode_json(text: str) -> tuple[list[dict[str, Any]] | None, str, bool]:
     """The calls in the text's `<tool_call>` blocks as `[{name: arguments}]`, else (None, why, malformed): an
     unclosed last block is read to the end (the model stopped in it)."""
-    blocks = [m.group(1).strip() for m in _TOOL_CALL.finditer(text)]
-    if not blocks:
+    if not (blocks := [m.group(1).strip() for m in _TOOL_CALL.finditer(text)]):
         return None, "no <tool_call> block (the model answered in text)", False
     calls: list[dict[str, Any]] = []
     for block in blocks:
@@ -88,10 +87,8 @@ def decode_json(text: str) -> tuple[list[dict[str, Any]] | None, str, bool]:
             name = item.get("name") if isinstance(item, dict) else None
             arguments = item.get("arguments", {}) if isinstance(item, dict) else None
             if isinstance(arguments, str):
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     arguments = json.loads(arguments)
-                except json.JSONDecodeError:
-                    pass
             if not isinstance(name, str) or not isinstance(arguments, dict):
                 return None, f"a call is not {{\"name\": str, \"arguments\": object}}: {item!r:.80}", True
             calls.append({name: arguments})

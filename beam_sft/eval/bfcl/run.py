@@ -109,10 +109,7 @@ def _plain_text(generation) -> str:
     """The generated text without the stop token: what BFCL's prompting decoder reads."""
     if generation.parsed is not None:
         return generation.parsed.get("content") or ""
-    text = generation.text
-    if generation.stop and text.endswith(generation.stop):
-        text = text[: -len(generation.stop)]
-    return text
+    return generation.text.removesuffix(generation.stop or "")
 
 
 def _score_text(turn: BfclTurn, generation, tokenizer) -> Scored:
@@ -145,14 +142,11 @@ def _verdict(turn: BfclTurn, generation, decoded, why: str, text: str, well_form
     verdict = checker.check(turn.entry, decoded, why, raw=text, style=turn.style)
     calls = [{"name": name, "arguments": args} for call in decoded or [] if isinstance(call, dict)
              for name, args in call.items()]
-    return Scored(turn.entry.id, turn.entry.category, _jsonable(calls), text, bool(well_formed), verdict["valid"],
+    # BFCL's prompting decoder can return tuples or other Python values; the outputs file holds JSON.
+    calls = json.loads(json.dumps(calls, ensure_ascii=False, default=repr))
+    return Scored(turn.entry.id, turn.entry.category, calls, text, bool(well_formed), verdict["valid"],
                   why if decoded is None else "", verdict.get("error_type", ""), verdict.get("error", []),
                   generation.stop, turn.style)
-
-
-def _jsonable(value: Any) -> Any:
-    """BFCL's prompting decoder can return tuples or other Python values; the outputs file holds JSON."""
-    return json.loads(json.dumps(value, ensure_ascii=False, default=repr))
 
 
 SCORERS = {"beam": _score_beam, "prompt": _score_text, "json": _score_text}
@@ -210,8 +204,7 @@ def rescore(path: str) -> BfclResult:
         by_id.update((e.id, e) for e in checker.load_entries(category))
     result = BfclResult(backend="rescore", style=rows[0].get("style", "beam") if rows else "beam")
     for row in rows:
-        entry = by_id.get(row["id"])
-        if entry is None:
+        if (entry := by_id.get(row["id"])) is None:
             raise UsageError(f"{path}: no BFCL entry {row['id']!r} in {row['category']}")
         decode_error = row.get("decode_error") or ""
         decoded = None if decode_error else [{c["name"]: c["arguments"]} for c in row["calls"]]
